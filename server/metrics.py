@@ -1,0 +1,45 @@
+"""Prometheus metrics of the server (documented in docs/metrics.md).
+
+All collectors live in one registry owned by the server process, so tests can start several servers in
+one interpreter without duplicate-registration errors and the HTTP exporter serves exactly these.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Metrics:
+    """One instance per server; pass it to whatever records."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "ortserve_requests", "RPCs answered, by model, method and gRPC status code.",
+            ["model", "method", "code"], registry=r)
+        self.request_latency = Histogram(
+            "ortserve_request_latency_seconds", "Wall time of an RPC from arrival to answer.",
+            ["model", "method"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(
+            "ortserve_queue_time_seconds", "Time a request waited in a batcher queue before its batch ran.",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            "ortserve_batch_size", "Rows per onnxruntime run of an encoder batch or a decoder step.",
+            ["model"], buckets=_BATCH_BUCKETS, registry=r)
+        self.time_to_first_token = Histogram(
+            "ortserve_time_to_first_token_seconds", "From a generation request's arrival to its first token.",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "ortserve_inter_token_latency_seconds", "Time between two consecutive tokens of one sequence.",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.generated_tokens = Counter(
+            "ortserve_generated_tokens", "Tokens produced by generation.", ["model"], registry=r)
+        self.active_sequences = Gauge(
+            "ortserve_active_sequences", "Sequences currently in the continuous batch.", ["model"], registry=r)
+        self.queued_requests = Gauge(
+            "ortserve_queued_requests", "Requests admitted and waiting for compute.", ["model"], registry=r)
+        self.model_state = Gauge(
+            "ortserve_model_ready", "1 when a model version is SERVING, else 0.", ["model", "version"], registry=r)
