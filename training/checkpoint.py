@@ -1,0 +1,285 @@
+"""Read and write checkpoints in the Hugging Face directory layout (docs/checkpoint-format.md).
+
+Real HF BERT / GPT-2 checkpoints load into our models and ours load into `transformers`.
+Weights are read from model.safetensors, or from pytorch_model.bin only through
+`torch.load(weights_only=True)`: nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.bert import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
+                           BertModel, init_weights)
+from training.gpt import GPT2LMHeadModel, GPTConfig
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+BIN_NAME = "pytorch_model.bin"
+
+# kind -> (model class, HF architecture name, model_type)
+KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
+    "bert": (BertModel, "BertModel", "bert"),
+    "bert-mlm": (BertForMaskedLM, "BertForMaskedLM", "bert"),
+    "bert-pretraining": (BertForPreTraining, "BertForPreTraining", "bert"),
+    "bert-classifier": (BertForSequenceClassification, "BertForSequenceClassification", "bert"),
+    "gpt": (GPT2LMHeadModel, "GPT2LMHeadModel", "gpt2"),
+}
+_ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
+# Architectures whose weights are a BERT / GPT-2 encoder we can start from (heads get fresh init).
+_ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt"}
+
+# nn.Linear inside, Conv1D ([in, out]) in HF's GPT-2 files.
+_CONV1D = re.compile(r"^transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+# Keys HF derives from others (tied): never written, filled in on load.
+_TIED = {
+    "bert-mlm": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+    "bert-pretraining": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+    "gpt": ("lm_head.weight",),
+}
+# Buffers old checkpoints carry that are not parameters.
+_BUFFERS = re.compile(r"(^|\.)(position_ids|attn\.bias|attn\.masked_bias)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the requested model."""
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's config.json as a dict."""
+    f = Path(path) / CONFIG_NAME
+    if not f.is_file():
+        raise CheckpointError(f"{f}: missing (not a checkpoint directory)")
+    try:
+        d = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{f}: unreadable JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{f}: expected a JSON object")
+    return d
+
+
+def checkpoint_kind(path: str | os.PathLike) -> str:
+    """The kind ("bert", "bert-mlm", ...) named by config.json's architectures."""
+    return _kind_from_config(read_config(path), Path(path))
+
+
+def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
+    model_type = cfg.get("model_type")
+    if model_type not in ("bert", "gpt2"):
+        raise CheckpointError(f"{path / CONFIG_NAME}: model_type: unsupported {model_type!r} (bert or gpt2)")
+    archs = cfg.get("architectures") or []
+    for arch in archs:
+        if arch in _ARCH_TO_KIND:
+            return _ARCH_TO_KIND[arch]
+        if arch in _ARCH_ALIASES:
+            return _ARCH_ALIASES[arch]
+    if not archs:
+        return "bert" if model_type == "bert" else "gpt"
+    raise CheckpointError(f"{path / CONFIG_NAME}: architectures: unsupported {archs!r} "
+                          f"(one of {sorted(_ARCH_TO_KIND)})")
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The raw tensors of a checkpoint directory (safetensors first, else weights-only .bin)."""
+    path = Path(path)
+    st, binf = path / SAFETENSORS_NAME, path / BIN_NAME
+    if st.is_file():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(st))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{st}: unreadable safetensors ({e})") from None
+    if binf.is_file():
+        try:
+            sd = torch.load(str(binf), map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises several types (UnpicklingError, RuntimeError, EOFError)
+            raise CheckpointError(f"{binf}: unreadable weights-only checkpoint ({type(e).__name__}: {e})") from None
+        if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+            raise CheckpointError(f"{binf}: expected a flat dict of tensors")
+        return sd
+    raise CheckpointError(f"{path}: no {SAFETENSORS_NAME} or {BIN_NAME}")
+
+
+def _config_for(kind: str, cfg: dict[str, Any], overrides: dict[str, Any]) -> BertConfig | GPTConfig:
+    cls = GPTConfig if kind == "gpt" else BertConfig
+    d = dict(cfg)
+    if "id2label" in overrides and "label2id" not in overrides:
+        d.pop("label2id", None)
+    if "num_labels" in overrides and "id2label" not in overrides:
+        d.pop("id2label", None)
+        d.pop("label2id", None)
+    d.update(overrides)
+    try:
+        return cls.from_hf_dict(d)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"config: {e}") from None
+
+
+def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
+    """HF key variants -> our model's keys: legacy gamma/beta, `bert.` / `transformer.` prefixes."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        if _BUFFERS.search(k):
+            continue
+        k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
+        k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
+        out[k] = v
+    if kind == "gpt":
+        if not any(k.startswith("transformer.") for k in out):  # a GPT2Model checkpoint
+            out = {(k if k.startswith("lm_head.") else "transformer." + k): v for k, v in out.items()}
+    elif kind == "bert":
+        if any(k.startswith("bert.") for k in out):  # encoder of a headed checkpoint: drop the heads
+            out = {k[len("bert."):]: v for k, v in out.items() if k.startswith("bert.")}
+    else:
+        if not any(k.startswith("bert.") for k in out):  # a BertModel checkpoint under a head
+            out = {"bert." + k: v for k, v in out.items()}
+    return out
+
+
+def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Our model's weights as HF writes them: tied keys left out, GPT-2 Conv1D weights as [in, out]."""
+    kind = _kind_of(model)
+    tied = set(_TIED.get(kind, ()))
+    out: dict[str, torch.Tensor] = {}
+    for k, v in model.state_dict().items():
+        if k in tied:
+            continue
+        if kind == "gpt" and _CONV1D.match(k):
+            v = v.t()
+        out[k] = v.detach().contiguous().clone()
+    return out
+
+
+def load_hf_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: str = "state dict") -> None:
+    """Load HF-named weights into our model (strict except for heads absent from `sd`, which keep
+    their fresh init). Raises CheckpointError on a missing encoder weight, a foreign key or a shape mismatch."""
+    kind = _kind_of(model)
+    sd = _normalise_keys(sd, kind)
+    if kind == "gpt":
+        sd = {k: (v.t() if _CONV1D.match(k) else v) for k, v in sd.items()}
+    own = model.state_dict()
+    tied = set(_TIED.get(kind, ()))
+    # Heads that may be missing from the source: they start from init (fine-tuning from an encoder).
+    fresh_ok = ("cls.", "classifier.", "bert.pooler.", "pooler.")
+    # Heads the target lacks: dropped (e.g. an MLM checkpoint used as a classifier's encoder).
+    drop_ok = ("cls.", "classifier.", "bert.pooler.", "pooler.")
+    unexpected = [k for k in sd if k not in own]
+    foreign = [k for k in unexpected if not k.startswith(drop_ok)]
+    if foreign:
+        raise CheckpointError(f"{source}: unexpected weights for {kind}: {foreign[:5]}"
+                              f"{' ...' if len(foreign) > 5 else ''}")
+    if unexpected:
+        log.info("%s: ignoring head weights not in %s: %s", source, kind, unexpected)
+    missing = [k for k in own if k not in sd and k not in tied]
+    hard = [k for k in missing if not k.startswith(fresh_ok)]
+    if hard:
+        raise CheckpointError(f"{source}: missing weights for {kind}: {hard[:5]}{' ...' if len(hard) > 5 else ''}")
+    if missing:
+        log.warning("%s: newly initialised (not in checkpoint): %s", source, missing)
+    for k, v in sd.items():
+        if k in own and own[k].shape != v.shape:
+            raise CheckpointError(f"{source}: shape mismatch for {k}: checkpoint {tuple(v.shape)}, "
+                                  f"model {tuple(own[k].shape)}")
+    model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
+def _kind_of(model: nn.Module) -> str:
+    for kind, (cls, _, _) in KINDS.items():
+        if type(model) is cls:
+            return kind
+    raise CheckpointError(f"model: unsupported type {type(model).__name__}")
+
+
+def load_model(path: str | os.PathLike, kind: str | None = None, **config_overrides: Any
+               ) -> tuple[nn.Module, BertConfig | GPTConfig]:
+    """Load a checkpoint directory as `kind` (None: from config.json's architectures).
+
+    config_overrides replace config.json fields, e.g. num_labels / id2label / label2id when a
+    BertModel checkpoint is loaded as "bert-classifier" to be fine-tuned (the head is initialised).
+    The model is returned in eval mode."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory")
+    cfg = read_config(path)
+    stored = _kind_from_config(cfg, path)
+    if kind is None:
+        kind = stored
+    if kind not in KINDS:
+        raise CheckpointError(f"kind: unsupported {kind!r} (one of {sorted(KINDS)})")
+    if KINDS[kind][2] != cfg.get("model_type"):
+        raise CheckpointError(f"kind: {kind!r} does not fit model_type {cfg.get('model_type')!r} of {path}")
+    if (kind == "bert-classifier" and stored != "bert-classifier"
+            and not {"num_labels", "id2label"} & config_overrides.keys()):
+        raise CheckpointError(f"num_labels: loading a {stored} checkpoint as bert-classifier needs "
+                              f"num_labels or id2label")
+    config = _config_for(kind, cfg, config_overrides)
+    model = KINDS[kind][0](config)
+    load_hf_state_dict(model, read_state_dict(path), source=str(path))
+    model.eval()
+    return model, config
+
+
+def save_model(model: nn.Module, out_dir: str | os.PathLike, tokenizer_files: dict[str, Path] | None = None,
+               extra_files: dict[str, bytes] | None = None) -> Path:
+    """Write an HF-layout checkpoint atomically: built in a temp dir beside out_dir, then renamed
+    over it (an existing out_dir is replaced). tokenizer_files maps destination name -> source file."""
+    from safetensors.torch import save_file
+
+    kind = _kind_of(model)
+    out_dir = Path(out_dir)
+    cfg = model.config.to_hf_dict()
+    cfg["architectures"] = [KINDS[kind][1]]
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        (tmp / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        save_file(hf_state_dict(model), str(tmp / SAFETENSORS_NAME), metadata={"format": "pt"})
+        for name, src in (tokenizer_files or {}).items():
+            _check_name(name)
+            shutil.copyfile(src, tmp / name)
+        for name, data in (extra_files or {}).items():
+            _check_name(name)
+            (tmp / name).write_bytes(data)
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("saved %s checkpoint to %s", kind, out_dir)
+    return out_dir
+
+
+def _check_name(name: str) -> None:
+    if not name or Path(name).name != name or name in (".", ".."):
+        raise CheckpointError(f"file name: {name!r} must be a plain file name")
+
+
+def _replace_dir(tmp: Path, out_dir: Path) -> None:
+    """Rename tmp to out_dir; an existing out_dir is moved aside first and removed after."""
+    if not out_dir.exists():
+        os.replace(tmp, out_dir)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+    os.rmdir(old)
+    os.replace(out_dir, old)
+    try:
+        os.replace(tmp, out_dir)
+    except BaseException:
+        os.replace(old, out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
