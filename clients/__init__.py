@@ -1,0 +1,26 @@
+"""Python client of the ortserve task API (sync and asyncio), CLI and batch inference."""
+from .aio import AsyncOrtserveClient
+from .client import OrtserveClient
+from .config import Backoff, ClientConfig, TLSConfig
+from .errors import OrtserveError
+from .types import (
+    Classification,
+    FillMaskResult,
+    GeneratedToken,
+    Generation,
+    GenerationParams,
+    LabelScore,
+    MaskPrediction,
+    ModelInfo,
+    ModelStatus,
+    StreamChunk,
+    TokenCandidate,
+    TokenLogprob,
+    Usage,
+)
+
+__all__ = [
+    "AsyncOrtserveClient", "Backoff", "Classification", "ClientConfig", "FillMaskResult", "GeneratedToken",
+    "Generation", "GenerationParams", "LabelScore", "MaskPrediction", "ModelInfo", "ModelStatus",
+    "OrtserveClient", "OrtserveError", "StreamChunk", "TLSConfig", "TokenCandidate", "TokenLogprob", "Usage",
+]

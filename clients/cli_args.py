@@ -1,0 +1,93 @@
+"""Argument parsing shared by the CLI and the batch script: connection options and value checks."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from .config import Backoff, TLSConfig
+
+DEFAULT_ADDRESS = "localhost:8001"
+ADDRESS_ENV = "ORTSERVE_ADDRESS"
+TOKEN_ENV = "ORTSERVE_TOKEN"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (and exit code 2), not usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a number > 0, got 0")
+    return value
+
+
+def add_connection_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection")
+    group.add_argument("--address", action="append", metavar="HOST:PORT",
+                       help=f"server address; repeat (or separate by commas) for several replicas, which are "
+                            f"load-balanced round robin (default: ${ADDRESS_ENV} or {DEFAULT_ADDRESS})")
+    group.add_argument("--timeout", type=positive_float, default=None, metavar="SECONDS",
+                       help="deadline of each call, retries included (default: none)")
+    group.add_argument("--retries", type=non_negative_int, default=3,
+                       help="retries of a call answered UNAVAILABLE (default: 3)")
+    group.add_argument("--backoff", type=non_negative_float, default=0.1, metavar="SECONDS",
+                       help="first wait before a retry; doubles each time, capped at 2 s (default: 0.1)")
+    group.add_argument("--token", default=None,
+                       help=f"bearer token sent as 'authorization: Bearer ...' (default: ${TOKEN_ENV})")
+    group.add_argument("--tls-root-cert", type=Path, default=None, metavar="PEM",
+                       help="use TLS, trusting this root certificate")
+    group.add_argument("--tls", action="store_true", help="use TLS with the system's root certificates")
+    group.add_argument("--tls-server-name", default=None, metavar="NAME",
+                       help="name to check the server certificate against")
+
+
+def addresses(args: argparse.Namespace) -> list[str]:
+    given = args.address or [os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS]
+    return [a.strip() for item in given for a in item.split(",") if a.strip()]
+
+
+def client_kwargs(args: argparse.Namespace) -> dict:
+    """Keyword arguments of OrtserveClient / AsyncOrtserveClient from the connection options."""
+    tls = None
+    if args.tls or args.tls_root_cert is not None or args.tls_server_name is not None:
+        tls = TLSConfig(root_cert=args.tls_root_cert, server_name=args.tls_server_name)
+    return dict(timeout=args.timeout, retries=args.retries, backoff=Backoff(initial=args.backoff), tls=tls,
+                token=args.token or os.environ.get(TOKEN_ENV) or None)

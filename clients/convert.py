@@ -1,0 +1,138 @@
+"""Protobuf messages <-> the client's dataclasses (shared by the sync and asyncio clients)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Union
+
+from protos import ortserve_pb2 as pb
+
+from .types import (
+    Classification,
+    FillMaskResult,
+    GeneratedToken,
+    Generation,
+    GenerationParams,
+    LabelScore,
+    MaskPrediction,
+    ModelInfo,
+    ModelStatus,
+    StreamChunk,
+    TokenCandidate,
+    TokenLogprob,
+    Usage,
+)
+
+# A classify input: a text, or a (text, pair) tuple whose pair may be None.
+ClassifyInput = Union[str, tuple[str, Union[str, None]], Sequence[str]]
+
+_FINISH_REASONS = {
+    pb.FINISH_REASON_UNSPECIFIED: "",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_EOS: "eos",
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_CANCELLED: "cancelled",
+}
+
+
+# ---------------------------------------------------------------- requests
+
+def _text_input(item: ClassifyInput, index: int) -> pb.TextInput:
+    if isinstance(item, str):
+        return pb.TextInput(text=item)
+    if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str) \
+            and (item[1] is None or isinstance(item[1], str)):
+        return pb.TextInput(text=item[0], text_pair=item[1] or "")
+    raise TypeError(f"texts[{index}]: expected a str or a (text, pair) tuple, got {type(item).__name__}")
+
+
+def classify_request(texts: ClassifyInput | Sequence[ClassifyInput], model: str, version: int | None,
+                     top_k: int, truncate: bool) -> pb.ClassifyRequest:
+    items = [texts] if isinstance(texts, str) else list(texts)
+    return pb.ClassifyRequest(model=model, version=version or 0, top_k=top_k, truncate=truncate,
+                              inputs=[_text_input(t, i) for i, t in enumerate(items)])
+
+
+def fill_mask_request(texts: str | Sequence[str], model: str, version: int | None, top_k: int,
+                      truncate: bool) -> pb.FillMaskRequest:
+    items = [texts] if isinstance(texts, str) else list(texts)
+    for i, t in enumerate(items):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}]: expected a str, got {type(t).__name__}")
+    return pb.FillMaskRequest(model=model, version=version or 0, texts=items, top_k=top_k, truncate=truncate)
+
+
+def generation_parameters(params: GenerationParams) -> pb.GenerationParameters:
+    message = pb.GenerationParameters(
+        top_k=params.top_k, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
+        logprobs=params.logprobs, top_logprobs=params.top_logprobs,
+        truncate_prompt=params.truncate_prompt, ignore_eos=params.ignore_eos)
+    # proto3 `optional` fields: leave unset (server default) unless given.
+    for name in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed"):
+        value = getattr(params, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
+
+
+def generate_request(prompt: str, model: str, version: int | None, params: GenerationParams) -> pb.GenerateRequest:
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")
+    return pb.GenerateRequest(model=model, version=version or 0, prompt=prompt,
+                              parameters=generation_parameters(params))
+
+
+# ---------------------------------------------------------------- responses
+
+def classifications(response: pb.ClassifyResponse) -> list[Classification]:
+    return [Classification(label=r.label, score=r.score,
+                           scores=[LabelScore(label=s.label, score=s.score) for s in r.scores])
+            for r in response.results]
+
+
+def fill_mask_results(response: pb.FillMaskResponse) -> list[FillMaskResult]:
+    return [FillMaskResult(masks=[
+        MaskPrediction(position=m.position, candidates=[
+            TokenCandidate(token=c.token, token_id=c.token_id, score=c.score, sequence=c.sequence)
+            for c in m.candidates])
+        for m in r.masks]) for r in response.results]
+
+
+def _tokens(tokens, with_logprobs: bool) -> list[GeneratedToken]:
+    return [GeneratedToken(
+        token_id=t.token_id, logprob=t.logprob if with_logprobs else None,
+        top_logprobs=[TokenLogprob(token_id=a.token_id, token=a.token, logprob=a.logprob) for a in t.top_logprobs])
+        for t in tokens]
+
+
+def generation(response: pb.GenerateResponse, with_logprobs: bool) -> Generation:
+    return Generation(
+        text=response.text, finish_reason=_FINISH_REASONS.get(response.finish_reason, ""),
+        usage=Usage(response.usage.prompt_tokens, response.usage.completion_tokens),
+        tokens=_tokens(response.tokens, with_logprobs), model=response.model, version=response.version,
+        time_to_first_token_ms=response.time_to_first_token_ms, total_time_ms=response.total_time_ms)
+
+
+def stream_chunk(message: pb.GenerateStreamResponse, with_logprobs: bool) -> StreamChunk:
+    final = message.final
+    return StreamChunk(
+        text=message.text, tokens=_tokens(message.tokens, with_logprobs), final=final,
+        finish_reason=_FINISH_REASONS.get(message.finish_reason, "") if final else None,
+        usage=Usage(message.usage.prompt_tokens, message.usage.completion_tokens) if final else None,
+        model=message.model, version=message.version)
+
+
+def model_status(message: pb.ModelStatus) -> ModelStatus:
+    return ModelStatus(name=message.name, version=message.version, task=message.task, state=message.state,
+                       reason=message.reason)
+
+
+def model_info(response: pb.ModelInfoResponse) -> ModelInfo:
+    try:
+        manifest = json.loads(response.manifest_json) if response.manifest_json else {}
+    except ValueError:  # the server sends it verbatim; a broken one should not break the call
+        manifest = {}
+    return ModelInfo(
+        status=model_status(response.status), labels=list(response.labels), max_length=response.max_length,
+        mask_token=response.mask_token, variant=response.variant, providers=list(response.providers),
+        versions=list(response.versions), max_batch_size=response.max_batch_size, manifest=manifest)

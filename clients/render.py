@@ -1,0 +1,48 @@
+"""Human-readable rendering of results for the CLI (the --json form is types.to_jsonable)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .types import Classification, FillMaskResult, Generation, ModelStatus
+
+
+def _quote(text: str, width: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def classifications(texts: Sequence[str], results: Sequence[Classification]) -> str:
+    lines: list[str] = []
+    for text, result in zip(texts, results):
+        lines.append(f"{result.label}  {result.score:.4f}  {_quote(text)}")
+        width = max((len(s.label) for s in result.scores), default=0)
+        for s in result.scores:
+            lines.append(f"    {s.label:<{width}}  {s.score:.4f}")
+    return "\n".join(lines)
+
+
+def fill_masks(texts: Sequence[str], results: Sequence[FillMaskResult]) -> str:
+    lines: list[str] = []
+    for text, result in zip(texts, results):
+        lines.append(_quote(text))
+        for mask in result.masks:
+            best = "  ".join(f"{c.token!r} {c.score:.3f}" for c in mask.candidates)
+            lines.append(f"    mask at token {mask.position}: {best}")
+            if mask.candidates:
+                lines.append(f"    -> {mask.candidates[0].sequence}")
+    return "\n".join(lines)
+
+
+def generation_footer(result: Generation) -> str:
+    return (f"[{result.finish_reason or 'done'}; {result.usage.prompt_tokens} prompt + "
+            f"{result.usage.completion_tokens} generated tokens; {result.total_time_ms:.0f} ms, "
+            f"first token {result.time_to_first_token_ms:.0f} ms]")
+
+
+def models(statuses: Sequence[ModelStatus]) -> str:
+    if not statuses:
+        return "no models"
+    rows = [("NAME", "VERSION", "TASK", "STATE", "REASON")]
+    rows += [(m.name, str(m.version), m.task, m.state, m.reason) for m in statuses]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

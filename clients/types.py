@@ -1,0 +1,146 @@
+"""Typed results and parameters of the task API (plain dataclasses, independent of protobuf)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LabelScore:
+    label: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Classification:
+    label: str
+    score: float
+    scores: list[LabelScore] = field(default_factory=list)  # top_k (or all) labels, best first
+
+
+@dataclass(frozen=True)
+class TokenCandidate:
+    token: str
+    token_id: int
+    score: float
+    sequence: str  # the text with this mask filled (other masks left as they were)
+
+
+@dataclass(frozen=True)
+class MaskPrediction:
+    position: int  # token index of the mask in the encoded sequence
+    candidates: list[TokenCandidate] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FillMaskResult:
+    masks: list[MaskPrediction] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token_id: int
+    logprob: float | None = None  # only when logprobs were asked for
+    top_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    finish_reason: str  # "length" | "eos" | "stop" | "cancelled" | ""
+    usage: Usage
+    tokens: list[GeneratedToken] = field(default_factory=list)
+    model: str = ""
+    version: int = 0
+    time_to_first_token_ms: float = 0.0
+    total_time_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    text: str  # text produced since the previous chunk
+    tokens: list[GeneratedToken] = field(default_factory=list)
+    final: bool = False
+    finish_reason: str | None = None  # set on the final chunk only
+    usage: Usage | None = None        # set on the final chunk only
+    model: str = ""
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    name: str
+    version: int
+    task: str   # "classify" | "fill-mask" | "generate"
+    state: str  # "LOADING" | "SERVING" | "NOT_SERVING" | "UNLOADED"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    status: ModelStatus
+    labels: list[str]
+    max_length: int
+    mask_token: str
+    variant: str
+    providers: list[str]
+    versions: list[int]
+    max_batch_size: int
+    manifest: dict[str, Any]  # the package's model.json
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling parameters; None leaves the server's default (see protos/ortserve.proto)."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int = 0
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    truncate_prompt: bool = False
+    ignore_eos: bool = False
+
+    @classmethod
+    def from_kwargs(cls, params: dict[str, Any]) -> "GenerationParams":
+        """Builds parameters from keyword arguments; an unknown name is a TypeError naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise TypeError(f"unknown generation parameter(s): {', '.join(unknown)}")
+        values = dict(params)
+        for name in ("stop", "stop_token_ids"):
+            value = values.get(name)
+            if isinstance(value, (str, int)):
+                values[name] = (value,)
+            elif value is not None:
+                values[name] = tuple(value)
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+def to_jsonable(value: Any) -> Any:
+    """A result dataclass (or a list of them) as plain JSON-ready data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, list):
+        return [to_jsonable(v) for v in value]
+    return value
