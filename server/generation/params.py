@@ -1,0 +1,155 @@
+"""Per-request generation parameters and the engine's configuration, validated up front.
+
+Every error is a ValueError whose message starts with the offending field
+("parameters.top_p: must be in (0, 1]"), so the gRPC layer can answer INVALID_ARGUMENT verbatim.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+# Defaults and limits mirror protos/ortserve.proto (GenerationParameters).
+DEFAULT_MAX_NEW_TOKENS = 32
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_LENGTH = 256
+MAX_STOP_TOKEN_IDS = 64
+_UINT64_LIMIT = 2 ** 64
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass; True as a token count is a caller bug, not a 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(name: str, value: Any, default: int, minimum: int, maximum: int | None = None) -> int:
+    if value is None:
+        return default
+    if not _is_int(value):
+        raise ValueError(f"parameters.{name}: must be an integer, got {type(value).__name__}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"parameters.{name}: must be {bound}, got {value}")
+    return int(value)
+
+
+def _float(name: str, value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"parameters.{name}: must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"parameters.{name}: must be finite, got {value}")
+    return float(value)
+
+
+def _bool(name: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"parameters.{name}: must be a boolean, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What one request asks for. Build it with `validate`, which applies defaults and checks ranges."""
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 0.0          # 0 = greedy (argmax)
+    top_k: int = 0                    # 0 = off
+    top_p: float = 1.0                # 1 = off
+    repetition_penalty: float = 1.0   # 1 = off
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None           # None = fresh entropy per request
+    logprobs: bool = False
+    top_logprobs: int = 0
+    truncate_prompt: bool = False
+    ignore_eos: bool = False
+
+    @classmethod
+    def validate(cls, *, max_new_tokens: int | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None,
+                 repetition_penalty: float | None = None, stop: Sequence[str] | None = None,
+                 stop_token_ids: Sequence[int] | None = None, seed: int | None = None,
+                 logprobs: bool | None = None, top_logprobs: int | None = None,
+                 truncate_prompt: bool | None = None, ignore_eos: bool | None = None) -> "GenerationParams":
+        """None means the default. Raises ValueError naming the first bad field."""
+        temp = _float("temperature", temperature, 0.0)
+        if temp < 0:
+            raise ValueError(f"parameters.temperature: must be >= 0, got {temp}")
+        p = _float("top_p", top_p, 1.0)
+        if not 0 < p <= 1:
+            raise ValueError(f"parameters.top_p: must be in (0, 1], got {p}")
+        penalty = _float("repetition_penalty", repetition_penalty, 1.0)
+        if penalty <= 0:
+            raise ValueError(f"parameters.repetition_penalty: must be > 0, got {penalty}")
+        if seed is not None and (not _is_int(seed) or not 0 <= seed < _UINT64_LIMIT):
+            raise ValueError(f"parameters.seed: must be an integer in [0, 2**64), got {seed!r}")
+        return cls(
+            max_new_tokens=_int("max_new_tokens", max_new_tokens, DEFAULT_MAX_NEW_TOKENS, 1),
+            temperature=temp,
+            top_k=_int("top_k", top_k, 0, 0),
+            top_p=p,
+            repetition_penalty=penalty,
+            stop=_stop_sequences(stop),
+            stop_token_ids=_stop_token_ids(stop_token_ids),
+            seed=seed,
+            logprobs=_bool("logprobs", logprobs),
+            top_logprobs=_int("top_logprobs", top_logprobs, 0, 0, MAX_TOP_LOGPROBS),
+            truncate_prompt=_bool("truncate_prompt", truncate_prompt),
+            ignore_eos=_bool("ignore_eos", ignore_eos),
+        )
+
+    @property
+    def wants_logprobs(self) -> bool:
+        # Asking for top-n alternatives implies the chosen token's logprob too.
+        return self.logprobs or self.top_logprobs > 0
+
+
+def _stop_sequences(stop: Sequence[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        raise ValueError("parameters.stop: must be a list of strings, got a single string")
+    items = tuple(stop)
+    if len(items) > MAX_STOP_SEQUENCES:
+        raise ValueError(f"parameters.stop: at most {MAX_STOP_SEQUENCES} sequences, got {len(items)}")
+    for i, s in enumerate(items):
+        if not isinstance(s, str):
+            raise ValueError(f"parameters.stop[{i}]: must be a string, got {type(s).__name__}")
+        if not s:
+            raise ValueError(f"parameters.stop[{i}]: must not be empty")
+        if len(s) > MAX_STOP_LENGTH:
+            raise ValueError(f"parameters.stop[{i}]: at most {MAX_STOP_LENGTH} characters, got {len(s)}")
+    return items
+
+
+def _stop_token_ids(ids: Sequence[int] | None) -> tuple[int, ...]:
+    if ids is None:
+        return ()
+    items = tuple(ids)
+    if len(items) > MAX_STOP_TOKEN_IDS:
+        raise ValueError(f"parameters.stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got {len(items)}")
+    for i, t in enumerate(items):
+        if not _is_int(t) or t < 0:
+            raise ValueError(f"parameters.stop_token_ids[{i}]: must be a non-negative integer, got {t!r}")
+    return items
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Capacity of one engine (one loaded decoder). Requests beyond it get OverloadedError."""
+
+    max_batch_size: int = 8          # sequences decoded together in one step
+    max_waiting: int = 64            # admitted requests not yet prefilled
+    max_tokens_in_flight: int = 65536  # sum of (prompt + max_new_tokens) over waiting and active requests
+    max_prefill_tokens: int = 4096   # padded tokens (rows x longest prompt) per prefill run
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")

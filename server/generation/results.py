@@ -1,0 +1,62 @@
+"""What the engine hands back: streamed chunks, the final result, and its errors."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FINISH_LENGTH = "length"
+FINISH_EOS = "eos"
+FINISH_STOP = "stop"
+FINISH_CANCELLED = "cancelled"
+
+
+class OverloadedError(RuntimeError):
+    """The engine's queue or token budget is full; the caller should answer RESOURCE_EXHAUSTED."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is not running (never started, or stopped); the caller should answer UNAVAILABLE."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    token: str       # the token decoded alone (may be U+FFFD for a partial UTF-8 character)
+    logprob: float
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token_id: int
+    logprob: float | None = None                      # set when logprobs (or top_logprobs) was asked for
+    top_logprobs: tuple[TokenLogprob, ...] = ()       # best first
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """Text produced since the previous chunk (never a partial character) and the tokens behind it.
+
+    Text may lag its tokens: text that could still become a stop sequence or a multi-byte character
+    is held back until it is decided. `final` chunks carry finish_reason and usage.
+    """
+
+    text: str
+    tokens: list[GeneratedToken] = field(default_factory=list)
+    final: bool = False
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    finish_reason: str
+    usage: Usage
+    tokens: list[GeneratedToken]
+    time_to_first_token_ms: float
+    total_time_ms: float

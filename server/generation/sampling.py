@@ -1,0 +1,113 @@
+"""Next-token choice for one sequence from its last-position logits (numpy only).
+
+Order of processing: repetition penalty -> temperature -> top-k -> top-p -> draw.
+
+Logprobs are the log-softmax of the logits after the repetition penalty and the temperature (a
+temperature of 0, greedy, counts as 1 here), taken BEFORE top-k/top-p truncation: the truncated
+distribution would give -inf to every alternative, which says nothing. So they are <= 0 and the
+chosen token's logprob is what the model (with the request's penalty and temperature) thought of it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .params import GenerationParams
+
+
+@dataclass(frozen=True)
+class Choice:
+    token_id: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...]   # (token_id, logprob), best first; empty unless asked for
+
+
+class Sampler:
+    """Sampling state of one sequence: its own random generator and the token ids it has seen.
+
+    The generator belongs to the request, so a seed gives the same draws whatever else shares the batch.
+    """
+
+    def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: list[int]) -> None:
+        self.params = params
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(params.seed)
+        # CTRL-style penalty counts the prompt's tokens as already present (as CTRL and HF do).
+        self._seen: np.ndarray | None = None
+        if params.repetition_penalty != 1.0:
+            self._seen = np.zeros(vocab_size, dtype=bool)
+            ids = np.asarray(prompt_ids, dtype=np.int64)
+            self._seen[ids[(ids >= 0) & (ids < vocab_size)]] = True
+
+    def observe(self, token_id: int) -> None:
+        """Record a generated token (for the repetition penalty)."""
+        if self._seen is not None and 0 <= token_id < self.vocab_size:
+            self._seen[token_id] = True
+
+    def choose(self, logits: np.ndarray) -> Choice:
+        """Pick the next token from one row of logits, shape [V]."""
+        p = self.params
+        scores = np.asarray(logits, dtype=np.float64)[: self.vocab_size]
+        if self._seen is not None:
+            scores = apply_repetition_penalty(scores, self._seen, p.repetition_penalty)
+        if p.temperature > 0:
+            scores = scores / p.temperature
+        if p.temperature == 0:
+            token = int(np.argmax(scores))   # first index on ties: deterministic
+        else:
+            token = sample(scores, p.top_k, p.top_p, self.rng)
+        if not p.wants_logprobs:
+            return Choice(token, None, ())
+        logp = log_softmax(scores)
+        return Choice(token, float(logp[token]), top_n(logp, p.top_logprobs))
+
+
+def apply_repetition_penalty(scores: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """CTRL penalty: for tokens already present, divide positive logits and multiply negative ones."""
+    out = scores.copy()
+    s = out[seen]
+    out[seen] = np.where(s > 0, s / penalty, s * penalty)
+    return out
+
+
+def log_softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - np.max(scores)
+    return shifted - np.log(np.sum(np.exp(shifted)))
+
+
+def top_n(logp: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The n most likely tokens, best first (ties by lower id)."""
+    if n <= 0:
+        return ()
+    n = min(n, logp.shape[0])
+    idx = np.argpartition(-logp, n - 1)[:n]
+    idx = idx[np.lexsort((idx, -logp[idx]))]
+    return tuple((int(i), float(logp[i])) for i in idx)
+
+
+def sample(scores: np.ndarray, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    """Draw one token from softmax(scores) restricted by top-k, then by nucleus top-p."""
+    vocab = scores.shape[0]
+    if (top_k == 0 or top_k >= vocab) and top_p >= 1.0:
+        # No truncation: draw over the whole vocabulary in id order, no sort needed.
+        probs = np.exp(scores - np.max(scores))
+        cdf = np.cumsum(probs)
+        pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        return min(pick, vocab - 1)
+    if 0 < top_k < vocab:
+        candidates = np.argpartition(-scores, top_k - 1)[:top_k]
+    else:
+        candidates = np.arange(vocab)
+    # Best first, ties by lower id, so the draw below does not depend on argpartition's order.
+    candidates = candidates[np.lexsort((candidates, -scores[candidates]))]
+    probs = np.exp(scores[candidates] - scores[candidates[0]])
+    probs /= probs.sum()
+    if top_p < 1.0:
+        # Keep the smallest prefix whose mass reaches top_p (at least the best token).
+        keep = int(np.searchsorted(np.cumsum(probs), top_p, side="left")) + 1
+        candidates, probs = candidates[:keep], probs[:keep]
+        probs = probs / probs.sum()
+    cdf = np.cumsum(probs)
+    pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return int(candidates[min(pick, len(candidates) - 1)])

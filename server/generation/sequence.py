@@ -1,0 +1,82 @@
+"""One request's life in the engine: its prompt, sampler, text pipeline and output queue."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from tokenizers import Tokenizer
+
+from .detokenize import IncrementalDetokenizer, StopMatcher
+from .params import GenerationParams
+from .results import GeneratedToken, StreamChunk, TokenLogprob, Usage
+from .sampling import Choice, Sampler
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: GenerationParams
+    sampler: Sampler
+    detokenizer: IncrementalDetokenizer
+    stopper: StopMatcher
+    deadline: float | None               # time.monotonic() value
+    arrival: float = field(default_factory=time.monotonic)
+    id: int = field(default_factory=lambda: next(_ids))
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)   # StreamChunk | BaseException
+    generated: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = None
+    cancelled: bool = False              # the consumer went away
+
+    @classmethod
+    def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
+               deadline: float | None) -> "Sequence":
+        return cls(prompt_ids=prompt_ids, params=params, sampler=Sampler(params, vocab_size, prompt_ids),
+                   detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), stopper=StopMatcher(params.stop),
+                   deadline=deadline)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def budget(self) -> int:
+        """Tokens this request may occupy: what admission control counts."""
+        return len(self.prompt_ids) + self.params.max_new_tokens
+
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(self.generated))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done:
+            self.finish_reason = "error"
+            self.finished_at = time.monotonic()
+            self.queue.put_nowait(error)
+
+    def finish(self, reason: str, text: str = "", tokens: list[GeneratedToken] | None = None) -> None:
+        """Send the final chunk: flushes held-back text unless a stop sequence ended the text."""
+        if self.done:
+            return
+        if not self.stopper.stopped:
+            text += self.stopper.feed(self.detokenizer.flush())
+            if self.stopper.stopped:
+                reason = "stop"
+            text += self.stopper.flush()
+        self.finish_reason = reason
+        self.finished_at = time.monotonic()
+        self.queue.put_nowait(StreamChunk(text=text, tokens=tokens or [], final=True, finish_reason=reason,
+                                          usage=self.usage()))
+
+
+def to_generated_token(choice: Choice, tokenizer: Tokenizer) -> GeneratedToken:
+    if choice.logprob is None:
+        return GeneratedToken(token_id=choice.token_id)
+    top = tuple(TokenLogprob(token_id=t, token=tokenizer.decode([t], skip_special_tokens=False), logprob=lp)
+                for t, lp in choice.top)
+    return GeneratedToken(token_id=choice.token_id, logprob=choice.logprob, top_logprobs=top)

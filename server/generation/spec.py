@@ -1,0 +1,75 @@
+"""What the engine needs to know about a decoder package, read from model.json and checked against the graph."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+_ORT_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    max_length: int          # context: positions available to prompt + generated tokens
+    vocab_size: int
+    eos_id: int | None
+    bos_id: int | None
+    pad_id: int              # value fed at left-padding positions (masked, so any valid id works)
+    past_dtype: type
+
+    @property
+    def past_names(self) -> list[str]:
+        return [f"past_key_values.{i}.{kind}" for i in range(self.num_layers) for kind in ("key", "value")]
+
+    @property
+    def present_names(self) -> list[str]:
+        return [f"present.{i}.{kind}" for i in range(self.num_layers) for kind in ("key", "value")]
+
+    @classmethod
+    def from_package(cls, manifest: dict[str, Any], session: ort.InferenceSession) -> "DecoderSpec":
+        """Raises ValueError naming the manifest field or graph input/output that does not fit."""
+        cache = manifest.get("cache")
+        if not isinstance(cache, dict):
+            raise ValueError("model.json cache: a generate package needs {num_layers, num_heads, head_dim}")
+        sizes = {k: _positive(f"cache.{k}", cache.get(k)) for k in ("num_layers", "num_heads", "head_dim")}
+        max_length = _positive("max_length", manifest.get("max_length"))
+        vocab = _positive("vocab_size", manifest.get("vocab_size"))
+        special = manifest.get("special_tokens") or {}
+        eos, bos, pad = (_token(f"special_tokens.{k}", special.get(k), vocab) for k in ("eos", "bos", "pad"))
+        spec_inputs = {i.name: i for i in session.get_inputs()}
+        spec_outputs = {o.name for o in session.get_outputs()}
+        past = [f"past_key_values.{i}.{kind}" for i in range(sizes["num_layers"]) for kind in ("key", "value")]
+        for name in ["input_ids", "attention_mask", "position_ids", *past]:
+            if name not in spec_inputs:
+                raise ValueError(f"model graph: input {name!r} missing (manifest cache.num_layers="
+                                 f"{sizes['num_layers']}); inputs are {sorted(spec_inputs)}")
+        present = [p.replace("past_key_values.", "present.", 1) for p in past]
+        for name in ["logits", *present]:
+            if name not in spec_outputs:
+                raise ValueError(f"model graph: output {name!r} missing; outputs are {sorted(spec_outputs)}")
+        past_type = spec_inputs[past[0]].type
+        if past_type not in _ORT_FLOAT_TYPES:
+            raise ValueError(f"model graph: input {past[0]!r} has type {past_type}, expected float32 or float16")
+        return cls(num_layers=sizes["num_layers"], num_heads=sizes["num_heads"], head_dim=sizes["head_dim"],
+                   max_length=max_length, vocab_size=vocab, eos_id=eos, bos_id=bos,
+                   pad_id=next((t for t in (pad, eos, bos) if t is not None), 0),
+                   past_dtype=_ORT_FLOAT_TYPES[past_type])
+
+
+def _positive(field: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"model.json {field}: must be a positive integer, got {value!r}")
+    return value
+
+
+def _token(field: str, value: Any, vocab: int) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
+        raise ValueError(f"model.json {field}: must be a token id in [0, {vocab}) or null, got {value!r}")
+    return value
