@@ -108,14 +108,14 @@ class AsyncOrtserveClient:
                        timeout: float | None = _UNSET, **params: Any) -> Generation:
         gen = GenerationParams.from_kwargs(params)
         request = convert.generate_request(prompt, model, version, gen)
-        return convert.generation(await self._unary("Generate", request, timeout), gen.logprobs)
+        return convert.generation(await self._unary("Generate", request, timeout), gen.wants_logprobs)
 
     def generate_stream(self, prompt: str, model: str, version: int | None = None, *,
                         timeout: float | None = _UNSET, **params: Any) -> AsyncIterator[StreamChunk]:
         """`async for chunk in client.generate_stream(...)`; retried only before the first chunk."""
         gen = GenerationParams.from_kwargs(params)  # bad arguments fail here, synchronously
         request = convert.generate_request(prompt, model, version, gen)
-        return self._stream(request, gen.logprobs, self._deadline(timeout))
+        return self._stream(request, gen.wants_logprobs, self._deadline(timeout))
 
     async def _stream(self, request: pb.GenerateRequest, logprobs: bool,
                       deadline: Deadline) -> AsyncIterator[StreamChunk]:

@@ -99,7 +99,7 @@ class OrtserveClient:
         """params: the GenerationParams fields (max_new_tokens, temperature, top_k, top_p, seed, stop, ...)."""
         gen = GenerationParams.from_kwargs(params)
         request = convert.generate_request(prompt, model, version, gen)
-        return convert.generation(self._unary(self._tasks.Generate, request, timeout), gen.logprobs)
+        return convert.generation(self._unary(self._tasks.Generate, request, timeout), gen.wants_logprobs)
 
     def generate_stream(self, prompt: str, model: str, version: int | None = None, *,
                         timeout: float | None = _UNSET, **params: Any) -> Iterator[StreamChunk]:
@@ -110,7 +110,7 @@ class OrtserveClient:
         """
         gen = GenerationParams.from_kwargs(params)  # bad arguments fail here, not at the first next()
         request = convert.generate_request(prompt, model, version, gen)
-        return self._stream(request, gen.logprobs, self._deadline(timeout))
+        return self._stream(request, gen.wants_logprobs, self._deadline(timeout))
 
     def _stream(self, request: pb.GenerateRequest, logprobs: bool, deadline: Deadline) -> Iterator[StreamChunk]:
         attempt = 0

@@ -120,6 +120,11 @@ class GenerationParams:
     truncate_prompt: bool = False
     ignore_eos: bool = False
 
+    @property
+    def wants_logprobs(self) -> bool:
+        # top-n alternatives imply the chosen token's logprob too (as on the server).
+        return self.logprobs or self.top_logprobs > 0
+
     @classmethod
     def from_kwargs(cls, params: dict[str, Any]) -> "GenerationParams":
         """Builds parameters from keyword arguments; an unknown name is a TypeError naming it."""

@@ -1,0 +1,61 @@
+"""What a batch run asks of each record, and the JSON payload written for its answer.
+
+The payload is the same whichever runner produced the answer (server, --local, Ray), so outputs
+of the three can be compared byte for byte. Timing fields are left out on purpose: they differ
+on every run and would make a resumed run differ from an uninterrupted one.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from .batch_input import Record
+from .types import Classification, FillMaskResult, Generation, GenerationParams
+
+TASKS = ("classify", "fill-mask", "generate")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    task: str
+    model: str
+    version: int | None = None
+    top_k: int | None = None      # classify: labels per record (0 = all); fill-mask: candidates per mask
+    truncate: bool = False
+    generation: GenerationParams = field(default_factory=GenerationParams)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task: expected one of {', '.join(TASKS)}, got {self.task!r}")
+        if not self.model:
+            raise ValueError("model: must not be empty")
+
+    @property
+    def effective_top_k(self) -> int:
+        if self.top_k is not None:
+            return self.top_k
+        return 5 if self.task == "fill-mask" else 0
+
+
+class Runner(Protocol):
+    """Answers one record; raises OrtserveError (code + message) when it cannot."""
+
+    async def run(self, record: Record) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+def classification_payload(result: Classification) -> dict[str, Any]:
+    return asdict(result)
+
+
+def fill_mask_payload(result: FillMaskResult) -> dict[str, Any]:
+    return asdict(result)
+
+
+def generation_payload(result: Generation, with_tokens: bool) -> dict[str, Any]:
+    payload: dict[str, Any] = {"text": result.text, "finish_reason": result.finish_reason,
+                               "usage": asdict(result.usage)}
+    if with_tokens:
+        payload["tokens"] = [asdict(t) for t in result.tokens]
+    return payload

@@ -1,0 +1,89 @@
+"""A real server process on a free localhost port, for client / batch / replica tests.
+
+Started exactly as an operator would (`python -m server --repository DIR --port 0`); the port is
+read from the server's "listening on HOST:PORT" log line.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+
+
+class ServerProcess:
+    def __init__(self, repository: Path, extra_args: Sequence[str] = (), port: int = 0,
+                 startup_timeout: float = 60.0) -> None:
+        self.repository = repository
+        cmd = [sys.executable, "-m", "server", "--repository", str(repository), "--port", str(port),
+               "--metrics-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, errors="replace")
+        self.lines: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.host, self.port = self._wait_listening(startup_timeout)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _wait_listening(self, timeout: float) -> tuple[str, int]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self._lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            match = _LISTENING.search(line)
+            if match:
+                return match.group(1), int(match.group(2))
+        self.kill()
+        raise RuntimeError("server did not report 'listening on HOST:PORT'; its output:\n" + "".join(self.lines))
+
+    def kill(self) -> None:
+        """SIGKILL: the replica vanishes mid-request, as in a crash."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (for a server started later, or a refused connection)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
