@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from training.bert import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
-                           BertModel, init_weights)
+                           BertModel)
 from training.gpt import GPT2LMHeadModel, GPTConfig
 
 log = logging.getLogger(__name__)
