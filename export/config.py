@@ -1,0 +1,50 @@
+"""Configuration dataclasses of the export stage, one per concern."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TASKS = ("classify", "fill-mask", "generate")
+VARIANTS = ("fp32", "optimized", "int8", "fp16")
+# 18 is the opset both torch exporters and Optimum agree on, and every fusion/quantization tool here reads it.
+OPSET = 18
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Parity thresholds per variant (see docs/model-package.md)."""
+
+    fp32_atol: float = 1e-4
+    fp32_rtol: float = 1e-4
+    optimized_atol: float = 5e-4
+    optimized_rtol: float = 5e-4
+    int8_top1_agreement: float = 0.99
+    int8_max_accuracy_drop: float = 0.01  # one point
+    fp16_top1_agreement: float = 0.99
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """Input shapes the gate runs (docs: batch 1 and 3 with padding; past 0, 1, 2, 7 x new 1, 2, n)."""
+
+    batches: tuple[int, ...] = (1, 3)
+    past_lengths: tuple[int, ...] = (0, 1, 2, 7)
+    new_lengths: tuple[int, ...] = (1, 2, 9)
+    greedy_new_tokens: int = 64
+    recompute_tokens: int = 12  # length of the cached-vs-recompute comparison
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """One `python -m export CHECKPOINT ...` run."""
+
+    checkpoint: Path
+    task: str
+    repository: Path
+    name: str
+    version: int | None = None
+    variants: tuple[str, ...] = ("fp32",)
+    eval_data: Path | None = None
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    grid: GridConfig = field(default_factory=GridConfig)
+    threads: int = 1  # onnxruntime intra-op threads during the gate

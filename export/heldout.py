@@ -1,0 +1,97 @@
+"""Held-out inputs for the gate: built-in sentences, a labelled JSONL file, or the default genre test split."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ExportError
+
+log = logging.getLogger(__name__)
+
+# Plain sentences written for this gate (not from any training corpus): varied length and punctuation.
+BUILTIN_TEXTS = (
+    "The ship came into the harbour before the storm broke over the hills.",
+    "She asked whether the letter had arrived, and he said nothing at all.",
+    "Three soldiers waited by the gate while the king spoke to his council.",
+    "What light is that upon the water, and who carries it so late?",
+    "My lord, the messenger is here with news from the northern border.",
+    "He laughed, for the jest was old and the wine was new.",
+    "Give me your hand; we shall walk together to the market.",
+    "Nobody remembered the name of the tower or the man who built it.",
+    "If the rain stops we will ride at dawn; if not, we wait another day.",
+    "The queen is dead, they said, and the city fell silent.",
+    "I never thought the garden could hold so many kinds of roses.",
+    "Speak softly: the children are asleep in the next room.",
+    "Honest friends are rare, and rarer still are honest enemies.",
+    "Music played in the hall while the guests argued about the price of bread.",
+    "Tomorrow the court will hear the case of the stolen horse.",
+    "A fool may ask more questions in an hour than a wise man answers in a year.",
+    "Why do you weep? The battle is won and your brother is safe.",
+    "The old woman counted her coins twice and then put them away.",
+    "Come, let us sing, and forget for a moment the debts we owe.",
+    "Between the river and the wood there stood a small grey house.",
+    "Fear not the thunder; it is only the sky clearing its throat.",
+    "They sailed for seven days without seeing land or bird.",
+    "O gentle sleep, why dost thou leave me now?",
+    "Bring the maps, the candles, and whatever bread is left.",
+)
+
+
+@dataclass(frozen=True)
+class LabelledExample:
+    text: str
+    text_pair: str | None
+    label: int
+
+
+def read_eval_data(path: Path, labels: list[str]) -> list[LabelledExample]:
+    """JSONL with `text` (+ optional `text_pair`) and `label` (a label name or its index)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExportError(f"--eval-data: cannot read {path} ({exc})") from None
+    index = {name: i for i, name in enumerate(labels)}
+    out: list[LabelledExample] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ExportError(f"--eval-data: {path}:{n}: invalid JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ExportError(f"--eval-data: {path}:{n}: field 'text' missing or not a string")
+        pair = row.get("text_pair")
+        if pair is not None and not isinstance(pair, str):
+            raise ExportError(f"--eval-data: {path}:{n}: field 'text_pair' is not a string")
+        label = row.get("label")
+        if isinstance(label, str) and label in index:
+            label_id = index[label]
+        elif isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(labels):
+            label_id = label
+        else:
+            raise ExportError(f"--eval-data: {path}:{n}: field 'label' {label!r} is not one of {labels}")
+        out.append(LabelledExample(row["text"], pair or None, label_id))
+    if not out:
+        raise ExportError(f"--eval-data: {path} holds no examples")
+    return out
+
+
+def default_genre_split(labels: list[str]) -> list[LabelledExample] | None:
+    """The training stage's genre test split (unseen plays), when the classifier's labels are the genres."""
+    try:
+        from training import data
+    except ImportError:
+        return None
+    if sorted(labels) != sorted(getattr(data, "GENRES", ())):
+        return None
+    try:
+        test = data.genre_data().splits["test"]
+    except Exception as exc:  # corpus unavailable (offline, no cache): the gate then uses built-in text only
+        log.warning("default genre test split unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
+        return None
+    index = {name: i for i, name in enumerate(labels)}
+    return [LabelledExample(e.text, e.text_pair, index[e.label]) for e in test] or None

@@ -1,0 +1,105 @@
+"""Model package layout: manifest (model.json), parity.json with file hashes, atomic publication."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import ExportError
+from .source import sha256_file
+
+log = logging.getLogger(__name__)
+
+FORMAT = "ortserve.model-package/1"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+MANIFEST = "model.json"
+PARITY = "parity.json"
+
+
+def validate_name(name: str) -> str:
+    """Package names become one directory level: no separators, no dot-dirs, no traversal."""
+    if not NAME_RE.fullmatch(name or "") or name in (".", ".."):
+        raise ExportError(f"--name: {name!r} must match {NAME_RE.pattern} (one directory level, no '/' or '..')")
+    return name
+
+
+def existing_versions(name_dir: Path) -> list[int]:
+    if not name_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in name_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+
+
+def choose_version(name_dir: Path, requested: int | None) -> int:
+    if requested is None:
+        return max(existing_versions(name_dir), default=0) + 1
+    if requested < 1:
+        raise ExportError(f"--version: must be a positive integer, got {requested}")
+    if (name_dir / str(requested)).exists():
+        raise ExportError(f"--version: {name_dir / str(requested)} already exists (published versions are immutable)")
+    return requested
+
+
+def staging_dir(name_dir: Path) -> Path:
+    """A private temp dir inside <repo>/<name>/: same filesystem, so the final rename is atomic."""
+    name_dir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=".tmp-", dir=name_dir))
+
+
+def discard(staging: Path, name_dir: Path, created_name_dir: bool) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+    if created_name_dir:
+        try:
+            name_dir.rmdir()  # only if nothing else appeared there meanwhile
+        except OSError:
+            pass
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def file_hashes(package: Path) -> dict[str, str]:
+    """sha256 of every file except parity.json itself (which holds these hashes)."""
+    return {p.name: sha256_file(p) for p in sorted(package.iterdir())
+            if p.is_file() and p.name != PARITY and not p.name.startswith(".")}
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def default_variants(variants: dict[str, str], parity: dict[str, Any]) -> dict[str, str]:
+    """CPU: int8 > optimized > fp32. CUDA: fp16 only when its parity actually passed, else optimized > fp32."""
+    ok = {v for v in variants if parity.get(v, {}).get("passed") is True}
+    cpu = next(v for v in ("int8", "optimized", "fp32") if v in ok)
+    cuda = next(v for v in ("fp16", "optimized", "fp32") if v in ok)
+    return {"cpu": cpu, "cuda": cuda}
+
+
+def publish(staging: Path, name_dir: Path, version: int, auto: bool, finalize) -> int:
+    """Rename the staged package to <name_dir>/<version>. `finalize(version)` writes model.json and
+    parity.json for that version just before the rename. With an automatic version a concurrent
+    publisher that took the number first makes us move to the next one."""
+    for _ in range(100):
+        target = name_dir / str(version)
+        if not target.exists():
+            finalize(version)
+            try:
+                os.rename(staging, target)  # fails if target appeared and is non-empty
+                log.info("published %s", target)
+                return version
+            except OSError:
+                if not auto:
+                    raise
+        elif not auto:
+            raise ExportError(f"--version: {target} already exists (published versions are immutable)")
+        version += 1
+    raise ExportError(f"--version: could not find a free version under {name_dir}")

@@ -1,0 +1,212 @@
+"""Checkpoint directory -> parity-checked, atomically published model package (the library entry point)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+import torch
+from tokenizers import Tokenizer
+
+from . import graphs, package, variants
+from .config import OPSET, TASKS, VARIANTS, ExportConfig
+from .errors import ExportError, ParityFailure
+from .heldout import BUILTIN_TEXTS, default_genre_split, read_eval_data
+from .parity import GateInputs, failure_table, run_gate
+from .source import CheckpointInfo, inspect_checkpoint, load_torch_model
+from .tokenizer_check import check_tokenizer, package_tokenizer
+
+log = logging.getLogger(__name__)
+
+# Test hook: perturb one weight of the named variant's graph after it is built, so a test can prove the gate
+# refuses to publish. Never set in production.
+PERTURB_ENV = "ORTSERVE_EXPORT_PERTURB"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    package_dir: Path
+    version: int
+    parity: dict[str, Any]
+
+
+def special_tokens(info: CheckpointInfo, tok: Tokenizer) -> tuple[dict[str, int | None], str | None]:
+    """Ids of pad/unk/cls/sep/mask/bos/eos: tokenizer_config.json's tokens first, config.json's ids next."""
+    cfg_file = info.path / "tokenizer_config.json"
+    tcfg: dict = {}
+    if cfg_file.is_file():
+        try:
+            tcfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ExportError(f"checkpoint: {cfg_file} is not valid JSON ({exc})") from None
+    fallback = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"} \
+        if info.model_type == "bert" else {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}
+    ids: dict[str, int | None] = {}
+    tokens: dict[str, str | None] = {}
+    for key in ("pad", "unk", "cls", "sep", "mask", "bos", "eos"):
+        token = tcfg.get(f"{key}_token")
+        if isinstance(token, dict):  # HF AddedToken serialisation
+            token = token.get("content")
+        token = token or fallback.get(key)
+        tid = tok.token_to_id(token) if token else None
+        if tid is None and isinstance(info.config.get(f"{key}_token_id"), int):
+            tid = info.config[f"{key}_token_id"]
+            token = tok.id_to_token(tid)
+        ids[key], tokens[key] = tid, token if tid is not None else None
+    return ids, tokens["mask"]
+
+
+def _perturb(path: Path) -> None:
+    model = onnx.load(str(path))
+    biggest = max((t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT),
+                  key=lambda t: int(np.prod(t.dims)))
+    arr = onnx.numpy_helper.to_array(biggest).copy()
+    arr.flat[: max(1, arr.size // 10)] += 0.5
+    biggest.CopyFrom(onnx.numpy_helper.from_array(arr, biggest.name))
+    onnx.save(model, str(path))
+    log.warning("%s set: perturbed %s in %s", PERTURB_ENV, biggest.name, path.name)
+
+
+def _labelled(cfg: ExportConfig, info: CheckpointInfo):
+    if cfg.task != "classify":
+        if cfg.eval_data is not None:
+            raise ExportError("--eval-data: labelled data applies to --task classify only")
+        return None
+    if cfg.eval_data is not None:
+        return read_eval_data(cfg.eval_data, info.labels)
+    return default_genre_split(info.labels)
+
+
+def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module, out: Path) -> dict[str, Any]:
+    """Write graphs, variants, tokenizer and a version-less manifest into `out`; return what the gate needs."""
+    t0 = time.perf_counter()
+    head_dim = info.hidden_size // info.num_heads
+    vocab = int(info.config["vocab_size"])
+    fp32 = out / variants.FILES["fp32"]
+    if cfg.task == "generate":
+        spec = graphs.export_decoder(model, info.num_layers, info.num_heads, head_dim, vocab, fp32)
+    else:
+        spec = graphs.export_encoder(model, cfg.task, vocab, fp32)
+    builds: dict[str, variants.VariantBuild] = {"fp32": variants.VariantBuild("fp32", fp32.name)}
+    arch = info.model_type
+    for v in cfg.variants:
+        path = out / variants.FILES[v]
+        if v == "optimized":
+            builds[v] = variants.build_optimized(fp32, path, arch, info.num_layers, info.num_heads, info.hidden_size)
+        elif v == "int8":
+            builds[v] = variants.build_int8(fp32, path)
+        elif v == "fp16":
+            builds[v] = variants.build_fp16(fp32, path)
+    target = os.environ.get(PERTURB_ENV)
+    if target:
+        _perturb(out / variants.FILES[target])
+    export_s = time.perf_counter() - t0
+
+    removed = package_tokenizer(info.path, out, info.max_positions)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids, mask_token = special_tokens(info, tok)
+    manifest = {
+        "format": package.FORMAT, "name": cfg.name, "version": None, "task": cfg.task,
+        "architecture": "gpt2" if arch == "gpt2" else "bert",
+        "labels": info.labels if cfg.task == "classify" else [],
+        "max_length": info.max_positions, "vocab_size": vocab,
+        "special_tokens": ids, "mask_token": mask_token if cfg.task == "fill-mask" else None,
+        "inputs": [t.as_json() for t in spec.inputs], "outputs": [t.as_json() for t in spec.outputs],
+        "cache": ({"num_layers": info.num_layers, "num_heads": info.num_heads, "head_dim": head_dim}
+                  if cfg.task == "generate" else None),
+        "variants": {v: b.file for v, b in builds.items()}, "default_variant": None, "opset": OPSET,
+        "source": {"checkpoint": str(info.path), "architecture": info.architecture,
+                   "config_sha256": info.config_sha256, "checkpoint_sha256": info.weights_sha256},
+        "created_at": package.utc_now(),
+    }
+    return {"manifest": manifest, "builds": builds, "removed": removed, "export_s": export_s,
+            "tokenizer": tok, "mask_token": mask_token}
+
+
+def gate_inputs(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module, manifest: dict,
+                tok: Tokenizer, labelled) -> GateInputs:
+    return GateInputs(model=model, task=cfg.task, tokenizer=tok, special_tokens=manifest["special_tokens"],
+                      max_length=manifest["max_length"], num_layers=info.num_layers, num_heads=info.num_heads,
+                      head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=labelled,
+                      tolerances=cfg.tolerances, grid=cfg.grid, threads=cfg.threads)
+
+
+def tool_versions() -> dict[str, str | None]:
+    try:
+        import transformers
+        tv = transformers.__version__
+    except ImportError:
+        tv = None
+    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "transformers": tv}
+
+
+def parity_report(passed: bool, results, builds, tok_report, export_s: float, gate_s: float) -> dict[str, Any]:
+    out_variants = {}
+    for v, r in results.items():
+        d = r.as_json()
+        b = builds.get(v)
+        if b is not None and (b.fused_operators or b.notes):
+            d["fused_operators"], d["notes"] = b.fused_operators, b.notes
+        out_variants[v] = d
+    return {"passed": passed, "tool_versions": tool_versions(), "opset": OPSET, "variants": out_variants,
+            "tokenizer": tok_report.as_json(), "timings_s": {"export": round(export_s, 3), "gate": round(gate_s, 3)}}
+
+
+def validate_config(cfg: ExportConfig) -> None:
+    if cfg.task not in TASKS:
+        raise ExportError(f"--task: {cfg.task!r} is not one of {', '.join(TASKS)}")
+    unknown = [v for v in cfg.variants if v not in VARIANTS]
+    if unknown:
+        raise ExportError(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    if "fp32" not in cfg.variants:
+        raise ExportError("--variants: fp32 is required (every other variant is derived from and checked against it)")
+    package.validate_name(cfg.name)
+
+
+def export_checkpoint(cfg: ExportConfig) -> ExportResult:
+    """Export, gate, publish. Raises ExportError (bad input) or ParityFailure; publishes nothing on either."""
+    validate_config(cfg)
+    info = inspect_checkpoint(cfg.checkpoint, cfg.task)
+    repo = Path(cfg.repository)
+    if repo.exists() and not repo.is_dir():
+        raise ExportError(f"--repository: {repo} is not a directory")
+    name_dir = repo / cfg.name
+    version = package.choose_version(name_dir, cfg.version)
+    labelled = _labelled(cfg, info)
+    model = load_torch_model(info, cfg.task)
+    created = not name_dir.exists()
+    staging = package.staging_dir(name_dir)
+    try:
+        built = build_package(cfg, info, model, staging)
+        manifest = built["manifest"]
+        tok_report = check_tokenizer(info.path, staging, list(BUILTIN_TEXTS), built["mask_token"],
+                                     manifest["max_length"], built["removed"])
+        files = {v: staging / b.file for v, b in built["builds"].items()}
+        passed, results, gate_s = run_gate(gate_inputs(cfg, info, model, manifest, built["tokenizer"], labelled),
+                                           files)
+        passed = passed and tok_report.passed
+        report = parity_report(passed, results, built["builds"], tok_report, built["export_s"], gate_s)
+        if not passed:
+            raise ParityFailure(f"parity gate failed for {cfg.name}; nothing published\n"
+                                + failure_table(results, report["tokenizer"]), report)
+        manifest["default_variant"] = package.default_variants(manifest["variants"], report["variants"])
+
+        def finalize(v: int) -> None:
+            manifest["version"] = v
+            package.write_json(staging / package.MANIFEST, manifest)
+            package.write_json(staging / package.PARITY, {**report, "files": package.file_hashes(staging)})
+
+        version = package.publish(staging, name_dir, version, cfg.version is None, finalize)
+    except BaseException:
+        package.discard(staging, name_dir, created)
+        raise
+    final = name_dir / str(version)
+    return ExportResult(final, version, json.loads((final / package.PARITY).read_text()))

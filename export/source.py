@@ -1,0 +1,120 @@
+"""Read a checkpoint directory (docs/checkpoint-format.md) and check it can serve the requested task."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ExportError
+
+log = logging.getLogger(__name__)
+
+# Which architectures carry the head each task needs.
+TASK_ARCHITECTURES = {
+    "classify": ("BertForSequenceClassification",),
+    "fill-mask": ("BertForMaskedLM", "BertForPreTraining"),
+    "generate": ("GPT2LMHeadModel",),
+}
+SUPPORTED_ARCHITECTURES = tuple(a for archs in TASK_ARCHITECTURES.values() for a in archs) + ("BertModel",)
+# load_model kind per task (the head to build).
+TASK_KIND = {"classify": "bert-classifier", "fill-mask": "bert-mlm", "generate": "gpt"}
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the export needs to know about a checkpoint before loading weights."""
+
+    path: Path
+    config: dict[str, Any]
+    architecture: str
+    model_type: str  # "bert" | "gpt2"
+    weights_file: Path
+    config_sha256: str
+    weights_sha256: str
+
+    @property
+    def labels(self) -> list[str]:
+        id2label = self.config.get("id2label") or {}
+        return [str(id2label[k]) for k in sorted(id2label, key=int)]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config["n_layer"] if self.model_type == "gpt2" else self.config["num_hidden_layers"])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.config["n_head"] if self.model_type == "gpt2" else self.config["num_attention_heads"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config["n_embd"] if self.model_type == "gpt2" else self.config["hidden_size"])
+
+    @property
+    def max_positions(self) -> int:
+        key = "n_positions" if self.model_type == "gpt2" else "max_position_embeddings"
+        return int(self.config[key])
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def inspect_checkpoint(path: Path, task: str) -> CheckpointInfo:
+    """Validate the directory, its config and the task; raise ExportError with one line otherwise."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ExportError(f"checkpoint: {path} is not a directory")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ExportError(f"checkpoint: {cfg_file} is missing")
+    try:
+        config = json.loads(cfg_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"checkpoint: {cfg_file} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ExportError(f"checkpoint: {cfg_file} is not a JSON object")
+    archs = config.get("architectures") or []
+    if not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str):
+        raise ExportError(f"checkpoint: config.json architectures must name exactly one architecture, got {archs!r}")
+    arch = archs[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ExportError(f"checkpoint: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    if arch not in TASK_ARCHITECTURES[task]:
+        need = " or ".join(TASK_ARCHITECTURES[task])
+        raise ExportError(f"--task {task}: checkpoint architecture {arch} has no head for this task (needs {need})")
+    model_type = config.get("model_type")
+    if model_type not in ("bert", "gpt2"):
+        raise ExportError(f"checkpoint: config.json model_type must be 'bert' or 'gpt2', got {model_type!r}")
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        weights = path / "pytorch_model.bin"
+    if not weights.is_file():
+        raise ExportError(f"checkpoint: {path} holds neither model.safetensors nor pytorch_model.bin")
+    if not (path / "tokenizer.json").is_file():
+        raise ExportError(f"checkpoint: {path / 'tokenizer.json'} is missing (the package must carry the tokenizer)")
+    return CheckpointInfo(path=path.resolve(), config=config, architecture=arch, model_type=model_type,
+                          weights_file=weights, config_sha256=sha256_file(cfg_file),
+                          weights_sha256=sha256_file(weights))
+
+
+def load_torch_model(info: CheckpointInfo, task: str):
+    """Build the PyTorch model through the training stage's public API, in eval mode."""
+    from training.checkpoint import CheckpointError, load_model
+
+    try:
+        model, _ = load_model(info.path, kind=TASK_KIND[task])
+    except CheckpointError as exc:
+        raise ExportError(f"checkpoint: {exc}") from None
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        # safetensors / torch raise their own types on truncated or corrupt weight files.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"checkpoint: cannot load weights from {info.weights_file.name}: {first}") from None
+    model.eval()
+    return model

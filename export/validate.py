@@ -1,0 +1,72 @@
+"""`python -m export validate PACKAGE_DIR`: re-check a published package against its source checkpoint."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from . import package
+from .config import ExportConfig
+from .errors import ExportError
+from .heldout import BUILTIN_TEXTS
+from .parity import GateInputs, VariantResult, failure_table, run_gate
+from .source import inspect_checkpoint, load_torch_model
+from .tokenizer_check import check_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def read_package(pkg: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    pkg = Path(pkg)
+    out = []
+    for name in (package.MANIFEST, package.PARITY):
+        f = pkg / name
+        try:
+            out.append(json.loads(f.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise ExportError(f"package: {f} is missing (not a model package)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ExportError(f"package: {f} is not valid JSON ({exc})") from None
+    return out[0], out[1]
+
+
+def hash_mismatches(pkg: Path, parity: dict[str, Any]) -> list[str]:
+    recorded = parity.get("files") or {}
+    actual = package.file_hashes(pkg)
+    bad = [f"{n}: sha256 differs" for n, h in recorded.items() if actual.get(n) != h]
+    bad += [f"{n}: not listed in parity.json" for n in actual if n not in recorded]
+    return bad
+
+
+def validate_package(pkg: Path, threads: int = 1) -> tuple[bool, str]:
+    """Re-run hashes, tokenizer check and parity gate; returns (passed, human-readable table)."""
+    pkg = Path(pkg)
+    manifest, parity = read_package(pkg)
+    problems = hash_mismatches(pkg, parity)
+    src = Path(manifest.get("source", {}).get("checkpoint", ""))
+    task = manifest.get("task")
+    cfg = ExportConfig(checkpoint=src, task=task, repository=pkg.parent.parent, name=manifest.get("name", ""),
+                       variants=tuple(manifest.get("variants", {})), threads=threads)
+    info = inspect_checkpoint(src, task)
+    model = load_torch_model(info, task)
+    if info.weights_sha256 != manifest["source"].get("checkpoint_sha256"):
+        problems.append("source checkpoint weights changed since export (sha256 differs)")
+    tok = Tokenizer.from_file(str(pkg / "tokenizer.json"))
+    tok_report = check_tokenizer(info.path, pkg, list(BUILTIN_TEXTS), manifest.get("mask_token"),
+                                 manifest["max_length"], [])
+    inp = GateInputs(model=model, task=task, tokenizer=tok, special_tokens=manifest["special_tokens"],
+                     max_length=manifest["max_length"], num_layers=info.num_layers, num_heads=info.num_heads,
+                     head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=None,
+                     tolerances=cfg.tolerances, grid=cfg.grid, threads=threads)
+    files = {v: pkg / f for v, f in manifest["variants"].items()}
+    passed, results, _ = run_gate(inp, files)
+    table = failure_table(results, tok_report.as_json())
+    if problems:
+        table += "\n" + "\n".join(f"package    {p}" for p in problems)
+    return passed and tok_report.passed and not problems, table
+
+
+__all__ = ["validate_package", "read_package", "hash_mismatches", "VariantResult"]
