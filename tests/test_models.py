@@ -158,7 +158,7 @@ def test_minilm_encoder_loads_as_new_classifier(minilm_dir, minilm_batch, hf_min
 
 # ---------------------------------------------------------------- BERT heads vs transformers, random tiny
 
-def test_bert_mlm_matches_transformers_with_padding():
+def test_bert_mlm_matches_transformers_with_padding(tmp_path):
     torch.manual_seed(0)
     config = tiny_bert()
     hf = transformers.BertForMaskedLM(transformers.BertConfig(**config.to_hf_dict())).eval()
@@ -175,6 +175,14 @@ def test_bert_mlm_matches_transformers_with_padding():
     # Decoder tied to the embeddings, and its bias is cls.predictions.bias, as in HF.
     assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
     assert ours.cls.predictions.decoder.bias is ours.cls.predictions.bias
+    # A file written by transformers itself (tied keys left out) loads and re-ties.
+    with torch.no_grad():
+        hf.cls.predictions.bias.normal_()
+    hf.save_pretrained(tmp_path / "hf")
+    loaded, _ = load_model(tmp_path / "hf")
+    assert isinstance(loaded, BertForMaskedLM)
+    with torch.no_grad():
+        assert maxdiff(loaded(**batch), hf(**batch).logits) <= TOL
 
 
 def test_bert_pretraining_matches_transformers_with_padding():
@@ -225,6 +233,16 @@ def test_gpt_matches_transformers_right_padding(gpt_pair):
     real = mask.bool()
     assert maxdiff(logits[real], ref[real]) <= TOL
     assert len(presents) == 2 and presents[0][0].shape == (3, 2, 7, 32)
+
+
+def test_gpt_file_written_by_transformers_loads(gpt_pair, tmp_path):
+    ours, hf = gpt_pair
+    hf.save_pretrained(tmp_path / "hf")
+    loaded, config = load_model(tmp_path / "hf")
+    assert isinstance(loaded, GPT2LMHeadModel) and config == ours.config
+    ids, _ = left_padded(ours.config.vocab_size, seed=12)
+    with torch.no_grad():
+        assert maxdiff(loaded(ids)[0], hf(ids).logits) <= TOL
 
 
 def test_gpt_matches_transformers_left_padding(gpt_pair):
