@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,33 @@ async def _answer(runner: Runner, record: Record, slots: asyncio.Semaphore) -> d
             return error_payload(e)
 
 
+def plan(records: Iterable[Record], out: OutputLog, counts: Counts) -> Iterator[tuple[Record, dict | None]]:
+    """The records still to write, in input order, each with its payload when it is already known
+    (a malformed line or a repeated id fails without a model call), else None."""
+    resume = ResumeFilter(out.done)
+    first_line: dict[str, int] = {}
+    for record in records:
+        first = first_line.setdefault(id_key(record.id), record.line)
+        if resume.already_written(record.id):
+            counts.skipped += 1
+        elif record.error is not None:
+            yield record, error_payload(record.error)
+        elif first != record.line:
+            yield record, error_payload(f"id: duplicate of the record on input line {first}")
+        else:
+            yield record, None
+
+
+def write_answer(out: OutputLog, counts: Counts, record: Record, payload: dict[str, Any], progress: Any) -> None:
+    out.write(record.id, payload)
+    if "error" in payload:
+        counts.failed += 1
+    else:
+        counts.ok += 1
+    if progress is not None:
+        progress.update(1)
+
+
 async def _ready(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
@@ -71,43 +98,26 @@ async def run_records(records: Iterable[Record], runner: Runner, out: OutputLog,
     """Answers every record not yet in `out`, writing each answer in input order as soon as all
     records before it are written. At most 4 x concurrency records are held at once."""
     counts = Counts(failed_before=out.failed_before)
-    resume = ResumeFilter(out.done)
-    first_line: dict[str, int] = {}
     slots = asyncio.Semaphore(concurrency)
     window: deque[tuple[Record, asyncio.Task]] = deque()
-    source = iter(records)
+    todo = plan(records, out, counts)
     exhausted = False
     try:
         while True:
             while not exhausted and len(window) < 4 * concurrency:
-                record = next(source, None)
-                if record is None:
+                item = next(todo, None)
+                if item is None:
                     exhausted = True
                     break
-                key = id_key(record.id)
-                first = first_line.setdefault(key, record.line)
-                if resume.already_written(record.id):
-                    counts.skipped += 1
-                    continue
-                if record.error is not None:
-                    job = _ready(error_payload(record.error))
-                elif first != record.line:
-                    job = _ready(error_payload(f"id: duplicate of the record on input line {first}"))
-                else:
-                    job = _answer(runner, record, slots)
+                record, known = item
+                job = _ready(known) if known is not None else _answer(runner, record, slots)
                 window.append((record, asyncio.ensure_future(job)))
             if not window:
                 return counts
             record, task = window[0]
             payload = await task
             window.popleft()
-            out.write(record.id, payload)
-            if "error" in payload:
-                counts.failed += 1
-            else:
-                counts.ok += 1
-            if progress is not None:
-                progress.update(1)
+            write_answer(out, counts, record, payload, progress)
     finally:
         for _, task in window:
             task.cancel()

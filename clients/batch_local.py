@@ -1,0 +1,115 @@
+"""Batch runner that runs the model package in-process, through the server's data plane (no gRPC).
+
+Answers are converted to the client's dataclasses exactly as they would arrive over the wire
+(scores rounded to float32, as protobuf `float` does), so --local output equals server output.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from .batch_input import Record
+from .batch_tasks import TaskConfig, classification_payload, fill_mask_payload, generation_payload
+from .errors import OrtserveError
+from .types import (
+    Classification,
+    FillMaskResult,
+    GeneratedToken,
+    Generation,
+    LabelScore,
+    MaskPrediction,
+    TokenCandidate,
+    TokenLogprob,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _f32(value: float) -> float:
+    return float(np.float32(value))
+
+
+def _classification(c: Any) -> Classification:
+    return Classification(label=c.label, score=_f32(c.score),
+                          scores=[LabelScore(label=s.label, score=_f32(s.score)) for s in c.scores])
+
+
+def _fill_mask(masks: Any) -> FillMaskResult:
+    return FillMaskResult(masks=[
+        MaskPrediction(position=int(m.position), candidates=[
+            TokenCandidate(token=c.token, token_id=int(c.token_id), score=_f32(c.score), sequence=c.sequence)
+            for c in m.candidates])
+        for m in masks])
+
+
+def _generation(r: Any, with_logprobs: bool) -> Generation:
+    tokens = [GeneratedToken(
+        token_id=int(t.token_id),
+        logprob=_f32(t.logprob if t.logprob is not None else 0.0) if with_logprobs else None,
+        top_logprobs=[TokenLogprob(token_id=int(a.token_id), token=a.token, logprob=_f32(a.logprob))
+                      for a in t.top_logprobs])
+        for t in r.tokens]
+    return Generation(text=r.text, finish_reason=r.finish_reason or "",
+                      usage=Usage(int(r.usage.prompt_tokens), int(r.usage.completion_tokens)), tokens=tokens,
+                      time_to_first_token_ms=float(r.time_to_first_token_ms), total_time_ms=float(r.total_time_ms))
+
+
+def _as_ortserve_error(error: Exception) -> OrtserveError:
+    """The data plane's errors carry the names of gRPC codes; a ValueError is a bad field."""
+    code_name = getattr(getattr(error, "code", None), "value", None) or "INVALID_ARGUMENT"
+    code = getattr(grpc.StatusCode, str(code_name), grpc.StatusCode.UNKNOWN)
+    return OrtserveError(code, getattr(error, "message", None) or str(error))
+
+
+class LocalRunner:
+    def __init__(self, plane: Any, config: TaskConfig) -> None:
+        self.plane = plane
+        self.config = config
+
+    @classmethod
+    async def start(cls, repository: Path, config: TaskConfig, intra_op_threads: int = 0) -> "LocalRunner":
+        # Imported here: the client library itself never needs the server package.
+        from server.dataplane import DataPlane
+        from server.settings import ServerSettings, SettingsError
+
+        try:
+            settings = ServerSettings(repository=Path(repository), port=0, metrics_port=-1, poll_interval=0,
+                                      intra_op_threads=intra_op_threads).validate()
+        except SettingsError as e:
+            raise ValueError(f"local: {e}") from None
+        plane = await DataPlane.start(settings)
+        return cls(plane, config)
+
+    async def run(self, record: Record) -> dict[str, Any]:
+        from server.errors import ServingError
+        from server.generation.params import GenerationParams as ServerParams
+
+        c = self.config
+        version = c.version or 0
+        try:
+            if c.task == "classify":
+                result = await self.plane.classify(c.model, version, [(record.text, record.text_pair)],
+                                                   top_k=c.effective_top_k, truncate=c.truncate)
+                return classification_payload(_classification(result.results[0]))
+            if c.task == "fill-mask":
+                result = await self.plane.fill_mask(c.model, version, [record.text], top_k=c.effective_top_k,
+                                                    truncate=c.truncate)
+                return fill_mask_payload(_fill_mask(result.results[0]))
+            g = c.generation
+            params = ServerParams.validate(
+                max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
+                repetition_penalty=g.repetition_penalty, stop=list(g.stop), stop_token_ids=list(g.stop_token_ids),
+                seed=g.seed, logprobs=g.logprobs, top_logprobs=g.top_logprobs, truncate_prompt=g.truncate_prompt,
+                ignore_eos=g.ignore_eos)
+            result = await self.plane.generate(c.model, version, record.text, params)
+            return generation_payload(_generation(result, g.wants_logprobs), g.wants_logprobs)
+        except (ServingError, ValueError) as e:
+            raise _as_ortserve_error(e) from None
+
+    async def close(self) -> None:
+        await self.plane.close()

@@ -1,0 +1,104 @@
+"""Ray Data path of the batch script (extra `ray`): the in-process runner in an actor pool.
+
+Ray does the distribution (a local instance, or the cluster in $RAY_ADDRESS); each actor holds one
+LocalRunner (one loaded model). Planning, resume and the ordered, fsync'ed output are the plain
+script's own, so the output file is the same.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from .batch_input import Record
+from .batch_output import OutputLog
+from .batch_run import Counts, RunAborted, plan, write_answer
+from .batch_tasks import TaskConfig
+from .errors import OrtserveError
+
+log = logging.getLogger(__name__)
+
+_BATCH_ROWS = 16
+
+
+class _Worker:
+    """Ray actor: one event loop and one in-process data plane for the actor's lifetime."""
+
+    def __init__(self, repository: str, config: TaskConfig, concurrency: int) -> None:
+        from .batch_local import LocalRunner
+
+        self.loop = asyncio.new_event_loop()
+        # One onnxruntime thread per actor: the actors themselves are the parallelism.
+        self.runner = self.loop.run_until_complete(LocalRunner.start(repository, config, intra_op_threads=1))
+        self.slots = concurrency
+
+    async def _answer_all(self, records: list[Record]) -> list[str]:
+        from .batch_run import ABORT_CODES, error_payload
+
+        slots = asyncio.Semaphore(self.slots)
+
+        async def one(record: Record) -> str:
+            async with slots:
+                try:
+                    payload = await self.runner.run(record)
+                except OrtserveError as e:
+                    if e.code in ABORT_CODES:
+                        raise
+                    payload = error_payload(e)
+            return json.dumps(payload)
+
+        return await asyncio.gather(*(one(r) for r in records))
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        records = [Record(**json.loads(r)) for r in batch["record"]]
+        payloads = self.loop.run_until_complete(self._answer_all(records))
+        return {"position": batch["position"], "payload": np.array(payloads, dtype=object)}
+
+
+def run_with_ray(config: Any, out: OutputLog, progress: Any) -> Counts:
+    """config: batch.BatchConfig with local_repository and ray_workers set."""
+    import ray
+    import ray.data
+
+    from .batch_input import read_records
+
+    counts = Counts(failed_before=out.failed_before)
+    todo = list(plan(read_records(config.input, config.format, config.task.task), out, counts))
+    # Records go to Ray as JSON strings: ids may mix ints and strings, which one Arrow column cannot hold.
+    rows = [{"position": i, "record": json.dumps(asdict(r))} for i, (r, known) in enumerate(todo) if known is None]
+    started_here = not ray.is_initialized()
+    if started_here:
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+        else:
+            ray.init(num_cpus=config.ray_workers, include_dashboard=False, log_to_driver=False,
+                     object_store_memory=200 * 1024 * 1024)
+    try:
+        answers = iter(())
+        if rows:
+            context = ray.data.DataContext.get_current()
+            context.execution_options.preserve_order = True  # answers come back in input order
+            dataset = ray.data.from_items(rows).map_batches(
+                _Worker, fn_constructor_args=(str(config.local_repository), config.task, config.concurrency),
+                batch_size=_BATCH_ROWS, concurrency=config.ray_workers, num_cpus=1)
+            answers = dataset.iter_rows()
+        for i, (record, known) in enumerate(todo):
+            if known is None:
+                try:
+                    row = next(answers)
+                except ray.exceptions.RayTaskError as e:
+                    cause = e.cause if isinstance(getattr(e, "cause", None), OrtserveError) else e
+                    raise RunAborted(f"record {record.id!r} (input line {record.line}): {cause}") from None
+                if row["position"] != i:
+                    raise RuntimeError(f"ray returned record {row['position']} where {i} was expected")
+                known = json.loads(row["payload"])
+            write_answer(out, counts, record, known, progress)
+    finally:
+        if started_here:
+            ray.shutdown()
+    return counts
