@@ -1,0 +1,436 @@
+"""Generation engine on real onnxruntime sessions: the shared tiny-gpt package, plus a bigram graph.
+
+The bigram graph is a real ONNX decoder with the package's signature whose next token depends only on
+the last input token (logits = table[input_id]). Its table scripts exact outputs (multi-byte
+characters, eos, stop sequences), which a random-weight model cannot be made to produce.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Coroutine
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from prometheus_client import CollectorRegistry
+from tokenizers import Tokenizer, pre_tokenizers
+
+from server.generation import (GenerationConfig, GenerationEngine, GenerationParams, OverloadedError,
+                               StreamChunk)
+from server.generation.offline import greedy_generate
+from server.metrics import Metrics
+
+PROMPTS = [
+    "To be, or not to be",
+    "Romeo",
+    "What light through yonder window breaks? It is the east, and Juliet is the sun.",
+    "a",
+    "Now is the winter of our discontent",
+]
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1   # the test machine's cores are shared
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class Package:
+    def __init__(self, session: ort.InferenceSession, manifest: dict, tokenizer: Tokenizer) -> None:
+        self.session, self.manifest, self.tokenizer = session, manifest, tokenizer
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    @contextlib.asynccontextmanager
+    async def engine(self, metrics: Metrics | None = None, manifest: dict | None = None,
+                     **config: int) -> AsyncIterator[GenerationEngine]:
+        engine = GenerationEngine(self.session, manifest or self.manifest, self.tokenizer,
+                                  GenerationConfig(**config), metrics, "test")
+        await engine.start()
+        try:
+            yield engine
+        finally:
+            await engine.stop()
+
+
+@pytest.fixture(scope="session")
+def gpt(tiny_repository: Path) -> Package:
+    d = tiny_repository / "tiny-gpt" / "1"
+    manifest = json.loads((d / "model.json").read_text())
+    return Package(_session(d / manifest["variants"]["fp32"]), manifest,
+                   Tokenizer.from_file(str(d / "tokenizer.json")))
+
+# ---------------------------------------------------------------- the scripted (bigram) decoder
+
+
+def byte_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """One token per UTF-8 byte (the byte-level alphabet)."""
+    mapped = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)[0][0]
+    ids = [tokenizer.token_to_id(ch) for ch in mapped]
+    assert None not in ids
+    return ids
+
+
+def _bigram_graph(table: np.ndarray) -> onnx.ModelProto:
+    """Decoder signature with 1 layer, 1 head, head_dim 1: logits = table[input_ids]; K/V = the ids."""
+    vocab = table.shape[0]
+    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "sequence"]),
+              helper.make_tensor_value_info("attention_mask", i64, ["batch", "total"]),
+              helper.make_tensor_value_info("position_ids", i64, ["batch", "sequence"]),
+              helper.make_tensor_value_info("past_key_values.0.key", f32, ["batch", 1, "past", 1]),
+              helper.make_tensor_value_info("past_key_values.0.value", f32, ["batch", 1, "past", 1])]
+    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", "sequence", vocab]),
+               helper.make_tensor_value_info("present.0.key", f32, ["batch", 1, "total", 1]),
+               helper.make_tensor_value_info("present.0.value", f32, ["batch", 1, "total", 1])]
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["logits"], axis=0),
+        helper.make_node("Cast", ["input_ids"], ["ids_f"], to=f32),
+        helper.make_node("Unsqueeze", ["ids_f", "axes"], ["new_kv"]),
+        helper.make_node("Concat", ["past_key_values.0.key", "new_kv"], ["present.0.key"], axis=2),
+        helper.make_node("Concat", ["past_key_values.0.value", "new_kv"], ["present.0.value"], axis=2),
+    ]
+    inits = [numpy_helper.from_array(table.astype(np.float32), "table"),
+             numpy_helper.from_array(np.array([1, 3], dtype=np.int64), "axes")]
+    graph = helper.make_graph(nodes, "bigram", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+class Script:
+    """Chains of tokens: after `trigger` the graph emits `text` byte by byte, then `after`."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.vocab = tokenizer.get_vocab_size()
+        self.x = tokenizer.token_to_id("x")
+        self.eos = tokenizer.token_to_id("<|endoftext|>")
+        self.table = np.zeros((self.vocab, self.vocab), dtype=np.float32)
+        self.table[:, self.x] = 10.0          # by default everything continues with "x"
+
+    def chain(self, trigger: str, text: str, end: int) -> None:
+        ids = byte_ids(self.tokenizer, trigger)[-1:] + byte_ids(self.tokenizer, text) + [end]
+        assert len(set(ids[:-1])) == len(ids) - 1, "a bigram chain cannot repeat a token"
+        for a, b in zip(ids, ids[1:]):
+            self.table[a] = 0.0
+            self.table[a, b] = 10.0
+
+
+@pytest.fixture(scope="session")
+def bigram(gpt: Package, tmp_path_factory: pytest.TempPathFactory) -> Package:
+    script = Script(gpt.tokenizer)
+    script.chain("Z", "é漢🙂", end=script.eos)          # multi-byte characters, then eos
+    script.chain("Q", "Wy", end=script.x)               # "Wy" then x forever
+    path = tmp_path_factory.mktemp("bigram") / "model.onnx"
+    onnx.save(_bigram_graph(script.table), str(path))
+    manifest = dict(gpt.manifest, cache={"num_layers": 1, "num_heads": 1, "head_dim": 1}, max_length=64,
+                    vocab_size=script.vocab)
+    return Package(_session(path), manifest, gpt.tokenizer)
+
+
+async def collect(engine: GenerationEngine, prompt: str, params: GenerationParams) -> list[StreamChunk]:
+    return [chunk async for chunk in engine.stream(prompt, params)]
+
+# ---------------------------------------------------------------- greedy == offline
+
+
+def test_continuous_batching_equals_offline_greedy(gpt: Package) -> None:
+    n = 24
+    expected = [greedy_generate(gpt.session, gpt.manifest, gpt.ids(p), n, stop_at_eos=False) for p in PROMPTS]
+    seen_active: list[int] = []
+
+    async def body() -> list[list[int]]:
+        async with gpt.engine(max_batch_size=4) as engine:   # 5 prompts: one must wait for a free slot
+            params = GenerationParams.validate(max_new_tokens=n, ignore_eos=True)
+
+            async def one(prompt: str, delay: float) -> list[int]:
+                await asyncio.sleep(delay)    # join while the others are mid-generation
+                ids = []
+                async for chunk in engine.stream(prompt, params):
+                    ids += [t.token_id for t in chunk.tokens]
+                    seen_active.append(engine.active_sequences)
+                return ids
+
+            return await asyncio.gather(*(one(p, 0.004 * i) for i, p in enumerate(PROMPTS)))
+
+    got = run(body())
+    for prompt, a, b in zip(PROMPTS, got, expected):
+        assert a == b, prompt
+    assert max(seen_active) > 1   # they really were batched
+
+
+def test_greedy_text_is_the_decoded_ids(gpt: Package) -> None:
+    async def body() -> None:
+        async with gpt.engine() as engine:
+            result = await engine.generate(PROMPTS[0], GenerationParams.validate(max_new_tokens=16, ignore_eos=True))
+            ids = [t.token_id for t in result.tokens]
+            assert result.text == gpt.tokenizer.decode(ids)
+            assert result.finish_reason == "length" and result.usage.completion_tokens == 16
+            assert result.usage.prompt_tokens == len(gpt.ids(PROMPTS[0]))
+            assert 0 < result.time_to_first_token_ms <= result.total_time_ms
+
+    run(body())
+
+# ---------------------------------------------------------------- sampling through the engine
+
+
+def test_seed_gives_the_same_text_whatever_the_neighbours(gpt: Package) -> None:
+    params = GenerationParams.validate(max_new_tokens=20, temperature=1.5, top_p=0.95, seed=1234, ignore_eos=True)
+
+    async def body() -> tuple[str, str, str, str]:
+        async with gpt.engine() as engine:
+            alone = (await engine.generate(PROMPTS[0], params)).text
+            noise = GenerationParams.validate(max_new_tokens=20, temperature=1.3, ignore_eos=True)
+            crowded = await asyncio.gather(engine.generate(PROMPTS[0], params),
+                                           *(engine.generate(p, noise) for p in PROMPTS[1:]))
+            other_seed = await engine.generate(PROMPTS[0], GenerationParams.validate(
+                max_new_tokens=20, temperature=1.5, top_p=0.95, seed=99, ignore_eos=True))
+            greedy = await engine.generate(PROMPTS[0], GenerationParams.validate(max_new_tokens=20, ignore_eos=True))
+            return alone, crowded[0].text, other_seed.text, greedy.text
+
+    alone, crowded, other, greedy = run(body())
+    assert alone == crowded
+    assert other != alone and greedy != alone    # sampling really sampled
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy(gpt: Package) -> None:
+    async def body() -> None:
+        async with gpt.engine() as engine:
+            expected = greedy_generate(gpt.session, gpt.manifest, gpt.ids(PROMPTS[1]), 16, stop_at_eos=False)
+            for extra in ({"top_k": 1}, {"top_p": 1e-6}):
+                params = GenerationParams.validate(max_new_tokens=16, temperature=1.5, seed=5, ignore_eos=True, **extra)
+                result = await engine.generate(PROMPTS[1], params)
+                assert [t.token_id for t in result.tokens] == expected, extra
+
+    run(body())
+
+
+def test_logprobs_match_the_graph_and_top_n_is_sorted(gpt: Package) -> None:
+    prompt_ids = gpt.ids(PROMPTS[2])
+    names = [f"past_key_values.{i}.{k}" for i in range(gpt.manifest["cache"]["num_layers"]) for k in ("key", "value")]
+    c = gpt.manifest["cache"]
+    feeds = {"input_ids": np.asarray([prompt_ids]), "attention_mask": np.ones((1, len(prompt_ids)), dtype=np.int64),
+             "position_ids": np.arange(len(prompt_ids))[None, :],
+             **{n: np.zeros((1, c["num_heads"], 0, c["head_dim"]), dtype=np.float32) for n in names}}
+    first = gpt.session.run(["logits"], feeds)[0][0, -1].astype(np.float64)
+    expected_first = first - first.max() - np.log(np.exp(first - first.max()).sum())
+
+    async def body() -> None:
+        async with gpt.engine() as engine:
+            params = GenerationParams.validate(max_new_tokens=8, logprobs=True, top_logprobs=5, ignore_eos=True)
+            result = await engine.generate(PROMPTS[2], params)
+            assert result.tokens[0].logprob == pytest.approx(expected_first[result.tokens[0].token_id], abs=1e-4)
+            for token in result.tokens:
+                assert token.logprob is not None and token.logprob <= 0
+                values = [alt.logprob for alt in token.top_logprobs]
+                assert len(values) == 5 and values == sorted(values, reverse=True) and values[0] <= 0
+                # Greedy: the chosen token is the best alternative.
+                assert token.top_logprobs[0].token_id == token.token_id
+                assert token.top_logprobs[0].logprob == pytest.approx(token.logprob)
+            plain = await engine.generate(PROMPTS[2], GenerationParams.validate(max_new_tokens=2))
+            assert all(t.logprob is None and not t.top_logprobs for t in plain.tokens)
+
+    run(body())
+
+# ---------------------------------------------------------------- text: multi-byte, eos, stops
+
+
+def test_stream_never_splits_multibyte_characters_and_ends_on_eos(bigram: Package) -> None:
+    async def body() -> list[StreamChunk]:
+        async with bigram.engine() as engine:
+            return await collect(engine, "Z", GenerationParams.validate(max_new_tokens=30))
+
+    chunks = run(body())
+    texts = [c.text for c in chunks]
+    assert "".join(texts) == "é漢🙂"
+    assert [t for t in texts if t] == ["é", "漢", "🙂"]        # each character whole, in one chunk
+    assert chunks[-1].final and chunks[-1].finish_reason == "eos"
+    assert chunks[-1].usage.completion_tokens == 10             # 9 bytes + eos
+    assert not any(c.final for c in chunks[:-1])
+
+
+def test_ignore_eos_continues_past_it(bigram: Package) -> None:
+    async def body() -> Any:
+        async with bigram.engine() as engine:
+            return await engine.generate("Z", GenerationParams.validate(max_new_tokens=12, ignore_eos=True))
+
+    result = run(body())
+    assert (result.text, result.finish_reason) == ("é漢🙂xx", "length")
+
+
+def test_stop_token_ids_end_without_their_text(bigram: Package) -> None:
+    stop_id = byte_ids(bigram.tokenizer, "漢")[0]
+
+    async def body() -> Any:
+        async with bigram.engine() as engine:
+            return await engine.generate("Z", GenerationParams.validate(stop_token_ids=[stop_id]))
+
+    result = run(body())
+    assert (result.text, result.finish_reason) == ("é", "stop")
+    assert result.tokens[-1].token_id == stop_id
+
+
+@pytest.mark.parametrize("stop, text, reason", [
+    (["yx"], "W", "stop"),              # spans two tokens
+    (["xxx", "Wyx"], "", "stop"),       # the earliest match wins
+    (["xyz"], "Wyxxxxxxxx", "length"),  # held-back "x" prefixes are released at the end
+])
+def test_stop_sequences(bigram: Package, stop: list[str], text: str, reason: str) -> None:
+    async def body() -> list[StreamChunk]:
+        async with bigram.engine() as engine:
+            return await collect(engine, "Q", GenerationParams.validate(max_new_tokens=10, stop=stop))
+
+    chunks = run(body())
+    assert "".join(c.text for c in chunks) == text
+    assert chunks[-1].finish_reason == reason
+
+# ---------------------------------------------------------------- lifecycle: cancel, deadline, overload
+
+
+def test_closing_the_stream_frees_the_slot_within_a_step(gpt: Package) -> None:
+    long = GenerationParams.validate(max_new_tokens=100, ignore_eos=True)
+
+    async def body() -> None:
+        async with gpt.engine() as engine:
+            keeper_tokens: list[int] = []
+
+            async def keeper() -> None:
+                async for chunk in engine.stream(PROMPTS[3], long):
+                    keeper_tokens.extend(t.token_id for t in chunk.tokens)
+
+            keeper_task = asyncio.create_task(keeper())
+            while not keeper_tokens:
+                await asyncio.sleep(0)
+            stream = engine.stream(PROMPTS[0], long)
+            await stream.__anext__()
+            await stream.__anext__()
+            assert engine.active_sequences == 2
+            await stream.aclose()
+            before = len(keeper_tokens)
+            while engine.active_sequences != 1:
+                await asyncio.sleep(0)
+            # The other sequence advanced by at most a step or two meanwhile.
+            assert len(keeper_tokens) - before <= 2
+            await keeper_task
+            assert len(keeper_tokens) == 100 and engine.active_sequences == 0
+
+    run(body())
+
+
+def test_deadline_before_prefill_raises_and_while_running_cancels(gpt: Package) -> None:
+    async def body() -> None:
+        async with gpt.engine() as engine:
+            params = GenerationParams.validate(max_new_tokens=100, ignore_eos=True)
+            with pytest.raises(TimeoutError):
+                await engine.generate(PROMPTS[0], params, deadline=time.monotonic() - 1)
+            stream = engine.stream(PROMPTS[0], params, deadline=time.monotonic() + 0.05)
+            chunks = [await stream.__anext__()]
+            time.sleep(0.06)   # block the loop past the deadline: the engine sees it at its next iteration
+            chunks += [c async for c in stream]
+            assert chunks[-1].finish_reason == "cancelled"
+            assert 1 <= chunks[-1].usage.completion_tokens < 100
+
+    run(body())
+
+
+def test_admission_limits_raise_overloaded(gpt: Package) -> None:
+    params = GenerationParams.validate(max_new_tokens=60, ignore_eos=True)
+
+    async def body() -> None:
+        async with gpt.engine(max_batch_size=1, max_waiting=1) as engine:
+            running = engine.stream(PROMPTS[0], params)
+            await running.__anext__()                       # admitted: the batch (of 1) is full
+            waiting = asyncio.create_task(engine.generate(PROMPTS[1], params))
+            await asyncio.sleep(0)
+            assert engine.waiting_requests == 1
+            with pytest.raises(OverloadedError):
+                await engine.generate(PROMPTS[2], params)
+            await running.aclose()
+            assert (await waiting).finish_reason == "length"
+        async with gpt.engine(max_tokens_in_flight=50) as engine:
+            with pytest.raises(OverloadedError, match="tokens in flight"):
+                await engine.generate(PROMPTS[0], params)
+
+    run(body())
+
+# ---------------------------------------------------------------- context and prompt errors
+
+
+def test_context_overflow_names_the_field_and_truncate_keeps_the_tail(gpt: Package) -> None:
+    context = gpt.manifest["max_length"]
+    long_prompt = " ".join(["the king"] * context)
+    ids = gpt.ids(long_prompt)
+    assert len(ids) > context
+
+    async def body() -> None:
+        async with gpt.engine() as engine:
+            with pytest.raises(ValueError, match=r"^prompt: "):
+                await engine.generate(long_prompt, GenerationParams.validate(max_new_tokens=8))
+            with pytest.raises(ValueError, match=r"^parameters\.max_new_tokens: "):
+                await engine.generate("hi", GenerationParams.validate(max_new_tokens=context))
+            result = await engine.generate(long_prompt, GenerationParams.validate(
+                max_new_tokens=8, truncate_prompt=True, ignore_eos=True))
+            assert result.usage.prompt_tokens == context - 8
+            tail = ids[-(context - 8):]
+            assert [t.token_id for t in result.tokens] == greedy_generate(
+                gpt.session, gpt.manifest, tail, 8, stop_at_eos=False)
+
+    run(body())
+
+
+def test_empty_prompt_starts_from_bos_or_is_refused(gpt: Package) -> None:
+    no_specials = dict(gpt.manifest, special_tokens=dict(gpt.manifest["special_tokens"], bos=None, eos=None))
+
+    async def body() -> None:
+        async with gpt.engine() as engine:
+            result = await engine.generate("", GenerationParams.validate(max_new_tokens=4, ignore_eos=True))
+            assert result.usage.prompt_tokens == 1
+            start = gpt.manifest["special_tokens"]["bos"]
+            assert [t.token_id for t in result.tokens] == greedy_generate(
+                gpt.session, gpt.manifest, [start], 4, stop_at_eos=False)
+        async with gpt.engine(manifest=no_specials) as engine:
+            with pytest.raises(ValueError, match=r"^prompt: must not be empty"):
+                await engine.generate("", GenerationParams.validate())
+            with pytest.raises(ValueError, match=r"^parameters\.stop_token_ids\[0\]: "):
+                await engine.generate("a", GenerationParams.validate(stop_token_ids=[10 ** 6]))
+
+    run(body())
+
+
+def test_warmup_runs_and_a_wrong_manifest_is_refused(gpt: Package) -> None:
+    GenerationEngine(gpt.session, gpt.manifest, gpt.tokenizer, GenerationConfig(), None, "w").warmup()
+    wrong = dict(gpt.manifest, cache=dict(gpt.manifest["cache"], num_layers=gpt.manifest["cache"]["num_layers"] + 1))
+    with pytest.raises(ValueError, match="past_key_values"):
+        GenerationEngine(gpt.session, wrong, gpt.tokenizer, GenerationConfig(), None, "w")
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_metrics_are_recorded(gpt: Package) -> None:
+    metrics = Metrics(CollectorRegistry())
+    n = 6
+
+    async def body() -> None:
+        async with gpt.engine(metrics=metrics) as engine:
+            params = GenerationParams.validate(max_new_tokens=n, ignore_eos=True)
+            await asyncio.gather(*(engine.generate(p, params) for p in PROMPTS[:3]))
+
+    run(body())
+    get = metrics.registry.get_sample_value
+    labels = {"model": "test"}
+    assert get("ortserve_generated_tokens_total", labels) == 3 * n
+    assert get("ortserve_time_to_first_token_seconds_count", labels) == 3
+    assert get("ortserve_inter_token_latency_seconds_count", labels) == 3 * (n - 1)
+    steps = get("ortserve_batch_size_count", labels)
+    assert steps is not None and get("ortserve_batch_size_sum", labels) > steps   # some steps had batch > 1
+    assert get("ortserve_active_sequences", labels) == 0

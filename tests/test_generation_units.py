@@ -1,0 +1,206 @@
+"""Unit tests of the generation engine's parts: parameter validation, sampling, detokenization, KV cache."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, pre_tokenizers
+
+from server.generation import GenerationConfig, GenerationParams
+from server.generation.detokenize import IncrementalDetokenizer, StopMatcher
+from server.generation.kvcache import BatchCache
+from server.generation.sampling import Sampler, apply_repetition_penalty, log_softmax, top_n
+
+# ---------------------------------------------------------------- parameters
+
+
+def test_params_defaults_follow_the_proto() -> None:
+    p = GenerationParams.validate()
+    assert (p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.repetition_penalty) == (32, 0.0, 0, 1.0, 1.0)
+    assert p.stop == () and p.seed is None and not p.wants_logprobs
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"top_p": 0.0}, "parameters.top_p"),
+    ({"top_p": 1.5}, "parameters.top_p"),
+    ({"top_p": float("nan")}, "parameters.top_p"),
+    ({"temperature": -0.1}, "parameters.temperature"),
+    ({"temperature": float("inf")}, "parameters.temperature"),
+    ({"temperature": "hot"}, "parameters.temperature"),
+    ({"max_new_tokens": 0}, "parameters.max_new_tokens"),
+    ({"max_new_tokens": True}, "parameters.max_new_tokens"),
+    ({"max_new_tokens": 2.5}, "parameters.max_new_tokens"),
+    ({"top_k": -1}, "parameters.top_k"),
+    ({"repetition_penalty": 0.0}, "parameters.repetition_penalty"),
+    ({"stop": "x"}, "parameters.stop"),
+    ({"stop": ["ok", ""]}, "parameters.stop[1]"),
+    ({"stop_token_ids": [3, -1]}, "parameters.stop_token_ids[1]"),
+    ({"seed": -1}, "parameters.seed"),
+    ({"seed": 2 ** 64}, "parameters.seed"),
+    ({"top_logprobs": 21}, "parameters.top_logprobs"),
+    ({"logprobs": 1}, "parameters.logprobs"),
+])
+def test_params_errors_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError) as err:
+        GenerationParams.validate(**kwargs)
+    assert str(err.value).startswith(field + ":"), str(err.value)
+
+
+def test_top_logprobs_implies_logprobs() -> None:
+    assert GenerationParams.validate(top_logprobs=3).wants_logprobs
+
+
+def test_config_rejects_nonpositive_sizes() -> None:
+    with pytest.raises(ValueError, match="generation.max_batch_size"):
+        GenerationConfig(max_batch_size=0)
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative() -> None:
+    scores = np.array([2.0, -2.0, 3.0, -1.0])
+    seen = np.array([True, True, False, False])
+    assert apply_repetition_penalty(scores, seen, 2.0).tolist() == [1.0, -4.0, 3.0, -1.0]
+
+
+def test_repetition_penalty_changes_the_greedy_choice() -> None:
+    # Token 0 leads (3.0 vs 2.0); once seen with penalty 2 it drops to 1.5 and token 1 wins.
+    logits = np.array([3.0, 2.0, 0.0], dtype=np.float32)
+    plain = Sampler(GenerationParams.validate(), 3, prompt_ids=[0])
+    penalized = Sampler(GenerationParams.validate(repetition_penalty=2.0), 3, prompt_ids=[0])
+    assert plain.choose(logits).token_id == 0
+    assert penalized.choose(logits).token_id == 1
+
+
+def test_log_softmax_and_top_n() -> None:
+    logp = log_softmax(np.log(np.array([0.5, 0.2, 0.3])))
+    assert np.allclose(np.exp(logp), [0.5, 0.2, 0.3])
+    assert [t for t, _ in top_n(logp, 2)] == [0, 2]
+    # Ties resolve to the lower id, so the order is deterministic.
+    assert [t for t, _ in top_n(np.zeros(5), 3)] == [0, 1, 2]
+
+
+def test_sampling_frequencies_follow_the_distribution() -> None:
+    probs = np.array([0.6, 0.3, 0.1])
+    sampler = Sampler(GenerationParams.validate(temperature=1.0, seed=7), 3, prompt_ids=[])
+    draws = np.bincount([sampler.choose(np.log(probs)).token_id for _ in range(4000)], minlength=3) / 4000
+    assert np.allclose(draws, probs, atol=0.03)
+
+
+def test_top_k_and_top_p_restrict_the_candidates() -> None:
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1]))
+    top2 = Sampler(GenerationParams.validate(temperature=1.0, top_k=2, seed=1), 4, prompt_ids=[])
+    assert {top2.choose(logits).token_id for _ in range(300)} == {0, 1}
+    # Nucleus 0.75: 0.4 + 0.3 = 0.7 < 0.75, so the third token is needed too; the fourth never.
+    nucleus = Sampler(GenerationParams.validate(temperature=1.0, top_p=0.75, seed=1), 4, prompt_ids=[])
+    assert {nucleus.choose(logits).token_id for _ in range(500)} == {0, 1, 2}
+
+
+def test_logprobs_are_taken_before_truncation_and_after_temperature() -> None:
+    logits = np.log(np.array([0.5, 0.25, 0.25]))
+    sampler = Sampler(GenerationParams.validate(temperature=0.5, top_k=1, seed=0, top_logprobs=3), 3, [])
+    choice = sampler.choose(logits)
+    # softmax(log p / 0.5) ∝ p²: 0.25, 0.0625, 0.0625 → 2/3, 1/6, 1/6.
+    assert choice.token_id == 0
+    assert choice.logprob == pytest.approx(np.log(2 / 3))
+    assert [round(np.exp(lp), 6) for _, lp in choice.top] == [round(2 / 3, 6), round(1 / 6, 6), round(1 / 6, 6)]
+
+# ---------------------------------------------------------------- stop sequences
+
+
+def _stop_reference(text: str, stops: list[str]) -> str:
+    hits = [text.find(s) for s in stops if text.find(s) >= 0]
+    return text[:min(hits)] if hits else text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="abx", max_size=4), max_size=12),
+       st.lists(st.text(alphabet="abx", min_size=1, max_size=3), min_size=1, max_size=3))
+def test_stop_matcher_equals_cutting_the_whole_text(pieces: list[str], stops: list[str]) -> None:
+    matcher = StopMatcher(stops)
+    out = ""
+    for piece in pieces:
+        released = matcher.feed(piece)
+        out += released
+        # Released text never contains a stop sequence, even across piece boundaries.
+        assert not any(s in out for s in stops)
+        if matcher.stopped:
+            break
+    out += matcher.flush()
+    assert out == _stop_reference("".join(pieces), stops)
+    assert matcher.stopped == (out != "".join(pieces) or any(s in "".join(pieces) for s in stops))
+
+
+def test_stop_matcher_holds_back_a_possible_prefix() -> None:
+    matcher = StopMatcher(["END"])
+    assert matcher.feed("the E") == "the "
+    assert matcher.feed("N") == ""
+    assert matcher.feed("ough") == "ENough"
+    assert matcher.feed(" END tail") == " " and matcher.stopped
+
+# ---------------------------------------------------------------- detokenization
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer(tiny_repository: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(tiny_repository / "tiny-gpt" / "1" / "tokenizer.json"))
+
+
+def byte_token_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """One id per UTF-8 byte of text (the byte-level alphabet's single-byte tokens)."""
+    mapped = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)[0][0]
+    ids = [tokenizer.token_to_id(ch) for ch in mapped]
+    assert None not in ids and len(ids) == len(text.encode("utf-8"))
+    return ids
+
+
+def test_detokenizer_never_splits_a_character(bpe_tokenizer: Tokenizer) -> None:
+    text = "é漢🙂 ok"
+    detok = IncrementalDetokenizer(bpe_tokenizer, prompt_ids=bpe_tokenizer.encode("Say:").ids)
+    pieces = [detok.push(t) for t in byte_token_ids(bpe_tokenizer, text)] + [detok.flush()]
+    assert "".join(pieces) == text
+    # é is 2 bytes, 漢 3, 🙂 4: text appears exactly when a character completes.
+    assert pieces[:9] == ["", "é", "", "", "漢", "", "", "", "🙂"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=12), st.data())
+def test_detokenized_stream_equals_full_decode(bpe_tokenizer: Tokenizer, text: str, data: st.DataObject) -> None:
+    # Mix BPE merges with raw byte tokens so token boundaries fall anywhere inside characters.
+    ids = bpe_tokenizer.encode(text).ids if data.draw(st.booleans()) else byte_token_ids(bpe_tokenizer, text)
+    detok = IncrementalDetokenizer(bpe_tokenizer, prompt_ids=[])
+    pieces = [detok.push(t) for t in ids]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) + detok.flush() == text
+
+
+def test_detokenizer_releases_an_unfinished_character_at_the_end(bpe_tokenizer: Tokenizer) -> None:
+    detok = IncrementalDetokenizer(bpe_tokenizer, prompt_ids=[])
+    first = byte_token_ids(bpe_tokenizer, "漢")[0]
+    assert detok.push(first) == ""
+    assert detok.flush() == "\ufffd"
+
+# ---------------------------------------------------------------- KV cache bookkeeping
+
+
+def _cache(rows: list[list[int]], tag: float) -> BatchCache:
+    mask = np.asarray(rows, dtype=np.int64)
+    k = np.full((len(rows), 2, mask.shape[1], 3), tag, dtype=np.float32)
+    return BatchCache([k, k + 1], [k + 2, k + 3], mask)
+
+
+def test_concat_left_pads_the_shorter_past() -> None:
+    merged = BatchCache.concat(_cache([[1, 1, 1]], 1.0), _cache([[0, 1], [1, 1]], 5.0))
+    assert merged.mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
+    assert merged.keys[0].shape == (3, 2, 3, 3)
+    assert (merged.keys[0][1, :, 0] == 0).all() and (merged.keys[0][1, :, 1:] == 5).all()
+
+
+def test_select_drops_rows_and_dead_leading_columns() -> None:
+    cache = _cache([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1]], 2.0)
+    kept = cache.select([1, 2])
+    assert kept.mask.tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert kept.values[1].shape == (2, 2, 3, 3)
