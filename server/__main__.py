@@ -1,0 +1,46 @@
+"""`python -m server` / `ortserve-server`: run the inference server until SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import NoReturn, Sequence
+
+from server.app import OrtServer, StartupError
+from server.logs import configure_logging
+from server.sessions import resolve_providers
+from server.settings import SettingsError, settings_from_args
+
+PROG = "ortserve-server"
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse would print the whole usage first
+        _fail(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = settings_from_args(argv, parser_class=_OneLineErrors)
+        resolve_providers(settings.providers)
+    except (SettingsError, ValueError) as exc:
+        _fail(str(exc))
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        asyncio.run(OrtServer(settings).run_until_signal())
+    except StartupError as exc:
+        logging.getLogger("server").error("%s", exc)
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

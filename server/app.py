@@ -1,0 +1,130 @@
+"""The server process: one grpc.aio server (task API, KServe v2, health, reflection) + a metrics endpoint.
+
+Start-up order: bind and start gRPC (health answers NOT_SERVING meanwhile), start the metrics endpoint,
+load the repository, then SERVING. SIGTERM / SIGINT: health NOT_SERVING and new work refused with
+UNAVAILABLE, admitted requests finish within grace_period, then the process exits 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+from prometheus_client import start_http_server
+
+from protos import grpc_service_pb2, grpc_service_pb2_grpc, ortserve_pb2, ortserve_pb2_grpc
+from server.auth import BearerTokenInterceptor
+from server.dataplane import DataPlane
+from server.metrics import Metrics
+from server.servicers.health import HealthServicer
+from server.servicers.kserve import KServeServicer
+from server.servicers.task import TaskServicer
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    ortserve_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
+    grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    reflection.SERVICE_NAME,
+)
+
+
+class StartupError(Exception):
+    """The server cannot start with these settings (port in use, bad certificate, ...)."""
+
+
+@dataclass
+class Endpoints:
+    grpc_port: int
+    metrics_port: int | None
+
+
+def reflection_pool() -> descriptor_pool.DescriptorPool:
+    """One pool with every served file: the KServe messages live outside the default pool."""
+    pool = descriptor_pool.DescriptorPool()
+    for module in (health_pb2, reflection_pb2, ortserve_pb2, grpc_service_pb2):
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return pool
+
+
+class OrtServer:
+    def __init__(self, settings: ServerSettings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.plane = DataPlane(settings, self.metrics)
+        self._grpc: grpc.aio.Server | None = None
+        self._metrics_httpd: Any = None
+        self.endpoints: Endpoints | None = None
+
+    async def start(self) -> Endpoints:
+        s = self.settings
+        options = [("grpc.max_send_message_length", s.max_message_bytes),
+                   ("grpc.max_receive_message_length", s.max_message_bytes),
+                   ("grpc.so_reuseport", 0)]  # a second server on a busy port must fail, not share it
+        interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
+        server = grpc.aio.server(options=options, interceptors=interceptors)
+        ortserve_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(self.plane), server)
+        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(self.plane), server)
+        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.plane), server)
+        reflection.enable_server_reflection(SERVICE_NAMES, server, pool=reflection_pool())
+        address = f"{s.host}:{s.port}"
+        try:
+            if s.tls_cert is not None and s.tls_key is not None:
+                credentials = grpc.ssl_server_credentials([(s.tls_key.read_bytes(), s.tls_cert.read_bytes())])
+                port = server.add_secure_port(address, credentials)
+            else:
+                port = server.add_insecure_port(address)
+            await server.start()
+        except Exception as exc:  # grpc reports bind and certificate problems as RuntimeError
+            raise StartupError(f"--port: cannot serve on {address}: {exc}") from None
+        self._grpc = server
+        scheme = "TLS" if s.tls_cert else "plaintext"
+        log.info("listening on %s:%d (%s)", s.host, port, scheme, extra={"port": port})
+        metrics_port = None
+        if s.metrics_port >= 0:
+            try:
+                self._metrics_httpd, _ = start_http_server(s.metrics_port, addr=s.host,
+                                                           registry=self.metrics.registry)
+            except OSError as exc:
+                await server.stop(None)
+                raise StartupError(f"--metrics-port: cannot serve on {s.host}:{s.metrics_port}: {exc}") from None
+            metrics_port = self._metrics_httpd.server_port
+            log.info("metrics on %s:%d", s.host, metrics_port, extra={"metrics_port": metrics_port})
+        self.endpoints = Endpoints(port, metrics_port)
+        await self.plane.open(poll=True)
+        log.info("ready: %d model version(s) SERVING",
+                 sum(1 for m in self.plane.list_models() if m.state.value == "SERVING"))
+        return self.endpoints
+
+    async def shutdown(self) -> None:
+        """Drain: refuse new work, let admitted requests finish (up to grace_period), stop."""
+        grace = self.settings.grace_period
+        self.plane.begin_drain()
+        log.info("draining: %d request(s) in flight, grace period %.1fs", self.plane.inflight, grace)
+        if not await self.plane.wait_idle(grace):
+            log.warning("grace period over with %d request(s) still running; cancelling them", self.plane.inflight)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)  # lets the last responses flush
+        await self.plane.close()
+        if self._metrics_httpd is not None:
+            self._metrics_httpd.shutdown()
+            self._metrics_httpd.server_close()
+        log.info("stopped")
+
+    async def run_until_signal(self) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        log.info("signal received")
+        await self.shutdown()

@@ -1,0 +1,163 @@
+"""Dynamic batcher for one encoder model version.
+
+Requests (each a few tokenized rows) queue up; a batch closes when it holds max_batch_size rows or when
+max_queue_delay has passed since its first request arrived. While a batch computes (in a worker thread:
+onnxruntime releases the GIL) the next one fills, so batches grow with load. Each batch is padded to its
+own longest row. Expired or cancelled requests are dropped before compute.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from server.errors import Code, ServingError
+from server.metrics import Metrics
+from server.stats import ModelStats
+from server.tokenization import EncodedText, pad_batch
+
+log = logging.getLogger(__name__)
+
+RunBatch = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_batch_size: int = 16
+    max_queue_delay_s: float = 0.002
+    max_queued_requests: int = 256
+
+
+@dataclass
+class _Request:
+    rows: list[EncodedText]
+    future: asyncio.Future[dict[str, np.ndarray]]
+    enqueued: float  # time.monotonic()
+    deadline: float | None  # time.monotonic() after which the caller has given up
+    queued_since_perf: float = field(default_factory=time.perf_counter)
+
+
+class DynamicBatcher:
+    def __init__(self, run_batch: RunBatch, pad_id: int, config: BatchConfig, metrics: Metrics,
+                 model_label: str, stats: ModelStats) -> None:
+        self._run_batch = run_batch
+        self._pad_id = pad_id
+        self.config = config
+        self._metrics = metrics
+        self._label = model_label
+        self._stats = stats
+        self._pending: deque[_Request] = deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher:{self._label}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        while self._pending:
+            request = self._pending.popleft()
+            if not request.future.done():
+                request.future.set_exception(ServingError(Code.UNAVAILABLE, "model unloaded"))
+        self._metrics.queued_requests.labels(self._label).set(0)
+
+    async def submit(self, rows: list[EncodedText], deadline: float | None = None) -> dict[str, np.ndarray]:
+        """Outputs for these rows (batch axis sliced; later axes padded to the batch's longest row)."""
+        if not 1 <= len(rows) <= self.config.max_batch_size:
+            raise ValueError(f"submit takes 1..{self.config.max_batch_size} rows, got {len(rows)}")
+        if self._task is None:
+            raise ServingError(Code.UNAVAILABLE, "model unloaded")
+        if len(self._pending) >= self.config.max_queued_requests:
+            raise ServingError(Code.RESOURCE_EXHAUSTED,
+                               f"{self._label}: {len(self._pending)} requests queued (max_queued_requests)")
+        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Request(rows, future, time.monotonic(), deadline))
+        self._metrics.queued_requests.labels(self._label).set(len(self._pending))
+        self._wakeup.set()
+        return await future
+
+    async def _loop(self) -> None:
+        while True:
+            batch = await self._collect()
+            if batch:
+                await self._execute(batch)
+
+    async def _collect(self) -> list[_Request]:
+        while not self._pending:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        close_at = self._pending[0].enqueued + self.config.max_queue_delay_s
+        while self._rows_pending() < self.config.max_batch_size:
+            remaining = close_at - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                break
+        return self._take()
+
+    def _rows_pending(self) -> int:
+        return sum(len(r.rows) for r in self._pending)
+
+    def _take(self) -> list[_Request]:
+        """Pops live requests up to max_batch_size rows; fails expired ones, forgets cancelled ones."""
+        batch: list[_Request] = []
+        rows = 0
+        now = time.monotonic()
+        while self._pending:
+            head = self._pending[0]
+            if head.future.done():  # the caller went away (cancelled RPC)
+                self._pending.popleft()
+                continue
+            if head.deadline is not None and now >= head.deadline:
+                self._pending.popleft()
+                head.future.set_exception(ServingError(Code.DEADLINE_EXCEEDED, "deadline passed while queued"))
+                log.debug("dropped an expired request before compute", extra={"model": self._label})
+                continue
+            if rows + len(head.rows) > self.config.max_batch_size:
+                break
+            batch.append(self._pending.popleft())
+            rows += len(head.rows)
+        self._metrics.queued_requests.labels(self._label).set(len(self._pending))
+        return batch
+
+    async def _execute(self, batch: list[_Request]) -> None:
+        rows = [row for request in batch for row in request.rows]
+        start = time.perf_counter()
+        waits = [start - r.queued_since_perf for r in batch]
+        for wait in waits:
+            self._metrics.queue_time.labels(self._label).observe(wait)
+        self._metrics.batch_size.labels(self._label).observe(len(rows))
+        feeds = pad_batch(rows, self._pad_id)
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(None, self._run_batch, feeds)
+        except Exception as exc:  # a failing run fails its batch only
+            log.exception("batch of %d rows failed", len(rows), extra={"model": self._label})
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(ServingError(Code.INTERNAL, f"inference failed: {exc}"))
+            return
+        self._stats.record_execution(len(rows), time.perf_counter() - start, waits)
+        offset = 0
+        for request in batch:
+            n = len(request.rows)
+            if not request.future.done():
+                request.future.set_result({k: v[offset:offset + n] for k, v in outputs.items()})
+            offset += n

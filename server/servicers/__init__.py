@@ -1,0 +1,1 @@
+"""gRPC servicers: thin adapters from protobuf to the data plane (server/dataplane.py)."""

@@ -1,0 +1,112 @@
+"""ortserve.v1.TaskService (protos/ortserve.proto) over the data plane."""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+import grpc
+
+from protos import ortserve_pb2 as pb
+from protos import ortserve_pb2_grpc as pb_grpc
+from server.errors import Code, ServingError
+from server.generation import GeneratedToken, GenerationParams
+from server.servicers.common import Instrumented, deadline_of, streaming, unary
+from server.types import ModelStatus
+
+FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
+                  "cancelled": pb.FINISH_REASON_CANCELLED}
+_OPTIONAL = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed")
+
+
+def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
+    """GenerationParameters -> validated GenerationParams (unset optional fields take the defaults)."""
+    p = request.parameters
+    fields: dict[str, Any] = {name: getattr(p, name) for name in _OPTIONAL if p.HasField(name)}
+    fields.update(top_k=p.top_k, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids), logprobs=p.logprobs,
+                  top_logprobs=p.top_logprobs, truncate_prompt=p.truncate_prompt, ignore_eos=p.ignore_eos)
+    try:
+        return GenerationParams.validate(**fields)
+    except ValueError as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+
+
+def tokens_to_proto(tokens: list[GeneratedToken]) -> list[pb.GeneratedToken]:
+    out = []
+    for t in tokens:
+        msg = pb.GeneratedToken(token_id=t.token_id, logprob=t.logprob or 0.0)
+        msg.top_logprobs.extend(pb.TokenLogprob(token_id=a.token_id, token=a.token, logprob=a.logprob)
+                                for a in t.top_logprobs)
+        out.append(msg)
+    return out
+
+
+def status_to_proto(s: ModelStatus) -> pb.ModelStatus:
+    return pb.ModelStatus(name=s.name, version=s.version, task=s.task, state=s.state.value, reason=s.reason)
+
+
+class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
+    @unary("Classify")
+    async def Classify(self, request: pb.ClassifyRequest, context: grpc.aio.ServicerContext) -> pb.ClassifyResponse:
+        inputs = [(i.text, i.text_pair or None) for i in request.inputs]
+        result = await self.plane.classify(request.model, request.version, inputs, request.top_k, request.truncate,
+                                           deadline_of(context))
+        response = pb.ClassifyResponse(model=result.model, version=result.version)
+        for r in result.results:
+            item = response.results.add(label=r.label, score=r.score)
+            item.scores.extend(pb.LabelScore(label=s.label, score=s.score) for s in r.scores)
+        return response
+
+    @unary("FillMask")
+    async def FillMask(self, request: pb.FillMaskRequest, context: grpc.aio.ServicerContext) -> pb.FillMaskResponse:
+        result = await self.plane.fill_mask(request.model, request.version, list(request.texts), request.top_k,
+                                            request.truncate, deadline_of(context))
+        response = pb.FillMaskResponse(model=result.model, version=result.version)
+        for masks in result.results:
+            text = response.results.add()
+            for m in masks:
+                mask = text.masks.add(position=m.position)
+                mask.candidates.extend(pb.TokenCandidate(token=c.token, token_id=c.token_id, score=c.score,
+                                                         sequence=c.sequence) for c in m.candidates)
+        return response
+
+    @unary("Generate")
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        params = params_from_proto(request)
+        version, r = await self.plane.generate_versioned(request.model, request.version, request.prompt, params,
+                                                         deadline_of(context))
+        return pb.GenerateResponse(
+            model=request.model, version=version, text=r.text, finish_reason=FINISH_REASONS[r.finish_reason],
+            usage=pb.Usage(prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens),
+            tokens=tokens_to_proto(r.tokens), time_to_first_token_ms=r.time_to_first_token_ms,
+            total_time_ms=r.total_time_ms)
+
+    @streaming("GenerateStream")
+    async def GenerateStream(self, request: pb.GenerateRequest,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateStreamResponse]:
+        params = params_from_proto(request)
+        stream = self.plane.generate_stream_versioned(request.model, request.version, request.prompt, params,
+                                                      deadline_of(context))
+        try:
+            async for version, chunk in stream:
+                message = pb.GenerateStreamResponse(text=chunk.text, tokens=tokens_to_proto(chunk.tokens),
+                                                    final=chunk.final, model=request.model, version=version)
+                if chunk.final:
+                    message.finish_reason = FINISH_REASONS[chunk.finish_reason or "length"]
+                    if chunk.usage is not None:
+                        message.usage.CopyFrom(pb.Usage(prompt_tokens=chunk.usage.prompt_tokens,
+                                                        completion_tokens=chunk.usage.completion_tokens))
+                yield message
+        finally:
+            await stream.aclose()  # a cancelled call frees the sequence's slot now, not at garbage collection
+
+    @unary("ListModels", model_field="")
+    async def ListModels(self, request: pb.ListModelsRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse(models=[status_to_proto(s) for s in self.plane.list_models()])
+
+    @unary("ModelInfo")
+    async def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
+        info = self.plane.model_info(request.model, request.version)
+        return pb.ModelInfoResponse(status=status_to_proto(info.status), labels=info.labels,
+                                    max_length=info.max_length, mask_token=info.mask_token, variant=info.variant,
+                                    providers=info.providers, versions=info.versions,
+                                    max_batch_size=info.max_batch_size, manifest_json=info.manifest_json)

@@ -1,0 +1,125 @@
+"""onnxruntime sessions: providers, variant choice, session options, IOBinding runs and warm-up."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from server.package import Package, PackageError
+from server.settings import VARIANT_AUTO
+
+log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    providers: tuple[str, ...]
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    variant: str = VARIANT_AUTO
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.providers and self.providers[0] == CUDA else "cpu"
+
+
+def resolve_providers(requested: list[str]) -> tuple[str, ...]:
+    """[] -> CUDA (when this onnxruntime has it) then CPU; otherwise the requested ones, all available."""
+    available = ort.get_available_providers()
+    if not requested:
+        return (CUDA, CPU) if CUDA in available else (CPU,)
+    missing = [p for p in requested if p not in available]
+    if missing:
+        raise ValueError(f"--providers: {missing[0]} is not available (available: {', '.join(available)})")
+    return tuple(requested)
+
+
+def choose_variant(manifest: dict[str, Any], preference: str, device: str) -> str:
+    """The configured variant if the package has it, else the manifest default for the device, else fp32."""
+    variants: dict[str, str] = manifest["variants"]
+    defaults = manifest.get("default_variant") or {}
+    candidates = [] if preference == VARIANT_AUTO else [preference]
+    candidates += [defaults.get(device), "fp32", *variants]
+    for name in candidates:
+        if name in variants and not (name == "fp16" and device == "cpu"):  # fp16 variants are GPU-only
+            if preference not in (VARIANT_AUTO, name):
+                log.info("variant %s not in package %s; using %s", preference, manifest.get("name"), name)
+            return name
+    raise PackageError(f"model.json: no variant usable on {device} (has {', '.join(variants)})")
+
+
+def create_session(package: Package, variant: str, config: SessionConfig) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = config.intra_op_threads
+    options.inter_op_num_threads = config.inter_op_threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Idle intra-op threads would otherwise spin between requests, stealing CPU from other sessions.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    path = package.file(package.manifest["variants"][variant])
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=list(config.providers))
+    except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
+        raise PackageError(f"onnxruntime cannot load {path.name}: {exc}") from None
+
+
+class SessionRunner:
+    """Runs a session; on CUDA through IOBinding so inputs are copied once and outputs land on the host."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session = session
+        self.providers = session.get_providers()
+        self.use_io_binding = self.providers[0] == CUDA
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        names = outputs or self.output_names
+        if not self.use_io_binding:
+            return dict(zip(names, self.session.run(names, feeds)))
+        binding = self.session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in names:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        return dict(zip(names, binding.copy_outputs_to_cpu()))
+
+
+def warm_up_encoder(runner: SessionRunner, manifest: dict[str, Any], max_batch_size: int) -> None:
+    """Runs the encoder graph on a few shapes; PackageError if it fails or answers the wrong shape.
+
+    (Decoders are warmed up by the generation engine, which owns their prefill / step paths.)
+    """
+    max_length = manifest["max_length"]
+    try:
+        for batch, seq in sorted({(1, min(4, max_length)), (2, min(9, max_length)),
+                                  (min(max_batch_size, 4), min(16, max_length))}):
+            shape = (batch, seq)
+            out = runner.run({"input_ids": np.zeros(shape, np.int64),
+                              "attention_mask": np.ones(shape, np.int64),
+                              "token_type_ids": np.zeros(shape, np.int64)})
+            _check_encoder_output(out, manifest, batch, seq)
+    except PackageError:
+        raise
+    except Exception as exc:
+        raise PackageError(f"warm-up failed: {exc}") from None
+
+
+def _check_encoder_output(out: dict[str, np.ndarray], manifest: dict[str, Any], batch: int, seq: int) -> None:
+    logits = out.get("logits")
+    if logits is None:
+        raise PackageError("warm-up: the graph has no 'logits' output")
+    if manifest["task"] == "classify":
+        expected: tuple[int, ...] = (batch, len(manifest["labels"]))
+    else:
+        expected = (batch, seq, logits.shape[-1])
+        vocab = manifest.get("vocab_size")
+        if isinstance(vocab, int) and logits.shape[-1] != vocab:
+            raise PackageError(f"warm-up: logits have {logits.shape[-1]} columns, vocab_size is {vocab}")
+    if logits.shape != expected:
+        raise PackageError(f"warm-up: logits shape {list(logits.shape)}, expected {list(expected)}")

@@ -1,0 +1,184 @@
+"""Server configuration: one typed dataclass, filled from defaults, an optional config file, then CLI flags.
+
+Precedence (lowest first): dataclass defaults < config file (TOML or JSON, keys = field names) <
+environment (`ORTSERVE_AUTH_TOKEN` only, so a secret need not appear in the process list) < CLI flags.
+Documented in docs/configuration.md.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+VARIANT_AUTO = "auto"
+LOG_FORMATS = ("text", "json")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class SettingsError(ValueError):
+    """A bad setting; the message starts with the flag / key it is about."""
+
+
+@dataclass
+class ServerSettings:
+    repository: Path = Path("model_repository")
+    host: str = "127.0.0.1"
+    port: int = 8001                      # 0 = pick a free port (logged as "listening on HOST:PORT")
+    metrics_port: int = 8002              # 0 = pick a free port, -1 = no metrics endpoint
+    poll_interval: float = 5.0            # seconds between repository scans; 0 = no polling
+    providers: list[str] = field(default_factory=list)  # [] = CUDA when available, then CPU
+    intra_op_threads: int = 0             # 0 = onnxruntime's default
+    inter_op_threads: int = 0
+    max_batch_size: int = 16              # rows per encoder batch
+    max_queue_delay_ms: float = 2.0       # how long a batch waits for more rows after its first
+    max_queued_requests: int = 256        # per model; beyond it → RESOURCE_EXHAUSTED
+    max_tokens_in_flight: int = 16384     # generation: prompt + max_new_tokens over active sequences
+    max_sequences: int = 16               # generation: sequences in one continuous batch
+    grace_period: float = 20.0            # SIGTERM: seconds to let in-flight requests finish
+    max_message_bytes: int = 64 * 1024 * 1024
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    auth_token: str | None = None
+    variant: str = VARIANT_AUTO           # "auto" = the manifest's default_variant for the device
+    log_format: str = "text"
+    log_level: str = "INFO"
+
+    def validate(self) -> "ServerSettings":
+        """Raises SettingsError naming the first bad field; returns self."""
+        def bad(name: str, problem: str) -> SettingsError:
+            return SettingsError(f"--{name.replace('_', '-')}: {problem}")
+
+        if not self.repository.is_dir():
+            raise bad("repository", f"{self.repository} is not a directory")
+        if not 0 <= self.port <= 65535:
+            raise bad("port", f"must be in 0..65535, got {self.port}")
+        if not -1 <= self.metrics_port <= 65535:
+            raise bad("metrics_port", f"must be in -1..65535, got {self.metrics_port}")
+        for name in ("poll_interval", "max_queue_delay_ms", "grace_period"):
+            if getattr(self, name) < 0:
+                raise bad(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("intra_op_threads", "inter_op_threads"):
+            if getattr(self, name) < 0:
+                raise bad(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("max_batch_size", "max_queued_requests", "max_tokens_in_flight", "max_sequences",
+                     "max_message_bytes"):
+            if getattr(self, name) < 1:
+                raise bad(name, f"must be >= 1, got {getattr(self, name)}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise bad("tls_cert", "--tls-cert and --tls-key go together")
+        for name in ("tls_cert", "tls_key"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise bad(name, f"{path} is not a file")
+        if self.auth_token is not None and not self.auth_token.strip():
+            raise bad("auth_token", "must not be empty")
+        if self.log_format not in LOG_FORMATS:
+            raise bad("log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        if self.log_level.upper() not in _LOG_LEVELS:
+            raise bad("log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}")
+        self.log_level = self.log_level.upper()
+        return self
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ServerSettings)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Converts a config-file / CLI value to the field's type; SettingsError on a mismatch."""
+    kind = str(_FIELDS[name].type)
+    try:
+        if kind.startswith("Path"):
+            return None if value is None else Path(str(value))
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind == "list[str]":
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError
+            return list(value)
+        if kind.startswith("str"):
+            if value is not None and not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    raise SettingsError(f"{name}: expected {kind}, got {value!r}")
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Reads a TOML (.toml) or JSON (anything else) config file into field values."""
+    if not path.is_file():
+        raise SettingsError(f"--config: {path} is not a file")
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(path.read_text())
+        else:
+            data = json.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"--config: {path} does not parse: {exc}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"--config: {path} must hold a table / object of settings")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise SettingsError(f"--config: unknown setting {unknown[0]!r} in {path}")
+    return {k: _coerce(k, v) for k, v in data.items()}
+
+
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = parser_class(
+        prog="python -m server",
+        description="ortserve: gRPC inference server (task API + KServe v2) on onnxruntime.",
+        argument_default=argparse.SUPPRESS)  # so only flags actually given override the config file
+    p.add_argument("--config", type=Path, help="TOML or JSON file of settings (keys = the long flag names with _)")
+    p.add_argument("--repository", type=Path, help="model repository: <repo>/<name>/<version>/")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1; 0.0.0.0 in a container)")
+    p.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (default 8001)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus HTTP port; 0 picks one, -1 disables (default 8002)")
+    p.add_argument("--poll-interval", type=float, help="seconds between repository scans, 0 = off (default 5)")
+    p.add_argument("--providers", help="comma-separated onnxruntime providers (default: CUDA if available, CPU)")
+    p.add_argument("--intra-op-threads", type=int, help="onnxruntime intra-op threads (0 = its default)")
+    p.add_argument("--inter-op-threads", type=int, help="onnxruntime inter-op threads (0 = its default)")
+    p.add_argument("--max-batch-size", type=int, help="rows per encoder batch (default 16)")
+    p.add_argument("--max-queue-delay-ms", type=float, help="batcher wait for more rows (default 2)")
+    p.add_argument("--max-queued-requests", type=int, help="per model before RESOURCE_EXHAUSTED (default 256)")
+    p.add_argument("--max-tokens-in-flight", type=int, help="generation token budget (default 16384)")
+    p.add_argument("--max-sequences", type=int, help="generation: sequences per continuous batch (default 16)")
+    p.add_argument("--grace-period", type=float, help="SIGTERM drain time in seconds (default 20)")
+    p.add_argument("--max-message-bytes", type=int, help="max gRPC message size, both ways (default 64 MiB)")
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (with --tls-key: serve TLS)")
+    p.add_argument("--tls-key", type=Path, help="PEM private key")
+    p.add_argument("--auth-token", help="require 'authorization: Bearer TOKEN' (or set ORTSERVE_AUTH_TOKEN)")
+    p.add_argument("--variant", help="ONNX variant to load (fp32, optimized, int8, fp16) or auto (default)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json lines")
+    p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    return p
+
+
+def settings_from_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None,
+                       parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> ServerSettings:
+    """Parses flags (+ config file + environment) into validated settings; SettingsError on bad input."""
+    parser = build_parser(parser_class)
+    args = vars(parser.parse_args(argv))
+    values: dict[str, Any] = {}
+    config = args.pop("config", None)
+    if config is not None:
+        values.update(load_config_file(config))
+    env = os.environ if environ is None else environ
+    if env.get("ORTSERVE_AUTH_TOKEN"):
+        values["auth_token"] = env["ORTSERVE_AUTH_TOKEN"]
+    values.update({k: _coerce(k, v) for k, v in args.items()})
+    return ServerSettings(**values).validate()

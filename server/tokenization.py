@@ -1,0 +1,76 @@
+"""Text -> token ids for encoder models, with the package's own tokenizer.json (`tokenizers`, no torch)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from server.errors import ServingError
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    """A tokenizer that neither pads nor truncates (padding is the batcher's job, per batch)."""
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class EncodedText:
+    ids: list[int]
+    type_ids: list[int]
+
+
+class TextEncoder:
+    """Encodes a request's texts (or text pairs) and enforces the model's max_length."""
+
+    def __init__(self, tokenizer_path: Path, max_length: int) -> None:
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.max_length = max_length
+        # A second instance for truncating requests: truncation is a tokenizer-wide setting and the
+        # plain instance is shared by concurrent requests.
+        self._truncating = load_tokenizer(tokenizer_path)
+        self._truncating.enable_truncation(max_length, strategy="longest_first")
+
+    def encode(self, inputs: list[tuple[str, str | None]], truncate: bool = False,
+               field: str = "inputs", text_attr: str = ".text") -> list[EncodedText]:
+        """One EncodedText per input; INVALID_ARGUMENT naming `field[i]` on empty or too long texts."""
+        if not inputs:
+            raise ServingError.invalid(field, "at least one input is required")
+        batch: list[str | tuple[str, str]] = []
+        for i, (text, pair) in enumerate(inputs):
+            if not text or not text.strip():
+                raise ServingError.invalid(f"{field}[{i}]{text_attr}", "must not be empty")
+            if pair is not None and not pair.strip():
+                pair = None  # an empty text_pair means "no pair" (proto3 cannot tell unset from "")
+            batch.append(text if pair is None else (text, pair))
+        encodings: list[Encoding] = self.tokenizer.encode_batch(batch)
+        too_long = [i for i, e in enumerate(encodings) if len(e.ids) > self.max_length]
+        if too_long and not truncate:
+            i = too_long[0]
+            raise ServingError.invalid(
+                f"{field}[{i}]",
+                f"{len(encodings[i].ids)} tokens exceed the model's max_length {self.max_length} "
+                "(ask for truncation to cut it)")
+        if too_long:
+            redone = self._truncating.encode_batch([batch[i] for i in too_long])
+            for i, e in zip(too_long, redone):
+                encodings[i] = e
+        return [EncodedText(ids=list(e.ids), type_ids=list(e.type_ids)) for e in encodings]
+
+
+def pad_batch(rows: list[EncodedText], pad_id: int) -> dict[str, np.ndarray]:
+    """Right-pads rows to the batch's own longest sequence: the encoder graph's three inputs."""
+    width = max(len(r.ids) for r in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    types = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        n = len(r.ids)
+        ids[i, :n] = r.ids
+        mask[i, :n] = 1
+        types[i, :n] = r.type_ids
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
