@@ -213,6 +213,12 @@ class DataPlane:
                          deadline: float | None) -> dict[str, np.ndarray]:
         assert served.loaded is not None
         check_inputs(served.loaded.inputs, inputs)
+        vocab = served.manifest.get("vocab_size")
+        ids = inputs.get("input_ids")
+        if isinstance(vocab, int) and ids is not None and ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            # onnxruntime would fail inside its Gather kernel with a message naming a graph node.
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise ServingError.invalid("inputs['input_ids']", f"token id {bad} is outside the vocabulary [0, {vocab})")
         graph_outputs = served.loaded.runner.output_names
         wanted = [n for n in (outputs or graph_outputs) if n in graph_outputs] or graph_outputs
         if deadline is not None and time.monotonic() >= deadline:
