@@ -169,6 +169,7 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike, kind: TokenizerKi
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700
     try:
         tok.save(str(tmp / "tokenizer.json"))
         (tmp / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -256,16 +257,18 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
     )
 
 
-def copy_tokenizer_dir(src: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Re-save a tokenizer dir (e.g. an HF checkpoint's) in our layout, padding/truncation removed."""
+def copy_tokenizer_dir(src: str | os.PathLike, out_dir: str | os.PathLike,
+                       model_max_length: int | None = None) -> Path:
+    """Re-save a tokenizer dir (e.g. an HF checkpoint's) in our layout, padding/truncation removed,
+    into a directory being built (not atomic by itself). model_max_length: the model's positions."""
     info = load_tokenizer(src)
     src_cfg_path = Path(src) / "tokenizer_config.json"
-    cfg, specials = tokenizer_config_dict(info.kind, info.model_max_length)
+    cfg, specials = tokenizer_config_dict(info.kind, model_max_length or info.model_max_length)
     if src_cfg_path.is_file():
         # Keep the source's names for its special tokens (and e.g. do_lower_case).
         src_cfg = _read_json(src_cfg_path)
         for k, v in src_cfg.items():
-            if k in cfg and v is not None and not isinstance(v, dict):
+            if k in cfg and k != "model_max_length" and v is not None and not isinstance(v, dict):
                 cfg[k] = v
                 if k in specials:
                     specials[k] = v

@@ -1,0 +1,258 @@
+"""`python -m training <command>`: tokenizer | mlm | classify | lm | data.
+
+With no flags every command uses the defaults the pipeline relies on (Shakespeare corpus, `small`
+models, step counts sized for ~5-6 minutes of training in total on 2 CPU cores) and the artifacts/
+layout: artifacts/tokenizers/{wordpiece,bpe}, artifacts/checkpoints/{mlm,classifier,lm}.
+Bad input prints one `error: ...` line and exits with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from training.checkpoint import CheckpointError
+from training.data import DataError
+
+log = logging.getLogger("training")
+_STARTED = time.monotonic()
+
+ARTIFACTS = Path("artifacts")
+DEFAULT_TOKENIZER = {"wordpiece": ARTIFACTS / "tokenizers" / "wordpiece", "bpe": ARTIFACTS / "tokenizers" / "bpe"}
+DEFAULT_OUT = {"mlm": ARTIFACTS / "checkpoints" / "mlm", "classify": ARTIFACTS / "checkpoints" / "classifier",
+               "lm": ARTIFACTS / "checkpoints" / "lm", "data": ARTIFACTS / "data" / "genre"}
+
+# Defaults of the `small` runs, measured on 2 cores (docs/MODELS.md).
+TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mlm": dict(steps=300, batch_size=32, lr=1e-3, warmup=30, schedule="linear", eval_every=100, max_length=128),
+    "classify": dict(steps=120, batch_size=32, lr=1e-4, warmup=12, schedule="linear", eval_every=40,
+                     max_length=128),
+    "lm": dict(steps=300, batch_size=32, lr=1e-3, warmup=30, schedule="cosine", eval_every=100, max_length=128),
+}
+VOCAB_SIZE = 8000
+
+
+class CliError(ValueError):
+    """A command-line value that does not make sense."""
+
+
+def _add_common(p: argparse.ArgumentParser, cmd: str) -> None:
+    d = TRAIN_DEFAULTS[cmd]
+    g = p.add_argument_group("training")
+    g.add_argument("--out", type=Path, default=DEFAULT_OUT[cmd], help="output checkpoint dir (default: %(default)s)")
+    g.add_argument("--steps", type=int, default=d["steps"], help="optimizer steps (default: %(default)s)")
+    g.add_argument("--batch-size", type=int, default=d["batch_size"], help="GLOBAL batch size (default: %(default)s)")
+    g.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate (default: %(default)s)")
+    g.add_argument("--warmup", type=int, default=d["warmup"], help="warm-up steps (default: %(default)s)")
+    g.add_argument("--schedule", default=d["schedule"], choices=["linear", "cosine", "inverse_sqrt", "constant"])
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--label-smoothing", type=float, default=0.0)
+    g.add_argument("--max-grad-norm", type=float, default=1.0)
+    g.add_argument("--dropout", type=float, default=None, help="override the model's dropout (e.g. 0)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--eval-every", type=int, default=d["eval_every"], help="steps between evaluations (0: end only)")
+    g.add_argument("--max-length", type=int, default=d["max_length"], help="tokens per sequence (default: %(default)s)")
+    g.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores/processes)")
+    g.add_argument("--resume", type=Path, default=None, help="checkpoint dir of an earlier run (its last/)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m training", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("tokenizer", help="train a WordPiece (BERT) or byte-level BPE (GPT) tokenizer")
+    p.add_argument("--kind", choices=["wordpiece", "bpe"], required=True)
+    p.add_argument("--corpus", nargs="+", default=None, help="text files / dirs of .txt (default: Shakespeare)")
+    p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
+    p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--model-max-length", type=int, default=256)
+    p.add_argument("--out", type=Path, default=None, help="default: artifacts/tokenizers/<kind>")
+    p.add_argument("--quiet", action="store_true")
+
+    p = sub.add_parser("mlm", help="pre-train a BERT with masked-LM (+ optional NSP / SOP)")
+    p.add_argument("--tokenizer", type=Path, default=None, help=f"default: {DEFAULT_TOKENIZER['wordpiece']}")
+    p.add_argument("--corpus", nargs="+", default=None)
+    p.add_argument("--preset", choices=["tiny", "small", "base"], default="small")
+    p.add_argument("--pair-objective", choices=["none", "nsp", "sop"], default="none")
+    p.add_argument("--mlm-probability", type=float, default=0.15)
+    p.add_argument("--eval-examples", type=int, default=256, help="held-out sequences scored (cap)")
+    _add_common(p, "mlm")
+
+    p = sub.add_parser("classify", help="fine-tune a BERT checkpoint (ours or any HF BERT dir) as a classifier")
+    p.add_argument("--init", type=Path, default=DEFAULT_OUT["mlm"], help="checkpoint dir (default: %(default)s)")
+    p.add_argument("--train", type=Path, default=None, help="JSONL/CSV with text [, text_pair], label")
+    p.add_argument("--validation", type=Path, default=None)
+    p.add_argument("--test", type=Path, default=None)
+    p.add_argument("--labels", default=None, help="comma-separated label set and order (default: from --train)")
+    p.add_argument("--eval-examples", type=int, default=1000, help="held-out examples scored (cap)")
+    _add_common(p, "classify")
+
+    p = sub.add_parser("lm", help="pre-train a GPT-2 style decoder")
+    p.add_argument("--tokenizer", type=Path, default=None, help=f"default: {DEFAULT_TOKENIZER['bpe']}")
+    p.add_argument("--corpus", nargs="+", default=None)
+    p.add_argument("--preset", choices=["tiny", "small", "base"], default="small")
+    p.add_argument("--eval-blocks", type=int, default=128, help="held-out blocks scored (cap)")
+    _add_common(p, "lm")
+
+    p = sub.add_parser("data", help="fetch the corpus and write the genre split as JSONL")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT["data"])
+    p.add_argument("--quiet", action="store_true")
+    return ap
+
+
+def _setup_logging(quiet: bool, is_main: bool = True) -> None:
+    level = logging.WARNING if quiet or not is_main else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _train_config(a: argparse.Namespace) -> Any:
+    from training.trainer import TrainConfig
+    return TrainConfig(
+        out=str(a.out), steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup, schedule=a.schedule,
+        weight_decay=a.weight_decay, label_smoothing=a.label_smoothing, max_grad_norm=a.max_grad_norm,
+        eval_every=a.eval_every, seed=a.seed, dropout=a.dropout, threads=a.threads,
+        resume=str(a.resume) if a.resume else None, quiet=a.quiet,
+    )
+
+
+def _tokenizer_dir(given: Path | None, kind: str) -> Path:
+    """--tokenizer, or the default dir (trained on the default corpus on first use)."""
+    if given is not None:
+        if not (given / "tokenizer.json").is_file():
+            raise CliError(f"--tokenizer: {given}/tokenizer.json not found")
+        return given
+    path = DEFAULT_TOKENIZER[kind]
+    if not (path / "tokenizer.json").is_file():
+        log.info("no tokenizer at %s: training the default %s tokenizer", path, kind)
+        _train_tokenizer(kind, None, VOCAB_SIZE, 2, 256, path)
+    return path
+
+
+def _train_tokenizer(kind: str, corpus: Sequence[str] | None, vocab_size: int, min_frequency: int,
+                     model_max_length: int, out: Path) -> Path:
+    from training.data import pretraining_texts, read_corpus
+    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+    cfg = TokenizerConfig(kind=kind, vocab_size=vocab_size, min_frequency=min_frequency,  # type: ignore[arg-type]
+                          model_max_length=model_max_length)
+    texts = read_corpus(corpus) if corpus else pretraining_texts()["train"]
+    tok = train_tokenizer(texts, cfg)
+    return save_tokenizer(tok, out, cfg.kind, cfg.model_max_length)
+
+
+def _run_training(task: Any, a: argparse.Namespace, task_cfg: Any, tokenizer_src: Path) -> int:
+    from training.distributed import init_distributed, shutdown
+    from training.trainer import Trainer
+    ctx = init_distributed(want_cuda=True)
+    try:
+        cfg = _train_config(a)
+        run_args = {"command": a.command, "train": dataclasses.asdict(cfg), "task": dataclasses.asdict(task_cfg),
+                    "argv": sys.argv[1:]}
+        metrics = Trainer(task, cfg, ctx, run_args, tokenizer_src, started_at=_STARTED).run()
+    finally:
+        shutdown(ctx)
+    if metrics is not None:
+        print(json.dumps({"out": str(a.out), "best_step": metrics["best_step"], "validation": _short(metrics["validation"]),
+                          "test": _short(metrics["test"]), "wall_time_s": metrics["wall_time_s"]}))
+    return 0
+
+
+def _short(m: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if m is None else {k: (round(v, 4) if isinstance(v, float) else v)
+                                   for k, v in m.items() if not isinstance(v, dict)}
+
+
+def cmd_tokenizer(a: argparse.Namespace) -> int:
+    out = a.out or DEFAULT_TOKENIZER[a.kind]
+    path = _train_tokenizer(a.kind, a.corpus, a.vocab_size, a.min_frequency, a.model_max_length, out)
+    print(json.dumps({"out": str(path), "kind": a.kind}))
+    return 0
+
+
+def cmd_mlm(a: argparse.Namespace) -> int:
+    from training.masking import MaskingConfig
+    from training.tasks import MLMConfig, MLMTask
+    tok = _tokenizer_dir(a.tokenizer, "wordpiece")
+    cfg = MLMConfig(tokenizer=str(tok), corpus=list(a.corpus or []), preset=a.preset,
+                    pair_objective=a.pair_objective, max_length=a.max_length, eval_examples=a.eval_examples,
+                    masking=MaskingConfig(mlm_probability=a.mlm_probability))
+    return _run_training(MLMTask(cfg, a.seed), a, cfg, tok)
+
+
+def cmd_classify(a: argparse.Namespace) -> int:
+    from training.tasks import ClassifyConfig, ClassifyTask
+    if not (a.init / "config.json").is_file():
+        raise CliError(f"--init: {a.init}/config.json not found (train one with `python -m training mlm`)")
+    labels = [s.strip() for s in a.labels.split(",") if s.strip()] if a.labels else None
+    if a.labels is not None and (not labels or len(set(labels)) != len(labels)):
+        raise CliError(f"--labels: expected distinct comma-separated labels, got {a.labels!r}")
+    cfg = ClassifyConfig(init=str(a.init), train=str(a.train) if a.train else None,
+                         validation=str(a.validation) if a.validation else None,
+                         test=str(a.test) if a.test else None, labels=labels, max_length=a.max_length,
+                         eval_examples=a.eval_examples)
+    return _run_training(ClassifyTask(cfg, a.seed), a, cfg, a.init)
+
+
+def cmd_lm(a: argparse.Namespace) -> int:
+    from training.tasks import LMConfig, LMTask
+    tok = _tokenizer_dir(a.tokenizer, "bpe")
+    cfg = LMConfig(tokenizer=str(tok), corpus=list(a.corpus or []), preset=a.preset, max_length=a.max_length,
+                   eval_blocks=a.eval_blocks)
+    return _run_training(LMTask(cfg, a.seed), a, cfg, tok)
+
+
+def cmd_data(a: argparse.Namespace) -> int:
+    import os
+    import shutil
+    import tempfile
+
+    from training.data import genre_data, write_jsonl
+    from training.tokenizer import replace_dir
+    g = genre_data()
+    out: Path = a.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        for split, exs in g.splits.items():
+            write_jsonl(exs, tmp / f"{split}.jsonl")
+        summary = {"labels": g.labels, "plays": g.plays, "class_counts": g.class_counts(),
+                   "majority_baseline": {s: g.majority_baseline(s) for s in ("validation", "test")}}
+        (tmp / "split.json").write_text(json.dumps(summary, indent=2) + "\n")
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(json.dumps({"out": os.fspath(out), "class_counts": summary["class_counts"]}))
+    return 0
+
+
+COMMANDS = {"tokenizer": cmd_tokenizer, "mlm": cmd_mlm, "classify": cmd_classify, "lm": cmd_lm, "data": cmd_data}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import os
+    a = build_parser().parse_args(argv)
+    _setup_logging(a.quiet, is_main=os.environ.get("RANK", "0") == "0")
+    from training.tokenizer import TokenizerError
+    from training.trainer import TrainError
+    try:
+        return COMMANDS[a.command](a)
+    except (DataError, TokenizerError, CheckpointError, TrainError, CliError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        # Config dataclasses / presets reject bad values with ValueError("field: ...").
+        msg = str(exc)
+        if ":" in msg.split(" ")[0]:
+            print(f"error: {msg}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,511 @@
+"""The three training tasks (MLM pre-training, sequence classification, causal LM).
+
+A task owns its data, model and loss; the loop in trainer.py is shared. Batches are built for
+the GLOBAL batch (identical on every rank) and the loss of a rank's rows is normalised by the
+global count of loss positions, so the sum over ranks is the single-process loss.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training import data as data_mod
+from training.bert import BertConfig, BertForMaskedLM, BertForPreTraining
+from training.checkpoint import load_model, save_model
+from training.gpt import GPT2LMHeadModel, GPTConfig
+from training.masking import IGNORE_INDEX, MaskingConfig, build_pairs, mask_tokens, non_special_ids
+from training.metrics import classification_metrics, perplexity, topk_hits
+from training.tokenizer import TOKENIZER_FILES, TokenizerInfo, copy_tokenizer_dir, load_tokenizer
+
+log = logging.getLogger(__name__)
+Batch = dict[str, torch.Tensor]
+
+
+class Task(Protocol):
+    name: str
+    kind: str                 # load_model kind of the saved checkpoint
+    eval_key: str             # metric that picks the best checkpoint
+    higher_is_better: bool
+
+    def num_examples(self) -> int: ...
+    def build_model(self, resume: Path | None, dropout: float | None) -> nn.Module: ...
+    def make_batch(self, indices: Sequence[int], seed: int) -> Batch: ...
+    def loss(self, model: nn.Module, batch: Batch, rows: slice, label_smoothing: float) -> torch.Tensor:
+        """This rank's share of the global-batch loss (the shares sum to the global mean)."""
+    def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None: ...
+    def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None: ...
+    def summary(self) -> dict[str, Any]: ...
+
+
+def _pad(seqs: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), value, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def _sample(items: list, n: int, seed: int) -> list:
+    """A deterministic subset of at most n items (the evaluation cap), order kept."""
+    if n <= 0 or len(items) <= n:
+        return items
+    keep = sorted(random.Random(seed).sample(range(len(items)), n))
+    return [items[i] for i in keep]
+
+
+def _tokenizer_files(info_dir: Path) -> dict[str, Path]:
+    return {name: info_dir / name for name in TOKENIZER_FILES if (info_dir / name).is_file()}
+
+
+@dataclass
+class CorpusSplits:
+    """Documents for pre-training: train, and held-out text for evaluation."""
+
+    train: list[str]
+    validation: list[str] = field(default_factory=list)
+    test: list[str] = field(default_factory=list)
+    source: str = "shakespeare"
+
+
+def default_corpus() -> CorpusSplits:
+    # The play split is the genre task's fixed one (not the run's seed): test plays stay unseen.
+    texts = data_mod.pretraining_texts(data_mod.GenreDataConfig())
+    return CorpusSplits(texts["train"], texts["validation"], texts["test"], "shakespeare (held-out plays)")
+
+
+def user_corpus(paths: Sequence[str], holdout: float = 0.05, seed: int = 0) -> CorpusSplits:
+    """User text files; a seeded 5% of the documents is held out for evaluation."""
+    docs = data_mod.read_corpus(paths)
+    idx = list(range(len(docs)))
+    random.Random(seed).shuffle(idx)
+    n_eval = int(len(docs) * holdout) if len(docs) >= 20 else 0
+    held = sorted(idx[:n_eval])
+    half = len(held) // 2
+    held_set = set(held)
+    return CorpusSplits(
+        [docs[i] for i in range(len(docs)) if i not in held_set],
+        [docs[i] for i in held[:half]], [docs[i] for i in held[half:]], "user files",
+    )
+
+
+# --------------------------------------------------------------------------- MLM
+
+
+@dataclass
+class MLMConfig:
+    """Masked-LM pre-training of a BERT from a preset."""
+
+    tokenizer: str
+    corpus: list[str] = field(default_factory=list)  # empty: Shakespeare
+    preset: str = "small"
+    pair_objective: str = "none"  # none | nsp | sop
+    max_length: int = 128
+    eval_examples: int = 256
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+
+
+class MLMTask:
+    name = "mlm"
+    eval_key = "loss"
+    higher_is_better = False
+
+    def __init__(self, cfg: MLMConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.kind = "bert-mlm" if cfg.pair_objective == "none" else "bert-pretraining"
+        self.tok: TokenizerInfo = load_tokenizer(cfg.tokenizer)
+        if self.tok.kind != "wordpiece" or self.tok.mask_id is None or self.tok.cls_id is None:
+            raise data_mod.DataError(f"{cfg.tokenizer}: tokenizer: MLM needs a WordPiece tokenizer with "
+                                     "[CLS]/[SEP]/[MASK]")
+        corpus = user_corpus(cfg.corpus, seed=seed) if cfg.corpus else default_corpus()
+        self.corpus_source = corpus.source
+        self.random_ids = non_special_ids(self.tok.vocab_size, self.tok.special_ids)
+        self.train = self._examples(corpus.train, pairs=True)
+        if not self.train:
+            raise data_mod.DataError("corpus: no text to train on")
+        # Held-out text is scored on plain chunks (MLM metrics), whatever the pair objective.
+        self.held = {
+            "validation": _sample(self._examples(corpus.validation, pairs=False), cfg.eval_examples, seed),
+            "test": _sample(self._examples(corpus.test, pairs=False), cfg.eval_examples, seed + 1),
+        }
+
+    def _lines(self, docs: Sequence[str]) -> list[list[list[int]]]:
+        out = []
+        for doc in docs:
+            lines = [ln for ln in doc.split("\n") if ln.strip()]
+            encs = self.tok.tokenizer.encode_batch(lines, add_special_tokens=False)
+            out.append([e.ids for e in encs if e.ids])
+        return out
+
+    def _examples(self, docs: Sequence[str], pairs: bool) -> list[tuple[list[int], list[int] | None, int]]:
+        """(A ids, B ids or None, pair label) without special tokens."""
+        if not docs:
+            return []
+        lines = self._lines(docs)
+        if pairs and self.cfg.pair_objective != "none":
+            ps = build_pairs(lines, self.cfg.pair_objective, self.cfg.max_length - 3, self.seed)
+            return [(p.a, p.b, p.label) for p in ps]
+        width = self.cfg.max_length - 2
+        out = []
+        for doc in lines:
+            ids = [t for ln in doc for t in ln]
+            for i in range(0, len(ids), width):
+                chunk = ids[i:i + width]
+                if len(chunk) >= 8:
+                    out.append((chunk, None, 0))
+        return out
+
+    def num_examples(self) -> int:
+        return len(self.train)
+
+    def build_model(self, resume: Path | None, dropout: float | None) -> nn.Module:
+        over = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+        if resume is not None:
+            model, _ = load_model(resume, kind=self.kind, **over)
+            return model
+        preset_pos = BertConfig.preset(self.cfg.preset, vocab_size=self.tok.vocab_size).max_position_embeddings
+        config = BertConfig.preset(
+            self.cfg.preset, vocab_size=self.tok.vocab_size, pad_token_id=self.tok.pad_id,
+            max_position_embeddings=max(preset_pos, self.cfg.max_length), **over,
+        )
+        return BertForMaskedLM(config) if self.kind == "bert-mlm" else BertForPreTraining(config)
+
+    def _encode(self, examples: Sequence[tuple[list[int], list[int] | None, int]]) -> Batch:
+        cls, sep = self.tok.cls_id, self.tok.sep_id
+        ids, types = [], []
+        for a, b, _ in examples:
+            seq = [cls, *a, sep]
+            tt = [0] * len(seq)
+            if b is not None:
+                seq += [*b, sep]
+                tt += [1] * (len(b) + 1)
+            ids.append(seq)
+            types.append(tt)
+        input_ids = _pad(ids, self.tok.pad_id)
+        return {
+            "input_ids": input_ids,
+            "token_type_ids": _pad(types, 0),
+            "attention_mask": _pad([[1] * len(s) for s in ids], 0),
+            "pair_labels": torch.tensor([lab for _, _, lab in examples], dtype=torch.long),
+        }
+
+    def _masked(self, examples: Sequence[tuple[list[int], list[int] | None, int]], seed: int) -> Batch:
+        batch = self._encode(examples)
+        ids = batch["input_ids"]
+        maskable = batch["attention_mask"].bool() & ~torch.isin(ids, torch.tensor(self.tok.special_ids))
+        gen = torch.Generator().manual_seed(seed)
+        batch["input_ids"], batch["labels"] = mask_tokens(ids, maskable, self.tok.mask_id, self.random_ids,
+                                                          self.cfg.masking, gen)
+        return batch
+
+    def make_batch(self, indices: Sequence[int], seed: int) -> Batch:
+        return self._masked([self.train[i] for i in indices], seed)
+
+    def _masked_logits(self, model: nn.Module, b: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """MLM logits at the selected positions only ([n_selected, vocab]) and the pair logits.
+
+        The vocab projection is the costliest layer; running it on the 15% selected positions
+        instead of all of them saves about a third of a step.
+        """
+        hidden, pooled = model.bert(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        logits = model.cls.predictions(hidden[b["labels"] != IGNORE_INDEX])
+        rel = model.cls.seq_relationship(pooled) if isinstance(model, BertForPreTraining) else None
+        return logits, rel
+
+    def loss(self, model: nn.Module, batch: Batch, rows: slice, label_smoothing: float) -> torch.Tensor:
+        n_masked = (batch["labels"] != IGNORE_INDEX).sum().clamp(min=1)
+        local = {k: v[rows] for k, v in batch.items()}
+        logits, rel = self._masked_logits(model, local)
+        targets = local["labels"][local["labels"] != IGNORE_INDEX]
+        loss = F.cross_entropy(logits, targets, reduction="sum", label_smoothing=label_smoothing) / n_masked
+        if rel is not None:
+            n = batch["pair_labels"].numel()
+            loss = loss + F.cross_entropy(rel, local["pair_labels"], reduction="sum") / n
+        return loss
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None:
+        examples = self.held.get(split) or []
+        if not examples:
+            return None
+        model.eval()
+        nll, n, hits = 0.0, 0, {1: 0, 5: 0}
+        bs = 64
+        for start in range(0, len(examples), bs):
+            # Fixed masks: the same positions are scored at every evaluation.
+            b = self._masked(examples[start:start + bs], seed=10_007 + start)
+            b = {k: v.to(device) for k, v in b.items()}
+            lg, _ = self._masked_logits(model, b)
+            sel = b["labels"] != IGNORE_INDEX
+            tg = b["labels"][sel]
+            nll += float(F.cross_entropy(lg, tg, reduction="sum"))
+            n += int(sel.sum())
+            for k, v in topk_hits(lg, tg, (1, 5)).items():
+                hits[k] += v
+        return {"loss": nll / max(n, 1), "top1": hits[1] / max(n, 1), "top5": hits[5] / max(n, 1),
+                "masked_tokens": n, "examples": len(examples)}
+
+    def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None:
+        save_model(model, out_dir, tokenizer_files=_tokenizer_files(self.tokenizer_copy), extra_files=extra_files)
+
+    def summary(self) -> dict[str, Any]:
+        return {"corpus": self.corpus_source, "train_examples": len(self.train),
+                "heldout_examples": {k: len(v) for k, v in self.held.items()},
+                "pair_objective": self.cfg.pair_objective, "vocab_size": self.tok.vocab_size}
+
+    tokenizer_copy: Path  # set by the trainer: a cleaned copy of the tokenizer dir
+
+
+# --------------------------------------------------------------------------- classification
+
+
+@dataclass
+class ClassifyConfig:
+    """Fine-tuning a BERT checkpoint (ours or any HF BERT dir) as a sequence classifier."""
+
+    init: str
+    train: str | None = None        # None: the default genre data
+    validation: str | None = None
+    test: str | None = None
+    labels: list[str] | None = None
+    max_length: int = 128
+    eval_examples: int = 1000
+
+
+class ClassifyTask:
+    name = "classify"
+    kind = "bert-classifier"
+    eval_key = "macro_f1"
+    higher_is_better = True
+
+    def __init__(self, cfg: ClassifyConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.tok = load_tokenizer(cfg.init)
+        if self.tok.kind != "wordpiece":
+            raise data_mod.DataError(f"{cfg.init}: init: classification needs a BERT checkpoint with a "
+                                     "WordPiece tokenizer")
+        self.baseline: dict[str, Any] | None = None
+        self.class_counts: dict[str, dict[str, int]] = {}
+        self.plays: dict[str, list[str]] | None = None
+        if cfg.train is None:
+            if cfg.validation or cfg.test:
+                raise data_mod.DataError("train: --validation/--test need --train")
+            g = data_mod.genre_data(data_mod.GenreDataConfig())
+            self.labels = list(g.labels)
+            splits = g.splits
+            self.plays = g.plays
+            self.source = "shakespeare genre (First Folio sections), split by play"
+        else:
+            train = data_mod.read_labelled(cfg.train, cfg.labels)
+            self.labels = data_mod.label_set(train, cfg.labels)
+            splits = {"train": train}
+            for name in ("validation", "test"):
+                path = getattr(cfg, name)
+                if path:
+                    splits[name] = data_mod.read_labelled(path, self.labels)
+            self.source = "user files"
+        if len(self.labels) < 2:
+            raise data_mod.DataError(f"{cfg.train}: field 'label': need at least 2 labels, got {self.labels}")
+        self.class_counts = {k: _counts(v) for k, v in splits.items()}
+        self.label_index = {lab: i for i, lab in enumerate(self.labels)}
+        self.train = self._encode_examples(splits["train"])
+        held = {k: _sample(splits[k], cfg.eval_examples, seed) for k in ("validation", "test") if k in splits}
+        self.held = {k: self._encode_examples(v) for k, v in held.items()}
+        if "test" in held:  # on the same (possibly capped) test examples the model is scored on
+            self.baseline = data_mod.majority_baseline(splits["train"], held["test"], self.labels)
+
+    def _encode_examples(self, exs: Sequence[data_mod.Example]) -> list[tuple[list[int], list[int], int]]:
+        tok = self.tok.tokenizer
+        tok.enable_truncation(self.cfg.max_length)
+        try:
+            inputs = [(e.text, e.text_pair) if e.text_pair else e.text for e in exs]
+            encs = tok.encode_batch(inputs)
+        finally:
+            tok.no_truncation()
+        return [(e.ids, e.type_ids, self.label_index[x.label]) for e, x in zip(encs, exs)]
+
+    def num_examples(self) -> int:
+        return len(self.train)
+
+    def build_model(self, resume: Path | None, dropout: float | None) -> nn.Module:
+        over: dict[str, Any] = {
+            "num_labels": len(self.labels),
+            "id2label": {i: lab for i, lab in enumerate(self.labels)},
+            "label2id": dict(self.label_index),
+        }
+        if dropout is not None:
+            over.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+        model, config = load_model(resume or self.cfg.init, kind="bert-classifier", **over)
+        if self.cfg.max_length > config.max_position_embeddings:
+            raise data_mod.DataError(f"max_length: {self.cfg.max_length} exceeds the model's "
+                                     f"max_position_embeddings={config.max_position_embeddings}")
+        return model
+
+    def _encode(self, examples: Sequence[tuple[list[int], list[int], int]]) -> Batch:
+        return {
+            "input_ids": _pad([e[0] for e in examples], self.tok.pad_id),
+            "token_type_ids": _pad([e[1] for e in examples], 0),
+            "attention_mask": _pad([[1] * len(e[0]) for e in examples], 0),
+            "labels": torch.tensor([e[2] for e in examples], dtype=torch.long),
+        }
+
+    def make_batch(self, indices: Sequence[int], seed: int) -> Batch:
+        return self._encode([self.train[i] for i in indices])
+
+    def loss(self, model: nn.Module, batch: Batch, rows: slice, label_smoothing: float) -> torch.Tensor:
+        n = batch["labels"].numel()
+        local = {k: v[rows] for k, v in batch.items()}
+        logits = model(local["input_ids"], local["attention_mask"], local["token_type_ids"])
+        return F.cross_entropy(logits, local["labels"], reduction="sum", label_smoothing=label_smoothing) / n
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None:
+        examples = self.held.get(split) or []
+        if not examples:
+            return None
+        model.eval()
+        # Length-sorted batches waste less padding; predictions are put back in order.
+        order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+        preds = [0] * len(examples)
+        nll = 0.0
+        for start in range(0, len(order), 64):
+            idx = order[start:start + 64]
+            b = {k: v.to(device) for k, v in self._encode([examples[i] for i in idx]).items()}
+            logits = model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+            nll += float(F.cross_entropy(logits, b["labels"], reduction="sum"))
+            for i, p in zip(idx, logits.argmax(-1).tolist()):
+                preds[i] = p
+        out = classification_metrics(preds, [e[2] for e in examples], self.labels)
+        out["loss"] = nll / len(examples)
+        return out
+
+    def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None:
+        save_model(model, out_dir, tokenizer_files=_tokenizer_files(self.tokenizer_copy), extra_files=extra_files)
+
+    def summary(self) -> dict[str, Any]:
+        s: dict[str, Any] = {"data": self.source, "labels": self.labels, "class_counts": self.class_counts,
+                             "init": str(self.cfg.init)}
+        if self.plays is not None:
+            s["plays"] = self.plays
+        if self.baseline is not None:
+            s["majority_baseline_test"] = self.baseline
+        return s
+
+    tokenizer_copy: Path
+
+
+def _counts(exs: Sequence[data_mod.Example]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in exs:
+        out[e.label] = out.get(e.label, 0) + 1
+    return dict(sorted(out.items()))
+
+
+# --------------------------------------------------------------------------- causal LM
+
+
+@dataclass
+class LMConfig:
+    """Causal LM pre-training of a GPT-2 from a preset."""
+
+    tokenizer: str
+    corpus: list[str] = field(default_factory=list)
+    preset: str = "small"
+    max_length: int = 128          # block size
+    eval_blocks: int = 128
+
+
+class LMTask:
+    name = "lm"
+    kind = "gpt"
+    eval_key = "perplexity"
+    higher_is_better = False
+
+    def __init__(self, cfg: LMConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.tok = load_tokenizer(cfg.tokenizer)
+        if self.tok.kind != "bpe" or self.tok.eos_id is None:
+            raise data_mod.DataError(f"{cfg.tokenizer}: tokenizer: the LM needs a byte-level BPE tokenizer "
+                                     "with <|endoftext|>")
+        corpus = user_corpus(cfg.corpus, seed=seed) if cfg.corpus else default_corpus()
+        self.corpus_source = corpus.source
+        self.train = self._blocks(corpus.train)
+        if not self.train:
+            raise data_mod.DataError(f"corpus: fewer than {cfg.max_length + 1} tokens to train on")
+        self.held = {"validation": _sample(self._blocks(corpus.validation), cfg.eval_blocks, seed),
+                     "test": _sample(self._blocks(corpus.test), cfg.eval_blocks, seed + 1)}
+
+    def _blocks(self, docs: Sequence[str]) -> list[list[int]]:
+        """Documents joined by <|endoftext|>, cut into blocks of max_length + 1 ids (inputs + next)."""
+        if not docs:
+            return []
+        stream: list[int] = []
+        for enc in self.tok.tokenizer.encode_batch(list(docs), add_special_tokens=False):
+            stream += enc.ids
+            stream.append(self.tok.eos_id)
+        w = self.cfg.max_length + 1
+        return [stream[i:i + w] for i in range(0, len(stream) - w + 1, self.cfg.max_length)]
+
+    def num_examples(self) -> int:
+        return len(self.train)
+
+    def build_model(self, resume: Path | None, dropout: float | None) -> nn.Module:
+        over = {} if dropout is None else {"resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout}
+        if resume is not None:
+            model, _ = load_model(resume, kind="gpt", **over)
+            return model
+        preset_pos = GPTConfig.preset(self.cfg.preset, vocab_size=self.tok.vocab_size).n_positions
+        config = GPTConfig.preset(
+            self.cfg.preset, vocab_size=self.tok.vocab_size, n_positions=max(preset_pos, self.cfg.max_length),
+            bos_token_id=self.tok.bos_id, eos_token_id=self.tok.eos_id, **over,
+        )
+        return GPT2LMHeadModel(config)
+
+    def make_batch(self, indices: Sequence[int], seed: int) -> Batch:
+        return {"ids": torch.tensor([self.train[i] for i in indices], dtype=torch.long)}
+
+    def _nll(self, model: nn.Module, ids: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+        x, y = ids[:, :-1], ids[:, 1:]
+        logits, _ = model(x, torch.ones_like(x))
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum", label_smoothing=label_smoothing)
+
+    def loss(self, model: nn.Module, batch: Batch, rows: slice, label_smoothing: float) -> torch.Tensor:
+        ids = batch["ids"]
+        n = ids.shape[0] * (ids.shape[1] - 1)
+        return self._nll(model, ids[rows], label_smoothing) / n
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None:
+        blocks = self.held.get(split) or []
+        if not blocks:
+            return None
+        model.eval()
+        nll, n = 0.0, 0
+        for start in range(0, len(blocks), 32):
+            ids = torch.tensor(blocks[start:start + 32], dtype=torch.long, device=device)
+            nll += float(self._nll(model, ids))
+            n += ids.shape[0] * (ids.shape[1] - 1)
+        return {"loss": nll / n, "perplexity": perplexity(nll, n), "tokens": n, "blocks": len(blocks)}
+
+    def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None:
+        save_model(model, out_dir, tokenizer_files=_tokenizer_files(self.tokenizer_copy), extra_files=extra_files)
+
+    def summary(self) -> dict[str, Any]:
+        return {"corpus": self.corpus_source, "train_blocks": len(self.train),
+                "heldout_blocks": {k: len(v) for k, v in self.held.items()}, "vocab_size": self.tok.vocab_size}
+
+    tokenizer_copy: Path
+
+
+def prepare_tokenizer_copy(task: Any, src: str | Path, work: Path, model_max_length: int | None) -> None:
+    """Give the task a cleaned copy of its tokenizer (padding/truncation off) to ship in checkpoints."""
+    task.tokenizer_copy = copy_tokenizer_dir(src, work, model_max_length)
