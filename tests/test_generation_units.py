@@ -151,8 +151,8 @@ def bpe_tokenizer(tiny_repository: Path) -> Tokenizer:
 
 def byte_token_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     """One id per UTF-8 byte of text (the byte-level alphabet's single-byte tokens)."""
-    mapped = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)[0][0]
-    ids = [tokenizer.token_to_id(ch) for ch in mapped]
+    pieces = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)
+    ids = [tokenizer.token_to_id(ch) for piece, _ in pieces for ch in piece]
     assert None not in ids and len(ids) == len(text.encode("utf-8"))
     return ids
 
