@@ -48,7 +48,9 @@ def choose_version(name_dir: Path, requested: int | None) -> int:
 def staging_dir(name_dir: Path) -> Path:
     """A private temp dir inside <repo>/<name>/: same filesystem, so the final rename is atomic."""
     name_dir.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=".tmp-", dir=name_dir))
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=name_dir))
+    os.chmod(staging, 0o755)  # mkdtemp makes it private; a published version must be readable by the server
+    return staging
 
 
 def discard(staging: Path, name_dir: Path, created_name_dir: bool) -> None:

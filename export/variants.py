@@ -82,8 +82,13 @@ def build_int8(fp32: Path, out: Path) -> VariantBuild:
 def build_fp16(fp32: Path, out: Path) -> VariantBuild:
     """fp16 weights and compute, fp32 inputs/outputs (keep_io_types) so clients never see fp16."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
     model = convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True)
+    # The converter appends the input casts after their consumers; the checker (and some runtimes) need order.
+    wrapped = OnnxModel(model)
+    wrapped.topological_sort()
+    model = wrapped.model
     onnx.checker.check_model(model)
     onnx.save(model, str(out))
     return VariantBuild("fp16", out.name, notes=["convert_float_to_float16 keep_io_types=True"])
