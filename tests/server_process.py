@@ -25,7 +25,7 @@ _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 class ServerProcess:
     def __init__(self, repository: Path, extra_args: Sequence[str] = (), port: int = 0,
-                 startup_timeout: float = 60.0) -> None:
+                 startup_timeout: float = 60.0, root_cert: Path | None = None) -> None:
         self.repository = repository
         cmd = [sys.executable, "-m", "server", "--repository", str(repository), "--port", str(port),
                "--metrics-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args]
@@ -36,6 +36,7 @@ class ServerProcess:
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self.host, self.port = self._wait_listening(startup_timeout)
+        self._wait_serving(startup_timeout, root_cert)
 
     @property
     def address(self) -> str:
@@ -62,6 +63,29 @@ class ServerProcess:
                 return match.group(1), int(match.group(2))
         self.kill()
         raise RuntimeError("server did not report 'listening on HOST:PORT'; its output:\n" + "".join(self.lines))
+
+    def _wait_serving(self, timeout: float, root_cert: Path | None) -> None:
+        """The server listens before its models are loaded: wait until grpc.health.v1 says SERVING."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        if root_cert is None:
+            channel = grpc.insecure_channel(self.address)
+        else:
+            channel = grpc.secure_channel(self.address, grpc.ssl_channel_credentials(root_cert.read_bytes()))
+        end = time.monotonic() + timeout
+        with channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < end and self.proc.poll() is None:
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.05)
+        self.kill()
+        raise RuntimeError("server did not become SERVING; its output:\n" + "".join(self.lines))
 
     def kill(self) -> None:
         """SIGKILL: the replica vanishes mid-request, as in a crash."""
