@@ -213,6 +213,10 @@ def test_greedy_text_is_the_decoded_ids(gpt: Package) -> None:
             assert result.finish_reason == "length" and result.usage.completion_tokens == 16
             assert result.usage.prompt_tokens == len(gpt.ids(PROMPTS[0]))
             assert 0 < result.time_to_first_token_ms <= result.total_time_ms
+            # One token comes from the prefill alone; the sequence never joins the decode batch.
+            single = await engine.generate(PROMPTS[0], GenerationParams.validate(max_new_tokens=1))
+            assert [t.token_id for t in single.tokens] == ids[:1] and single.finish_reason == "length"
+            assert engine.active_sequences == 0
 
     run(body())
 
@@ -356,6 +360,15 @@ def test_closing_the_stream_frees_the_slot_within_a_step(gpt: Package) -> None:
                 await asyncio.sleep(0)
             # The other sequence advanced by at most a step or two meanwhile.
             assert len(keeper_tokens) - before <= 2
+            # The unary path: cancelling the task that awaits generate() frees the slot the same way.
+            unary = asyncio.create_task(engine.generate(PROMPTS[1], long))
+            while engine.active_sequences != 2:
+                await asyncio.sleep(0)
+            unary.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await unary
+            while engine.active_sequences != 1:
+                await asyncio.sleep(0)
             await keeper_task
             assert len(keeper_tokens) == 100 and engine.active_sequences == 0
 
@@ -469,3 +482,67 @@ def test_metrics_are_recorded(gpt: Package) -> None:
     steps = get("ortserve_batch_size_count", labels)
     assert steps is not None and get("ortserve_batch_size_sum", labels) > steps   # some steps had batch > 1
     assert get("ortserve_active_sequences", labels) == 0
+
+# ---------------------------------------------------------------- robustness
+
+
+def test_a_padding_tokenizer_does_not_change_the_prompt(gpt: Package) -> None:
+    padded = Tokenizer.from_str(gpt.tokenizer.to_str())
+    padded.enable_padding(length=gpt.manifest["max_length"])
+    params = GenerationParams.validate(max_new_tokens=6, ignore_eos=True)
+
+    async def body() -> Any:
+        engine = GenerationEngine(gpt.session, gpt.manifest, padded, GenerationConfig(), None, "padded")
+        await engine.start()
+        try:
+            return await engine.generate(PROMPTS[1], params)
+        finally:
+            await engine.stop()
+
+    result = run(body())
+    assert result.usage.prompt_tokens == len(gpt.ids(PROMPTS[1]))
+    assert [t.token_id for t in result.tokens] == greedy_generate(
+        gpt.session, gpt.manifest, gpt.ids(PROMPTS[1]), 6, stop_at_eos=False)
+    assert padded.padding is not None   # the caller's tokenizer is left as it was
+
+
+def test_graph_failures_reach_the_caller_and_the_engine_keeps_serving(gpt: Package) -> None:
+    # The graph's position table has max_length rows; a manifest claiming more lets requests run past it.
+    context = gpt.manifest["max_length"]
+    lying = dict(gpt.manifest, max_length=context * 2)
+    over = " ".join(["the"] * (context + 10))
+    assert len(gpt.ids(over)) > context
+    near = gpt.tokenizer.decode(gpt.ids(" ".join(["the"] * context))[: context - 2])
+
+    async def body() -> None:
+        async with gpt.engine(manifest=lying) as engine:
+            with pytest.raises(RuntimeError, match="^prefill failed"):
+                await engine.generate(over, GenerationParams.validate(max_new_tokens=4))
+            tokens = 0
+            with pytest.raises(RuntimeError, match="^decode step failed"):
+                async for chunk in engine.stream(near, GenerationParams.validate(max_new_tokens=20, ignore_eos=True)):
+                    tokens += len(chunk.tokens)
+            assert tokens >= 1 and engine.active_sequences == 0
+            ok = await engine.generate(PROMPTS[0], GenerationParams.validate(max_new_tokens=4, ignore_eos=True))
+            assert ok.finish_reason == "length"
+
+    run(body())
+
+
+def test_stop_cancels_running_streams_and_refuses_new_ones(gpt: Package) -> None:
+    from server.generation import EngineStoppedError
+
+    async def body() -> None:
+        engine = GenerationEngine(gpt.session, gpt.manifest, gpt.tokenizer, GenerationConfig(), None, "stop")
+        with pytest.raises(EngineStoppedError):
+            await engine.generate("a", GenerationParams.validate())
+        await engine.start()
+        stream = engine.stream(PROMPTS[0], GenerationParams.validate(max_new_tokens=100, ignore_eos=True))
+        await stream.__anext__()
+        await engine.stop()
+        rest = [c async for c in stream]
+        assert rest[-1].final and rest[-1].finish_reason == "cancelled"
+        with pytest.raises(EngineStoppedError):
+            await engine.generate("a", GenerationParams.validate())
+
+    run(body())

@@ -38,6 +38,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _unpadded(tokenizer: Tokenizer) -> Tokenizer:
+    """The tokenizer itself, or a copy without padding/truncation (they would corrupt prompt ids)."""
+    if tokenizer.padding is None and tokenizer.truncation is None:
+        return tokenizer
+    logger.info("generation: using a copy of the tokenizer with padding and truncation turned off")
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.no_truncation()
+    return copy
+
+
 class GenerationEngine:
     def __init__(self, session: ort.InferenceSession, manifest: dict[str, Any], tokenizer: Tokenizer,
                  config: GenerationConfig | None = None, metrics: "Metrics | None" = None,
@@ -45,7 +56,7 @@ class GenerationEngine:
         self.spec = DecoderSpec.from_package(manifest, session)
         self.config = config or GenerationConfig()
         self._runner = DecoderRunner(session, self.spec)
-        self._tokenizer = tokenizer
+        self._tokenizer = _unpadded(tokenizer)
         self._metrics = metrics
         self._label = model_label
         self._waiting: deque[Sequence] = deque()
@@ -107,25 +118,38 @@ class GenerationEngine:
         EngineStoppedError, or RuntimeError when the graph fails.
         """
         seq = self._submit(prompt, params, deadline)
-        async for chunk in self._drain(seq):
-            yield chunk
+        try:
+            while True:
+                chunk = await self._next_chunk(seq)
+                yield chunk
+                if chunk.final:
+                    return
+        finally:
+            # Closed early, cancelled, or failed: free the slot now (not when the generator is collected).
+            if not seq.done:
+                self._abandon(seq)
 
     async def generate(self, prompt: str, params: GenerationParams,
                        deadline: float | None = None) -> GenerationResult:
+        """The whole completion; same errors as `stream`. Cancelling the awaiting task cancels the request."""
         seq = self._submit(prompt, params, deadline)
         texts: list[str] = []
         tokens = []
-        async for chunk in self._drain(seq):
-            texts.append(chunk.text)
-            tokens.extend(chunk.tokens)
-            if chunk.final:
-                assert chunk.finish_reason is not None and chunk.usage is not None
-                end = seq.finished_at or time.monotonic()
-                ttft = (seq.first_token_at - seq.arrival) * 1000 if seq.first_token_at is not None else 0.0
-                return GenerationResult(text="".join(texts), finish_reason=chunk.finish_reason, usage=chunk.usage,
-                                        tokens=tokens, time_to_first_token_ms=ttft,
-                                        total_time_ms=(end - seq.arrival) * 1000)
-        raise RuntimeError("generation ended without a final chunk")  # unreachable: _drain ends on final
+        try:
+            while True:
+                chunk = await self._next_chunk(seq)
+                texts.append(chunk.text)
+                tokens.extend(chunk.tokens)
+                if chunk.final:
+                    break
+        finally:
+            if not seq.done:
+                self._abandon(seq)
+        assert chunk.finish_reason is not None and chunk.usage is not None
+        end = seq.finished_at or time.monotonic()
+        ttft = (seq.first_token_at - seq.arrival) * 1000 if seq.first_token_at is not None else 0.0
+        return GenerationResult(text="".join(texts), finish_reason=chunk.finish_reason, usage=chunk.usage,
+                                tokens=tokens, time_to_first_token_ms=ttft, total_time_ms=(end - seq.arrival) * 1000)
 
     def warmup(self) -> None:
         """Prefill (past 0) and one step at batch 1 and 2 (one row left-padded); raises on any failure."""
@@ -188,18 +212,12 @@ class GenerationEngine:
         self._wake.set()
         return seq
 
-    async def _drain(self, seq: Sequence) -> AsyncIterator[StreamChunk]:
-        try:
-            while True:
-                item = await seq.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.final:
-                    return
-        finally:
-            if not seq.done:
-                self._abandon(seq)
+    @staticmethod
+    async def _next_chunk(seq: Sequence) -> StreamChunk:
+        item = await seq.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     def _abandon(self, seq: Sequence) -> None:
         """The consumer went away: a waiting request leaves now, a running one at the next iteration."""
