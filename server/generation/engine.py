@@ -239,6 +239,7 @@ class GenerationEngine:
             try:
                 self._retire()
                 if not self._active and not self._waiting:
+                    self._record_gauges()  # (server core) the last retire must show up before idling
                     self._wake.clear()
                     await self._wake.wait()
                     continue
