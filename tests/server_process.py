@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_METRICS = re.compile(r"metrics on (\S+):(\d+)")
 
 
 class ServerProcess:
@@ -41,6 +42,23 @@ class ServerProcess:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of the Prometheus endpoint (start with extra_args ["--metrics-port", "0"]); 0 if absent."""
+        import urllib.request
+
+        found = [m for m in (_METRICS.search(line) for line in self.lines) if m]
+        if not found:
+            raise RuntimeError("the server has no metrics endpoint (pass --metrics-port 0)")
+        url = f"http://{found[-1].group(1)}:{found[-1].group(2)}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        want = {f'{k}="{v}"' for k, v in labels.items()}
+        for line in text.splitlines():
+            head, _, value = line.rpartition(" ")
+            if head.split("{")[0] == name and want <= set(head.partition("{")[2].rstrip("}").split(",")):
+                return float(value)
+        return 0.0
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
