@@ -1,0 +1,202 @@
+"""Peer comparison: ortserve's KServe ModelInfer vs Seldon MLServer serving the same ONNX file through
+the minimal runtime in bench/peer_runtime, both driven by the same tritonclient.grpc load.
+
+MLServer lives in bench/.venv-mlserver (it pins protobuf<7; bench/setup_mlserver.sh builds it) and
+runs with `parallel_workers: 0` (inference in its main process, its fastest mode on this machine) and
+`debug: false` (debug adds an access-log interceptor to every call). The two servers take turns, run by
+run, so they share the machine's noise; only one is under load at a time.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import PeerConfig
+from .encoder import encode
+from .material import classifier_checkpoint, export_package, passages
+from .serverproc import Process, ServerProcess, free_port
+from .stats import Summary, percentile, ratio
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+VENV = HERE / ".venv-mlserver"
+MODEL = "bench-classifier"
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class PeerError(RuntimeError):
+    """The peer server could not be installed or started."""
+
+
+def ensure_venv() -> Path:
+    if (VENV / ".complete").is_file():
+        return VENV
+    log.info("creating %s (bench/setup_mlserver.sh)", VENV)
+    proc = subprocess.run(["bash", str(HERE / "setup_mlserver.sh")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "is ignored" not in ln]
+        raise PeerError(f"setup_mlserver.sh failed: {lines[-1] if lines else 'no output'}")
+    return VENV
+
+
+class MLServerProcess(Process):
+    """`mlserver start DIR` with one model served by the onnxruntime runtime of bench/peer_runtime."""
+
+    def __init__(self, work: Path, model_file: Path, threads: int, startup_timeout: float) -> None:
+        root = work / "mlserver"
+        (root / MODEL).mkdir(parents=True, exist_ok=True)
+        self.grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+        self.settings = {"debug": False, "parallel_workers": 0, "host": "127.0.0.1", "http_port": http_port,
+                         "grpc_port": self.grpc_port, "metrics_port": metrics_port}
+        (root / "settings.json").write_text(json.dumps(self.settings, indent=2))
+        (root / MODEL / "model-settings.json").write_text(json.dumps({
+            "name": MODEL, "implementation": "mlserver_ort.OnnxRuntimeModel",
+            "parameters": {"uri": str(model_file), "extra": {"intra_op_threads": threads}}}, indent=2))
+        super().__init__([str(VENV / "bin" / "mlserver"), "start", str(root)],
+                         env={"PYTHONPATH": str(HERE / "peer_runtime")}, cwd=root)
+        self._wait_ready(startup_timeout)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def _wait_ready(self, timeout: float) -> None:
+        import tritonclient.grpc as tc
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with tc.InferenceServerClient(self.address) as client:
+                    if client.is_model_ready(MODEL):
+                        return
+            except Exception:  # not listening yet: tritonclient raises its own InferenceServerException
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise PeerError("mlserver did not become ready; last output:\n" + "".join(self.lines[-30:]))
+
+
+def infer_inputs(feeds: dict[str, np.ndarray]) -> list[Any]:
+    import tritonclient.grpc as tc
+
+    out = []
+    for name in INPUTS:
+        t = tc.InferInput(name, list(feeds[name].shape), "INT64")
+        t.set_data_from_numpy(feeds[name])
+        out.append(t)
+    return out
+
+
+def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: int) -> dict[str, Any]:
+    """`clients` threads, each with its own tritonclient, sending `per_client` requests back to back."""
+    import tritonclient.grpc as tc
+
+    conns = [tc.InferenceServerClient(address) for _ in range(clients)]
+    inputs = infer_inputs(feeds)
+    wanted = [tc.InferRequestedOutput("logits")]
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(clients + 1)
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(per_client):
+                t0 = time.perf_counter()
+                conns[i].infer(MODEL, inputs, outputs=wanted)
+                latencies[i].append(time.perf_counter() - t0)
+        except BaseException as exc:  # reported after the join: a failed request invalidates the run
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    if errors:
+        raise PeerError(f"{address}: request failed: {str(errors[0]).splitlines()[0]}")
+    flat = [x for lat in latencies for x in lat]
+    return {"seconds": wall, "requests": len(flat), "latencies": flat}
+
+
+def logits(address: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import tritonclient.grpc as tc
+
+    with tc.InferenceServerClient(address) as client:
+        res = client.infer(MODEL, infer_inputs(feeds), outputs=[tc.InferRequestedOutput("logits")])
+        return res.as_numpy("logits")
+
+
+def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
+    ensure_venv()
+    ckpt = classifier_checkpoint(work)
+    ckpt.name = MODEL
+    pkg = export_package(ckpt, "classify", work / "repository", ("fp32", "int8"), threads=cfg.threads)
+    variant = (pkg.manifest.get("default_variant") or {}).get("cpu") or "fp32"
+    model_file = pkg.variant_file(variant)
+    texts = passages(max(cfg.batches), min_words=60, seed=7)
+    feeds = {b: encode(pkg.path / "tokenizer.json", texts[:b], cfg.seq) for b in cfg.batches}
+    ortserve = ServerProcess(work / "repository", ["--intra-op-threads", str(cfg.threads), "--inter-op-threads", "1",
+                                                   "--variant", variant], cfg.startup_timeout)
+    try:
+        peer = MLServerProcess(work, model_file, cfg.threads, cfg.startup_timeout)
+    except BaseException:
+        ortserve.stop()
+        raise
+    servers = {"ortserve": ortserve.address, "mlserver": peer.address}
+    try:
+        check = {k: logits(a, feeds[max(cfg.batches)]) for k, a in servers.items()}
+        max_diff = float(np.abs(check["ortserve"] - check["mlserver"]).max())
+        for a in servers.values():  # warm-up
+            drive(a, feeds[1], 2, 5)
+        cells = []
+        for clients in cfg.clients:
+            for batch in cfg.batches:
+                runs: dict[str, list[dict[str, Any]]] = {k: [] for k in servers}
+                for _ in range(cfg.repeats):
+                    for k, a in servers.items():
+                        runs[k].append(drive(a, feeds[batch], clients, cfg.requests_per_client))
+                cell: dict[str, Any] = {"clients": clients, "batch": batch}
+                thr = {}
+                for k, rs in runs.items():
+                    lat = [x for r in rs for x in r["latencies"]]
+                    thr[k] = Summary.of([r["requests"] / r["seconds"] for r in rs])
+                    cell[k] = {"requests_per_s": thr[k].as_json(),
+                               "rows_per_s": thr[k].scaled(batch).as_json(),
+                               "p50_ms": percentile(lat, 50) * 1e3, "p95_ms": percentile(lat, 95) * 1e3,
+                               "requests": len(lat)}
+                cell["throughput_ratio_ortserve_vs_mlserver"] = ratio(thr["ortserve"], thr["mlserver"])
+                cell["p50_ratio_ortserve_vs_mlserver"] = cell["ortserve"]["p50_ms"] / cell["mlserver"]["p50_ms"]
+                log.info("peer %d clients batch %d: ortserve %.1f req/s p50 %.2f ms, mlserver %.1f req/s p50 %.2f ms",
+                         clients, batch, thr["ortserve"].median, cell["ortserve"]["p50_ms"], thr["mlserver"].median,
+                         cell["mlserver"]["p50_ms"])
+                cells.append(cell)
+    finally:
+        peer.stop()
+        ortserve.stop()
+    versions = subprocess.run([str(VENV / "bin" / "python"), "-c",
+                               "import mlserver, onnxruntime, google.protobuf as p; "
+                               "print(mlserver.__version__, onnxruntime.__version__, p.__version__)"],
+                              capture_output=True, text=True).stdout.split()
+    return {"piece": "peer", "threads": cfg.threads, "seq": cfg.seq, "variant": variant,
+            "model": ckpt.describe(), "model_file": model_file.name,
+            "mlserver": {"settings": {k: v for k, v in peer.settings.items() if not k.endswith("port") and k != "host"},
+                         "versions": dict(zip(("mlserver", "onnxruntime", "protobuf"), versions)),
+                         "runtime": "bench/peer_runtime/mlserver_ort.py"},
+            "load": "tritonclient.grpc, one client per thread, raw INT64 input tensors, output 'logits'",
+            "max_abs_diff_between_servers": max_diff, "cells": cells}
