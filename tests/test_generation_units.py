@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from server.generation import GenerationConfig, GenerationParams
 from server.generation.detokenize import IncrementalDetokenizer, StopMatcher
 from server.generation.kvcache import BatchCache
-from server.generation.sampling import Sampler, apply_repetition_penalty, log_softmax, top_n
+from server.generation.sampling import Sampler, nucleus, apply_repetition_penalty, log_softmax, top_n
 
 # ---------------------------------------------------------------- parameters
 
@@ -97,6 +97,20 @@ def test_top_k_and_top_p_restrict_the_candidates() -> None:
     # Nucleus 0.75: 0.4 + 0.3 = 0.7 < 0.75, so the third token is needed too; the fourth never.
     nucleus = Sampler(GenerationParams.validate(temperature=1.0, top_p=0.75, seed=1), 4, prompt_ids=[])
     assert {nucleus.choose(logits).token_id for _ in range(500)} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 8.0])   # flat (the prefix needs most tokens) to peaked
+@pytest.mark.parametrize("top_p", [0.1, 0.9, 0.999])
+def test_nucleus_equals_a_full_sort(scale: float, top_p: float) -> None:
+    rng = np.random.default_rng(int(scale * 100) + int(top_p * 1000))
+    probs = np.exp(rng.standard_normal(3000) * scale)
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    cum = np.cumsum(probs[order])
+    expected = set(order[: int(np.argmax(cum >= top_p)) + 1].tolist())
+    kept, kept_probs = nucleus(np.arange(3000), probs, top_p)
+    assert set(kept.tolist()) == expected
+    assert kept_probs.sum() == pytest.approx(1.0) and (np.diff(kept_probs) <= 0).all()
 
 
 def test_logprobs_are_taken_before_truncation_and_after_temperature() -> None:

@@ -99,15 +99,37 @@ def sample(scores: np.ndarray, top_k: int, top_p: float, rng: np.random.Generato
         candidates = np.argpartition(-scores, top_k - 1)[:top_k]
     else:
         candidates = np.arange(vocab)
-    # Best first, ties by lower id, so the draw below does not depend on argpartition's order.
-    candidates = candidates[np.lexsort((candidates, -scores[candidates]))]
-    probs = np.exp(scores[candidates] - scores[candidates[0]])
+    probs = np.exp(scores[candidates] - np.max(scores[candidates]))
     probs /= probs.sum()
     if top_p < 1.0:
-        # Keep the smallest prefix whose mass reaches top_p (at least the best token).
-        keep = int(np.searchsorted(np.cumsum(probs), top_p, side="left")) + 1
-        candidates, probs = candidates[:keep], probs[:keep]
-        probs = probs / probs.sum()
+        candidates, probs = nucleus(candidates, probs, top_p)
+    else:
+        candidates, probs = _best_first(candidates, probs)
     cdf = np.cumsum(probs)
     pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return int(candidates[min(pick, len(candidates) - 1)])
+
+
+def _best_first(candidates: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # Ties by lower id, so the draw does not depend on argpartition's order.
+    order = np.lexsort((candidates, -probs))
+    return candidates[order], probs[order]
+
+
+def nucleus(candidates: np.ndarray, probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest best-first prefix whose mass reaches top_p (at least one token), renormalized.
+
+    Exact, without sorting the whole vocabulary: the prefix lies inside the k most likely tokens as
+    soon as their mass reaches top_p, so k grows until it does.
+    """
+    n = len(candidates)
+    k = min(64, n)
+    while True:
+        top = np.argpartition(-probs, k - 1)[:k] if k < n else np.arange(n)
+        if k == n or probs[top].sum() >= top_p:
+            break
+        k = min(k * 4, n)
+    best, best_probs = _best_first(candidates[top], probs[top])
+    keep = int(np.searchsorted(np.cumsum(best_probs), top_p, side="left")) + 1
+    best, best_probs = best[:keep], best_probs[:keep]
+    return best, best_probs / best_probs.sum()
