@@ -36,6 +36,7 @@ def _export_parser() -> argparse.ArgumentParser:
 def _validate_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m export validate", description="Re-check a published package.")
     p.add_argument("package", type=Path)
+    p.add_argument("--eval-data", type=Path, default=None, help="labelled JSONL for the int8 accuracy rule")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if validate:
             from .validate import validate_package
 
-            passed, table = validate_package(args.package, threads=args.threads)
+            passed, table = validate_package(args.package, threads=args.threads, eval_data=args.eval_data)
             print(table)
             print(f"{args.package}: {'parity OK' if passed else 'parity FAILED'}")
             return 0 if passed else 1

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from . import package
 from .config import ExportConfig
 from .errors import ExportError
-from .heldout import BUILTIN_TEXTS
+from .heldout import BUILTIN_TEXTS, default_genre_split, read_eval_data
 from .parity import GateInputs, VariantResult, failure_table, run_gate
 from .source import inspect_checkpoint, load_torch_model
 from .tokenizer_check import check_tokenizer
@@ -41,7 +41,7 @@ def hash_mismatches(pkg: Path, parity: dict[str, Any]) -> list[str]:
     return bad
 
 
-def validate_package(pkg: Path, threads: int = 1) -> tuple[bool, str]:
+def validate_package(pkg: Path, threads: int = 1, eval_data: Path | None = None) -> tuple[bool, str]:
     """Re-run hashes, tokenizer check and parity gate; returns (passed, human-readable table)."""
     pkg = Path(pkg)
     manifest, parity = read_package(pkg)
@@ -54,12 +54,15 @@ def validate_package(pkg: Path, threads: int = 1) -> tuple[bool, str]:
     model = load_torch_model(info, task)
     if info.weights_sha256 != manifest["source"].get("checkpoint_sha256"):
         problems.append("source checkpoint weights changed since export (sha256 differs)")
+    labelled = None
+    if task == "classify":
+        labelled = read_eval_data(eval_data, info.labels) if eval_data else default_genre_split(info.labels)
     tok = Tokenizer.from_file(str(pkg / "tokenizer.json"))
     tok_report = check_tokenizer(info.path, pkg, list(BUILTIN_TEXTS), manifest.get("mask_token"),
                                  manifest["max_length"], [])
     inp = GateInputs(model=model, task=task, tokenizer=tok, special_tokens=manifest["special_tokens"],
                      max_length=manifest["max_length"], num_layers=info.num_layers, num_heads=info.num_heads,
-                     head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=None,
+                     head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=labelled,
                      tolerances=cfg.tolerances, grid=cfg.grid, threads=threads)
     files = {v: pkg / f for v, f in manifest["variants"].items()}
     passed, results, _ = run_gate(inp, files)
