@@ -59,5 +59,9 @@ def write_report(cfg: SuiteConfig) -> bool:
         return False
     from .report import render
 
-    render(results, cfg.docs, cfg.plots)
+    checks = render(results, cfg.docs, cfg.plots)
+    write_json(cfg.out / "goals.json", [c.as_json() for c in checks])
+    for c in checks:
+        log.info("goal %-8s %s (%s): %s", {True: "met", False: "MISSED", None: "n/a"}[c.met], c.goal, c.subject,
+                 "" if c.value is None else f"{c.value:.3g} {c.unit}")
     return True

@@ -1,0 +1,221 @@
+"""docs/BENCHMARKS.md from the result files (never edited by hand: rerun `python -m bench report`)."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .goals import Check, evaluate, matmul_rate
+from .plots import make_plots
+from .results import write_text
+
+log = logging.getLogger(__name__)
+
+
+def fmt(s: dict[str, Any] | None, digits: int = 1) -> str:
+    """median [min–max]"""
+    if not s:
+        return "–"
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out + [""]
+
+
+def _img(path: Path, docs: Path | None, alt: str) -> str:
+    rel = os.path.relpath(path, docs.parent) if docs else str(path)
+    return f"![{alt}]({rel})"
+
+
+def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
+    metas = [r["meta"] for r in results.values() if "meta" in r]
+    m = metas[0]["machine"]
+    v = m["versions"]
+    lines = ["## How these figures were made", ""]
+    commands = sorted({meta["command"] for meta in metas})
+    lines += [f"- Command: `{c}`" for c in commands]
+    quick = any(meta.get("quick") for meta in metas)
+    runs = ", ".join(f"{p} {r['meta']['started_at']} ({r['meta']['duration_s']:.0f} s)" for p, r in results.items()
+                     if "meta" in r)
+    lines += [f"- Run at: {runs}",
+              f"- Machine: `nproc` = {m['nproc']}, CPU: {m['cpu_model']}, {m['platform']}; load average at start "
+              f"{', '.join(f'{x:.2f}' for x in (m.get('loadavg_at_start') or []))}",
+              "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
+              f"- Git commit: {m.get('git_commit')}",
+              "- Every figure is the median over repeats with [min–max]; every ratio compares two figures "
+              "measured in the same run, interleaved (ratio of medians, [worst–best] the ranges allow). "
+              "Everyone gets 2 intra-op threads (torch.set_num_threads(2), onnxruntime intra_op_num_threads=2, "
+              "OPENBLAS_NUM_THREADS=2)."]
+    if quick:
+        lines.append("- **`--quick` run: few repeats and smaller models (development only, noisy).**")
+    failed = {p: r["error"] for p, r in results.items() if r.get("status") == "failed"}
+    lines += [f"- **{p} FAILED**: {e}" for p, e in failed.items()]
+    return lines + [""]
+
+
+def goals_section(checks: list[Check]) -> list[str]:
+    rows = []
+    for c in checks:
+        rng = f" [{c.low:.3g}–{c.high:.3g}]" if c.low is not None and c.high is not None else ""
+        val = "–" if c.value is None else f"{c.value:.3g}{rng} {c.unit}"
+        status = {True: "met", False: "**missed**", None: "not measured"}[c.met]
+        rows.append([c.goal, c.subject, val, status, c.miss])
+    lines = ["## Goals", ""] + table(["goal", "subject", "measured", "status", "missed by"], rows)
+    missed = [c for c in checks if c.met is False and c.evidence]
+    if missed:
+        lines += ["### Evidence for the missed goals (from the same run's profiles and figures)", ""]
+        lines += [f"- {c.goal} ({c.subject}): {c.evidence}" for c in missed]
+        lines.append("")
+    return lines
+
+
+def encoder_section(res: dict[str, Any]) -> list[str]:
+    lines = ["## Encoder", "",
+             f"numpy float32 sgemm {res['sgemm']['n']}²: {fmt(res['sgemm']['gflops'])} GFLOP/s (same run). "
+             "GFLOP/s counts the matmul FLOPs of the model (2·M·N·K for every Linear and both attention matmuls). "
+             "`hf_pipeline` is transformers' text-classification pipeline on the same weights (tokenization and "
+             "softmax included, as a user would call it); the other backends get token ids.", ""]
+    for m in res["models"]:
+        sh = m["shape"]
+        lines += [f"### {m['checkpoint']['name']}: {m['checkpoint']['origin']}", "",
+                  f"{sh['layers']} layers, hidden {sh['hidden']}, {sh['heads']} heads, FFN {sh['intermediate']}, "
+                  f"vocab {sh['vocab']}. Package variants: {', '.join(m['package']['variants'])}; "
+                  f"optimized fusions: {m['package']['fused_operators'].get('optimized')}; "
+                  f"HF attention implementation: {m.get('hf_attention')}.", ""]
+        lines += [f"- export note: {n}" for n in m["package"]["notes"]]
+        for s in m["shapes"]:
+            rows = []
+            for b, lat in s["latency_ms"].items():
+                r = s["ratios"].get(f"{b}_speedup_vs_torch")
+                mm = matmul_rate(s, b[4:]) if b.startswith("ort_") else None
+                rows.append([b, fmt(lat, 2), fmt(s["gflops"][b]), f"{s['fraction_of_sgemm'][b] * 100:.0f}%",
+                             "1" if b == "torch" else (f"{r['median']:.2f}" if r else "–"),
+                             f"{mm:.0f}" if mm else "–",
+                             f"{s['max_abs_diff_vs_torch'][b]:.1e}" if b in s["max_abs_diff_vs_torch"] else "–"])
+            lines += [f"**batch {s['batch']} × seq {s['seq']}** ({s['matmul_gflop']:.2f} GFLOP per call)", ""]
+            lines += table(["backend", "latency ms", "GFLOP/s", "of sgemm", "× torch", "GFLOP/s in matmul kernels",
+                            "max |Δlogits| vs torch"], rows)
+            extra = s["ratios"]
+            notes = []
+            for key in ("ort_int8_speedup_vs_fp32", "ort_optimized_speedup_vs_fp32"):
+                if key in extra:
+                    notes.append(f"{key.replace('_', ' ')}: {fmt(extra[key], 2)}")
+            notes.append(f"HF pipeline top-1 agreement with torch: {s['hf_pipeline_top1_agreement_vs_torch'] * 100:.0f}%"
+                         f" (its tokenizer gives the same ids: {s['hf_tokenizer_ids_equal']})")
+            lines += [f"- {n}" for n in notes]
+            for v, p in s["ort_profiles"].items():
+                ops = ", ".join(f"{o['op']} {o['share'] * 100:.0f}%" for o in p["top_ops"][:5])
+                lines.append(f"- ORT {v} profile ({p['runs']} runs, {p['run_ms_mean']:.2f} ms/run): {ops}")
+            lines.append("")
+        acc = m.get("int8_accuracy")
+        if acc:
+            lines += [f"int8 on the {acc['split']}, {acc['examples']} examples: fp32 {acc['accuracy_fp32'] * 100:.2f}%, "
+                      f"int8 {acc['accuracy_int8'] * 100:.2f}%, drop {acc['drop_points']:.2f} points, "
+                      f"top-1 agreement {acc['top1_agreement'] * 100:.1f}%.", ""]
+        elif not m["checkpoint"]["trained"]:
+            lines += ["int8 accuracy drop: not measured (random-init model: no trained genre classifier present).", ""]
+    return lines
+
+
+def decoder_section(res: dict[str, Any]) -> list[str]:
+    sh = res["shape"]
+    lines = ["## Decoder", "",
+             f"{res['checkpoint']['name']}: {res['checkpoint']['origin']}; {sh['n_layer']} layers, n_embd {sh['n_embd']}, "
+             f"{sh['n_head']} heads, n_positions {sh['n_positions']}, vocab {sh['vocab_size']}. Greedy, batch 1, "
+             f"{res['prompt_tokens']}-token prompt, {res['new_tokens']} new tokens (prompt included in the time). "
+             f"HF attention implementation: {res.get('hf_attention')}.", ""]
+    lines += [f"- note: {n}" for n in res["notes"]]
+    rows = [[k, fmt(v)] for k, v in res["tokens_per_s"].items()]
+    lines += [""] + table(["backend", "tokens/s"], rows)
+    lines += [f"- {k.replace('_', ' ')}: {fmt(v, 2)}" for k, v in res["ratios"].items()]
+    agree = res["greedy_agreement_vs_ort_cached"]
+    lines += [f"- greedy output vs ORT cached: " + ", ".join(
+        f"{k} {'identical' if a['identical'] else 'first differs at token ' + str(a['first_difference'])}"
+        for k, a in agree.items()), ""]
+    rows = [[str(r["past"]), fmt(r["ort_cached"], 2), fmt(r["torch_cached"], 2), fmt(r["ort_uncached"], 2)]
+            for r in res["step_time"]["rows"]]
+    lines += ["Step time (ms) against past length (one new token; the recompute column runs past+1 tokens without "
+              "a cache):", ""]
+    lines += table(["past", "ORT cached", "torch cached", "ORT full recompute"], rows)
+    for k, p in res.get("ort_profiles", {}).items():
+        ops = ", ".join(f"{o['op']} {o['ms_per_run']:.2f} ms" for o in p["top_ops"][:5])
+        lines.append(f"- ORT {k.replace('_', ' ')} profile ({p['run_ms_mean']:.2f} ms/run): {ops}")
+    return lines + [""]
+
+
+def server_section(res: dict[str, Any]) -> list[str]:
+    lines = ["## Server", "", f"Load: {res['load']}. Classify sends {res['batch_size']} text(s) per request.", ""]
+    for k, m in res["models"].items():
+        lines.append(f"- {k}: {m['origin']}" + (f"; default variant {m['default_variant']}" if m.get("default_variant") else ""))
+        lines += [f"  - note: {n}" for n in m.get("notes", [])]
+    rows = []
+    for c, cell in sorted(res["classify"].items(), key=lambda kv: int(kv[0])):
+        for way in ("in_process", "grpc"):
+            lat = cell[way]["latency_ms"]
+            rows.append([c, way, fmt(cell[way]["throughput_per_s"]), f"{lat['p50']:.2f}", f"{lat['p95']:.2f}",
+                         fmt(cell["grpc_vs_in_process_throughput"], 2) if way == "grpc" else ""])
+    lines += [""] + table(["concurrency", "path", "texts/s", "p50 ms", "p95 ms", "gRPC / in-process"], rows)
+    lat = res["batch1_latency"]
+    lines += [f"Batch-1 latency, {lat['requests']} sequential requests each, alternating: p50 in-process "
+              f"{lat['p50_ms']['in_process']:.2f} ms, gRPC {lat['p50_ms']['grpc']:.2f} ms → overhead "
+              f"{lat['grpc_overhead_p50_ms']:.2f} ms (p95 {lat['p95_ms']['in_process']:.2f} / {lat['p95_ms']['grpc']:.2f} ms).", ""]
+    rows = []
+    for n, e in sorted(res["generation"].items(), key=lambda kv: int(kv[0])):
+        for way in ("in_process", "grpc"):
+            rows.append([n, way, fmt(e[way]["tokens_per_s"]), fmt(e[way]["ttft_ms"])])
+    lines += [f"GenerateStream, {res['stream_new_tokens']} new tokens per stream (greedy, ignore_eos):", ""]
+    lines += table(["streams", "path", "aggregate tokens/s", "time to first token ms"], rows)
+    lines += [f"- scaling {max(res['generation'], key=int)} streams vs {min(res['generation'], key=int)}: "
+              + ", ".join(f"{k} {fmt(v, 2)}" for k, v in res["generation_scaling_last_vs_first"].items()), ""]
+    return lines
+
+
+def peer_section(res: dict[str, Any]) -> list[str]:
+    ml = res["mlserver"]
+    lines = ["## Peer server: Seldon MLServer", "",
+             f"Same ONNX file ({res['model_file']}, variant {res['variant']}, {res['threads']} intra-op threads) served by "
+             f"ortserve's KServe ModelInfer and by MLServer {ml['versions'].get('mlserver')} (onnxruntime "
+             f"{ml['versions'].get('onnxruntime')}, protobuf {ml['versions'].get('protobuf')}, settings {ml['settings']}) "
+             f"through {ml['runtime']}. Load: {res['load']}, seq {res['seq']}. Outputs of the two servers differ by at "
+             f"most {res['max_abs_diff_between_servers']:.1e}.", ""]
+    rows = []
+    for c in res["cells"]:
+        for k in ("ortserve", "mlserver"):
+            rows.append([str(c["clients"]), str(c["batch"]), k, fmt(c[k]["requests_per_s"]), fmt(c[k]["rows_per_s"]),
+                         f"{c[k]['p50_ms']:.2f}", f"{c[k]['p95_ms']:.2f}",
+                         fmt(c["throughput_ratio_ortserve_vs_mlserver"], 2) if k == "ortserve" else ""])
+    lines += table(["clients", "batch", "server", "requests/s", "rows/s", "p50 ms", "p95 ms", "ortserve / MLServer"], rows)
+    return lines
+
+
+SECTIONS = {"encoder": encoder_section, "decoder": decoder_section, "server": server_section, "peer": peer_section}
+PLOT_TITLES = {"encoder_latency": "encoder latency", "encoder_gflops": "encoder GFLOP/s",
+               "decoder_step_time": "decoder step time vs past length", "decoder_tokens_per_s": "decoder tokens/s",
+               "server": "server throughput", "peer": "ortserve vs MLServer"}
+
+
+def render(results: dict[str, dict[str, Any]], docs: Path | None, plots: Path | None) -> list[Check]:
+    """Write the Markdown report (and plots); return the goal checks."""
+    checks = evaluate(results)
+    made = make_plots(results, plots) if plots else {}
+    lines = ["# Benchmarks", "",
+             "Generated by `python -m bench` from the result files (bench/results/*.json); do not edit by hand, "
+             "rerun `python -m bench report` instead.", ""]
+    lines += machine_section(results)
+    lines += goals_section(checks)
+    for piece, section in SECTIONS.items():
+        res = results.get(piece)
+        if not res or res.get("status") != "ok":
+            continue
+        lines += section(res)
+        for p in made.get(piece, []):
+            lines += [_img(p, docs, PLOT_TITLES.get(p.stem, p.stem)), ""]
+    text = "\n".join(lines).rstrip() + "\n"
+    if docs is not None:
+        write_text(docs, text)
+        log.info("wrote %s", docs)
+    return checks
