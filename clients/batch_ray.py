@@ -64,6 +64,7 @@ def run_with_ray(config: Any, out: OutputLog, progress: Any) -> Counts:
     """config: batch.BatchConfig with local_repository and ray_workers set."""
     import ray
     import ray.data
+    import ray.exceptions
 
     from .batch_input import read_records
 
@@ -74,19 +75,20 @@ def run_with_ray(config: Any, out: OutputLog, progress: Any) -> Counts:
     started_here = not ray.is_initialized()
     if started_here:
         if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
         else:
             ray.init(num_cpus=config.ray_workers, include_dashboard=False, log_to_driver=False,
-                     object_store_memory=200 * 1024 * 1024)
+                     logging_level=logging.WARNING, object_store_memory=200 * 1024 * 1024)
+    answers: Any = iter(())
     try:
-        answers = iter(())
         if rows:
             context = ray.data.DataContext.get_current()
             context.execution_options.preserve_order = True  # answers come back in input order
+            context.enable_progress_bars = False  # ours counts written records
             dataset = ray.data.from_items(rows).map_batches(
                 _Worker, fn_constructor_args=(str(config.local_repository), config.task, config.concurrency),
-                batch_size=_BATCH_ROWS, concurrency=config.ray_workers, num_cpus=1)
-            answers = dataset.iter_rows()
+                batch_size=_BATCH_ROWS, compute=ray.data.ActorPoolStrategy(size=config.ray_workers), num_cpus=1)
+            answers = iter(dataset.iter_rows())
         for i, (record, known) in enumerate(todo):
             if known is None:
                 try:
@@ -99,6 +101,9 @@ def run_with_ray(config: Any, out: OutputLog, progress: Any) -> Counts:
                 known = json.loads(row["payload"])
             write_answer(out, counts, record, known, progress)
     finally:
+        close = getattr(answers, "close", None)
+        if close is not None:
+            close()  # before shutdown: a live iterator would report to a stopped cluster
         if started_here:
             ray.shutdown()
     return counts
