@@ -24,6 +24,7 @@ from .errors import OrtserveError
 log = logging.getLogger(__name__)
 
 _BATCH_ROWS = 16
+_ABORT = "__abort__"
 
 
 class _Worker:
@@ -47,9 +48,9 @@ class _Worker:
                 try:
                     payload = await self.runner.run(record)
                 except OrtserveError as e:
-                    if e.code in ABORT_CODES:
-                        raise
-                    payload = error_payload(e)
+                    # A run-level failure travels back as data: a raised one would arrive wrapped
+                    # in Ray's multi-line task error.
+                    payload = {_ABORT: str(e)} if e.code in ABORT_CODES else error_payload(e)
             return json.dumps(payload)
 
         return await asyncio.gather(*(one(r) for r in records))
@@ -64,7 +65,6 @@ def run_with_ray(config: Any, out: OutputLog, progress: Any) -> Counts:
     """config: batch.BatchConfig with local_repository and ray_workers set."""
     import ray
     import ray.data
-    import ray.exceptions
 
     from .batch_input import read_records
 
@@ -91,14 +91,12 @@ def run_with_ray(config: Any, out: OutputLog, progress: Any) -> Counts:
             answers = iter(dataset.iter_rows())
         for i, (record, known) in enumerate(todo):
             if known is None:
-                try:
-                    row = next(answers)
-                except ray.exceptions.RayTaskError as e:
-                    cause = e.cause if isinstance(getattr(e, "cause", None), OrtserveError) else e
-                    raise RunAborted(f"record {record.id!r} (input line {record.line}): {cause}") from None
+                row = next(answers)
                 if row["position"] != i:
                     raise RuntimeError(f"ray returned record {row['position']} where {i} was expected")
                 known = json.loads(row["payload"])
+                if _ABORT in known:
+                    raise RunAborted(f"record {record.id!r} (input line {record.line}): {known[_ABORT]}")
             write_answer(out, counts, record, known, progress)
     finally:
         close = getattr(answers, "close", None)
