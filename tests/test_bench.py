@@ -1,0 +1,201 @@
+"""The benchmark suite's own parts: FLOP counting, statistics, profile parsing, the load generator, the
+decoder drivers on a real exported graph, goal evaluation and the report CLI."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_flop_count_matches_torch_flop_counter() -> None:
+    """The analytic matmul count equals what torch's own FlopCounterMode sees in a real forward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bench.flops import bert_classifier_flops
+    from training.bert import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=48, max_position_embeddings=64, num_labels=3)
+    model = BertForSequenceClassification(cfg).eval()
+    ids = torch.randint(0, 100, (3, 20))
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(ids, torch.ones_like(ids), torch.zeros_like(ids))
+    assert bert_classifier_flops(2, 32, 48, 3, batch=3, seq=20) == counter.get_total_flops()
+
+
+def test_flop_count_by_hand() -> None:
+    from bench.flops import bert_classifier_flops
+
+    # 1 layer, hidden 2, FFN 4, 1 label, batch 1, seq 1: QKVO 4·2·1·2·2 = 32, FFN 2·2·1·2·4 = 32,
+    # attention 2·2·1·1·1·2 = 8, pooler 2·1·2·2 = 8, head 2·1·2·1 = 4.
+    assert bert_classifier_flops(1, 2, 4, 1, batch=1, seq=1) == 84
+
+
+def test_summary_inverse_and_ratio() -> None:
+    from bench.stats import Summary, percentile, ratio
+
+    s = Summary.of([3.0, 1.0, 2.0])
+    assert (s.median, s.min, s.max, s.n) == (2.0, 1.0, 3.0, 3)
+    per_s = s.inverse(6.0)  # seconds per call -> calls per 6 s: min and max swap
+    assert (per_s.median, per_s.min, per_s.max) == (3.0, 2.0, 6.0)
+    r = ratio(Summary.of([4.0, 8.0, 6.0]), Summary.of([2.0, 1.0, 4.0]))
+    assert r == {"median": 3.0, "min": 1.0, "max": 8.0}
+    assert percentile([1, 2, 3, 4, 5], 50) == 3
+    assert percentile([0, 10], 95) == pytest.approx(9.5)
+    with pytest.raises(ValueError, match="samples"):
+        Summary.of([])
+
+
+def _matmul_add_graph(path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Softmax", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 64])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+
+
+def test_profile_breakdown_from_real_onnxruntime(tmp_path: Path) -> None:
+    from bench.ortprofile import profile_runs
+
+    _matmul_add_graph(tmp_path / "g.onnx")
+    x = np.ones((256, 64), np.float32)
+    prof = profile_runs(tmp_path / "g.onnx", 1, {"x": x}, runs=4, work=tmp_path / "prof")
+    assert prof["runs"] == 3  # the first (warm-up) run is left out
+    ops = {o["op"] for o in prof["top_ops"]}
+    assert ops == {"MatMul", "Softmax"}
+    assert sum(o["share"] for o in prof["top_ops"]) == pytest.approx(1.0)
+    assert not list((tmp_path / "prof").glob("*.json"))  # profile file removed
+
+
+def test_closed_loop_counts_every_item_under_concurrency() -> None:
+    from bench.server import closed_loop
+
+    async def call(client: int, i: int) -> int:
+        await asyncio.sleep(0)  # yield: concurrent clients interleave here
+        return client + 1
+
+    res = asyncio.run(closed_loop(call, concurrency=16, per_client=5))
+    assert res.items == 5 * sum(range(1, 17))
+    assert len(res.latencies) == 80
+
+
+def test_encode_gives_exact_shapes(tiny_repository: Path) -> None:
+    from bench.encoder import encode
+
+    tok = tiny_repository / "tiny-classifier" / "1" / "tokenizer.json"
+    feeds = encode(tok, ["a short one", "the castle and the king " * 40], 16)
+    assert feeds["input_ids"].shape == (2, 16) and feeds["input_ids"].dtype == np.int64
+    assert feeds["attention_mask"][0].sum() < 16 and feeds["attention_mask"][1].sum() == 16
+
+
+def test_ort_decoder_cached_and_uncached_match_torch(tiny_checkpoints, tiny_repository: Path) -> None:
+    """The benchmark's numpy decode loops reproduce the torch reference greedy output."""
+    import torch
+
+    from bench.decoder import OrtDecoder
+    from training.checkpoint import load_model
+    from training.gpt import generate_greedy
+
+    pkg = tiny_repository / "tiny-gpt" / "1"
+    manifest = json.loads((pkg / "model.json").read_text())
+    dec = OrtDecoder(pkg / manifest["variants"]["fp32"], manifest["cache"], threads=1)
+    prompt = np.array([[5, 17, 42, 9]], np.int64)
+    model, _ = load_model(tiny_checkpoints.gpt, kind="gpt")
+    ref = generate_greedy(model, torch.from_numpy(prompt), None, 12)[0].tolist()
+    assert dec.generate_cached(prompt, 12) == ref
+    assert dec.generate_uncached(prompt, 12) == ref
+
+
+def _result_files(out: Path) -> None:
+    """Minimal decoder + server result documents in the suite's format."""
+    meta = {"command": "python -m bench --only decoder,server", "quick": True, "started_at": "2026-11-22T00:00:00+00:00",
+            "duration_s": 1.0, "machine": {"nproc": 2, "cpu_model": "test cpu", "platform": "linux",
+                                           "versions": {"numpy": "2"}, "git_commit": "abc", "loadavg_at_start": [0.1]}}
+
+    def s(m: float) -> dict:
+        return {"median": m, "min": m * 0.9, "max": m * 1.1, "n": 3}
+
+    rows = [{"past": p, "ort_cached": s(t), "torch_cached": s(2 * t), "ort_uncached": s(5 * t)}
+            for p, t in ((16, 1.0), (512, 2.0))]
+    decoder = {"piece": "decoder", "status": "ok", "meta": meta, "new_tokens": 256, "prompt_tokens": 16,
+               "checkpoint": {"name": "lm", "origin": "random", "trained": False, "path": "x"},
+               "shape": {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 1024, "vocab_size": 400},
+               "notes": [], "hf_attention": "sdpa",
+               "tokens_per_s": {"torch_cached": s(100), "hf_generate": s(80), "ort_cached": s(400), "ort_uncached": s(50)},
+               "ratios": {"ort_cached_vs_uncached": {"median": 8.0, "min": 7.0, "max": 9.0},
+                          "ort_cached_vs_hf_generate": {"median": 5.0, "min": 4.0, "max": 6.0},
+                          "ort_step_past_last_vs_first": {"median": 2.0, "min": 1.6, "max": 2.4}},
+               "greedy_agreement_vs_ort_cached": {"hf_generate": {"identical": True, "first_difference": None}},
+               "step_time": {"unit": "ms", "rows": rows}, "ort_profiles": {}}
+    load = {"throughput_per_s": s(100.0), "latency_ms": {"p50": 3.0, "p95": 5.0}, "requests": 10}
+    server = {"piece": "server", "status": "ok", "meta": meta, "batch_size": 1, "stream_new_tokens": 16,
+              "load": "grpc.aio", "models": {"classifier": {"origin": "random", "notes": []}},
+              "classify": {"16": {"in_process": load, "grpc": load,
+                                  "grpc_vs_in_process_throughput": {"median": 0.8, "min": 0.7, "max": 0.9}}},
+              "batch1_latency": {"requests": 10, "p50_ms": {"in_process": 2.0, "grpc": 2.5},
+                                 "p95_ms": {"in_process": 3.0, "grpc": 3.5}, "grpc_overhead_p50_ms": 0.5},
+              "generation": {n: {w: {"tokens_per_s": s(t), "ttft_ms": s(5.0), "tokens": [16]}
+                                 for w in ("in_process", "grpc")} for n, t in (("1", 100.0), ("8", 500.0))},
+              "generation_scaling_last_vs_first": {"in_process": {"median": 5.0, "min": 4.5, "max": 5.5},
+                                                   "grpc": {"median": 3.0, "min": 2.5, "max": 3.5}}}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decoder.json").write_text(json.dumps(decoder))
+    (out / "server.json").write_text(json.dumps(server))
+
+
+def test_goals_met_and_missed_with_margin(tmp_path: Path) -> None:
+    from bench.goals import evaluate
+    from bench.results import load_results
+
+    _result_files(tmp_path)
+    checks = {c.goal: c for c in evaluate(load_results(tmp_path))}
+    assert checks["ORT cached ≥ 5× uncached (256 new tokens)"].met is True
+    step = checks["ORT step time at past 512 ≤ 1.5× past 16"]
+    assert step.met is False and step.miss == "33% over (2 vs 1.5)"
+    grpc = checks["gRPC Classify throughput ≥ 85% of in-process at concurrency 16"]
+    assert grpc.met is False and grpc.miss == "6% short (0.8 vs 0.85)"
+    assert checks["batch-1 p50 gRPC overhead over in-process ≤ 1 ms"].met is True
+    assert checks["8 streams ≥ 4× the aggregate tokens/s of 1 (grpc)"].met is False
+    assert checks["8 streams ≥ 4× the aggregate tokens/s of 1 (in-process)"].met is True
+
+
+def test_report_cli_regenerates_markdown_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    _result_files(out)
+    docs, plots = tmp_path / "docs" / "BENCHMARKS.md", tmp_path / "docs" / "bench"
+    proc = subprocess.run([sys.executable, "-m", "bench", "report", "--out", str(out), "--docs", str(docs),
+                           "--plots", str(plots)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = docs.read_text()
+    assert "`nproc` = 2, CPU: test cpu" in text
+    assert "| ORT step time at past 512 ≤ 1.5× past 16 | lm | 2 [1.6–2.4] × | **missed** | 33% over (2 vs 1.5) |" in text
+    assert "![decoder step time vs past length](bench/decoder_step_time.png)" in text
+    for name in ("decoder_step_time.png", "decoder_tokens_per_s.png", "server.png"):
+        assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    goals = json.loads((out / "goals.json").read_text())
+    assert {g["goal"] for g in goals} >= {"ORT generation ≥ 2× HF generate"}
+    assert not [p for p in docs.parent.rglob("*.tmp")]  # atomic writes leave no temp files
+
+
+@pytest.mark.parametrize("args, field", [(["--only", "encoder,gpu"], "--only"),
+                                         (["report", "--out", "/nonexistent-dir-xyz"], "--out")])
+def test_cli_bad_input_is_one_line_exit_2(args: list[str], field: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in proc.stderr
