@@ -1,6 +1,7 @@
 """The model repository: `<root>/<name>/<version>/` packages, their loaded versions, and routing.
 
-Version policy: the latest version on disk is loaded and serves requests that name no version. A new
+Version policy: the latest version on disk is loaded and serves requests that name no version (if it
+fails and nothing else serves, the next older version is tried). A new
 version is swapped in without failed requests: it loads and warms up beside the old one, becomes
 SERVING (new requests now route to it), then the old one is retired (no new requests) and closed once
 its in-flight requests are done. If the new version fails, the old one keeps serving.
@@ -154,7 +155,15 @@ class ModelRepository:
                 raise ServingError(Code.NOT_FOUND, f"model_name: {name!r} has no complete version directory")
             if explicit:
                 slot.unloaded_by_request = False
-            return await self._swap_in(name, slot, max(versions))
+            versions.sort(reverse=True)
+            model = await self._swap_in(name, slot, versions[0])
+            # Nothing serves (a cold start whose latest version is broken): fall back to older versions.
+            for older in versions[1:]:
+                if model.serving or slot.latest_serving() is not None:
+                    break
+                log.warning("model %s: version %d failed, trying version %d", name, model.version, older)
+                await self._swap_in(name, slot, older)
+            return model
 
     async def _swap_in(self, name: str, slot: _Slot, version: int) -> ServedModel:
         new = ServedModel(name, version, self.root / name / str(version), self.runtime, self.metrics)
@@ -172,8 +181,10 @@ class ModelRepository:
         if current is not None and current is not new:
             self._retire(current)
         for other in list(slot.versions.values()):
-            if other.version != version and other.state in (ModelState.SERVING, ModelState.NOT_SERVING,
-                                                             ModelState.LOADING):
+            # Older failures are history once a newer version serves; a newer failure stays visible (with its
+            # reason) so the poller does not retry it until its files change.
+            if other.version != version and (other.state is ModelState.SERVING or (
+                    other.state is ModelState.NOT_SERVING and other.version < version)):
                 self._retire(other)
         return new
 

@@ -1,0 +1,238 @@
+"""Server parts in-process: settings / CLI, KServe codecs, package verification, the repository's version
+policy, admission control, and the data plane API that `--local` batch mode uses (no gRPC)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from server.codecs import decode_tensor, encode_tensor
+from server.dataplane import DataPlane
+from server.errors import Code, ServingError
+from server.generation import GenerationParams
+from server.logs import JsonFormatter
+from server.package import PackageError, read_package, verify_files
+from server.settings import ServerSettings, SettingsError, settings_from_args
+from server.signature import check_inputs, specs_from_manifest
+from server.types import ModelState
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSIFIER, GPT = "tiny-classifier", "tiny-gpt"
+
+
+# ---------------------------------------------------------------- settings and the command line
+
+def test_settings_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text(f'repository = "{tmp_path}"\nport = 9000\nmax_batch_size = 4\n'
+                      'providers = ["CPUExecutionProvider"]\nauth_token = "from-file"\n')
+    s = settings_from_args(["--config", str(config), "--max-batch-size", "8"], environ={"ORTSERVE_AUTH_TOKEN": "env"})
+    assert (s.repository, s.port, s.max_batch_size, s.providers) == (tmp_path, 9000, 8, ["CPUExecutionProvider"])
+    assert s.auth_token == "env" and s.metrics_port == ServerSettings().metrics_port
+    as_json = tmp_path / "server.json"
+    as_json.write_text(json.dumps({"repository": str(tmp_path), "max_queue_delay_ms": 5, "log_format": "json"}))
+    s = settings_from_args(["--config", str(as_json), "--providers", "CPUExecutionProvider"], environ={})
+    assert s.max_queue_delay_ms == 5.0 and s.log_format == "json" and s.providers == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("content, flag", [
+    ('port = "high"', "port"), ("nope = 1", "nope"), ("max_batch_size = 0", "--max-batch-size"),
+    ("port = 70000", "--port"), ('log_format = "xml"', "--log-format"), ("[[", "--config"),
+])
+def test_bad_config_values_name_the_setting(tmp_path: Path, content: str, flag: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(f'repository = "{tmp_path}"\n{content}\n')
+    with pytest.raises(SettingsError) as info:
+        settings_from_args(["--config", str(config)], environ={})
+    assert flag in str(info.value)
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--port", "abc"], "--port"),
+    (["--repository", "/definitely/not/here"], "--repository"),
+    (["--tls-cert", "cert.pem"], "--tls-cert"),
+])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], flag: str) -> None:
+    if "--repository" not in args:
+        args = ["--repository", str(tmp_path), *args]
+    done = subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_json_log_lines_carry_extra_fields() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("test.jsonlog")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.warning("listening on %s:%d", "127.0.0.1", 8001, extra={"port": 8001})
+    entry = json.loads(stream.getvalue())
+    assert entry["msg"] == "listening on 127.0.0.1:8001" and entry["port"] == 8001 and entry["level"] == "WARNING"
+
+
+# ---------------------------------------------------------------- KServe codecs
+
+def test_bytes_tensors_use_4_byte_little_endian_length_prefixes() -> None:
+    array = np.array([b"ab", "é".encode(), b""], dtype=object)
+    datatype, shape, raw = encode_tensor(array)
+    assert (datatype, shape) == ("BYTES", [3])
+    assert raw == b"\x02\x00\x00\x00ab" + b"\x02\x00\x00\x00\xc3\xa9" + b"\x00\x00\x00\x00"
+    back = decode_tensor("t", "BYTES", [3, 1], raw, None, "inputs[0]")
+    assert back.shape == (3, 1) and back[:, 0].tolist() == [b"ab", "é".encode(), b""]
+    with pytest.raises(ServingError, match="holds 3 BYTES elements, shape needs 2"):
+        decode_tensor("t", "BYTES", [2], raw, None, "inputs[0]")
+
+
+def test_numeric_tensors_raw_and_typed_contents() -> None:
+    from protos import grpc_service_pb2 as kserve
+
+    values = np.arange(6, dtype=np.float16).reshape(2, 3)
+    datatype, shape, raw = encode_tensor(values)
+    assert (datatype, shape, raw) == ("FP16", [2, 3], values.tobytes())
+    assert np.array_equal(decode_tensor("x", "FP16", [2, 3], raw, None, "inputs[0]"), values)
+    contents = kserve.InferTensorContents(int64_contents=[1, 2, 3, 4])
+    typed = decode_tensor("ids", "INT64", [2, 2], None, contents, "inputs[1]")
+    assert typed.dtype == np.int64 and typed.tolist() == [[1, 2], [3, 4]]
+    with pytest.raises(ServingError, match=r"inputs\[1\]\.contents: 4 values, shape \[3\] needs 3"):
+        decode_tensor("ids", "INT64", [3], None, contents, "inputs[1]")
+    with pytest.raises(ServingError, match=r"inputs\[0\]\.datatype: unknown datatype 'INT128'"):
+        decode_tensor("x", "INT128", [1], b"", None, "inputs[0]")
+
+
+def test_decoder_signature_checks_past_plus_sequence(tiny_repository: Path) -> None:
+    manifest = json.loads((tiny_repository / GPT / "1" / "model.json").read_text())
+    specs = specs_from_manifest(manifest["inputs"])
+    cache = manifest["cache"]
+    ids = np.zeros((1, 3), np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones((1, 5), np.int64), "position_ids": ids.copy()}
+    for i in range(cache["num_layers"]):
+        for kind in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kind}"] = np.zeros((1, cache["num_heads"], 2, cache["head_dim"]), np.float32)
+    check_inputs(specs, feeds)  # 2 past + 3 new = 5 mask columns: fine
+    feeds["attention_mask"] = np.ones((1, 4), np.int64)
+    with pytest.raises(ServingError, match=r"attention_mask'\]\.shape: axis 1 must be past_sequence \(2\) \+ "
+                                           r"sequence \(3\) = 5, got 4"):
+        check_inputs(specs, feeds)
+
+
+# ---------------------------------------------------------------- package verification
+
+def test_package_verification_catches_tampering(tiny_repository: Path, tmp_path: Path) -> None:
+    pkg = tmp_path / "m" / "1"
+    shutil.copytree(tiny_repository / CLASSIFIER / "1", pkg)
+    package = read_package(pkg, "m", 1)
+    verify_files(package, ["model.json", "model.onnx", "tokenizer.json"])  # untouched: passes
+    with pytest.raises(PackageError, match="not listed"):
+        verify_files(package, ["model.fp16.onnx"])
+    tokenizer = pkg / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace("[MASK]", "[MASQ]"))
+    with pytest.raises(PackageError, match="sha256 mismatch for tokenizer.json"):
+        verify_files(package, ["tokenizer.json"])
+    parity = json.loads((pkg / "parity.json").read_text())
+    (pkg / "parity.json").write_text(json.dumps({**parity, "passed": False}))
+    with pytest.raises(PackageError, match="parity gate did not pass"):
+        read_package(pkg, "m", 1)
+    (pkg / "parity.json").write_text(json.dumps(parity))
+    manifest = json.loads((pkg / "model.json").read_text())
+    (pkg / "model.json").write_text(json.dumps({**manifest, "task": "translate"}))
+    with pytest.raises(PackageError, match="task 'translate'"):
+        read_package(pkg, "m", 1)
+
+
+# ---------------------------------------------------------------- the data plane in-process
+
+def _settings(repo: Path, **overrides: object) -> ServerSettings:
+    return ServerSettings(repository=repo, poll_interval=0, metrics_port=-1, **overrides).validate()
+
+
+def test_data_plane_in_process_batches_concurrent_requests(tiny_repository: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repository / CLASSIFIER, repo / CLASSIFIER)
+
+    async def run() -> None:
+        plane = await DataPlane.start(_settings(repo, max_queue_delay_ms=20))
+        try:
+            texts = [[(f"the harbour boat {i}", None)] for i in range(12)]
+            results = await asyncio.gather(*(plane.classify(CLASSIFIER, 0, t) for t in texts))
+            assert all(r.version == 1 and len(r.results) == 1 for r in results)
+            stats = plane.repository.resolve(CLASSIFIER).stats
+            assert stats.inference_count == 12 and max(stats.batches) > 1 and stats.execution_count < 12
+            big = await plane.classify(CLASSIFIER, 0, [("tide", None)] * 40)  # > max_batch_size: split, in order
+            assert len(big.results) == 40
+        finally:
+            await plane.close()
+
+    asyncio.run(run())
+
+
+def test_admission_control_answers_resource_exhausted(tiny_repository: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in (CLASSIFIER, GPT):
+        shutil.copytree(tiny_repository / name, repo / name)
+
+    async def run() -> None:
+        plane = await DataPlane.start(_settings(repo, max_queue_delay_ms=300, max_queued_requests=3,
+                                                max_tokens_in_flight=64))
+        try:
+            outcomes = await asyncio.gather(*(plane.classify(CLASSIFIER, 0, [("sail", None)]) for _ in range(6)),
+                                            return_exceptions=True)
+            refused = [o for o in outcomes if isinstance(o, ServingError)]
+            assert len(refused) == 3 and all(e.code is Code.RESOURCE_EXHAUSTED for e in refused)
+            assert sum(1 for o in outcomes if not isinstance(o, BaseException)) == 3
+            with pytest.raises(ServingError) as info:
+                await plane.generate(GPT, 0, "x", GenerationParams.validate(max_new_tokens=100))
+            assert info.value.code is Code.RESOURCE_EXHAUSTED and "64" in info.value.message
+        finally:
+            await plane.close()
+
+    asyncio.run(run())
+
+
+def test_failed_new_version_keeps_the_old_one_serving(tiny_repository: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repository / CLASSIFIER, repo / CLASSIFIER)
+    v2 = repo / CLASSIFIER / "2"
+    shutil.copytree(repo / CLASSIFIER / "1", v2)
+    parity = json.loads((v2 / "parity.json").read_text())
+    (v2 / "parity.json").write_text(json.dumps({**parity, "passed": False}))
+
+    async def run() -> None:
+        plane = await DataPlane.start(_settings(repo))
+        try:
+            states = {(s.version, s.state) for s in plane.list_models()}
+            # v2 is the latest on disk, so it was tried first; it failed, so v1 serves instead ...
+            assert states == {(2, ModelState.NOT_SERVING), (1, ModelState.SERVING)}
+            assert (await plane.classify(CLASSIFIER, 0, [("x", None)])).version == 1
+            assert "parity gate" in plane.model_info(CLASSIFIER, 2).status.reason
+            with pytest.raises(ServingError) as info:
+                await plane.classify(CLASSIFIER, 2, [("x", None)])
+            assert info.value.code is Code.UNAVAILABLE and "parity gate" in info.value.message
+            # ... and repairing the package (rewritten files) makes the next poll swap it in.
+            (v2 / "parity.json").write_text(json.dumps(parity))
+            await plane.repository.poll_once()
+            assert (await plane.classify(CLASSIFIER, 0, [("x", None)])).version == 2
+            # A broken version 3 does not take version 2 down.
+            v3 = repo / CLASSIFIER / "3"
+            shutil.copytree(v2, v3)
+            (v3 / "model.onnx").write_bytes(b"not a graph")
+            await plane.repository.poll_once()
+            assert {(s.version, s.state) for s in plane.list_models()} >= {(2, ModelState.SERVING),
+                                                                           (3, ModelState.NOT_SERVING)}
+            assert (await plane.classify(CLASSIFIER, 0, [("x", None)])).version == 2
+            assert "sha256 mismatch for model.onnx" in plane.model_info(CLASSIFIER, 3).status.reason
+        finally:
+            await plane.close()
+
+    asyncio.run(run())
