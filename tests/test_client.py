@@ -177,8 +177,8 @@ def test_errors_carry_the_code_and_are_not_retried(server: ServerProcess) -> Non
             assert err.value.code == code, err.value
             assert field in err.value.message
             assert time.monotonic() - start < 1.5
-    with pytest.raises(TypeError, match="unknown generation parameter"):
-        OrtserveClient(server.address).generate("x", "tiny-gpt", max_tokens=3)
+        with pytest.raises(TypeError, match="unknown generation parameter"):
+            slow_retrier.generate("x", "tiny-gpt", max_tokens=3)
 
 
 def test_deadline_exceeded(server: ServerProcess) -> None:
@@ -268,6 +268,9 @@ def test_tls_and_bearer_token(tiny_repository: Path, tmp_path: Path) -> None:
         # Same server by host name, and over plaintext (which the TLS server cannot talk to).
         with OrtserveClient(f"localhost:{s.port}", tls=tls, token="s3cret", timeout=10) as c:
             assert c.list_models()[0].name == "tiny-classifier"
+        # A balanced (ipv4:) target carries no host name: the certificate is checked against the first one.
+        with OrtserveClient([f"localhost:{s.port}", s.address], tls=tls, token="s3cret", timeout=10) as c:
+            assert [c.health("tiny-classifier") for _ in range(4)] == ["SERVING"] * 4
         with OrtserveClient(s.address, token="s3cret", retries=0, timeout=10) as c:
             with pytest.raises(OrtserveError) as err:
                 c.list_models()
