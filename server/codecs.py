@@ -6,6 +6,7 @@ tritonclient reads only that.
 """
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -93,7 +94,7 @@ def decode_tensor(name: str, datatype: str, shape: list[int], raw: bytes | None,
         raise ServingError.invalid(f"{field}.datatype", f"unknown datatype {datatype!r}")
     if any(d < 0 for d in shape):
         raise ServingError.invalid(f"{field}.shape", f"negative dimension in {list(shape)}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)  # Python ints: np.prod in int64 wraps (2**32 x 2**32 -> 0) and let huge shapes through
     dtype = _TO_NUMPY[datatype]
     if raw is not None:
         if datatype == "BYTES":

@@ -58,13 +58,16 @@ class ModelRepository:
 
     def scan(self) -> dict[str, list[int]]:
         """Model names on disk -> versions that are complete packages (have model.json and parity.json)."""
-        found: dict[str, list[int]] = {}
         try:
-            entries = sorted(self.root.iterdir())
+            return self._scan()
         except OSError as exc:
             log.error("cannot list repository %s: %s", self.root, exc)
-            return found
-        for entry in entries:
+            return {}
+
+    def _scan(self) -> dict[str, list[int]]:
+        """scan(), raising OSError when the repository itself cannot be listed."""
+        found: dict[str, list[int]] = {}
+        for entry in sorted(self.root.iterdir()):
             if not entry.is_dir() or not valid_name(entry.name) or entry.resolve().parent != self.root:
                 continue
             versions = sorted(v for v in (parse_version(d.name) for d in self._children(entry)) if v is not None
@@ -210,8 +213,16 @@ class ModelRepository:
     # ------------------------------------------------------------------ polling
 
     async def poll_once(self) -> None:
-        """Loads new or changed versions, unloads models whose directory disappeared."""
-        found = self.scan()
+        """Loads new or changed versions, unloads models whose directory disappeared.
+
+        A repository that cannot be listed at all (removed, storage unmounted) is an outage, not an
+        instruction to unload: the loaded versions keep serving and the next scan that works resumes polling.
+        """
+        try:
+            found = self._scan()
+        except OSError as exc:
+            log.error("cannot list repository %s: %s; the loaded models keep serving", self.root, exc)
+            return
         for name, slot in list(self._slots.items()):
             if name not in found or not found[name]:
                 if any(m.state is not ModelState.UNLOADED for m in slot.versions.values()):

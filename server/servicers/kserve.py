@@ -24,7 +24,7 @@ def parse_version(text: str, field: str = "version") -> int:
     """KServe versions are strings; "" = the latest."""
     if not text:
         return 0
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:  # str.isdigit() also accepts '²', which int() refuses
         raise ServingError.invalid(field, f"must be a positive integer or empty, got {text!r}")
     return int(text)
 
