@@ -43,7 +43,7 @@ class PipelineConfig:
     steps: dict[str, int] = field(default_factory=dict)      # per-stage step overrides (tests use tiny runs)
     server: str | None = None                          # address of a running server to load new versions into
     variants: dict[str, str] = field(default_factory=lambda: {"classify": "fp32,optimized,int8",
-                                                             "fill-mask": "fp32,int8",
+                                                             "fill-mask": "fp32,optimized",
                                                              "generate": "fp32"})
     quiet: bool = False
 
@@ -115,7 +115,7 @@ class Pipeline:
 
     def _train_args(self, stage: str) -> list[str]:
         args: list[str] = []
-        if self.cfg.preset:
+        if self.cfg.preset and stage != "classify":  # a classifier takes its size from the checkpoint it starts from
             args += ["--preset", self.cfg.preset]
         if stage in self.cfg.steps:
             args += ["--steps", str(self.cfg.steps[stage])]
