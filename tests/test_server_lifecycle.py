@@ -164,6 +164,7 @@ def test_new_version_swaps_in_under_load_without_failures(tiny_repository: Path,
 # ---------------------------------------------------------------- corrupted package, traversal, TLS, auth
 
 TOKEN = "s3cret-token"
+MAX_MESSAGE = 64 * 1024
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
@@ -215,8 +216,8 @@ def secured(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     (repo / "linked").symlink_to(root / "outside", target_is_directory=True)
     cert, key = _self_signed(root)
     # (ServerProcess waits for grpc.health.v1 SERVING over TLS, without a token: health stays open.)
-    proc = ServerProcess(repo, ["--tls-cert", str(cert), "--tls-key", str(key), "--auth-token", TOKEN],
-                         root_cert=cert)
+    proc = ServerProcess(repo, ["--tls-cert", str(cert), "--tls-key", str(key), "--auth-token", TOKEN,
+                                "--max-message-bytes", str(MAX_MESSAGE)], root_cert=cert)
     secured = Secured(proc, cert, repo)
     try:
         yield secured
@@ -293,3 +294,12 @@ def test_model_names_cannot_leave_the_repository(secured: Secured, name: str) ->
         load = rpc_error(calls[2])
         assert load.code() == grpc.StatusCode.INVALID_ARGUMENT and "model_name" in load.details()
         assert name not in {m.name for m in stub.ListModels(pb.ListModelsRequest(), metadata=AUTH).models}
+
+
+def test_messages_over_the_size_limit_are_refused(secured: Secured) -> None:
+    with secured.channel() as channel:
+        stub = pb_grpc.TaskServiceStub(channel)
+        big = classify(text="harbour " * (MAX_MESSAGE // 8 + 100))
+        err = rpc_error(lambda: stub.Classify(big, metadata=AUTH))
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert stub.Classify(classify(), metadata=AUTH).results  # the connection still serves normal calls
