@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from typing import NoReturn, Sequence
 
@@ -35,7 +34,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(OrtServer(settings).run_until_signal())
     except StartupError as exc:
-        logging.getLogger("server").error("%s", exc)
         _fail(str(exc))
     except KeyboardInterrupt:
         pass

@@ -71,10 +71,12 @@ class ServerSettings:
                 raise bad(name, f"must be >= 1, got {getattr(self, name)}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise bad("tls_cert", "--tls-cert and --tls-key go together")
-        for name in ("tls_cert", "tls_key"):
+        for name, marker in (("tls_cert", b"-----BEGIN CERTIFICATE-----"), ("tls_key", b"PRIVATE KEY-----")):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise bad(name, f"{path} is not a file")
+            if path is not None and marker not in path.read_bytes():  # grpc would only say "failed to bind"
+                raise bad(name, f"{path} is not a PEM {'certificate' if name == 'tls_cert' else 'private key'}")
         if self.auth_token is not None and not self.auth_token.strip():
             raise bad("auth_token", "must not be empty")
         if self.log_format not in LOG_FORMATS:

@@ -59,6 +59,8 @@ def test_bad_config_values_name_the_setting(tmp_path: Path, content: str, flag: 
     (["--port", "abc"], "--port"),
     (["--repository", "/definitely/not/here"], "--repository"),
     (["--tls-cert", "cert.pem"], "--tls-cert"),
+    (["--tls-cert", __file__, "--tls-key", __file__], "--tls-cert"),
+    (["--providers", "NoSuchExecutionProvider"], "--providers"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], flag: str) -> None:
     if "--repository" not in args:
