@@ -182,12 +182,21 @@ class ServedModel:
         log.info("model %s version %d unloaded", self.name, self.version)
 
 
-def package_fingerprint(path: Path) -> tuple[int, int]:
-    """Changes when a package is rewritten (used to retry a failed version only after it changed)."""
+def package_fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """Changes when a package is rewritten (used to retry a failed version only after it changed).
+
+    Every file counts, not just model.json / parity.json: a version copied in place file by file may get
+    its manifest and parity report before its graph, and must be retried once the graph is complete.
+    """
     stamps = []
-    for name in ("model.json", "parity.json"):
+    try:
+        entries = sorted(path.iterdir())
+    except OSError:
+        return ()
+    for entry in entries:
         try:
-            stamps.append((path / name).stat().st_mtime_ns)
+            st = entry.stat()
         except OSError:
-            stamps.append(0)
-    return stamps[0], stamps[1]
+            continue
+        stamps.append((entry.name, st.st_size, st.st_mtime_ns))
+    return tuple(stamps)
