@@ -11,6 +11,7 @@ import os
 # Two intra-op threads for everyone, numpy's BLAS included: set before anything imports numpy.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "2")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' weight-loading bars in the log
 
 import argparse  # noqa: E402
 import logging  # noqa: E402

@@ -24,6 +24,15 @@ def bert_classifier_flops(layers: int, hidden: int, intermediate: int, num_label
     return layers * per_layer + pooler + head
 
 
+def sgemm_call(n: int):
+    """A callable doing one float32 n×n×n matmul (to interleave with other timings), and its FLOPs."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), dtype=np.float32)
+    return (lambda: np.matmul(a, b, out=out)), 2.0 * n ** 3
+
+
 def sgemm_rate(n: int, repeats: int, warmup: int = 2) -> Summary:
     """GFLOP/s of a float32 n×n×n numpy matmul (BLAS threads as configured for this process)."""
     rng = np.random.default_rng(0)

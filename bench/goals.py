@@ -73,7 +73,6 @@ def _shape(model: dict[str, Any], batch: int, seq: int) -> dict[str, Any] | None
 
 
 def encoder_checks(res: dict[str, Any]) -> Iterator[Check]:
-    sgemm = res["sgemm"]["gflops"]["median"]
     for m in res["models"]:
         name = m["checkpoint"]["name"]
         for (b, s), target in (((8, 128), 1.3), ((1, 32), 3.0)):
@@ -87,6 +86,7 @@ def encoder_checks(res: dict[str, Any]) -> Iterator[Check]:
             yield Check(f"ORT fp32 ≥ {target:g}× torch eager at b{b} s{s}", name, v, lo, hi, target, True, "×", ev)
         sh = _shape(m, 8, 128)
         if sh is not None:
+            sgemm = sh.get("sgemm_gflops", res["sgemm"]["gflops"])["median"]
             frac = sh["fraction_of_sgemm"].get("ort_fp32")
             g = sh["gflops"]["ort_fp32"]
             mm = matmul_rate(sh, "fp32")
@@ -139,16 +139,26 @@ def _step_growth(res: dict[str, Any], p0: int, p1: int) -> str:
             else "")
 
 
+def _py_top(profile: dict[str, Any] | None, n: int = 3) -> str:
+    if not profile:
+        return ""
+    fns = ", ".join(f"{f['function']} {f['own_ms_per_request']:.3f} ms" for f in profile["top_own_time"][:n])
+    return (f"; server main thread busy {profile['busy_ms_per_request']:.2f} ms per request (cProfile), "
+            f"most own time: {fns}")
+
+
 def server_checks(res: dict[str, Any]) -> Iterator[Check]:
     conc = str(max(int(c) for c in res["classify"]))
     cell = res["classify"][conc]
     v, lo, hi = _r(cell["grpc_vs_in_process_throughput"])
     ev = (f"in-process {cell['in_process']['throughput_per_s']['median']:.1f}/s, gRPC "
-          f"{cell['grpc']['throughput_per_s']['median']:.1f}/s (batch {res['batch_size']})")
+          f"{cell['grpc']['throughput_per_s']['median']:.1f}/s (batch {res['batch_size']})"
+          + _py_top(res.get("grpc_classify_profile")))
     yield Check(f"gRPC Classify throughput ≥ 85% of in-process at concurrency {conc}", "classifier", v, lo, hi,
                 0.85, True, "of in-process", ev)
     lat = res["batch1_latency"]
-    ev = f"p50 in-process {lat['p50_ms']['in_process']:.2f} ms, gRPC {lat['p50_ms']['grpc']:.2f} ms"
+    ev = (f"p50 in-process {lat['p50_ms']['in_process']:.2f} ms, gRPC {lat['p50_ms']['grpc']:.2f} ms"
+          + _py_top(res.get("grpc_classify_profile")))
     yield Check("batch-1 p50 gRPC overhead over in-process ≤ 1 ms", "classifier", lat["grpc_overhead_p50_ms"],
                 None, None, 1.0, False, "ms", ev)
     gen = res["generation"]
@@ -167,11 +177,13 @@ def peer_checks(res: dict[str, Any]) -> Iterator[Check]:
         if c["clients"] == most:
             v, lo, hi = _r(c["throughput_ratio_ortserve_vs_mlserver"])
             ev = (f"ortserve {c['ortserve']['requests_per_s']['median']:.1f} req/s, MLServer "
-                  f"{c['mlserver']['requests_per_s']['median']:.1f} req/s")
+                  f"{c['mlserver']['requests_per_s']['median']:.1f} req/s"
+                  + _py_top(res.get("ortserve_kserve_batch1_profile")))
             yield Check(f"ortserve ≥ 1.5× MLServer throughput, {most} clients, batch {c['batch']}", "classifier",
                         v, lo, hi, 1.5, True, "×", ev)
         if c["clients"] == 1:
-            ev = f"p50 ortserve {c['ortserve']['p50_ms']:.2f} ms, MLServer {c['mlserver']['p50_ms']:.2f} ms"
+            ev = (f"p50 ortserve {c['ortserve']['p50_ms']:.2f} ms, MLServer {c['mlserver']['p50_ms']:.2f} ms"
+                  + _py_top(res.get("ortserve_kserve_batch1_profile")))
             yield Check(f"ortserve p50 no worse than MLServer, 1 client, batch {c['batch']}", "classifier",
                         c["p50_ratio_ortserve_vs_mlserver"], None, None, 1.0, False, "× MLServer p50", ev)
 

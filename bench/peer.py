@@ -21,6 +21,7 @@ import numpy as np
 from .config import PeerConfig
 from .encoder import encode
 from .material import classifier_checkpoint, export_package, passages
+from .pyprofile import profile_server
 from .serverproc import Process, ServerProcess, free_port
 from .stats import Summary, percentile, ratio
 
@@ -151,8 +152,8 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
     model_file = pkg.variant_file(variant)
     texts = passages(max(cfg.batches), min_words=60, seed=7)
     feeds = {b: encode(pkg.path / "tokenizer.json", texts[:b], cfg.seq) for b in cfg.batches}
-    ortserve = ServerProcess(work / "repository", ["--intra-op-threads", str(cfg.threads), "--inter-op-threads", "1",
-                                                   "--variant", variant], cfg.startup_timeout)
+    ortserve_args = ["--intra-op-threads", str(cfg.threads), "--inter-op-threads", "1", "--variant", variant]
+    ortserve = ServerProcess(work / "repository", ortserve_args, cfg.startup_timeout)
     try:
         peer = MLServerProcess(work, model_file, cfg.threads, cfg.startup_timeout)
     except BaseException:
@@ -189,6 +190,11 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
     finally:
         peer.stop()
         ortserve.stop()
+    # Where ortserve's main thread spends a batch-1 ModelInfer (separate process under cProfile, untimed).
+    n_prof = cfg.requests_per_client * 2
+    ortserve_profile = profile_server(
+        lambda prof: ServerProcess(work / "repository", ortserve_args, cfg.startup_timeout, profile_to=prof),
+        lambda server: drive(server.address, feeds[1], 1, n_prof), n_prof, work)
     versions = subprocess.run([str(VENV / "bin" / "python"), "-c",
                                "import mlserver, onnxruntime, google.protobuf as p; "
                                "print(mlserver.__version__, onnxruntime.__version__, p.__version__)"],
@@ -199,4 +205,5 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
                          "versions": dict(zip(("mlserver", "onnxruntime", "protobuf"), versions)),
                          "runtime": "bench/peer_runtime/mlserver_ort.py"},
             "load": "tritonclient.grpc, one client per thread, raw INT64 input tensors, output 'logits'",
-            "max_abs_diff_between_servers": max_diff, "cells": cells}
+            "max_abs_diff_between_servers": max_diff, "cells": cells,
+            "ortserve_kserve_batch1_profile": ortserve_profile}

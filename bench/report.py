@@ -39,8 +39,8 @@ def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
     commands = sorted({meta["command"] for meta in metas})
     lines += [f"- Command: `{c}`" for c in commands]
     quick = any(meta.get("quick") for meta in metas)
-    runs = ", ".join(f"{p} {r['meta']['started_at']} ({r['meta']['duration_s']:.0f} s)" for p, r in results.items()
-                     if "meta" in r)
+    runs = ", ".join(f"{p} {r['meta']['started_at']} ({r['meta']['duration_s']:.0f} s, load average at its end "
+                     f"{r['meta'].get('loadavg_at_end', ['?'])[0]})" for p, r in results.items() if "meta" in r)
     lines += [f"- Run at: {runs}",
               f"- Machine: `nproc` = {m['nproc']}, CPU: {m['cpu_model']}, {m['platform']}; load average at start "
               f"{', '.join(f'{x:.2f}' for x in (m.get('loadavg_at_start') or []))}",
@@ -75,7 +75,8 @@ def goals_section(checks: list[Check]) -> list[str]:
 
 def encoder_section(res: dict[str, Any]) -> list[str]:
     lines = ["## Encoder", "",
-             f"numpy float32 sgemm {res['sgemm']['n']}²: {fmt(res['sgemm']['gflops'])} GFLOP/s (same run). "
+             f"numpy float32 sgemm {res['sgemm']['n']}² before the models: {fmt(res['sgemm']['gflops'])} GFLOP/s; each "
+             "shape below also times the sgemm inside its own interleaved rounds, and its '% of sgemm' uses that. "
              "GFLOP/s counts the matmul FLOPs of the model (2·M·N·K for every Linear and both attention matmuls). "
              "`hf_pipeline` is transformers' text-classification pipeline on the same weights (tokenization and "
              "softmax included, as a user would call it); the other backends get token ids.", ""]
@@ -96,7 +97,8 @@ def encoder_section(res: dict[str, Any]) -> list[str]:
                              "1" if b == "torch" else (f"{r['median']:.2f}" if r else "–"),
                              f"{mm:.0f}" if mm else "–",
                              f"{s['max_abs_diff_vs_torch'][b]:.1e}" if b in s["max_abs_diff_vs_torch"] else "–"])
-            lines += [f"**batch {s['batch']} × seq {s['seq']}** ({s['matmul_gflop']:.2f} GFLOP per call)", ""]
+            lines += [f"**batch {s['batch']} × seq {s['seq']}** ({s['matmul_gflop']:.2f} GFLOP per call; numpy sgemm "
+                      f"timed in the same rounds: {fmt(s.get('sgemm_gflops'))} GFLOP/s)", ""]
             lines += table(["backend", "latency ms", "GFLOP/s", "of sgemm", "× torch", "GFLOP/s in matmul kernels",
                             "max |Δlogits| vs torch"], rows)
             extra = s["ratios"]
@@ -147,6 +149,16 @@ def decoder_section(res: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def py_profile_lines(title: str, prof: dict[str, Any] | None) -> list[str]:
+    if not prof:
+        return []
+    rows = [[f"`{f['function']}`", f"{f['own_ms_per_request']:.3f}", f"{f['cum_ms_per_request']:.3f}", str(f["calls"])]
+            for f in prof["top_own_time"]]
+    return ([f"{title}: {prof['requests']} requests, main thread busy {prof['busy_ms_per_request']:.2f} ms per "
+             f"request ({prof['note']}).", ""]
+            + table(["function", "own ms/request", "cumulative ms/request", "calls"], rows))
+
+
 def server_section(res: dict[str, Any]) -> list[str]:
     lines = ["## Server", "", f"Load: {res['load']}. Classify sends {res['batch_size']} text(s) per request.", ""]
     for k, m in res["models"].items():
@@ -171,6 +183,8 @@ def server_section(res: dict[str, Any]) -> list[str]:
     lines += table(["streams", "path", "aggregate tokens/s", "time to first token ms"], rows)
     lines += [f"- scaling {max(res['generation'], key=int)} streams vs {min(res['generation'], key=int)}: "
               + ", ".join(f"{k} {fmt(v, 2)}" for k, v in res["generation_scaling_last_vs_first"].items()), ""]
+    lines += py_profile_lines("Server process under cProfile, sequential batch-1 Classify over gRPC (untimed run)",
+                              res.get("grpc_classify_profile"))
     return lines
 
 
@@ -189,6 +203,8 @@ def peer_section(res: dict[str, Any]) -> list[str]:
                          f"{c[k]['p50_ms']:.2f}", f"{c[k]['p95_ms']:.2f}",
                          fmt(c["throughput_ratio_ortserve_vs_mlserver"], 2) if k == "ortserve" else ""])
     lines += table(["clients", "batch", "server", "requests/s", "rows/s", "p50 ms", "p95 ms", "ortserve / MLServer"], rows)
+    lines += py_profile_lines("ortserve under cProfile, 1 client, batch-1 ModelInfer (untimed run)",
+                              res.get("ortserve_kserve_batch1_profile"))
     return lines
 
 

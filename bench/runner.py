@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import logging
 import shutil
 import tempfile
@@ -42,7 +43,8 @@ def run_suite(cfg: SuiteConfig, command: str) -> dict[str, str]:
                 log.error("%s failed:\n%s", name, traceback.format_exc())
                 failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                 result = {"piece": name, "status": "failed", "error": failed[name]}
-            result["meta"] = {**meta, "duration_s": round(time.perf_counter() - t0, 1)}
+            result["meta"] = {**meta, "duration_s": round(time.perf_counter() - t0, 1),
+                              "loadavg_at_end": list(os.getloadavg())}
             write_json(cfg.out / f"{name}.json", result)
             log.info("%s: %s in %.0f s -> %s", name, result["status"], time.perf_counter() - t0,
                      cfg.out / f"{name}.json")

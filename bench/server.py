@@ -19,6 +19,7 @@ from typing import Any
 
 from .config import ServerBenchConfig
 from .material import classifier_checkpoint, export_package, lm_checkpoint, passages
+from .pyprofile import profile_server
 from .serverproc import ServerProcess
 from .stats import Summary, percentile, ratio
 
@@ -233,11 +234,31 @@ async def _measure(cfg: ServerBenchConfig, repo: Path, server: ServerProcess) ->
         await inproc.close()
 
 
+async def _sequential_classify(address: str, texts: list[str], n: int) -> None:
+    way = OverGrpc(address)
+    await way.start()
+    try:
+        for i in range(n):
+            await way.classify([texts[i % len(texts)]])
+    finally:
+        await way.close()
+
+
+def profile_grpc_classify(repo: Path, args: list[str], requests: int, work: Path) -> dict[str, Any]:
+    """A separate server process under cProfile, sent `requests` sequential batch-1 Classify calls: where
+    the server's main thread spends its time per request (not part of any timed figure)."""
+    texts = passages(32, min_words=20, seed=5)
+    return profile_server(lambda prof: ServerProcess(repo, args, profile_to=prof),
+                          lambda server: asyncio.run(_sequential_classify(server.address, texts, requests)),
+                          requests, work)
+
+
 def run(cfg: ServerBenchConfig, work: Path) -> dict[str, Any]:
     repo, models = build_repository(work, cfg.threads, cfg.stream_new_tokens)
     args = ["--intra-op-threads", str(cfg.threads), "--inter-op-threads", "1"]
     with ServerProcess(repo, args) as server:
         result = asyncio.run(_measure(cfg, repo, server))
+    result["grpc_classify_profile"] = profile_grpc_classify(repo, args, cfg.latency_requests, work)
     return {"piece": "server", "threads": cfg.threads, "batch_size": cfg.batch_size, "models": models,
             "load": "grpc.aio stubs, one channel, one coroutine per client; in-process: the same coroutines "
                     "calling DataPlane", "stream_new_tokens": cfg.stream_new_tokens, **result}

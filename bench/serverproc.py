@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_READY = re.compile(r"ready: (\d+) model version")
 
 
 def free_port() -> int:
@@ -75,13 +76,23 @@ class Process:
 
 
 class ServerProcess(Process):
-    """`python -m server --repository DIR --port 0`; the port comes from its 'listening on' log line."""
+    """`python -m server --repository DIR --port 0`; the port comes from its 'listening on' log line, and
+    requests wait for its 'ready' line (models load after the port opens).
 
-    def __init__(self, repository: Path, extra_args: Sequence[str] = (), startup_timeout: float = 120.0) -> None:
-        super().__init__([sys.executable, "-m", "server", "--repository", str(repository), "--port", "0",
+    profile_to: run it under cProfile (`python -m cProfile -o FILE -m server ...`); the statistics are
+    written when the server exits after SIGTERM."""
+
+    def __init__(self, repository: Path, extra_args: Sequence[str] = (), startup_timeout: float = 120.0,
+                 profile_to: Path | None = None) -> None:
+        prefix = [sys.executable] + (["-m", "cProfile", "-o", str(profile_to)] if profile_to else [])
+        super().__init__([*prefix, "-m", "server", "--repository", str(repository), "--port", "0",
                           "--metrics-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args])
         m = self.wait_for_line(_LISTENING, startup_timeout)
         self.host, self.port = m.group(1), int(m.group(2))
+        ready = self.wait_for_line(_READY, startup_timeout)
+        if int(ready.group(1)) == 0:
+            self.stop()
+            raise RuntimeError("server started with no model SERVING; its output:\n" + "".join(self.lines[-30:]))
 
     @property
     def address(self) -> str:
