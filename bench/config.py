@@ -11,7 +11,7 @@ PIECES = ("encoder", "decoder", "server", "peer")
 class EncoderConfig:
     threads: int = 2
     shapes: tuple[tuple[int, int], ...] = ((1, 32), (8, 128))
-    repeats: dict[tuple[int, int], int] = field(default_factory=lambda: {(1, 32): 30, (8, 128): 10})
+    repeats: dict[tuple[int, int], int] = field(default_factory=lambda: {(1, 32): 40, (8, 128): 12})
     sgemm_n: int = 2048
     sgemm_repeats: int = 10
     base_layers: int = 12            # the BERT-base-shaped model (quick: fewer layers, same width)
@@ -29,10 +29,10 @@ class DecoderConfig:
     threads: int = 2
     new_tokens: int = 256
     prompt_tokens: int = 16
-    repeats: int = 3                 # full generations per backend
-    uncached_repeats: int = 1        # full recompute is slow: fewer generations
+    repeats: int = 5                 # full generations per backend
+    uncached_repeats: int = 3        # full recompute is slow: fewer generations
     past_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
-    step_repeats: int = 30           # timed single steps per past length
+    step_repeats: int = 50           # timed single steps per past length
 
     @classmethod
     def quick(cls) -> "DecoderConfig":
@@ -44,12 +44,12 @@ class ServerBenchConfig:
     threads: int = 2
     batch_size: int = 1              # texts per Classify request, the same in-process and over gRPC
     concurrency: tuple[int, ...] = (1, 4, 16)
-    requests_per_client: int = 60
-    latency_requests: int = 200      # sequential batch-1 requests for the p50 overhead
-    repeats: int = 3
+    requests_per_client: int = 100
+    latency_requests: int = 300      # sequential batch-1 requests for the p50 overhead
+    repeats: int = 5
     streams: tuple[int, ...] = (1, 4, 8)
     stream_new_tokens: int = 64
-    stream_repeats: int = 2
+    stream_repeats: int = 3
 
     @classmethod
     def quick(cls) -> "ServerBenchConfig":
@@ -63,7 +63,7 @@ class PeerConfig:
     clients: tuple[int, ...] = (1, 8)
     batches: tuple[int, ...] = (1, 8)
     seq: int = 32
-    requests_per_client: int = 100
+    requests_per_client: int = 150
     repeats: int = 3
     startup_timeout: float = 120.0
 

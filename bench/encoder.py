@@ -7,7 +7,6 @@ of one run stay comparable.
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,14 +58,15 @@ def _model_shape(cfg: dict[str, Any]) -> dict[str, int]:
             "labels": len(cfg.get("id2label") or {}) or 2, "vocab": int(cfg["vocab_size"])}
 
 
-def _hf_pipeline(ckpt: Checkpoint, threads: int):
+def _hf_pipeline(ckpt: Checkpoint) -> Any:
+    """transformers' text-classification pipeline loaded from the checkpoint directory (same weights);
+    it runs on torch, so torch.set_num_threads applies to it too."""
     from transformers import pipeline
 
-    pipe = pipeline("text-classification", model=str(ckpt.path), tokenizer=str(ckpt.path), device=-1)
-    return pipe
+    return pipeline("text-classification", model=str(ckpt.path), tokenizer=str(ckpt.path), device=-1)
 
 
-def bench_model(ckpt: Checkpoint, pkg: Package, cfg: EncoderConfig, sgemm: Summary, work: Path) -> dict[str, Any]:
+def bench_model(ckpt: Checkpoint, pkg: Package, cfg: EncoderConfig, work: Path) -> dict[str, Any]:
     import torch
 
     from training.checkpoint import load_model
@@ -75,7 +75,7 @@ def bench_model(ckpt: Checkpoint, pkg: Package, cfg: EncoderConfig, sgemm: Summa
     model, _ = load_model(ckpt.path, kind="bert-classifier")
     model.eval()
     sessions = {v: session(pkg.variant_file(v), cfg.threads) for v in ORT_VARIANTS if pkg.variant_file(v)}
-    pipe = _hf_pipeline(ckpt, cfg.threads)
+    pipe = _hf_pipeline(ckpt)
     texts_all = passages(max(b for b, _ in cfg.shapes), min_words=200, seed=1)
     out_shapes = []
     for batch, seq in cfg.shapes:
@@ -191,7 +191,7 @@ def run(cfg: EncoderConfig, work: Path) -> dict[str, Any]:
                                                                    {"num_hidden_layers": cfg.base_layers}))]
     for ckpt in ckpts:
         pkg = export_package(ckpt, "classify", repo, ("fp32", "optimized", "int8"), threads=cfg.threads)
-        entry = bench_model(ckpt, pkg, cfg, sgemm, work)
+        entry = bench_model(ckpt, pkg, cfg, work)
         entry["int8_accuracy"] = int8_accuracy(ckpt, pkg, cfg)
         models.append(entry)
     return {"piece": "encoder", "threads": cfg.threads,

@@ -40,7 +40,7 @@ def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
     lines += [f"- Command: `{c}`" for c in commands]
     quick = any(meta.get("quick") for meta in metas)
     runs = ", ".join(f"{p} {r['meta']['started_at']} ({r['meta']['duration_s']:.0f} s, load average at its end "
-                     f"{r['meta'].get('loadavg_at_end', ['?'])[0]})" for p, r in results.items() if "meta" in r)
+                     f"{r['meta'].get('loadavg_at_end', [float('nan')])[0]:.2f})" for p, r in results.items() if "meta" in r)
     lines += [f"- Run at: {runs}",
               f"- Machine: `nproc` = {m['nproc']}, CPU: {m['cpu_model']}, {m['platform']}; load average at start "
               f"{', '.join(f'{x:.2f}' for x in (m.get('loadavg_at_start') or []))}",
@@ -92,14 +92,14 @@ def encoder_section(res: dict[str, Any]) -> list[str]:
             rows = []
             for b, lat in s["latency_ms"].items():
                 r = s["ratios"].get(f"{b}_speedup_vs_torch")
-                mm = matmul_rate(s, b[4:]) if b.startswith("ort_") else None
+                mm = matmul_rate(s, b) if b.startswith("ort_") else None
                 rows.append([b, fmt(lat, 2), fmt(s["gflops"][b]), f"{s['fraction_of_sgemm'][b] * 100:.0f}%",
                              "1" if b == "torch" else (f"{r['median']:.2f}" if r else "–"),
                              f"{mm:.0f}" if mm else "–",
                              f"{s['max_abs_diff_vs_torch'][b]:.1e}" if b in s["max_abs_diff_vs_torch"] else "–"])
             lines += [f"**batch {s['batch']} × seq {s['seq']}** ({s['matmul_gflop']:.2f} GFLOP per call; numpy sgemm "
                       f"timed in the same rounds: {fmt(s.get('sgemm_gflops'))} GFLOP/s)", ""]
-            lines += table(["backend", "latency ms", "GFLOP/s", "of sgemm", "× torch", "GFLOP/s in matmul kernels",
+            lines += table(["backend", "latency ms", "GFLOP/s", "of sgemm", "× torch", "GFLOP/s in matmul kernels (est.)",
                             "max |Δlogits| vs torch"], rows)
             extra = s["ratios"]
             notes = []
