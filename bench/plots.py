@@ -119,9 +119,9 @@ def peer_plots(res: dict[str, Any], out: Path) -> list[Path]:
     a1.set_title("KServe ModelInfer throughput (tritonclient load)")
     a1.legend()
     x = range(len(cells))
-    for k, marker in (("ortserve", "o"), ("mlserver", "s")):
-        a2.plot(x, [c[k]["p50_ms"] for c in cells], marker=marker, label=f"{k} p50")
-        a2.plot(x, [c[k]["p95_ms"] for c in cells], marker=marker, linestyle="--", label=f"{k} p95")
+    for k, marker, color in (("ortserve", "o", "C0"), ("mlserver", "s", "C1")):
+        a2.plot(x, [c[k]["p50_ms"] for c in cells], marker=marker, color=color, label=f"{k} p50")
+        a2.plot(x, [c[k]["p95_ms"] for c in cells], marker=marker, color=color, linestyle="--", label=f"{k} p95")
     a2.set_xticks(list(x), groups)
     a2.set_ylabel("latency (ms)")
     a2.set_yscale("log")

@@ -12,6 +12,8 @@ from .results import write_text
 
 log = logging.getLogger(__name__)
 
+FINDINGS = Path(__file__).resolve().parent / "FINDINGS.md"
+
 
 def fmt(s: dict[str, Any] | None, digits: int = 1) -> str:
     """median [min–max]"""
@@ -79,7 +81,8 @@ def encoder_section(res: dict[str, Any]) -> list[str]:
              "shape below also times the sgemm inside its own interleaved rounds, and its '% of sgemm' uses that. "
              "GFLOP/s counts the matmul FLOPs of the model (2·M·N·K for every Linear and both attention matmuls). "
              "`hf_pipeline` is transformers' text-classification pipeline on the same weights (tokenization and "
-             "softmax included, as a user would call it); the other backends get token ids.", ""]
+             "softmax included, as a user would call it); the other backends get token ids. int8 GFLOP/s is the same "
+             "FLOP count over the int8 time (an effective rate, not float operations).", ""]
     for m in res["models"]:
         sh = m["shape"]
         lines += [f"### {m['checkpoint']['name']}: {m['checkpoint']['origin']}", "",
@@ -100,7 +103,7 @@ def encoder_section(res: dict[str, Any]) -> list[str]:
             lines += [f"**batch {s['batch']} × seq {s['seq']}** ({s['matmul_gflop']:.2f} GFLOP per call; numpy sgemm "
                       f"timed in the same rounds: {fmt(s.get('sgemm_gflops'))} GFLOP/s)", ""]
             lines += table(["backend", "latency ms", "GFLOP/s", "of sgemm", "× torch", "GFLOP/s in matmul kernels (est.)",
-                            "max |Δlogits| vs torch"], rows)
+                            "max abs Δlogits vs torch"], rows)
             extra = s["ratios"]
             notes = []
             for key in ("ort_int8_speedup_vs_fp32", "ort_optimized_speedup_vs_fp32"):
@@ -223,6 +226,8 @@ def render(results: dict[str, dict[str, Any]], docs: Path | None, plots: Path | 
              "rerun `python -m bench report` instead.", ""]
     lines += machine_section(results)
     lines += goals_section(checks)
+    if FINDINGS.is_file():
+        lines += ["## Findings (written by hand, bench/FINDINGS.md)", "", FINDINGS.read_text(encoding="utf-8").strip(), ""]
     for piece, section in SECTIONS.items():
         res = results.get(piece)
         if not res or res.get("status") != "ok":
