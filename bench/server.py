@@ -90,9 +90,10 @@ async def _stream_load(open_stream: Callable[[int], Any], streams: int) -> dict[
 class InProcess:
     """The data plane on this event loop, configured like the server process."""
 
-    def __init__(self, repo: Path, threads: int) -> None:
+    def __init__(self, repo: Path, threads: int, classifier: str = CLASSIFIER, lm: str = LM) -> None:
         from server.settings import ServerSettings
 
+        self.classifier, self.lm = classifier, lm
         self.settings = ServerSettings(repository=repo, port=0, metrics_port=-1, poll_interval=0,
                                        intra_op_threads=threads, inter_op_threads=1).validate()
         self.plane: Any = None
@@ -106,22 +107,23 @@ class InProcess:
         await self.plane.close()
 
     async def classify(self, texts: list[str]) -> int:
-        res = await self.plane.classify(CLASSIFIER, 0, [(t, None) for t in texts])
+        res = await self.plane.classify(self.classifier, 0, [(t, None) for t in texts])
         return len(res.results)
 
     async def stream(self, prompt: str, new_tokens: int):
         from server.generation import GenerationParams
 
         params = GenerationParams.validate(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-        async for chunk in self.plane.generate_stream(LM, 0, prompt, params):
+        async for chunk in self.plane.generate_stream(self.lm, 0, prompt, params):
             yield len(chunk.tokens)
 
 
 class OverGrpc:
     """grpc.aio stubs to a server process (one channel: what one client application would hold)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, classifier: str = CLASSIFIER, lm: str = LM) -> None:
         self.address = address
+        self.classifier, self.lm = classifier, lm
         self.channel: Any = None
         self.stub: Any = None
 
@@ -140,13 +142,13 @@ class OverGrpc:
     async def classify(self, texts: list[str]) -> int:
         from protos import ortserve_pb2 as pb
 
-        res = await self.stub.Classify(pb.ClassifyRequest(model=CLASSIFIER, inputs=[pb.TextInput(text=t) for t in texts]))
+        res = await self.stub.Classify(pb.ClassifyRequest(model=self.classifier, inputs=[pb.TextInput(text=t) for t in texts]))
         return len(res.results)
 
     async def stream(self, prompt: str, new_tokens: int):
         from protos import ortserve_pb2 as pb
 
-        req = pb.GenerateRequest(model=LM, prompt=prompt, parameters=pb.GenerationParameters(
+        req = pb.GenerateRequest(model=self.lm, prompt=prompt, parameters=pb.GenerationParameters(
             max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True))
         async for msg in self.stub.GenerateStream(req):
             yield len(msg.tokens)

@@ -199,3 +199,33 @@ def test_cli_bad_input_is_one_line_exit_2(args: list[str], field: str) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_in_process_and_grpc_paths_serve_the_same_models(tiny_repository: Path, tmp_path: Path) -> None:
+    """The two configurations the server benchmark compares: a real server process over gRPC and the data
+    plane in-process, on the same repository, give the same number of results and tokens."""
+    import shutil
+
+    from bench.server import InProcess, OverGrpc, closed_loop
+    from bench.serverproc import ServerProcess
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repository, repo)
+    names = {"classifier": "tiny-classifier", "lm": "tiny-gpt"}
+
+    async def exercise(address: str) -> dict[str, list[int]]:
+        ways = {"in_process": InProcess(repo, 1, **names), "grpc": OverGrpc(address, **names)}
+        out: dict[str, list[int]] = {}
+        for k, way in ways.items():
+            await way.start()
+            try:
+                load = await closed_loop(lambda c, i, w=way: w.classify(["the king's castle", "a rose"]), 4, 3)
+                tokens = [n async for n in way.stream("The ship", 5)]
+                out[k] = [load.items, sum(tokens)]
+            finally:
+                await way.close()
+        return out
+
+    with ServerProcess(repo, ["--intra-op-threads", "1"]) as server:
+        got = asyncio.run(exercise(server.address))
+    assert got == {"in_process": [24, 5], "grpc": [24, 5]}
