@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--docs", type=Path, default=ROOT / "docs" / "BENCHMARKS.md",
                    help="Markdown report to regenerate ('-' = none)")
     p.add_argument("--plots", type=Path, default=ROOT / "docs" / "bench", help="PNG directory")
+    p.add_argument("--classifier", type=Path, default=None,
+                   help="trained classifier checkpoint (default: artifacts/checkpoints/classifier if present)")
+    p.add_argument("--lm", type=Path, default=None,
+                   help="trained GPT checkpoint (default: artifacts/checkpoints/lm if present)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -68,11 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists() and not args.out.is_dir():
         print(f"error: --out: {args.out} is not a directory", file=sys.stderr)
         return 2
-    from .config import SuiteConfig
+    from .config import Sources, SuiteConfig
     from .runner import run_suite, write_report
 
+    for flag, path in (("--classifier", args.classifier), ("--lm", args.lm)):
+        if path is not None and not (path / "config.json").is_file():
+            print(f"error: {flag}: {path} is not a checkpoint directory (no config.json)", file=sys.stderr)
+            return 2
+    defaults = Sources()
+    sources = Sources(classifier=args.classifier or defaults.classifier, lm=args.lm or defaults.lm)
     docs = None if str(args.docs) == "-" else args.docs
-    cfg = SuiteConfig.build(out=args.out, only=only, quick=args.quick, docs=docs, plots=args.plots)
+    cfg = SuiteConfig.build(out=args.out, only=only, quick=args.quick, docs=docs, plots=args.plots, sources=sources)
     if args.command == "report":
         written = write_report(cfg)
         if not written:

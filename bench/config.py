@@ -1,15 +1,26 @@
 """Configuration of the suite, one dataclass per concern; `quick()` gives the short development run."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 PIECES = ("encoder", "decoder", "server", "peer")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Trained checkpoints to measure when present (else random models of the same shapes stand in)."""
+
+    classifier: Path = ROOT / "artifacts" / "checkpoints" / "classifier"
+    lm: Path = ROOT / "artifacts" / "checkpoints" / "lm"
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
     threads: int = 2
+    sources: Sources = field(default_factory=Sources)
     shapes: tuple[tuple[int, int], ...] = ((1, 32), (8, 128))
     repeats: dict[tuple[int, int], int] = field(default_factory=lambda: {(1, 32): 40, (8, 128): 12})
     sgemm_n: int = 2048
@@ -27,6 +38,7 @@ class EncoderConfig:
 @dataclass(frozen=True)
 class DecoderConfig:
     threads: int = 2
+    sources: Sources = field(default_factory=Sources)
     new_tokens: int = 256
     prompt_tokens: int = 16
     repeats: int = 5                 # full generations per backend
@@ -42,6 +54,7 @@ class DecoderConfig:
 @dataclass(frozen=True)
 class ServerBenchConfig:
     threads: int = 2
+    sources: Sources = field(default_factory=Sources)
     batch_size: int = 1              # texts per Classify request, the same in-process and over gRPC
     concurrency: tuple[int, ...] = (1, 4, 16)
     requests_per_client: int = 100
@@ -60,6 +73,7 @@ class ServerBenchConfig:
 @dataclass(frozen=True)
 class PeerConfig:
     threads: int = 2
+    sources: Sources = field(default_factory=Sources)
     clients: tuple[int, ...] = (1, 8)
     batches: tuple[int, ...] = (1, 8)
     seq: int = 32
@@ -86,8 +100,10 @@ class SuiteConfig:
 
     @classmethod
     def build(cls, out: Path, only: tuple[str, ...] = PIECES, quick: bool = False, docs: Path | None = None,
-              plots: Path | None = None) -> "SuiteConfig":
-        if not quick:
-            return cls(out=out, only=only, quick=False, docs=docs, plots=plots)
-        return cls(out=out, only=only, quick=True, docs=docs, plots=plots, encoder=EncoderConfig.quick(),
-                   decoder=DecoderConfig.quick(), server=ServerBenchConfig.quick(), peer=PeerConfig.quick())
+              plots: Path | None = None, sources: Sources | None = None) -> "SuiteConfig":
+        sources = sources or Sources()
+        pieces = ((EncoderConfig.quick(), DecoderConfig.quick(), ServerBenchConfig.quick(), PeerConfig.quick())
+                  if quick else (EncoderConfig(), DecoderConfig(), ServerBenchConfig(), PeerConfig()))
+        enc, dec, srv, peer = (dataclasses.replace(p, sources=sources) for p in pieces)
+        return cls(out=out, only=only, quick=quick, docs=docs, plots=plots, encoder=enc, decoder=dec, server=srv,
+                   peer=peer)

@@ -162,7 +162,7 @@ def run(cfg: DecoderConfig, work: Path) -> dict[str, Any]:
 
     torch.set_num_threads(cfg.threads)
     need = max(cfg.prompt_tokens + cfg.new_tokens, max(cfg.past_lengths) + 1)
-    ckpt, notes = lm_checkpoint(work, min_positions=need)
+    ckpt, notes = lm_checkpoint(work, min_positions=need, default=cfg.sources.lm)
     pkg = export_package(ckpt, "generate", work / "repository", ("fp32",), threads=cfg.threads)
     notes += pkg.notes
     prompt = prompt_ids(pkg, cfg.prompt_tokens)

@@ -186,7 +186,7 @@ def run(cfg: EncoderConfig, work: Path) -> dict[str, Any]:
     repo = work / "repository"
     models = []
     base_name = "bert-base-random" if cfg.base_layers == 12 else f"bert-base-width-L{cfg.base_layers}-random"
-    ckpts = [classifier_checkpoint(work),
+    ckpts = [classifier_checkpoint(work, cfg.sources.classifier),
              random_bert(work, base_name, "base", num_labels=2, **({} if cfg.base_layers == 12 else
                                                                    {"num_hidden_layers": cfg.base_layers}))]
     for ckpt in ckpts:

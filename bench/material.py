@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config import ROOT, Sources
+
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CLASSIFIER = ROOT / "artifacts" / "checkpoints" / "classifier"
-DEFAULT_LM = ROOT / "artifacts" / "checkpoints" / "lm"
+DEFAULT_CLASSIFIER = Sources().classifier
+DEFAULT_LM = Sources().lm
 
 
 class MaterialError(RuntimeError):

@@ -145,7 +145,7 @@ def logits(address: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
 
 def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
     ensure_venv()
-    ckpt = classifier_checkpoint(work)
+    ckpt = classifier_checkpoint(work, cfg.sources.classifier)
     ckpt.name = MODEL
     pkg = export_package(ckpt, "classify", work / "repository", ("fp32", "int8"), threads=cfg.threads)
     variant = (pkg.manifest.get("default_variant") or {}).get("cpu") or "fp32"

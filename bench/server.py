@@ -154,12 +154,13 @@ class OverGrpc:
             yield len(msg.tokens)
 
 
-def build_repository(work: Path, threads: int, new_tokens: int) -> tuple[Path, dict[str, Any]]:
+def build_repository(work: Path, cfg: ServerBenchConfig) -> tuple[Path, dict[str, Any]]:
+    threads, new_tokens = cfg.threads, cfg.stream_new_tokens
     repo = work / "repository"
-    clf = classifier_checkpoint(work)
+    clf = classifier_checkpoint(work, cfg.sources.classifier)
     clf.name = CLASSIFIER
     cpkg = export_package(clf, "classify", repo, ("fp32", "int8"), threads=threads)
-    lm, notes = lm_checkpoint(work, min_positions=64 + new_tokens)
+    lm, notes = lm_checkpoint(work, min_positions=64 + new_tokens, default=cfg.sources.lm)
     lm.name = LM
     lpkg = export_package(lm, "generate", repo, ("fp32",), threads=threads)
     return repo, {"classifier": {**clf.describe(), "default_variant": cpkg.manifest.get("default_variant"),
@@ -256,7 +257,7 @@ def profile_grpc_classify(repo: Path, args: list[str], requests: int, work: Path
 
 
 def run(cfg: ServerBenchConfig, work: Path) -> dict[str, Any]:
-    repo, models = build_repository(work, cfg.threads, cfg.stream_new_tokens)
+    repo, models = build_repository(work, cfg)
     args = ["--intra-op-threads", str(cfg.threads), "--inter-op-threads", "1"]
     with ServerProcess(repo, args) as server:
         result = asyncio.run(_measure(cfg, repo, server))
