@@ -1,11 +1,12 @@
 """A bounded load generator for a running ortserve server: N concurrent clients for T seconds, on loopback.
 
 Each client owns one gRPC channel and sends one request at a time, cycling through the mix (classify,
-fill-mask, streamed generation), until the time or the request budget is spent; requests already sent
-are allowed to finish (each has its own deadline), so the run always stops by itself. Every answer is
-checked, not just its status: a classify/fill-mask answer must hold one result per input, and a stream
-must end with exactly one final message whose token count equals what was streamed. Such a failure is
-counted under its own code (BAD_RESPONSE / BAD_STREAM) beside the gRPC status codes.
+fill-mask, streamed generation), pausing briefly after a failure, until the time or the request budget
+is spent; requests already sent are allowed to finish (each has its own deadline), so the run always
+stops by itself. Every answer is checked, not just its status: a classify/fill-mask answer must hold one
+result per input, and a stream must end with exactly one final message whose token count equals what
+was asked for. Such a failure is counted under its own code (BAD_RESPONSE / BAD_STREAM) beside the gRPC
+status codes.
 
     config = LoadConfig(address="127.0.0.1:8001", clients=16, seconds=20).validate()
     report = asyncio.run(run_load(config, server_pid=1234))
@@ -69,6 +70,8 @@ class LoadConfig:
     max_new_tokens: int = 16                # per streamed generation (ignore_eos: always this many)
     inputs_per_request: int = 1             # texts per classify / fill-mask request
     warmup_seconds: float = 0.0             # the RSS taken this far into the run is "rss_warm"
+    error_pause: float = 0.05               # a client pauses this long after a failed request (a real client
+                                            # backs off; without it a refusing server is hammered in a hot loop)
     token: str | None = None                # bearer token when the server has --auth-token
     seed: int = 0
 
@@ -82,6 +85,8 @@ class LoadConfig:
         for name in ("clients", "max_requests", "max_new_tokens", "inputs_per_request"):
             if getattr(self, name) < 1:
                 raise LoadConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.error_pause >= 0:
+            raise LoadConfigError(f"error_pause: must be >= 0, got {self.error_pause}")
         for name in ("seconds", "request_timeout"):
             if not getattr(self, name) > 0:
                 raise LoadConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
@@ -380,6 +385,8 @@ async def _client(index: int, target: _Target, stop_at: float, budget: _Budget, 
             log.warning("%s: %s", kind, exc)
         ended = time.monotonic()
         samples.append(Sample(kind, code, ended - started, first, started, ended))
+        if code != OK and target.config.error_pause:
+            await asyncio.sleep(target.config.error_pause)
 
 
 async def _sample_rss(pid: int, every: float, peaks: list[int]) -> None:
