@@ -213,6 +213,14 @@ class DataPlane:
                          deadline: float | None) -> dict[str, np.ndarray]:
         assert served.loaded is not None
         check_inputs(served.loaded.inputs, inputs)
+        max_length = served.manifest.get("max_length")
+        for spec in served.loaded.inputs:
+            for axis, dim in enumerate(spec.dims):
+                size = inputs[spec.name].shape[axis]
+                if dim == ("sequence",) and isinstance(max_length, int) and size > max_length:
+                    # An encoder fails inside its position embeddings with a broadcast error (INTERNAL).
+                    raise ServingError.invalid(f"inputs[{spec.name!r}].shape", f"axis {axis} (sequence) is {size}, "
+                                                                             f"the model's max_length is {max_length}")
         vocab = served.manifest.get("vocab_size")
         ids = inputs.get("input_ids")
         if isinstance(vocab, int) and ids is not None and ids.size and (ids.min() < 0 or ids.max() >= vocab):
