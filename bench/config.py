@@ -45,6 +45,7 @@ class DecoderConfig:
     uncached_repeats: int = 3        # full recompute is slow: fewer generations
     past_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
     step_repeats: int = 50           # timed single steps per past length
+    batch_sizes: tuple[int, ...] = (1, 4, 8)  # sequences per batched step (the server's 1/4/8 streams)
 
     @classmethod
     def quick(cls) -> "DecoderConfig":

@@ -157,6 +157,32 @@ def step_times(ort_dec: OrtDecoder, torch_model: Any, cfg: DecoderConfig) -> dic
     return {"unit": "ms", "rows": rows}
 
 
+def batch_step_times(ort_dec: OrtDecoder, cfg: DecoderConfig, past: int = 64) -> dict[str, Any]:
+    """One cached step for B sequences at once (what continuous batching runs): how step time grows with
+    B bounds how far aggregate tokens/s can scale with concurrent streams."""
+    rng = np.random.default_rng(2)
+    fns = {}
+    for b in cfg.batch_sizes:
+        shape = (b, ort_dec.heads, past, ort_dec.head_dim)
+        feeds = {"input_ids": np.full((b, 1), 7, np.int64), "attention_mask": np.ones((b, past + 1), np.int64),
+                 "position_ids": np.full((b, 1), past, np.int64),
+                 **{n: rng.standard_normal(shape, dtype=np.float32) for n in ort_dec.past_names}}
+        fns[b] = (lambda f=feeds: ort_dec.sess.run(None, f))
+    samples: dict[int, list[float]] = {b: [] for b in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(cfg.step_repeats):
+        for b, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[b].append(time.perf_counter() - t0)
+    rows = {str(b): Summary.of(v).scaled(1e3).as_json() for b, v in samples.items()}
+    first, last = min(samples), max(samples)
+    growth = ratio(Summary.from_json(rows[str(last)]), Summary.from_json(rows[str(first)]))
+    return {"past": past, "step_ms": rows, "step_growth_last_vs_first": growth,
+            "max_stream_scaling": {"median": last / first / growth["median"]}}
+
+
 def run(cfg: DecoderConfig, work: Path) -> dict[str, Any]:
     import torch
 
@@ -190,6 +216,9 @@ def run(cfg: DecoderConfig, work: Path) -> dict[str, Any]:
               "ort_cached_vs_torch_cached": ratio(tps["ort_cached"], tps["torch_cached"]),
               "torch_cached_vs_hf_generate": ratio(tps["torch_cached"], tps["hf_generate"])}
     steps = step_times(ort_dec, torch_gen.model, cfg)  # type: ignore[attr-defined]
+    batched = batch_step_times(ort_dec, cfg)
+    log.info("decoder batched step at past %d: %s", batched["past"],
+             ", ".join(f"b{b} {s['median']:.2f} ms" for b, s in batched["step_ms"].items()))
     first, last = steps["rows"][0], steps["rows"][-1]
     ratios["ort_step_past_last_vs_first"] = ratio(Summary.from_json(last["ort_cached"]),
                                                   Summary.from_json(first["ort_cached"]))
@@ -218,5 +247,6 @@ def run(cfg: DecoderConfig, work: Path) -> dict[str, Any]:
         "ratios": ratios,
         "greedy_agreement_vs_ort_cached": {k: agreement(ref, v) for k, v in outputs.items() if k != "ort_cached"},
         "step_time": steps,
+        "batched_step": batched,
         "ort_profiles": profiles,
     }

@@ -75,7 +75,7 @@ def _shape(model: dict[str, Any], batch: int, seq: int) -> dict[str, Any] | None
     return next((s for s in model["shapes"] if s["batch"] == batch and s["seq"] == seq), None)
 
 
-def encoder_checks(res: dict[str, Any]) -> Iterator[Check]:
+def encoder_checks(res: dict[str, Any], results: dict[str, dict[str, Any]] | None = None) -> Iterator[Check]:
     for m in res["models"]:
         name = m["checkpoint"]["name"]
         for (b, s), target in (((8, 128), 1.3), ((1, 32), 3.0)):
@@ -116,7 +116,7 @@ def encoder_checks(res: dict[str, Any]) -> Iterator[Check]:
                         1.0, False, "points", ev)
 
 
-def decoder_checks(res: dict[str, Any]) -> Iterator[Check]:
+def decoder_checks(res: dict[str, Any], results: dict[str, dict[str, Any]] | None = None) -> Iterator[Check]:
     name = res["checkpoint"]["name"]
     r = res["ratios"]
     v, lo, hi = _r(r.get("ort_cached_vs_uncached"))
@@ -154,7 +154,7 @@ def _py_top(profile: dict[str, Any] | None, n: int = 3) -> str:
             f"most own time: {fns}")
 
 
-def server_checks(res: dict[str, Any]) -> Iterator[Check]:
+def server_checks(res: dict[str, Any], results: dict[str, dict[str, Any]] | None = None) -> Iterator[Check]:
     conc = str(max(int(c) for c in res["classify"]))
     cell = res["classify"][conc]
     v, lo, hi = _r(cell["grpc_vs_in_process_throughput"])
@@ -173,12 +173,24 @@ def server_checks(res: dict[str, Any]) -> Iterator[Check]:
     for way in ("grpc", "in_process"):
         v, lo, hi = _r(res["generation_scaling_last_vs_first"][way])
         ev = (f"{gen[first][way]['tokens_per_s']['median']:.1f} → {gen[last][way]['tokens_per_s']['median']:.1f} "
-              f"tok/s; TTFT {gen[first][way]['ttft_ms']['median']:.1f} → {gen[last][way]['ttft_ms']['median']:.1f} ms")
+              f"tok/s; TTFT {gen[first][way]['ttft_ms']['median']:.1f} → {gen[last][way]['ttft_ms']['median']:.1f} ms"
+              + _batch_bound(results, int(first), int(last)))
         yield Check(f"{last} streams ≥ 4× the aggregate tokens/s of {first} ({way.replace('_', '-')})", "lm", v, lo,
                     hi, 4.0, True, "×", ev)
 
 
-def peer_checks(res: dict[str, Any]) -> Iterator[Check]:
+def _batch_bound(results: dict[str, dict[str, Any]] | None, first: int, last: int) -> str:
+    """From the decoder piece: how much longer one batched step of `last` sequences takes than of `first`."""
+    dec = (results or {}).get("decoder") or {}
+    bs = dec.get("batched_step")
+    if dec.get("status") != "ok" or not bs or str(first) not in bs["step_ms"] or str(last) not in bs["step_ms"]:
+        return ""
+    a, b = bs["step_ms"][str(first)]["median"], bs["step_ms"][str(last)]["median"]
+    return (f"; the decoder graph's step for {last} sequences takes {b / a:.2f}× the step for {first} (past "
+            f"{bs['past']}, decoder piece), so even perfect batching scales tokens/s by at most {last * a / (first * b):.2f}×")
+
+
+def peer_checks(res: dict[str, Any], results: dict[str, dict[str, Any]] | None = None) -> Iterator[Check]:
     most = max(c["clients"] for c in res["cells"])
     for c in res["cells"]:
         if c["clients"] == most:
@@ -195,7 +207,8 @@ def peer_checks(res: dict[str, Any]) -> Iterator[Check]:
                         c["p50_ratio_ortserve_vs_mlserver"], None, None, 1.0, False, "× MLServer p50", ev)
 
 
-CHECKERS: dict[str, Callable[[dict[str, Any]], Iterator[Check]]] = {
+# Each checker gets its piece's result and all results (evidence may come from another piece).
+CHECKERS: dict[str, Callable[[dict[str, Any], dict[str, dict[str, Any]]], Iterator[Check]]] = {
     "encoder": encoder_checks, "decoder": decoder_checks, "server": server_checks, "peer": peer_checks}
 
 
@@ -203,5 +216,5 @@ def evaluate(results: dict[str, dict[str, Any]]) -> list[Check]:
     out: list[Check] = []
     for piece, res in results.items():
         if res.get("status") == "ok" and piece in CHECKERS:
-            out.extend(CHECKERS[piece](res))
+            out.extend(CHECKERS[piece](res, results))
     return out

@@ -146,6 +146,12 @@ def decoder_section(res: dict[str, Any]) -> list[str]:
     lines += ["Step time (ms) against past length (one new token; the recompute column runs past+1 tokens without "
               "a cache):", ""]
     lines += table(["past", "ORT cached", "torch cached", "ORT full recompute"], rows)
+    bs = res.get("batched_step")
+    if bs:
+        lines += [f"- one cached step for B sequences at past {bs['past']} (what continuous batching runs): "
+                  + ", ".join(f"B={b} {fmt(s, 2)} ms" for b, s in bs["step_ms"].items())
+                  + f"; at most {bs['max_stream_scaling']['median']:.2f}× aggregate tokens/s from B="
+                  f"{min(bs['step_ms'], key=int)} to B={max(bs['step_ms'], key=int)}"]
     for k, p in res.get("ort_profiles", {}).items():
         ops = ", ".join(f"{o['op']} {o['ms_per_run']:.2f} ms" for o in p["top_ops"][:5])
         lines.append(f"- ORT {k.replace('_', ' ')} profile ({p['run_ms_mean']:.2f} ms/run): {ops}")
