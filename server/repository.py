@@ -77,8 +77,10 @@ class ModelRepository:
 
     @staticmethod
     def _children(path: Path) -> list[Path]:
+        """Version directories; like model directories, one that resolves elsewhere (a symlink) is ignored."""
         try:
-            return [d for d in path.iterdir() if d.is_dir()]
+            real = path.resolve()
+            return [d for d in path.iterdir() if d.is_dir() and d.resolve().parent == real]
         except OSError:
             return []
 
