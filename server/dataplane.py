@@ -352,6 +352,8 @@ def _params_from(parameters: dict[str, Any]) -> GenerationParams:
             fields["stop"] = json.loads(parameters["stop"])
         except (TypeError, json.JSONDecodeError):
             raise ServingError.invalid("parameters.stop", "must be a JSON list of strings") from None
+        if not isinstance(fields["stop"], list):  # '5' or 'Infinity' parse as JSON too (TypeError -> INTERNAL)
+            raise ServingError.invalid("parameters.stop", "must be a JSON list of strings")
     try:
         return GenerationParams.validate(**fields)
     except ValueError as exc:

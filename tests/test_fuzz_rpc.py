@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from server_process import ServerProcess, repository_with
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
@@ -459,8 +459,16 @@ def text_mode_requests(draw: st.DrawFn) -> kserve_pb.ModelInferRequest:
 def test_fuzz_model_infer_text_mode(kserve: kserve_grpc.GRPCInferenceServiceStub) -> None:
     seen = Outcomes()
 
+    def stop_param(value: str) -> kserve_pb.ModelInferRequest:
+        request = kserve_pb.ModelInferRequest(model_name=GPT)
+        request.inputs.add(name="prompt", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"x")
+        request.parameters["stop"].string_param = value
+        return request
+
     @FUZZ
     @given(request=text_mode_requests())
+    @example(request=stop_param("Infinity"))  # found by the long run: JSON that is not a list was INTERNAL
+    @example(request=stop_param("5"))
     def case(request: kserve_pb.ModelInferRequest) -> None:
         response = call(lambda: kserve.ModelInfer(request, timeout=TIMEOUT), GENERATE_CODES, seen)
         if response is not None:
