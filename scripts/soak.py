@@ -162,11 +162,17 @@ def tiny_repository() -> Path:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     log.info("building the tiny test models into %s (once)", target)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        with conftest.one_torch_thread():
-            checkpoints = conftest._build_tiny_checkpoints(Path(work) / "checkpoints")
-            conftest._build_tiny_repository(checkpoints, Path(work) / "repository")
-        os.rename(Path(work) / "repository", target)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)  # the exporter's quantizer logs every tensor at INFO on the root logger
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent) as work:
+            with conftest.one_torch_thread():
+                checkpoints = conftest._build_tiny_checkpoints(Path(work) / "checkpoints")
+                conftest._build_tiny_repository(checkpoints, Path(work) / "repository")
+            os.rename(Path(work) / "repository", target)
+    finally:
+        root.setLevel(level)
     return target
 
 
