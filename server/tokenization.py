@@ -18,6 +18,13 @@ def load_tokenizer(path: Path) -> Tokenizer:
     return tokenizer
 
 
+# A token never covers more characters than this (WordPiece's max_input_chars_per_word is 100; a byte-level BPE
+# token is a few bytes), so the first max_length tokens of a text lie within its first max_length * this
+# characters. Texts beyond that are refused (or cut, with truncation) BEFORE tokenizing: tokenizing a multi-MB
+# text would hold the event loop for seconds.
+CHARS_PER_TOKEN_BOUND = 100
+
+
 @dataclass(frozen=True)
 class EncodedText:
     ids: list[int]
@@ -41,11 +48,20 @@ class TextEncoder:
         if not inputs:
             raise ServingError.invalid(field, "at least one input is required")
         batch: list[str | tuple[str, str]] = []
+        max_chars = self.max_length * CHARS_PER_TOKEN_BOUND
         for i, (text, pair) in enumerate(inputs):
             if not text or not text.strip():
                 raise ServingError.invalid(f"{field}[{i}]{text_attr}", "must not be empty")
             if pair is not None and not pair.strip():
                 pair = None  # an empty text_pair means "no pair" (proto3 cannot tell unset from "")
+            for name, value in ((text_attr, text), (".text_pair", pair)):
+                if value is not None and len(value) > max_chars and not truncate:
+                    raise ServingError.invalid(
+                        f"{field}[{i}]{name}", f"{len(value)} characters cannot fit the model's max_length "
+                        f"{self.max_length} (ask for truncation to cut it)")
+            if truncate:
+                text = text[:max_chars]
+                pair = None if pair is None else pair[:max_chars]
             batch.append(text if pair is None else (text, pair))
         encodings: list[Encoding] = self.tokenizer.encode_batch(batch)
         too_long = [i for i, e in enumerate(encodings) if len(e.ids) > self.max_length]

@@ -126,7 +126,8 @@ def _bigram_graph(table: np.ndarray) -> onnx.ModelProto:
     inits = [numpy_helper.from_array(table.astype(np.float32), "table"),
              numpy_helper.from_array(np.array([1, 3], dtype=np.int64), "axes")]
     graph = helper.make_graph(nodes, "bigram", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    # IR 10 is what every onnxruntime >= 1.17 reads (a newer onnx would default to an IR some runtimes refuse).
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 
 class Script:

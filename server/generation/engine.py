@@ -169,6 +169,15 @@ class GenerationEngine:
         if not isinstance(params, GenerationParams):
             raise TypeError("params must be a GenerationParams (use GenerationParams.validate)")
         spec = self.spec
+        # The last `context` tokens of a prompt lie within its last (context + 1) * 100 characters (no token
+        # covers more), so a longer prompt is refused or cut before tokenizing: tokenizing megabytes would hold
+        # the event loop for seconds.
+        max_chars = (spec.max_length + 1) * 100
+        if len(prompt) > max_chars:
+            if not params.truncate_prompt:
+                raise ValueError(f"prompt: {len(prompt)} characters cannot fit the model's context of "
+                                 f"{spec.max_length} tokens (shorten it, or set truncate_prompt)")
+            prompt = prompt[-max_chars:]
         ids = list(self._tokenizer.encode(prompt).ids) if prompt else []
         if not ids:
             start = spec.bos_id if spec.bos_id is not None else spec.eos_id

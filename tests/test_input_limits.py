@@ -1,0 +1,64 @@
+"""Huge texts are refused (or cut, when the request asks) BEFORE tokenization, so one request cannot hold the
+event loop for seconds; what is cut never changes the tokens the model sees.
+
+The 2 s bounds are not a speed claim: tokenizing the 4 MB text takes several seconds here, so finishing well
+under that shows the text was not tokenized whole."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+from tokenizers import Tokenizer
+
+from server.errors import ServingError
+from server.generation import GenerationConfig, GenerationEngine, GenerationParams
+from server.tokenization import CHARS_PER_TOKEN_BOUND, TextEncoder
+
+HUGE = "the king is dead " * 250_000  # ~4 MB
+
+
+def test_huge_classify_text_is_refused_fast_and_truncation_keeps_the_exact_prefix(tiny_repository: Path) -> None:
+    package = tiny_repository / "tiny-classifier" / "1"
+    max_length = json.loads((package / "model.json").read_text())["max_length"]
+    encoder = TextEncoder(package / "tokenizer.json", max_length)
+
+    started = time.monotonic()
+    with pytest.raises(ServingError) as refused:
+        encoder.encode([("ok", None), (HUGE, None)])
+    assert "inputs[1].text" in str(refused.value) and time.monotonic() - started < 2.0
+
+    started = time.monotonic()
+    [row] = encoder.encode([(HUGE, None)], truncate=True)
+    assert time.monotonic() - started < 2.0
+    # The reference: the tokenizer itself, truncating the whole text.
+    reference = Tokenizer.from_file(str(package / "tokenizer.json"))
+    reference.no_padding()
+    reference.enable_truncation(max_length)
+    assert row.ids == reference.encode(HUGE).ids
+
+    with pytest.raises(ServingError, match=r"inputs\[0\]\.text_pair"):
+        encoder.encode([("short", HUGE)])
+    assert len(HUGE) > max_length * CHARS_PER_TOKEN_BOUND
+
+
+def test_huge_prompt_is_refused_fast_and_truncate_prompt_keeps_the_exact_tail(tiny_repository: Path) -> None:
+    package = tiny_repository / "tiny-gpt" / "1"
+    manifest = json.loads((package / "model.json").read_text())
+    tokenizer = Tokenizer.from_file(str(package / "tokenizer.json"))
+    session = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
+    engine = GenerationEngine(session, manifest, tokenizer, GenerationConfig(), None, "limits")
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="^prompt: "):
+        engine.encode_prompt(HUGE, GenerationParams.validate(max_new_tokens=4))
+    assert time.monotonic() - started < 2.0
+
+    params = GenerationParams.validate(max_new_tokens=4, truncate_prompt=True)
+    started = time.monotonic()
+    ids = engine.encode_prompt(HUGE, params)
+    assert time.monotonic() - started < 2.0
+    room = manifest["max_length"] - 4
+    assert ids == tokenizer.encode(HUGE).ids[-room:]
