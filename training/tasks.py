@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from training import data as data_mod
-from training.bert import BertConfig, BertForMaskedLM, BertForPreTraining
-from training.checkpoint import load_model, save_model
+from training.bert import BertConfig, BertForMaskedLM, BertForPreTraining, init_weights
+from training.checkpoint import checkpoint_kind, load_model, save_model
 from training.gpt import GPT2LMHeadModel, GPTConfig
 from training.masking import IGNORE_INDEX, MaskingConfig, build_pairs, mask_tokens, non_special_ids
 from training.metrics import classification_metrics, perplexity, topk_hits
@@ -277,6 +277,17 @@ class ClassifyConfig:
     labels: list[str] | None = None
     max_length: int = 128
     eval_examples: int = 1000
+    # A pooler the init checkpoint lacks (MLM checkpoints have none) can start as tanh(identity)
+    # instead of a 0.02-std random matrix (small outputs, slow head); measured no better here.
+    pooler_init: str = "random"     # random (HF) | identity | auto (identity when missing)
+    # Weight of an auxiliary loss on the mean of the token states (through the same pooler and
+    # classifier); it teaches the encoder genre features fast while [CLS] learns to gather them.
+    # Training only: the saved model is the standard [CLS]-pooled BertForSequenceClassification.
+    mean_pool_aux: float = 1.0
+    # Re-initialise the top encoder layers before fine-tuning (Zhang et al. 2021, "Revisiting
+    # few-sample BERT fine-tuning"): top layers of a briefly trained MLM are specialised to the
+    # MLM output and carry little sentence content.
+    reinit_layers: int = 0
 
 
 class ClassifyTask:
@@ -344,6 +355,18 @@ class ClassifyTask:
         if dropout is not None:
             over.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
         model, config = load_model(resume or self.cfg.init, kind="bert-classifier", **over)
+        fresh_pooler = checkpoint_kind(self.cfg.init) == "bert-mlm"
+        if resume is None and self.cfg.reinit_layers > 0:
+            layers = model.bert.encoder.layer
+            if self.cfg.reinit_layers > len(layers):
+                raise data_mod.DataError(f"reinit_layers: {self.cfg.reinit_layers} exceeds the model's "
+                                         f"{len(layers)} layers")
+            for layer in layers[len(layers) - self.cfg.reinit_layers:]:
+                layer.apply(lambda m: init_weights(m, config.initializer_range))
+        if resume is None and (self.cfg.pooler_init == "identity" or (self.cfg.pooler_init == "auto" and fresh_pooler)):
+            with torch.no_grad():
+                model.bert.pooler.dense.weight.copy_(torch.eye(config.hidden_size))
+                model.bert.pooler.dense.bias.zero_()
         if self.cfg.max_length > config.max_position_embeddings:
             raise data_mod.DataError(f"max_length: {self.cfg.max_length} exceeds the model's "
                                      f"max_position_embeddings={config.max_position_embeddings}")
@@ -363,8 +386,17 @@ class ClassifyTask:
     def loss(self, model: nn.Module, batch: Batch, rows: slice, label_smoothing: float) -> torch.Tensor:
         n = batch["labels"].numel()
         local = {k: v[rows] for k, v in batch.items()}
-        logits = model(local["input_ids"], local["attention_mask"], local["token_type_ids"])
-        return F.cross_entropy(logits, local["labels"], reduction="sum", label_smoothing=label_smoothing) / n
+        mask = local["attention_mask"]
+        hidden, pooled = model.bert(local["input_ids"], mask, local["token_type_ids"])
+        logits = model.classifier(model.dropout(pooled))
+        loss = F.cross_entropy(logits, local["labels"], reduction="sum", label_smoothing=label_smoothing) / n
+        if self.cfg.mean_pool_aux > 0:
+            m = mask[..., None].to(hidden.dtype)
+            mean = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+            aux = model.classifier(model.dropout(torch.tanh(model.bert.pooler.dense(mean))))
+            loss = loss + self.cfg.mean_pool_aux * F.cross_entropy(
+                aux, local["labels"], reduction="sum", label_smoothing=label_smoothing) / n
+        return loss
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None:

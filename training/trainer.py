@@ -266,13 +266,15 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}")
             if mlog is not None:
-                mlog.write({"step": step + 1, "loss": loss, "lr": lr, "grad_norm": float(grad_norm)})
+                mlog.write({"step": step + 1, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
+                            "elapsed_s": round(time.monotonic() - self.started_at, 3)})
             done = step + 1 == cfg.steps
             if ctx.is_main and (done or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)):
                 assert work is not None and mlog is not None
                 last_eval = task.evaluate(model, "validation", ctx.device)
                 if last_eval is not None:
-                    mlog.write({"step": step + 1, "split": "validation", **_flat(last_eval)})
+                    mlog.write({"step": step + 1, "split": "validation", **_flat(last_eval),
+                                "elapsed_s": round(time.monotonic() - self.started_at, 3)})
                     m = float(last_eval[task.eval_key])
                     better = best["metric"] is None or (m > best["metric"] if task.higher_is_better
                                                         else m < best["metric"])

