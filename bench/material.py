@@ -117,7 +117,8 @@ def classifier_checkpoint(work: Path, default: Path = DEFAULT_CLASSIFIER) -> Che
     from training.checkpoint import read_config
 
     if (default / "config.json").is_file():
-        return Checkpoint("classifier", default, f"trained ({_rel(default)})", True, read_config(default))
+        return Checkpoint("classifier", default, f"trained ({_rel(default)}{_init_of(default)})", True,
+                          read_config(default))
     return random_bert(work, "classifier-small-random", "small", num_labels=3)
 
 
@@ -176,6 +177,15 @@ def random_gpt(work: Path, name: str, overrides_from: dict[str, Any] | None = No
     return Checkpoint(name, out, "random init, GPT preset 'small', n_positions 1024", False, read_config(out))
 
 
+def _init_of(ckpt: Path) -> str:
+    """', fine-tuned from X' when the training stage's metrics.json names the checkpoint it started from."""
+    try:
+        init = json.loads((ckpt / "metrics.json").read_text(encoding="utf-8")).get("data", {}).get("init")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f", fine-tuned from {_rel(Path(init))}" if isinstance(init, str) else ""
+
+
 def _rel(p: Path) -> str:
     try:
         return str(p.resolve().relative_to(ROOT))
@@ -190,27 +200,28 @@ def export_package(ckpt: Checkpoint, task: str, repository: Path, variants: tupl
                    threads: int = 2) -> Package:
     """Export through the real export API (parity gate included).
 
-    If the gate or a variant build refuses, the refusal is recorded and the export retried with fewer
-    variants; a variant refused by the gate is then built with the export stage's own builder, outside the
-    gate, so its speed can still be measured (the report says so)."""
+    If the gate refuses variants (or a variant build fails), the refusal and its failed checks are recorded
+    and the export is retried once without exactly those variants; a refused variant is then built with the
+    export stage's own builder, outside the gate, so its speed can still be measured (the report says so)."""
     from export import ExportConfig, ExportError, ParityFailure, export_checkpoint
 
     notes: list[str] = []
-    attempts = [variants] + [v for v in (("fp32", "optimized"), ("fp32", "int8"), ("fp32",))
-                             if set(v) < set(variants)]
-    result = None
-    for attempt in attempts:
+    attempt = tuple(variants)
+    for _ in range(len(variants)):
         try:
             result = export_checkpoint(ExportConfig(checkpoint=ckpt.path, task=task, repository=repository,
                                                     name=ckpt.name.replace("_", "-"), variants=attempt,
                                                     threads=threads))
             break
         except (ExportError, ParityFailure) as exc:
-            first = str(exc).strip().splitlines()[0]
-            detail = _gate_detail(exc)
-            notes.append(f"export with variants {','.join(attempt)} refused: {first}{detail}")
+            refused = _refused_variants(exc, attempt)
+            notes.append(f"export with variants {','.join(attempt)} refused: {str(exc).strip().splitlines()[0]}"
+                         f"{_gate_detail(exc)}")
             log.warning("%s: %s", ckpt.name, notes[-1])
-    if result is None:
+            if not refused or "fp32" in refused:
+                raise MaterialError(f"export: {ckpt.name} could not be exported: {'; '.join(notes)}") from None
+            attempt = tuple(v for v in attempt if v not in refused)
+    else:
         raise MaterialError(f"export: {ckpt.name} could not be exported: {'; '.join(notes)}")
     pkg = Package(result.package_dir, json.loads((result.package_dir / "model.json").read_text()), result.parity,
                   notes)
@@ -220,13 +231,30 @@ def export_package(ckpt: Checkpoint, task: str, repository: Path, variants: tupl
     return pkg
 
 
+def _refused_variants(exc: Exception, attempt: tuple[str, ...]) -> set[str]:
+    """Variants the gate failed (from its report), or the one an ExportError names ('--variants optimized')."""
+    report = getattr(exc, "report", None)
+    if isinstance(report, dict):
+        return {v for v, r in report.get("variants", {}).items() if r.get("passed") is False}
+    text = str(exc)
+    return {v for v in attempt if v != "fp32" and f"--variants {v}" in text}
+
+
 def _gate_detail(exc: Exception) -> str:
+    """The failed checks of a ParityFailure's report, e.g. '(int8: top-1 agreement 0.97 < 0.99)'."""
     report = getattr(exc, "report", None)
     if not isinstance(report, dict):
         return ""
-    failed = [f"{v}: {r.get('status') or r.get('passed')}" for v, r in report.get("variants", {}).items()
-              if not r.get("passed", True)]
-    return f" ({'; '.join(failed)})" if failed else ""
+    parts = []
+    for v, r in report.get("variants", {}).items():
+        if r.get("passed") is not False:
+            continue
+        bad = [c for c in r.get("checks", []) if not c.get("passed", True)]
+        desc = ", ".join(f"{c.get('name')} {c['value']:.4g}" + (f" (limit {c['threshold']:.4g})" if c.get("threshold")
+                                                                 is not None else "")
+                         if isinstance(c.get("value"), (int, float)) else str(c.get("name")) for c in bad[:3])
+        parts.append(f"{v}: {desc or r.get('status')}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _build_outside_gate(pkg: Package, variant: str) -> None:

@@ -229,3 +229,27 @@ def test_in_process_and_grpc_paths_serve_the_same_models(tiny_repository: Path, 
     with ServerProcess(repo, ["--intra-op-threads", "1"]) as server:
         got = asyncio.run(exercise(server.address))
     assert got == {"in_process": [24, 5], "grpc": [24, 5]}
+
+
+def test_gate_refusal_is_read_from_the_real_report_and_variant_built_outside(
+        tiny_checkpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real ParityFailure (the export stage's perturbation hook breaks the optimized graph) names the
+    refused variant; a variant missing from a package is then built outside the gate for timing only."""
+    from bench.material import Checkpoint, _build_outside_gate, _gate_detail, _refused_variants, export_package
+    from export import ExportConfig, ParityFailure, export_checkpoint
+
+    monkeypatch.setenv("ORTSERVE_EXPORT_PERTURB", "optimized")
+    with pytest.raises(ParityFailure) as failure:
+        export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.classifier, task="classify",
+                                       repository=tmp_path / "refused", name="tiny", variants=("fp32", "optimized")))
+    assert _refused_variants(failure.value, ("fp32", "optimized")) == {"optimized"}
+    assert _gate_detail(failure.value).startswith(" (optimized: ")
+    monkeypatch.delenv("ORTSERVE_EXPORT_PERTURB")
+
+    pkg = export_package(Checkpoint("tiny", tiny_checkpoints.classifier, "test", True), "classify",
+                         tmp_path / "repo", ("fp32",), threads=1)
+    _build_outside_gate(pkg, "int8")
+    assert "int8" not in json.loads((pkg.path / "model.json").read_text())["variants"]  # never published
+    assert pkg.notes == ["int8: built with export.variants outside the parity gate (not publishable)"]
+    built = pkg.variant_file("int8")
+    assert built is not None and built.is_file() and not built.resolve().is_relative_to(pkg.path.resolve())
