@@ -51,7 +51,9 @@ def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
               "- Every figure is the median over repeats with [min–max]; every ratio compares two figures "
               "measured in the same run, interleaved (ratio of medians, [worst–best] the ranges allow). "
               "Everyone gets 2 intra-op threads (torch.set_num_threads(2), onnxruntime intra_op_num_threads=2, "
-              "OPENBLAS_NUM_THREADS=2)."]
+              "OPENBLAS_NUM_THREADS=2), and idle threads sleep instead of spinning in the benchmark process "
+              "(OMP_WAIT_POLICY=PASSIVE, onnxruntime session.intra_op.allow_spinning=0) so that interleaved backends "
+              "do not steal cores from each other; the server processes keep their own defaults."]
     if quick:
         lines.append("- **`--quick` run: few repeats and smaller models (development only, noisy).**")
     failed = {p: r["error"] for p, r in results.items() if r.get("status") == "failed"}
