@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .config import DecoderConfig
-from .material import Checkpoint, Package, export_package, lm_checkpoint, passages
+from .material import Checkpoint, Package, export_package, lm_checkpoint, passages, shared_dir
 from .ortprofile import profile_callable, session
 from .stats import Summary, ratio
 
@@ -188,7 +188,7 @@ def run(cfg: DecoderConfig, work: Path) -> dict[str, Any]:
 
     torch.set_num_threads(cfg.threads)
     need = max(cfg.prompt_tokens + cfg.new_tokens, max(cfg.past_lengths) + 1)
-    ckpt, notes = lm_checkpoint(work, min_positions=need, default=cfg.sources.lm)
+    ckpt, notes = lm_checkpoint(shared_dir(work), min_positions=need, default=cfg.sources.lm)
     pkg = export_package(ckpt, "generate", work / "repository", ("fp32",), threads=cfg.threads)
     notes += pkg.notes
     prompt = prompt_ids(pkg, cfg.prompt_tokens)

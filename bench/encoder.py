@@ -16,7 +16,8 @@ import numpy as np
 
 from .config import EncoderConfig
 from .flops import bert_classifier_flops, sgemm_call, sgemm_rate
-from .material import Checkpoint, Package, classifier_checkpoint, export_package, passages, random_bert
+from .material import (Checkpoint, Package, classifier_checkpoint, export_package, passages, random_bert,
+                       shared_dir)
 from .ortprofile import profile_runs, session
 from .stats import Summary, ratio
 
@@ -186,8 +187,8 @@ def run(cfg: EncoderConfig, work: Path) -> dict[str, Any]:
     repo = work / "repository"
     models = []
     base_name = "bert-base-random" if cfg.base_layers == 12 else f"bert-base-width-L{cfg.base_layers}-random"
-    ckpts = [classifier_checkpoint(work, cfg.sources.classifier),
-             random_bert(work, base_name, "base", num_labels=2, **({} if cfg.base_layers == 12 else
+    ckpts = [classifier_checkpoint(shared_dir(work), cfg.sources.classifier),
+             random_bert(shared_dir(work), base_name, "base", num_labels=2, **({} if cfg.base_layers == 12 else
                                                                    {"num_hidden_layers": cfg.base_layers}))]
     for ckpt in ckpts:
         pkg = export_package(ckpt, "classify", repo, ("fp32", "optimized", "int8"), threads=cfg.threads)

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,11 @@ def passages(n: int, min_words: int, seed: int = 0) -> list[str]:
 
 
 # --------------------------------------------------------------------------- checkpoints
+
+
+def shared_dir(piece_work: Path) -> Path:
+    """Where the pieces of one run keep the checkpoints and tokenizers they share (beside their own dirs)."""
+    return piece_work.parent / "shared"
 
 
 def _tokenizer_files(d: Path) -> dict[str, Path]:
@@ -196,8 +202,30 @@ def _rel(p: Path) -> str:
 # --------------------------------------------------------------------------- packages
 
 
+# (checkpoint, task, variants) -> the package exported earlier in this process: the pieces of one suite run
+# share it (the parity gate of a trained classifier takes minutes) by copying it into their own repository.
+_EXPORTED: dict[tuple[str, str, tuple[str, ...]], Package] = {}
+
+
 def export_package(ckpt: Checkpoint, task: str, repository: Path, variants: tuple[str, ...],
                    threads: int = 2) -> Package:
+    """Export once per (checkpoint, task, variants) and process; later calls get a copy under ckpt.name."""
+    key = (str(ckpt.path.resolve()), task, tuple(variants))
+    done = _EXPORTED.get(key)
+    if done is None:
+        done = _EXPORTED[key] = _export(ckpt, task, repository, variants, threads)
+    name_dir = repository / ckpt.name
+    if done.path.parent == name_dir:
+        return done
+    if name_dir.exists():
+        raise MaterialError(f"export: {name_dir} already exists")
+    # The whole name directory: the version directory and any variant built outside the gate beside it.
+    shutil.copytree(done.path.parent, name_dir)
+    return Package(name_dir / done.path.name, json.loads(json.dumps(done.manifest)), done.parity,
+                   done.notes + [f"same export as {done.path} (copied)"])
+
+
+def _export(ckpt: Checkpoint, task: str, repository: Path, variants: tuple[str, ...], threads: int) -> Package:
     """Export through the real export API (parity gate included).
 
     If the gate refuses variants (or a variant build fails), the refusal and its failed checks are recorded
@@ -210,7 +238,7 @@ def export_package(ckpt: Checkpoint, task: str, repository: Path, variants: tupl
     for _ in range(len(variants)):
         try:
             result = export_checkpoint(ExportConfig(checkpoint=ckpt.path, task=task, repository=repository,
-                                                    name=ckpt.name.replace("_", "-"), variants=attempt,
+                                                    name=ckpt.name, variants=attempt,
                                                     threads=threads))
             break
         except (ExportError, ParityFailure) as exc:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .config import PeerConfig
 from .encoder import encode
-from .material import classifier_checkpoint, export_package, passages
+from .material import classifier_checkpoint, export_package, passages, shared_dir
 from .pyprofile import profile_server
 from .serverproc import Process, ServerProcess, free_port
 from .stats import Summary, percentile, ratio
@@ -145,9 +145,11 @@ def logits(address: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
 
 def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
     ensure_venv()
-    ckpt = classifier_checkpoint(work, cfg.sources.classifier)
+    ckpt = classifier_checkpoint(shared_dir(work), cfg.sources.classifier)
     ckpt.name = MODEL
-    pkg = export_package(ckpt, "classify", work / "repository", ("fp32", "int8"), threads=cfg.threads)
+    # The encoder piece's variants: the same export is then reused instead of gated again.
+    pkg = export_package(ckpt, "classify", work / "repository", ("fp32", "optimized", "int8"),
+                         threads=cfg.threads)
     variant = (pkg.manifest.get("default_variant") or {}).get("cpu") or "fp32"
     model_file = pkg.variant_file(variant)
     texts = passages(max(cfg.batches), min_words=60, seed=7)

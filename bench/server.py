@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ServerBenchConfig
-from .material import classifier_checkpoint, export_package, lm_checkpoint, passages
+from .material import classifier_checkpoint, export_package, lm_checkpoint, passages, shared_dir
 from .pyprofile import profile_server
 from .serverproc import ServerProcess
 from .stats import Summary, percentile, ratio
@@ -157,10 +157,10 @@ class OverGrpc:
 def build_repository(work: Path, cfg: ServerBenchConfig) -> tuple[Path, dict[str, Any]]:
     threads, new_tokens = cfg.threads, cfg.stream_new_tokens
     repo = work / "repository"
-    clf = classifier_checkpoint(work, cfg.sources.classifier)
+    clf = classifier_checkpoint(shared_dir(work), cfg.sources.classifier)
     clf.name = CLASSIFIER
-    cpkg = export_package(clf, "classify", repo, ("fp32", "int8"), threads=threads)
-    lm, notes = lm_checkpoint(work, min_positions=64 + new_tokens, default=cfg.sources.lm)
+    cpkg = export_package(clf, "classify", repo, ("fp32", "optimized", "int8"), threads=threads)
+    lm, notes = lm_checkpoint(shared_dir(work), min_positions=64 + new_tokens, default=cfg.sources.lm)
     lm.name = LM
     lpkg = export_package(lm, "generate", repo, ("fp32",), threads=threads)
     return repo, {"classifier": {**clf.describe(), "default_variant": cpkg.manifest.get("default_variant"),
