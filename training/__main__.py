@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a pooler missing from --init: random (HF), identity, or auto (identity if missing)")
     p.add_argument("--mean-pool-aux", type=float, default=1.0,
                    help="weight of a training-only auxiliary loss on mean-pooled token states")
-    p.add_argument("--reinit-layers", type=int, default=0, help="re-initialise the top N encoder layers first")
+    p.add_argument("--reinit-layers", type=int, default=-1,
+                   help="re-initialise the top N encoder layers first; -1 (default): all of them when --init is "
+                        "an MLM checkpoint stuck at token frequencies (its metrics.json top-1 < 0.2), else none")
     _add_common(p, "classify")
 
     p = sub.add_parser("lm", help="pre-train a GPT-2 style decoder")
@@ -164,8 +166,9 @@ def _run_training(task: Any, a: argparse.Namespace, task_cfg: Any, tokenizer_src
     finally:
         shutdown(ctx)
     if metrics is not None:
-        print(json.dumps({"out": str(a.out), "best_step": metrics["best_step"], "validation": _short(metrics["validation"]),
-                          "test": _short(metrics["test"]), "wall_time_s": metrics["wall_time_s"]}))
+        print(json.dumps({"out": str(a.out), "best_step": metrics["best_step"],
+                          "validation": _short(metrics["validation"]), "test": _short(metrics["test"]),
+                          "wall_time_s": metrics["wall_time_s"]}))
     return 0
 
 

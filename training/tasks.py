@@ -6,6 +6,7 @@ global count of loss positions, so the sum over ranks is the single-process loss
 """
 from __future__ import annotations
 
+import json
 import logging
 import random
 from dataclasses import dataclass, field
@@ -284,10 +285,31 @@ class ClassifyConfig:
     # classifier); it teaches the encoder genre features fast while [CLS] learns to gather them.
     # Training only: the saved model is the standard [CLS]-pooled BertForSequenceClassification.
     mean_pool_aux: float = 1.0
-    # Re-initialise the top encoder layers before fine-tuning (Zhang et al. 2021, "Revisiting
-    # few-sample BERT fine-tuning"): top layers of a briefly trained MLM are specialised to the
-    # MLM output and carry little sentence content.
-    reinit_layers: int = 0
+    # Re-initialise the top N encoder layers before fine-tuning (Zhang et al. 2021, "Revisiting
+    # few-sample BERT fine-tuning"). -1 = auto: all layers when --init is an MLM checkpoint whose own
+    # metrics.json shows it never got past predicting token frequencies (held-out top-1 below
+    # PLATEAU_TOP1): measured, such an encoder keeps the classifier at the majority class for 200
+    # steps, while fresh layers on its embeddings learn. 0 for any other checkpoint (e.g. MiniLM).
+    reinit_layers: int = -1
+
+
+PLATEAU_TOP1 = 0.2
+
+
+def plateaued_mlm(init: str | Path) -> float | None:
+    """Held-out top-1 of one of our MLM checkpoints if it is below PLATEAU_TOP1, else None."""
+    from training.checkpoint import CheckpointError
+    try:
+        if checkpoint_kind(init) not in ("bert-mlm", "bert-pretraining"):
+            return None
+    except CheckpointError:
+        return None
+    f = Path(init) / "metrics.json"
+    try:
+        top1 = json.loads(f.read_text())["test"]["top1"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(top1) if isinstance(top1, (int, float)) and top1 < PLATEAU_TOP1 else None
 
 
 class ClassifyTask:
@@ -356,12 +378,19 @@ class ClassifyTask:
             over.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
         model, config = load_model(resume or self.cfg.init, kind="bert-classifier", **over)
         fresh_pooler = checkpoint_kind(self.cfg.init) == "bert-mlm"
-        if resume is None and self.cfg.reinit_layers > 0:
-            layers = model.bert.encoder.layer
-            if self.cfg.reinit_layers > len(layers):
-                raise data_mod.DataError(f"reinit_layers: {self.cfg.reinit_layers} exceeds the model's "
-                                         f"{len(layers)} layers")
-            for layer in layers[len(layers) - self.cfg.reinit_layers:]:
+        layers = model.bert.encoder.layer
+        n_reinit = self.cfg.reinit_layers
+        if n_reinit < 0:
+            top1 = plateaued_mlm(self.cfg.init)
+            n_reinit = len(layers) if top1 is not None else 0
+            if n_reinit and resume is None:
+                log.warning("%s: held-out MLM top-1 %.3f < %.2f (token-frequency plateau): re-initialising all "
+                            "%d encoder layers, keeping the embeddings (--reinit-layers 0 keeps them all)",
+                            self.cfg.init, top1, PLATEAU_TOP1, n_reinit)
+        if resume is None and n_reinit > 0:
+            if n_reinit > len(layers):
+                raise data_mod.DataError(f"reinit_layers: {n_reinit} exceeds the model's {len(layers)} layers")
+            for layer in layers[len(layers) - n_reinit:]:
                 layer.apply(lambda m: init_weights(m, config.initializer_range))
         if resume is None and (self.cfg.pooler_init == "identity" or (self.cfg.pooler_init == "auto" and fresh_pooler)):
             with torch.no_grad():

@@ -9,7 +9,6 @@ leaves nothing behind.
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
@@ -322,6 +321,3 @@ class Trainer:
 def _flat(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if not isinstance(v, dict)}
 
-
-def config_dict(obj: Any) -> Any:
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
