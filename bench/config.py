@@ -54,11 +54,13 @@ class DecoderConfig:
 
 @dataclass(frozen=True)
 class ServerBenchConfig:
+    """Classify: requests_per_level requests per run at each concurrency, shared by its clients."""
+
     threads: int = 2
     sources: Sources = field(default_factory=Sources)
     batch_size: int = 1              # texts per Classify request, the same in-process and over gRPC
     concurrency: tuple[int, ...] = (1, 4, 16)
-    requests_per_client: int = 100
+    requests_per_level: int = 400    # per run at each concurrency, split over its clients (>= 10 each)
     latency_requests: int = 300      # sequential batch-1 requests for the p50 overhead
     repeats: int = 5
     streams: tuple[int, ...] = (1, 4, 8)
@@ -67,24 +69,26 @@ class ServerBenchConfig:
 
     @classmethod
     def quick(cls) -> "ServerBenchConfig":
-        return cls(requests_per_client=10, latency_requests=30, repeats=1, stream_new_tokens=16,
-                   stream_repeats=1)
+        return cls(requests_per_level=60, latency_requests=30, repeats=1, stream_new_tokens=16, stream_repeats=1)
 
 
 @dataclass(frozen=True)
 class PeerConfig:
+    """Requests per client = rows_per_cell / (clients × batch), at least 10: the same work in every cell,
+    so a slow trained model does not make the batch-8 cells take minutes."""
+
     threads: int = 2
     sources: Sources = field(default_factory=Sources)
     clients: tuple[int, ...] = (1, 8)
     batches: tuple[int, ...] = (1, 8)
     seq: int = 32
-    requests_per_client: int = 150
+    rows_per_cell: int = 800         # rows per run of a (clients, batch) cell, split over requests and clients
     repeats: int = 3
     startup_timeout: float = 120.0
 
     @classmethod
     def quick(cls) -> "PeerConfig":
-        return cls(requests_per_client=15, repeats=1)
+        return cls(rows_per_cell=120, repeats=1)
 
 
 @dataclass(frozen=True)

@@ -170,10 +170,11 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
         cells = []
         for clients in cfg.clients:
             for batch in cfg.batches:
+                per_client = max(10, cfg.rows_per_cell // (clients * batch))
                 runs: dict[str, list[dict[str, Any]]] = {k: [] for k in servers}
                 for _ in range(cfg.repeats):
                     for k, a in servers.items():
-                        runs[k].append(drive(a, feeds[batch], clients, cfg.requests_per_client))
+                        runs[k].append(drive(a, feeds[batch], clients, per_client))
                 cell: dict[str, Any] = {"clients": clients, "batch": batch}
                 thr = {}
                 for k, rs in runs.items():
@@ -193,7 +194,7 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
         peer.stop()
         ortserve.stop()
     # Where ortserve's main thread spends a batch-1 ModelInfer (separate process under cProfile, untimed).
-    n_prof = cfg.requests_per_client * 2
+    n_prof = max(20, cfg.rows_per_cell // 4)
     ortserve_profile = profile_server(
         lambda prof: ServerProcess(work / "repository", ortserve_args, cfg.startup_timeout, profile_to=prof),
         lambda server: drive(server.address, feeds[1], 1, n_prof), n_prof, work)

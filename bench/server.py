@@ -188,7 +188,8 @@ async def _measure(cfg: ServerBenchConfig, repo: Path, server: ServerProcess) ->
             runs: dict[str, list[LoadResult]] = {k: [] for k in ways}
             for _ in range(cfg.repeats):
                 for k, way in ways.items():
-                    runs[k].append(await closed_loop(classify_call(way), conc, cfg.requests_per_client))
+                    runs[k].append(await closed_loop(classify_call(way), conc,
+                                                     max(10, cfg.requests_per_level // conc)))
             summary = {k: _summarise_load(v) for k, v in runs.items()}
             thr = {k: Summary.from_json(v["throughput_per_s"]) for k, v in summary.items()}
             summary["grpc_vs_in_process_throughput"] = ratio(thr["grpc"], thr["in_process"])
