@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' weig
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -61,7 +62,13 @@ def parse_only(text: str) -> tuple[str, ...]:
     return pieces
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SystemExit unwinds the finally blocks that stop the server processes and remove the work directory.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = build_parser().parse_args(argv)
     # Other libraries (onnxruntime's quantizer logs per tensor on the root logger) stay at WARNING.
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
