@@ -1,8 +1,9 @@
 """Dynamic batcher for one encoder model version.
 
 Requests (each a few tokenized rows) queue up; a batch closes when it holds max_batch_size rows or when
-max_queue_delay has passed since its first request arrived. While a batch computes (in a worker thread:
-onnxruntime releases the GIL) the next one fills, so batches grow with load. Each batch is padded to its
+max_queue_delay has passed since its first request arrived (default 0: an idle model runs a request at once).
+While a batch computes (in a worker thread: onnxruntime releases the GIL) the next one fills, so batches grow
+with load without a fixed wait. Each batch is padded to its
 own longest row. Expired or cancelled requests are dropped before compute.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ RunBatch = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 @dataclass(frozen=True)
 class BatchConfig:
     max_batch_size: int = 16
-    max_queue_delay_s: float = 0.002
+    max_queue_delay_s: float = 0.0
     max_queued_requests: int = 256
 
 

@@ -35,7 +35,7 @@ class ServerSettings:
     intra_op_threads: int = 0             # 0 = onnxruntime's default
     inter_op_threads: int = 0
     max_batch_size: int = 16              # rows per encoder batch
-    max_queue_delay_ms: float = 2.0       # how long a batch waits for more rows after its first
+    max_queue_delay_ms: float = 0.0       # extra wait for more rows when the model is idle (0: none)
     max_queued_requests: int = 256        # per model; beyond it → RESOURCE_EXHAUSTED
     max_tokens_in_flight: int = 16384     # generation: prompt + max_new_tokens over active sequences
     max_sequences: int = 16               # generation: sequences in one continuous batch
