@@ -1,4 +1,5 @@
-"""Server processes for the benchmarks: ortserve (`python -m server`) and the MLServer peer.
+"""Server processes for the benchmarks: ortserve (`python -m server`, through server/launch.py) and the
+MLServer peer.
 
 Both run as real processes on free localhost ports; their output is collected by a thread (so a full
 pipe never blocks them) and shown when they fail to start.
@@ -9,23 +10,16 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from server import launch
+from server.launch import free_port  # noqa: F401  (re-exported for bench.peer)
+
 ROOT = Path(__file__).resolve().parents[1]
-_LISTENING = re.compile(r"listening on (\S+):(\d+)")
-_READY = re.compile(r"ready: (\d+) model version")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Process:
@@ -75,31 +69,9 @@ class Process:
             self.proc.wait(timeout=15)
 
 
-class ServerProcess(Process):
-    """`python -m server --repository DIR --port 0`; the port comes from its 'listening on' log line, and
-    requests wait for its 'ready' line (models load after the port opens).
-
-    profile_to: run it under cProfile (`python -m cProfile -o FILE -m server ...`); the statistics are
-    written when the server exits after SIGTERM."""
+class ServerProcess(launch.ServerProcess):
+    """ortserve for the benchmarks: the shared launcher (server/launch.py), with the bench's longer start-up."""
 
     def __init__(self, repository: Path, extra_args: Sequence[str] = (), startup_timeout: float = 120.0,
                  profile_to: Path | None = None) -> None:
-        prefix = [sys.executable] + (["-m", "cProfile", "-o", str(profile_to)] if profile_to else [])
-        super().__init__([*prefix, "-m", "server", "--repository", str(repository), "--port", "0",
-                          "--metrics-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args])
-        m = self.wait_for_line(_LISTENING, startup_timeout)
-        self.host, self.port = m.group(1), int(m.group(2))
-        ready = self.wait_for_line(_READY, startup_timeout)
-        if int(ready.group(1)) == 0:
-            self.stop()
-            raise RuntimeError("server started with no model SERVING; its output:\n" + "".join(self.lines[-30:]))
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def __enter__(self) -> "ServerProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(repository, extra_args, startup_timeout=startup_timeout, profile_to=profile_to)

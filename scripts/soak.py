@@ -17,16 +17,9 @@ import dataclasses
 import json
 import logging
 import os
-import queue
-import re
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
@@ -34,11 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python scripts/soak.py` puts scripts/ first, not the project
     sys.path.insert(0, str(ROOT))
 
+from server.launch import ServerProcess, ServerStartError  # noqa: E402
 from loadgen_lib import KINDS, LoadConfig, LoadConfigError, LoadReport, format_report, run_load  # noqa: E402
 
 log = logging.getLogger("ortserve.soak")
 PROG = "soak.py"
-_LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
 class SoakError(RuntimeError):
@@ -61,83 +54,12 @@ class SoakConfig:
 # ---------------------------------------------------------------------------- the server under test
 
 
-@dataclass
-class StartedServer:
-    """`python -m server` on a free loopback port; its output kept (last lines) for failure reports."""
-
-    proc: subprocess.Popen[str]
-    address: str = ""
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=200))
-    _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
-
-    @classmethod
-    def start(cls, repository: Path, extra: Sequence[str], timeout: float) -> "StartedServer":
-        cmd = [sys.executable, "-m", "server", "--repository", str(repository), "--host", "127.0.0.1",
-               "--port", "0", "--metrics-port", "-1", "--poll-interval", "0", *extra]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
-        server = cls(proc)
-        threading.Thread(target=server._pump, daemon=True).start()
-        try:
-            server.address = server._wait_listening(timeout)
-            server._wait_serving(timeout)
-        except SoakError:
-            server.kill()
-            raise
-        return server
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.tail.append(line)
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _wait_listening(self, timeout: float) -> str:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                line = self._lines.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            match = _LISTENING.search(line)
-            if match:
-                return f"{match.group(1)}:{match.group(2)}"
-        raise SoakError("the server did not start; its last output:\n" + "".join(self.tail))
-
-    def _wait_serving(self, timeout: float) -> None:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        end = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < end and self.proc.poll() is None:
-                try:
-                    if health.Check(health_pb2.HealthCheckRequest(), timeout=2).status == \
-                            health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.1)
-        raise SoakError("the server never became SERVING; its last output:\n" + "".join(self.tail))
-
-    def stop(self, timeout: float) -> int:
-        """SIGTERM, then the exit code (SIGKILL and -9 after `timeout`)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return -9
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+def start_server(repository: Path, extra: Sequence[str], timeout: float) -> ServerProcess:
+    """`python -m server` on a free loopback port (server/launch.py), SERVING, or SoakError."""
+    try:
+        return ServerProcess(repository, ["--host", "127.0.0.1", *extra], startup_timeout=timeout)
+    except ServerStartError as e:
+        raise SoakError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------- the tiny default models
@@ -214,13 +136,13 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def soak(config: SoakConfig) -> tuple[LoadReport, Verdict, int | None]:
-    server: StartedServer | None = None
+    server: ServerProcess | None = None
     load = config.load
     pid = config.server_pid
     if config.repository is not None:
-        server = StartedServer.start(config.repository, config.server_args, config.startup_timeout)
+        server = start_server(config.repository, config.server_args, config.startup_timeout)
         load = dataclasses.replace(load, address=server.address).validate()
-        pid = server.proc.pid
+        pid = server.pid
         log.info("server pid %d on %s", pid, server.address)
     exit_code: int | None = None
     try:
@@ -230,7 +152,7 @@ def soak(config: SoakConfig) -> tuple[LoadReport, Verdict, int | None]:
             exit_code = server.stop(config.stop_timeout)
     verdict = judge(report, config, exit_code)
     if server is not None and exit_code != 0:
-        log.error("server output (last lines):\n%s", "".join(server.tail))
+        log.error("server output (last lines):\n%s", server.output(200))
     return report, verdict, exit_code
 
 

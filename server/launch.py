@@ -1,0 +1,153 @@
+"""Start `python -m server` as a child process and wait until it serves: the one launcher that the tests,
+the benchmarks and the soak script use.
+
+The port is read from the server's "listening on HOST:PORT" log line (so `--port 0` works), then
+grpc.health.v1 is polled until the server says SERVING (it listens before its models are loaded).
+The child's output is pumped by a thread, so a full pipe never blocks it, and kept for failure reports.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_METRICS = re.compile(r"metrics on (\S+):(\d+)")
+
+
+class ServerStartError(RuntimeError):
+    """The server did not start or never became SERVING; the message ends with its last output."""
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (for a server started later, or a refused connection)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A real server process on a loopback port.
+
+    extra_args go after the defaults, so they override them (`--metrics-port 0` for a metrics endpoint).
+    profile_to runs it under cProfile; the statistics are written when it exits after SIGTERM.
+    """
+
+    def __init__(self, repository: Path, extra_args: Sequence[str] = (), port: int = 0,
+                 startup_timeout: float = 60.0, root_cert: Path | None = None,
+                 env: Mapping[str, str] | None = None, profile_to: Path | None = None) -> None:
+        self.repository = repository
+        prefix = [sys.executable] + (["-m", "cProfile", "-o", str(profile_to)] if profile_to else [])
+        cmd = [*prefix, "-m", "server", "--repository", str(repository), "--port", str(port),
+               "--metrics-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        self.lines: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        try:
+            self.host, self.port = self._wait_listening(startup_timeout)
+            self._wait_serving(startup_timeout, root_cert)
+        except ServerStartError:
+            self.kill()
+            raise
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self, last: int = 30) -> str:
+        return "".join(self.lines[-last:])
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of the Prometheus endpoint (start with extra_args ["--metrics-port", "0"]); 0 if absent."""
+        found = [m for m in (_METRICS.search(line) for line in self.lines) if m]
+        if not found:
+            raise RuntimeError("the server has no metrics endpoint (pass --metrics-port 0)")
+        url = f"http://{found[-1].group(1)}:{found[-1].group(2)}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        want = {f'{k}="{v}"' for k, v in labels.items()}
+        for line in text.splitlines():
+            head, _, value = line.rpartition(" ")
+            if head.split("{")[0] == name and want <= set(head.partition("{")[2].rstrip("}").split(",")):
+                return float(value)
+        return 0.0
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _wait_listening(self, timeout: float) -> tuple[str, int]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self._lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            match = _LISTENING.search(line)
+            if match:
+                return match.group(1), int(match.group(2))
+        raise ServerStartError("server did not report 'listening on HOST:PORT'; its output:\n" + self.output(200))
+
+    def _wait_serving(self, timeout: float, root_cert: Path | None) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        if root_cert is None:
+            channel = grpc.insecure_channel(self.address)
+        else:
+            channel = grpc.secure_channel(self.address, grpc.ssl_channel_credentials(root_cert.read_bytes()))
+        end = time.monotonic() + timeout
+        with channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < end and self.proc.poll() is None:
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.05)
+        raise ServerStartError("server did not become SERVING; its output:\n" + self.output(200))
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes mid-request, as in a crash."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (the server drains), then its exit code; SIGKILL and -9 after `timeout`."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
