@@ -19,9 +19,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from training.albert import AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining, AlbertForSequenceClassification
 from training.bert import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
                            BertModel)
+from training.distilbert import DistilBertConfig, DistilBertForMaskedLM, DistilBertForSequenceClassification
 from training.gpt import GPT2LMHeadModel, GPTConfig
+from training.llama import FAMILIES as LLAMA_FAMILIES
+from training.llama import LlamaConfig, LlamaForCausalLM
+from training.roberta import RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +41,29 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "bert-pretraining": (BertForPreTraining, "BertForPreTraining", "bert"),
     "bert-classifier": (BertForSequenceClassification, "BertForSequenceClassification", "bert"),
     "gpt": (GPT2LMHeadModel, "GPT2LMHeadModel", "gpt2"),
+    "roberta-mlm": (RobertaForMaskedLM, "RobertaForMaskedLM", "roberta"),
+    "roberta-classifier": (RobertaForSequenceClassification, "RobertaForSequenceClassification", "roberta"),
+    "albert-mlm": (AlbertForMaskedLM, "AlbertForMaskedLM", "albert"),
+    "albert-pretraining": (AlbertForPreTraining, "AlbertForPreTraining", "albert"),
+    "albert-classifier": (AlbertForSequenceClassification, "AlbertForSequenceClassification", "albert"),
+    "distilbert-mlm": (DistilBertForMaskedLM, "DistilBertForMaskedLM", "distilbert"),
+    "distilbert-classifier": (DistilBertForSequenceClassification, "DistilBertForSequenceClassification",
+                              "distilbert"),
+    # One class for the three Llama-family checkpoints; the architecture written follows config.model_type.
+    "llama": (LlamaForCausalLM, "LlamaForCausalLM", "llama"),
 }
+# model_type -> the config dataclass and the prefix HF puts the encoder/decoder under in headed models.
+FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "roberta": RobertaConfig,
+                                  "albert": AlbertConfig, "distilbert": DistilBertConfig,
+                                  **{t: LlamaConfig for t in LLAMA_FAMILIES}}
+_PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert."}
 _ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
-# Architectures whose weights are a BERT / GPT-2 encoder we can start from (heads get fresh init).
-_ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt"}
+# Architectures whose weights are an encoder / decoder we can start from (heads get fresh init).
+_ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "roberta-mlm",
+                 "AlbertModel": "albert-mlm", "DistilBertModel": "distilbert-mlm",
+                 "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama"}
+# kinds whose model_type may be any of several (Llama family).
+_KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
 
 # nn.Linear inside, Conv1D ([in, out]) in HF's GPT-2 files.
 _CONV1D = re.compile(r"^transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
@@ -48,9 +72,38 @@ _TIED = {
     "bert-mlm": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
     "bert-pretraining": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
     "gpt": ("lm_head.weight",),
+    "roberta-mlm": ("lm_head.decoder.weight", "lm_head.decoder.bias"),
+    "albert-mlm": ("predictions.decoder.weight", "predictions.decoder.bias"),
+    "albert-pretraining": ("predictions.decoder.weight", "predictions.decoder.bias"),
+    "distilbert-mlm": ("vocab_projector.weight",),
+}
+# Head weights per family: may be missing from a source (fresh init) or dropped when the target lacks them.
+_HEADS = {
+    "bert": ("cls.", "classifier.", "bert.pooler.", "pooler."),
+    "roberta": ("lm_head.", "classifier.", "roberta.pooler.", "pooler."),
+    "albert": ("predictions.", "sop_classifier.", "classifier.", "albert.pooler.", "pooler."),
+    "distilbert": ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier."),
 }
 # Buffers old checkpoints carry that are not parameters.
-_BUFFERS = re.compile(r"(^|\.)(position_ids|attn\.bias|attn\.masked_bias)$")
+_BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$")
+
+
+def kind_model_types(kind: str) -> tuple[str, ...]:
+    """The config.json model_type values a kind accepts."""
+    return _KIND_TYPES.get(kind, (KINDS[kind][2],))
+
+
+def architecture_of(model: nn.Module) -> str:
+    """The HF architecture name to write for our model (Llama family: by its model_type)."""
+    kind = _kind_of(model)
+    if kind == "llama":
+        return model.config.architecture
+    return KINDS[kind][1]
+
+
+def family_of_kind(kind: str) -> str:
+    """"bert-mlm" -> "bert", "llama" -> "llama", "gpt" -> "gpt2"."""
+    return KINDS[kind][2]
 
 
 class CheckpointError(ValueError):
@@ -76,18 +129,22 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
     return _kind_from_config(read_config(path), Path(path))
 
 
+_DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
+                 "distilbert": "distilbert-mlm", **{t: "llama" for t in LLAMA_FAMILIES}}
+
+
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
     model_type = cfg.get("model_type")
-    if model_type not in ("bert", "gpt2"):
-        raise CheckpointError(f"{path / CONFIG_NAME}: model_type: unsupported {model_type!r} (bert or gpt2)")
+    if model_type not in FAMILY_CONFIG:
+        raise CheckpointError(f"{path / CONFIG_NAME}: model_type: unsupported {model_type!r} "
+                              f"(one of {', '.join(FAMILY_CONFIG)})")
     archs = cfg.get("architectures") or []
     for arch in archs:
-        if arch in _ARCH_TO_KIND:
-            return _ARCH_TO_KIND[arch]
-        if arch in _ARCH_ALIASES:
-            return _ARCH_ALIASES[arch]
+        kind = _ARCH_TO_KIND.get(arch) or _ARCH_ALIASES.get(arch)
+        if kind is not None and model_type in kind_model_types(kind):
+            return kind
     if not archs:
-        return "bert" if model_type == "bert" else "gpt"
+        return _DEFAULT_KIND[model_type]
     raise CheckpointError(f"{path / CONFIG_NAME}: architectures: unsupported {archs!r} "
                           f"(one of {sorted(_ARCH_TO_KIND)})")
 
@@ -114,8 +171,8 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{path}: no {SAFETENSORS_NAME} or {BIN_NAME}")
 
 
-def _config_for(kind: str, cfg: dict[str, Any], overrides: dict[str, Any]) -> BertConfig | GPTConfig:
-    cls = GPTConfig if kind == "gpt" else BertConfig
+def _config_for(kind: str, cfg: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    cls = FAMILY_CONFIG[cfg.get("model_type", family_of_kind(kind))]
     d = dict(cfg)
     if "id2label" in overrides and "label2id" not in overrides:
         d.pop("label2id", None)
@@ -130,7 +187,7 @@ def _config_for(kind: str, cfg: dict[str, Any], overrides: dict[str, Any]) -> Be
 
 
 def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
-    """HF key variants -> our model's keys: legacy gamma/beta, `bert.` / `transformer.` prefixes."""
+    """HF key variants -> our model's keys: legacy gamma/beta, `bert.` / `transformer.` / `model.` prefixes."""
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         if _BUFFERS.search(k):
@@ -138,22 +195,34 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
         k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
         k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
         out[k] = v
+    family = family_of_kind(kind)
     if kind == "gpt":
         if not any(k.startswith("transformer.") for k in out):  # a GPT2Model checkpoint
             out = {(k if k.startswith("lm_head.") else "transformer." + k): v for k, v in out.items()}
+    elif kind == "llama":
+        if not any(k.startswith("model.") for k in out):  # a LlamaModel checkpoint
+            out = {(k if k.startswith("lm_head.") else "model." + k): v for k, v in out.items()}
     elif kind == "bert":
         if any(k.startswith("bert.") for k in out):  # encoder of a headed checkpoint: drop the heads
             out = {k[len("bert."):]: v for k, v in out.items() if k.startswith("bert.")}
     else:
-        if not any(k.startswith("bert.") for k in out):  # a BertModel checkpoint under a head
-            out = {"bert." + k: v for k, v in out.items()}
+        prefix = _PREFIX[family]
+        if not any(k.startswith(prefix) for k in out):  # a base-model checkpoint under a head
+            out = {(k if k.startswith(_HEADS[family]) and not k.startswith("pooler.") else prefix + k): v
+                   for k, v in out.items()}
     return out
+
+
+def _tied_keys(model: nn.Module, kind: str) -> set[str]:
+    if kind == "llama":
+        return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    return set(_TIED.get(kind, ()))
 
 
 def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Our model's weights as HF writes them: tied keys left out, GPT-2 Conv1D weights as [in, out]."""
     kind = _kind_of(model)
-    tied = set(_TIED.get(kind, ()))
+    tied = _tied_keys(model, kind)
     out: dict[str, torch.Tensor] = {}
     for k, v in model.state_dict().items():
         if k in tied:
@@ -172,11 +241,12 @@ def load_hf_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: st
     if kind == "gpt":
         sd = {k: (v.t() if _CONV1D.match(k) else v) for k, v in sd.items()}
     own = model.state_dict()
-    tied = set(_TIED.get(kind, ()))
-    # Heads that may be missing from the source: they start from init (fine-tuning from an encoder).
-    fresh_ok = ("cls.", "classifier.", "bert.pooler.", "pooler.")
-    # Heads the target lacks: dropped (e.g. an MLM checkpoint used as a classifier's encoder).
-    drop_ok = ("cls.", "classifier.", "bert.pooler.", "pooler.")
+    tied = _tied_keys(model, kind)
+    # Heads that may be missing from the source start from init (fine-tuning from an encoder); heads the
+    # target lacks are dropped (e.g. an MLM checkpoint used as a classifier's encoder). Decoders: none.
+    fresh_ok = drop_ok = _HEADS.get(family_of_kind(kind), ())
+    if kind == "llama" and tied and "lm_head.weight" in sd:
+        sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}  # a file that also carries the tied copy
     unexpected = [k for k in sd if k not in own]
     foreign = [k for k in unexpected if not k.startswith(drop_ok)]
     if foreign:
@@ -207,7 +277,7 @@ def _kind_of(model: nn.Module) -> str:
 
 
 def load_model(path: str | os.PathLike, kind: str | None = None, **config_overrides: Any
-               ) -> tuple[nn.Module, BertConfig | GPTConfig]:
+               ) -> tuple[nn.Module, Any]:
     """Load a checkpoint directory as `kind` (None: from config.json's architectures).
 
     config_overrides replace config.json fields, e.g. num_labels / id2label / label2id when a
@@ -222,11 +292,11 @@ def load_model(path: str | os.PathLike, kind: str | None = None, **config_overri
         kind = stored
     if kind not in KINDS:
         raise CheckpointError(f"kind: unsupported {kind!r} (one of {sorted(KINDS)})")
-    if KINDS[kind][2] != cfg.get("model_type"):
+    if cfg.get("model_type") not in kind_model_types(kind):
         raise CheckpointError(f"kind: {kind!r} does not fit model_type {cfg.get('model_type')!r} of {path}")
-    if (kind == "bert-classifier" and stored != "bert-classifier"
+    if (kind.endswith("-classifier") and stored != kind
             and not {"num_labels", "id2label"} & config_overrides.keys()):
-        raise CheckpointError(f"num_labels: loading a {stored} checkpoint as bert-classifier needs "
+        raise CheckpointError(f"num_labels: loading a {stored} checkpoint as {kind} needs "
                               f"num_labels or id2label")
     config = _config_for(kind, cfg, config_overrides)
     model = KINDS[kind][0](config)
@@ -244,7 +314,7 @@ def save_model(model: nn.Module, out_dir: str | os.PathLike, tokenizer_files: di
     kind = _kind_of(model)
     out_dir = Path(out_dir)
     cfg = model.config.to_hf_dict()
-    cfg["architectures"] = [KINDS[kind][1]]
+    cfg["architectures"] = [architecture_of(model)]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:

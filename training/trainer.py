@@ -98,12 +98,12 @@ class BatchOrder:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no weight decay on biases and LayerNorm weights."""
+    """AdamW groups: no weight decay on biases and norm weights (LayerNorm, RMSNorm: every 1-D parameter)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if name.endswith(".bias") or "LayerNorm" in name or ".ln_" in name or name.startswith("ln_"):
+        if name.endswith(".bias") or "LayerNorm" in name or ".ln_" in name or name.startswith("ln_") or p.ndim < 2:
             no_decay.append(p)
         else:
             decay.append(p)

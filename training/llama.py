@@ -1,0 +1,340 @@
+"""Llama-family decoder (Llama, Qwen2, Mistral) with a key/value cache and Hugging Face parameter names.
+
+Pre-RMSNorm blocks, rotary position embedding (HF's rotate-half convention: the head dimension is split
+in two halves, not interleaved pairs), SwiGLU MLP, grouped-query attention (num_key_value_heads divides
+num_attention_heads; query head h reads kv head h // (heads / kv_heads)), tied or untied LM head, optional
+biases (Qwen2: q/k/v; Llama's attention_bias: q/k/v/o).
+
+Same call convention as training/gpt.py: one code path for the prompt (past length 0) and each cached
+step, an explicit causal AND padding mask over absolute positions, left padding through the mask and
+position ids that count only real tokens. The cache holds keys AFTER rotary, per kv head:
+past/present (k, v) each [B, num_key_value_heads, P, head_dim].
+
+Attention is computed like HF's eager path in fp32 (scores * head_dim**-0.5, masked with finfo.min,
+softmax, @ v): this module is the PyTorch reference for the exported decoder graph.
+
+Refused with a ValueError naming the field: rope scaling of any kind (rope_type other than "default",
+partial rotary), and a sliding window that would be active (sliding_window set and smaller than
+max_position_embeddings; Qwen2 only when use_sliding_window is true). We do not honour sliding windows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.gpt import generate_greedy  # noqa: F401  (model-agnostic: works with this forward)
+
+log = logging.getLogger(__name__)
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+_PRESETS: dict[str, dict[str, int]] = {
+    # Same depth/width as GPT-2's presets (training/gpt.py); kv heads = heads / 2; SwiGLU width ~ 8/3 * hidden.
+    "tiny": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=176, max_position_embeddings=128),
+    "small": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=688, max_position_embeddings=256),
+    "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, num_key_value_heads=4,
+                 intermediate_size=2048, max_position_embeddings=1024),
+}
+
+
+@dataclass
+class LlamaConfig:
+    """Llama / Qwen2 / Mistral sizes under Hugging Face's config.json names."""
+
+    model_type: str = "llama"          # llama | qwen2 | mistral: decides bias layout and architectures
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None  # None = num_attention_heads (plain multi-head)
+    head_dim: int | None = None             # None = hidden_size // num_attention_heads
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    attention_bias: bool = False       # llama: bias on q/k/v/o; qwen2 ignores it (q/k/v always biased)
+    mlp_bias: bool = False
+    attention_dropout: float = 0.0
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_type not in FAMILIES:
+            raise ValueError(f"model_type: unsupported {self.model_type!r} (one of {sorted(FAMILIES)})")
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_key_value_heads: {self.num_key_value_heads} does not divide "
+                             f"num_attention_heads={self.num_attention_heads}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"hidden_size: {self.hidden_size} is not a multiple of "
+                                 f"num_attention_heads={self.num_attention_heads}")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim: rotary needs an even head_dim, got {self.head_dim}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act: only 'silu' (SwiGLU) is supported, got {self.hidden_act!r}")
+        if isinstance(self.eos_token_id, list):  # HF allows several; greedy reference stops on the first
+            self.eos_token_id = self.eos_token_id[0] if self.eos_token_id else None
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.model_type == "llama" and self.attention_bias
+
+    @property
+    def architecture(self) -> str:
+        return FAMILIES[self.model_type]
+
+    @classmethod
+    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> "LlamaConfig":
+        """`tiny` / `small` / `base` sizes; any other field can be overridden."""
+        if name not in _PRESETS:
+            raise ValueError(f"preset: unknown Llama preset {name!r} (one of {sorted(_PRESETS)})")
+        return cls(vocab_size=vocab_size, **{**_PRESETS[name], **overrides})
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """config.json content (without architectures)."""
+        d = dataclasses.asdict(self)
+        theta = d.pop("rope_theta")
+        # transformers 5.x keeps rope settings in rope_parameters; rope_theta too for older readers.
+        d["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+        d["rope_theta"] = theta
+        d["rope_scaling"] = None
+        if self.model_type == "qwen2":
+            d.pop("attention_bias")
+            d.pop("mlp_bias")
+            d.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_hidden_layers)
+        elif self.model_type == "mistral":
+            d.pop("attention_bias")
+            d.pop("mlp_bias")
+            d["sliding_window"] = None
+        return d
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        """Build from an HF Llama / Qwen2 / Mistral config dict; keys we do not model are ignored,
+        settings we would silently get wrong are refused."""
+        model_type = d.get("model_type", "llama")
+        rope = d.get("rope_parameters")
+        if rope is None:
+            rope = {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"rope_parameters: expected an object, got {rope!r}")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_parameters.rope_type: only 'default' rotary is supported, got {rope_type!r}")
+        if d.get("rope_scaling") is not None:
+            scaling = d["rope_scaling"]
+            kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+            if kind != "default":
+                raise ValueError(f"rope_scaling: unsupported {scaling!r} (only null / no scaling)")
+        for key, where in (("partial_rotary_factor", d), ("partial_rotary_factor", rope)):
+            if where.get(key, 1.0) != 1.0:
+                raise ValueError(f"{key}: partial rotary is not supported, got {where[key]!r}")
+        window = d.get("sliding_window")
+        max_pos = d.get("max_position_embeddings", 2048)
+        active = window is not None and window < max_pos
+        if model_type == "qwen2":
+            active = active and bool(d.get("use_sliding_window", False))
+        if active:
+            raise ValueError(f"sliding_window: {window} < max_position_embeddings {max_pos} would restrict attention "
+                             "(sliding-window attention is not supported; a checkpoint with sliding_window null loads)")
+        if d.get("pretraining_tp", 1) not in (1, None):
+            log.info("pretraining_tp=%s ignored (only changes how HF splits matmuls)", d.get("pretraining_tp"))
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        theta = rope.get("rope_theta", d.get("rope_theta"))
+        if theta is not None:
+            kw["rope_theta"] = float(theta)
+        kw["model_type"] = model_type
+        return cls(**kw)
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalised in fp32, scaled after casting back (HF's order).
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    """cos/sin [B, S, head_dim] for the given positions; angles of frequency pair i repeated in both halves."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        d = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq  # [B, S, D/2], fp32
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last axis."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, D]; cos/sin [B, S, D]."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.groups = self.num_heads // self.num_kv_heads
+        h, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+        self.attn_dropout = nn.Dropout(config.attention_dropout)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor,
+                past: KV) -> tuple[torch.Tensor, KV]:
+        """x [B, S, hidden]; allowed bool [B, 1, S, P+S]; past (k, v) each [B, kv_heads, P, D]."""
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k = torch.cat([past[0], k], dim=2)
+        v = torch.cat([past[1], v], dim=2)
+        # GQA: each kv head serves `groups` consecutive query heads (HF's repeat_kv layout).
+        kr = k.repeat_interleave(self.groups, dim=1) if self.groups > 1 else k
+        vr = v.repeat_interleave(self.groups, dim=1) if self.groups > 1 else v
+        scores = torch.matmul(q, kr.transpose(-1, -2)) * (self.head_dim ** -0.5)
+        # finfo.min, not -inf: a left-pad query that sees only padding gets a finite uniform row, not NaN.
+        scores = torch.where(allowed, scores, torch.finfo(scores.dtype).min)
+        probs = self.attn_dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype))
+        y = torch.matmul(probs, vr).transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
+        return self.o_proj(y), (k, v)
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(h, i, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(i, h, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor,
+                past: KV) -> tuple[torch.Tensor, KV]:
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, allowed, past)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), present
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder + LM head (tied to embed_tokens when tie_word_embeddings)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        std = config.initializer_range
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=std)
+                if isinstance(m, nn.Linear) and m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def empty_past(self, batch: int, device: torch.device | None = None,
+                   dtype: torch.dtype = torch.float32) -> list[KV]:
+        """A past of length 0 for every layer ([B, kv_heads, 0, D])."""
+        c = self.config
+        z = torch.zeros(batch, c.num_key_value_heads, 0, c.head_dim, device=device, dtype=dtype)
+        return [(z, z) for _ in range(c.num_hidden_layers)]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                past_key_values: list[KV] | None = None) -> tuple[torch.Tensor, list[KV]]:
+        """input_ids [B, S]; attention_mask [B, P+S] (1 real, 0 pad); position_ids [B, S];
+        past_key_values: per layer (k, v) each [B, kv_heads, P, head_dim] (keys already rotated).
+        -> (logits [B, S, V], presents: per layer (k, v) each [B, kv_heads, P+S, head_dim])."""
+        b, s = input_ids.shape
+        m = self.model
+        if past_key_values is None:
+            past_key_values = self.empty_past(b, input_ids.device, m.embed_tokens.weight.dtype)
+        p = past_key_values[0][0].shape[2]
+        if attention_mask is None:
+            attention_mask = torch.ones(b, p + s, dtype=torch.long, device=input_ids.device)
+        if position_ids is None:
+            # Count real tokens so left padding starts every row at position 0.
+            pos = (torch.cumsum(attention_mask.long(), dim=-1) - 1).clamp(min=0)
+            position_ids = pos[:, -s:]
+        q_pos = torch.arange(s, device=input_ids.device) + p
+        k_pos = torch.arange(p + s, device=input_ids.device)
+        causal = k_pos[None, :] <= q_pos[:, None]                                  # [S, P+S]
+        allowed = causal[None, None] & attention_mask[:, None, None, :].bool()     # [B, 1, S, P+S]
+
+        x = m.embed_tokens(input_ids)
+        cos, sin = m.rotary_emb(position_ids, x.dtype)
+        presents: list[KV] = []
+        for layer, past in zip(m.layers, past_key_values):
+            x, present = layer(x, cos, sin, allowed, past)
+            presents.append(present)
+        return self.lm_head(m.norm(x)), presents
