@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from modelpkg import past_names, present_names
+
 from .config import DecoderConfig
 from .material import Checkpoint, Package, export_package, lm_checkpoint, passages, shared_dir
 from .ortprofile import profile_callable, session
@@ -26,8 +28,8 @@ class OrtDecoder:
     def __init__(self, path: Path, cache: dict[str, int], threads: int) -> None:
         self.sess = session(path, threads)
         self.layers, self.heads, self.head_dim = cache["num_layers"], cache["num_heads"], cache["head_dim"]
-        self.present_names = [f"present.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value")]
-        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value")]
+        self.present_names = present_names(self.layers)
+        self.past_names = past_names(self.layers)
 
     def empty_past(self, length: int = 0, rng: np.random.Generator | None = None) -> list[np.ndarray]:
         shape = (1, self.heads, length, self.head_dim)

@@ -114,8 +114,8 @@ class InProcess:
         from server.generation import GenerationParams
 
         params = GenerationParams.validate(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-        async for chunk in self.plane.generate_stream(self.lm, 0, prompt, params):
-            yield len(chunk.tokens)
+        async for part in self.plane.generate_stream(self.lm, 0, prompt, params):
+            yield len(part.chunk.tokens)
 
 
 class OverGrpc:

@@ -107,7 +107,7 @@ class LocalRunner:
                 seed=g.seed, logprobs=g.logprobs, top_logprobs=g.top_logprobs, truncate_prompt=g.truncate_prompt,
                 ignore_eos=g.ignore_eos)
             result = await self.plane.generate(c.model, version, record.text, params)
-            return generation_payload(_generation(result, g.wants_logprobs), g.wants_logprobs)
+            return generation_payload(_generation(result.output, g.wants_logprobs), g.wants_logprobs)
         except (ServingError, ValueError) as e:
             raise _as_ortserve_error(e) from None
 

@@ -16,6 +16,8 @@ import onnx
 import torch
 from torch import nn
 
+from modelpkg import past_name, present_name
+
 from .config import OPSET
 
 log = logging.getLogger(__name__)
@@ -70,8 +72,8 @@ def decoder_spec(num_layers: int) -> GraphSpec:
     outputs = [TensorSpec("logits", "float32", ("batch", "sequence", "vocab"))]
     for i in range(num_layers):
         for kv in ("key", "value"):
-            inputs.append(TensorSpec(f"past_key_values.{i}.{kv}", "float32", past))
-            outputs.append(TensorSpec(f"present.{i}.{kv}", "float32", total))
+            inputs.append(TensorSpec(past_name(i, kv), "float32", past))
+            outputs.append(TensorSpec(present_name(i, kv), "float32", total))
     return GraphSpec(tuple(inputs), tuple(outputs))
 
 

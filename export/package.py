@@ -5,34 +5,28 @@ import datetime as dt
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from modelpkg import FORMAT, NAME_PATTERN, existing_versions, file_hashes, valid_name
+from modelpkg import MANIFEST_FILE as MANIFEST
+from modelpkg import PARITY_FILE as PARITY
+
 from .errors import ExportError
-from .source import sha256_file
 
 log = logging.getLogger(__name__)
 
-FORMAT = "ortserve.model-package/1"
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-MANIFEST = "model.json"
-PARITY = "parity.json"
+__all__ = ["FORMAT", "MANIFEST", "PARITY", "choose_version", "default_variants", "discard", "existing_versions",
+           "file_hashes", "publish", "staging_dir", "utc_now", "validate_name", "write_json"]
 
 
 def validate_name(name: str) -> str:
     """Package names become one directory level: no separators, no dot-dirs, no traversal."""
-    if not NAME_RE.fullmatch(name or "") or name in (".", ".."):
-        raise ExportError(f"--name: {name!r} must match {NAME_RE.pattern} (one directory level, no '/' or '..')")
+    if not valid_name(name or ""):
+        raise ExportError(f"--name: {name!r} must match {NAME_PATTERN} (one directory level, no '/' or '..')")
     return name
-
-
-def existing_versions(name_dir: Path) -> list[int]:
-    if not name_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in name_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
 
 
 def choose_version(name_dir: Path, requested: int | None) -> int:
@@ -66,12 +60,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
-
-
-def file_hashes(package: Path) -> dict[str, str]:
-    """sha256 of every file except parity.json itself (which holds these hashes)."""
-    return {p.name: sha256_file(p) for p in sorted(package.iterdir())
-            if p.is_file() and p.name != PARITY and not p.name.startswith(".")}
 
 
 def utc_now() -> str:

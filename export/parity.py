@@ -18,6 +18,8 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
+from modelpkg import past_name
+
 from .config import GridConfig, Tolerances
 from .heldout import LabelledExample
 
@@ -74,6 +76,8 @@ class GateInputs:
     tolerances: Tolerances
     grid: GridConfig
     threads: int = 1
+    cache_layout: str = "concat"      # decoder: "inplace" graphs are driven through shared slot buffers
+    num_kv_heads: int | None = None   # decoder: None = num_heads
 
 
 def session(path: Path, threads: int, providers: list[str] | None = None) -> ort.InferenceSession:
@@ -180,8 +184,8 @@ def decoder_feeds(inp: GateInputs, ids: np.ndarray, mask: np.ndarray, pos: np.nd
                   past: list[np.ndarray]) -> Feeds:
     feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
     for i in range(inp.num_layers):
-        feeds[f"past_key_values.{i}.key"] = past[2 * i]
-        feeds[f"past_key_values.{i}.value"] = past[2 * i + 1]
+        feeds[past_name(i, "key")] = past[2 * i]
+        feeds[past_name(i, "value")] = past[2 * i + 1]
     return feeds
 
 
@@ -194,8 +198,12 @@ class Gate:
     def __init__(self, inp: GateInputs) -> None:
         self.inp = inp
         self.decoder = inp.task == "generate"
-        self._cases = self._decoder_cases() if self.decoder else self._encoder_cases()
-        self._top1 = self._top1_reference()
+        self.inplace = self.decoder and inp.cache_layout == "inplace"
+        if self.inplace:
+            self._cases, self._top1 = [], []
+        else:
+            self._cases = self._decoder_cases() if self.decoder else self._encoder_cases()
+            self._top1 = self._top1_reference()
 
     # -- reference cases
     def _encoder_cases(self) -> list[tuple[str, Feeds, list[np.ndarray]]]:
@@ -326,6 +334,21 @@ class Gate:
         res.checks.append(Check(f"greedy {new} tokens identical ids", same, value=float(same), threshold=1.0,
                                 detail=first or f"batch 2 left-padded, prompt {prompt}"))
 
+    def _inplace(self, sess: ort.InferenceSession, atol: float, rtol: float, res: VariantResult) -> None:
+        from .parity_inplace import InplaceChecks
+
+        inp = self.inp
+        checks = InplaceChecks(inp.model, token_stream(inp), inp.num_layers, inp.num_kv_heads or inp.num_heads,
+                               inp.head_dim, inp.max_length, _pad_id(inp), atol, rtol, inp.grid.greedy_new_tokens)
+        for name, passed, diff, worst, detail in checks.run_all(sess):
+            res.checks.append(Check(name, passed, max_abs_diff=diff if worst else None, worst_output=worst or None,
+                                    value=None if worst else float(passed), threshold=None if worst else 1.0,
+                                    detail=detail))
+            if worst:
+                res.max_abs_diff[name] = diff
+        log.info("parity %s (in-place cache): %s", res.variant,
+                 ", ".join(f"{c.name}: {'ok' if c.passed else 'FAIL'}" for c in res.checks))
+
     def _agreement(self, sess: ort.InferenceSession, threshold: float, res: VariantResult) -> None:
         agree = total = 0
         worst = 0.0
@@ -365,6 +388,10 @@ class Gate:
             atol, rtol = (t.fp32_atol, t.fp32_rtol) if variant == "fp32" else (t.optimized_atol, t.optimized_rtol)
             res = VariantResult(variant, "", {"atol": atol, "rtol": rtol})
             sess = session(path, threads)
+            if self.inplace:
+                self._inplace(sess, atol, rtol, res)
+                res.status = "passed" if all(c.passed for c in res.checks) else "failed"
+                return res
             self._grid(sess, atol, rtol, res)
             if self.decoder:
                 self._recompute(sess, atol, rtol, res)

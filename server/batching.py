@@ -1,10 +1,12 @@
-"""Dynamic batcher for one encoder model version.
+"""Dynamic batcher for one encoder model version: the task calls and raw KServe ModelInfer share it.
 
-Requests (each a few tokenized rows) queue up; a batch closes when it holds max_batch_size rows or when
-max_queue_delay has passed since its first request arrived (default 0: an idle model runs a request at once).
-While a batch computes (in a worker thread: onnxruntime releases the GIL) the next one fills, so batches grow
-with load without a fixed wait. Each batch is padded to its
-own longest row. Expired or cancelled requests are dropped before compute.
+Requests (each a few rows of graph inputs, `[rows, sequence]`) queue up; a batch closes when it holds
+max_batch_size rows or when max_queue_delay has passed since its first request arrived (default 0: an idle
+model runs a request at once). While a batch computes (in a worker thread: onnxruntime releases the GIL) the
+next one fills, so batches grow with load without a fixed wait. Requests of different lengths are right-padded
+to the batch's longest (each input with its own pad value; padded positions are masked). Expired or cancelled
+requests are dropped before compute. When a batch of several requests fails, each request is run alone, so a
+bad request fails only itself.
 """
 from __future__ import annotations
 
@@ -13,18 +15,19 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
 from server.errors import Code, ServingError
 from server.metrics import Metrics
+from server.sessions import run_failure
 from server.stats import ModelStats
-from server.tokenization import EncodedText, pad_batch
 
 log = logging.getLogger(__name__)
 
-RunBatch = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+Feeds = dict[str, np.ndarray]
+RunBatch = Callable[[Feeds], Feeds]
 
 
 @dataclass(frozen=True)
@@ -36,18 +39,36 @@ class BatchConfig:
 
 @dataclass
 class _Request:
-    rows: list[EncodedText]
-    future: asyncio.Future[dict[str, np.ndarray]]
+    feeds: Feeds                 # every input [rows, sequence, ...]
+    rows: int
+    future: asyncio.Future[Feeds]
     enqueued: float  # time.monotonic()
     deadline: float | None  # time.monotonic() after which the caller has given up
     queued_since_perf: float = field(default_factory=time.perf_counter)
 
 
+def combine(feeds: list[Feeds], pad_values: Mapping[str, int]) -> Feeds:
+    """Concatenates requests along the batch axis, right-padding axis 1 to the longest (pad_values, else 0)."""
+    if len(feeds) == 1:
+        return feeds[0]
+    out: Feeds = {}
+    for name in feeds[0]:
+        parts = [f[name] for f in feeds]
+        if parts[0].ndim >= 2:
+            width = max(p.shape[1] for p in parts)
+            pad = pad_values.get(name, 0)
+            parts = [p if p.shape[1] == width else
+                     np.pad(p, [(0, 0), (0, width - p.shape[1])] + [(0, 0)] * (p.ndim - 2), constant_values=pad)
+                     for p in parts]
+        out[name] = np.concatenate(parts, axis=0)
+    return out
+
+
 class DynamicBatcher:
-    def __init__(self, run_batch: RunBatch, pad_id: int, config: BatchConfig, metrics: Metrics,
+    def __init__(self, run_batch: RunBatch, pad_values: Mapping[str, int], config: BatchConfig, metrics: Metrics,
                  model_label: str, stats: ModelStats) -> None:
         self._run_batch = run_batch
-        self._pad_id = pad_id
+        self._pad_values = dict(pad_values)
         self.config = config
         self._metrics = metrics
         self._label = model_label
@@ -77,17 +98,18 @@ class DynamicBatcher:
                 request.future.set_exception(ServingError(Code.UNAVAILABLE, "model unloaded"))
         self._metrics.queued_requests.labels(self._label).set(0)
 
-    async def submit(self, rows: list[EncodedText], deadline: float | None = None) -> dict[str, np.ndarray]:
+    async def submit(self, feeds: Feeds, deadline: float | None = None) -> Feeds:
         """Outputs for these rows (batch axis sliced; later axes padded to the batch's longest row)."""
-        if not 1 <= len(rows) <= self.config.max_batch_size:
-            raise ValueError(f"submit takes 1..{self.config.max_batch_size} rows, got {len(rows)}")
+        rows = next(iter(feeds.values())).shape[0]
+        if not 1 <= rows <= self.config.max_batch_size:
+            raise ValueError(f"submit takes 1..{self.config.max_batch_size} rows, got {rows}")
         if self._task is None:
             raise ServingError(Code.UNAVAILABLE, "model unloaded")
         if len(self._pending) >= self.config.max_queued_requests:
             raise ServingError(Code.RESOURCE_EXHAUSTED,
                                f"{self._label}: {len(self._pending)} requests queued (max_queued_requests)")
-        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(rows, future, time.monotonic(), deadline))
+        future: asyncio.Future[Feeds] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Request(feeds, rows, future, time.monotonic(), deadline))
         self._metrics.queued_requests.labels(self._label).set(len(self._pending))
         self._wakeup.set()
         return await future
@@ -115,7 +137,7 @@ class DynamicBatcher:
         return self._take()
 
     def _rows_pending(self) -> int:
-        return sum(len(r.rows) for r in self._pending)
+        return sum(r.rows for r in self._pending)
 
     def _take(self) -> list[_Request]:
         """Pops live requests up to max_batch_size rows; fails expired ones, forgets cancelled ones."""
@@ -132,33 +154,38 @@ class DynamicBatcher:
                 head.future.set_exception(ServingError(Code.DEADLINE_EXCEEDED, "deadline passed while queued"))
                 log.debug("dropped an expired request before compute", extra={"model": self._label})
                 continue
-            if rows + len(head.rows) > self.config.max_batch_size:
+            if rows + head.rows > self.config.max_batch_size:
                 break
             batch.append(self._pending.popleft())
-            rows += len(head.rows)
+            rows += head.rows
         self._metrics.queued_requests.labels(self._label).set(len(self._pending))
         return batch
 
     async def _execute(self, batch: list[_Request]) -> None:
-        rows = [row for request in batch for row in request.rows]
+        rows = sum(r.rows for r in batch)
         start = time.perf_counter()
         waits = [start - r.queued_since_perf for r in batch]
         for wait in waits:
             self._metrics.queue_time.labels(self._label).observe(wait)
-        self._metrics.batch_size.labels(self._label).observe(len(rows))
-        feeds = pad_batch(rows, self._pad_id)
+        feeds = combine([r.feeds for r in batch], self._pad_values)
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(None, self._run_batch, feeds)
-        except Exception as exc:  # a failing run fails its batch only
-            log.exception("batch of %d rows failed", len(rows), extra={"model": self._label})
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(ServingError(Code.INTERNAL, f"inference failed: {exc}"))
+        except Exception as exc:
+            if len(batch) > 1:  # find the request that broke it: each runs alone, the others still get answers
+                log.warning("batch of %d requests failed (%s); running them one by one", len(batch), exc,
+                            extra={"model": self._label})
+                for request in batch:
+                    await self._execute([request])
+                return
+            log.info("request of %d rows failed: %s", rows, exc, extra={"model": self._label})
+            if not batch[0].future.done():
+                batch[0].future.set_exception(run_failure(exc))
             return
-        self._stats.record_execution(len(rows), time.perf_counter() - start, waits)
+        self._metrics.batch_size.labels(self._label).observe(rows)
+        self._stats.record_execution(rows, time.perf_counter() - start, waits)
         offset = 0
         for request in batch:
-            n = len(request.rows)
+            n = request.rows
             if not request.future.done():
                 request.future.set_result({k: v[offset:offset + n] for k, v in outputs.items()})
             offset += n

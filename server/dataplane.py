@@ -1,43 +1,44 @@
-"""The data plane: every model operation, shared by the task and KServe servicers and usable in-process.
+"""The data plane: the one door. Every operation a front door needs, with typed results (server/types.py).
 
-No gRPC here: errors are ServingError(code, message); the servicers map them to status codes.
+The gRPC servicers (task API, KServe v2, health) and in-process callers (batch jobs, benchmarks) call these
+methods and nothing below them. No gRPC here: errors are ServingError(code, message), which a front door
+maps to its status codes (server/servicers/status.py for gRPC).
 
     plane = await DataPlane.start(settings)
     result = await plane.classify("genre", 0, [("To be or not to be", None)])
     await plane.close()
+
+Versions are ints; 0 = the latest SERVING version.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import numpy as np
-from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
-from server import tasks
 from server.batching import BatchConfig
 from server.errors import Code, ServingError
-from server.generation import (EngineStoppedError, GenerationConfig, GenerationParams, GenerationResult,
-                               OverloadedError, StreamChunk)
+from server.generation import GenerationConfig, GenerationParams
 from server.metrics import Metrics
 from server.model import RuntimeConfig, ServedModel
 from server.repository import ModelRepository
 from server.sessions import SessionConfig, resolve_providers
 from server.settings import ServerSettings
-from server.signature import check_inputs
-from server.types import ClassifyResult, FillMaskResult, ModelInfo, ModelStatus
+from server.types import (ClassifyResult, FillMaskResult, GenerateResult, InferResult, ModelInfo, ModelMetadata,
+                          ModelState, ModelStatistics, ModelStatus, RepositoryEntry, StreamPart, TensorMetadata)
+from server.version import ModelVersion
 
 log = logging.getLogger(__name__)
 
-# KServe ModelInfer "text mode": BYTES inputs with these names run the task pipeline instead of the graph.
-TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}}
+PLATFORM = "onnxruntime_onnx"
 
 
 def runtime_config(settings: ServerSettings) -> RuntimeConfig:
+    """Settings -> what each model version runs with (see server/settings.py for what each limit counts)."""
     return RuntimeConfig(
         session=SessionConfig(providers=resolve_providers(settings.providers),
                               intra_op_threads=settings.intra_op_threads,
@@ -45,9 +46,26 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
         batch=BatchConfig(max_batch_size=settings.max_batch_size,
                           max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
                           max_queued_requests=settings.max_queued_requests),
+        # max_queued_requests bounds both queues of a model: an encoder's batcher queue, and here the
+        # generation requests admitted but not yet prefilled (documented on the setting).
         generation=GenerationConfig(max_batch_size=settings.max_sequences,
                                     max_waiting=settings.max_queued_requests,
                                     max_tokens_in_flight=settings.max_tokens_in_flight))
+
+
+def select_outputs(result: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
+    """The requested outputs, in the requested order; INVALID_ARGUMENT naming one that does not exist."""
+    if not outputs:
+        return result
+    for i, name in enumerate(outputs):
+        if name not in result:
+            raise ServingError.invalid(f"outputs[{i}].name", f"{name!r} is not an output (outputs: {sorted(result)})")
+    return {name: result[name] for name in outputs}
+
+
+def _unknown(field: str, name: str, version: int) -> ServingError:
+    what = f"version {version} of " if version else ""
+    return ServingError(Code.NOT_FOUND, f"{field}: unknown {what}model {name!r}")
 
 
 class DataPlane:
@@ -79,8 +97,18 @@ class DataPlane:
             self._poller = asyncio.get_running_loop().create_task(
                 self.repository.poll_forever(self.settings.poll_interval), name="repository-poll")
 
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        await self.repository.close()
+
+    # ------------------------------------------------------------------ server state
+
     @property
     def ready(self) -> bool:
+        """The server as a whole: repository loaded and not draining."""
         return self.loaded and not self.draining
 
     @property
@@ -99,282 +127,169 @@ class DataPlane:
         except TimeoutError:
             return False
 
-    async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-        await self.repository.close()
+    def model_names(self) -> list[str]:
+        """Names the server knows (loaded at least once); safe as metric label values."""
+        return self.repository.names
+
+    def model_health(self, name: str) -> bool | None:
+        """Health of one model name: True when a version serves, False when not, None for an unknown name."""
+        if name not in self.repository.names:
+            return None
+        version = self.repository.find(name)
+        return version is not None and version.serving and not self.draining
 
     # ------------------------------------------------------------------ admission
 
-    def _admit(self, name: str, version: int) -> ServedModel:
+    def _admit(self, name: str, version: int) -> ModelVersion:
         """Resolves and counts a request in, without awaiting (so a swap cannot slip in between)."""
         if self.draining:
             raise ServingError(Code.UNAVAILABLE, "server is shutting down")
         if not name:
             raise ServingError.invalid("model", "must name a model")
-        model = self.repository.resolve(name, version)
-        model.acquire()
+        resolved = self.repository.resolve(name, version)
+        resolved.acquire()
         self._inflight += 1
         self._idle.clear()
-        return model
+        return resolved
 
-    def _done(self, model: ServedModel) -> None:
-        model.release()
+    def _done(self, version: ModelVersion) -> None:
+        version.release()
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
 
     @contextlib.asynccontextmanager
     async def lease(self, name: str, version: int = 0) -> AsyncIterator[ServedModel]:
-        model = self._admit(name, version)
+        """The served model of a SERVING version, counted in flight (and in its statistics) while held."""
+        resolved = self._admit(name, version)
         started = time.perf_counter()
         ok = False
         try:
-            yield model
+            yield resolved.model
             ok = True
         finally:
-            model.stats.record_request(ok, time.perf_counter() - started)
-            self._done(model)
+            resolved.stats.record_request(ok, time.perf_counter() - started)
+            self._done(resolved)
 
     # ------------------------------------------------------------------ tasks
 
     async def classify(self, model: str, version: int, inputs: list[tuple[str, str | None]], top_k: int = 0,
                        truncate: bool = False, deadline: float | None = None) -> ClassifyResult:
         async with self.lease(model, version) as served:
-            results = await tasks.classify(served, inputs, top_k, truncate, deadline)
-            return ClassifyResult(model=served.name, version=served.version, results=results)
+            return await served.classify(inputs, top_k, truncate, deadline)
 
     async def fill_mask(self, model: str, version: int, texts: list[str], top_k: int = 5, truncate: bool = False,
                         deadline: float | None = None) -> FillMaskResult:
         async with self.lease(model, version) as served:
-            if not texts:
-                raise ServingError.invalid("texts", "at least one text is required")
-            results = await tasks.fill_mask(served, texts, top_k, truncate, deadline)
-            return FillMaskResult(model=served.name, version=served.version, results=results)
+            return await served.fill_mask(texts, top_k, truncate, deadline)
 
     async def generate(self, model: str, version: int, prompt: str, params: GenerationParams,
-                       deadline: float | None = None) -> GenerationResult:
-        return (await self.generate_versioned(model, version, prompt, params, deadline))[1]
-
-    async def generate_versioned(self, model: str, version: int, prompt: str, params: GenerationParams,
-                                 deadline: float | None = None) -> tuple[int, GenerationResult]:
-        """Like generate, with the version that served it."""
+                       deadline: float | None = None) -> GenerateResult:
         async with self.lease(model, version) as served:
-            engine = _engine(served)
-            with _engine_errors():
-                return served.version, await engine.generate(prompt, params, deadline)
+            output = await served.generate(prompt, params, deadline)
+            return GenerateResult(model=served.name, version=served.version, output=output)
 
     async def generate_stream(self, model: str, version: int, prompt: str, params: GenerationParams,
-                              deadline: float | None = None) -> AsyncIterator[StreamChunk]:
-        async for _, chunk in self.generate_stream_versioned(model, version, prompt, params, deadline):
-            yield chunk
-
-    async def generate_stream_versioned(self, model: str, version: int, prompt: str, params: GenerationParams,
-                                        deadline: float | None = None) -> AsyncIterator[tuple[int, StreamChunk]]:
-        """(version, chunk) pairs; closing the iterator cancels the sequence and frees its slot."""
+                              deadline: float | None = None) -> AsyncIterator[StreamPart]:
+        """Chunks with the version that produces them; closing the iterator cancels the sequence."""
         async with self.lease(model, version) as served:
-            engine = _engine(served)
-            stream = engine.stream(prompt, params, deadline)
+            chunks = served.stream(prompt, params, deadline)
             try:
-                with _engine_errors():
-                    async for chunk in stream:
-                        yield served.version, chunk
+                async for chunk in chunks:
+                    yield StreamPart(model=served.name, version=served.version, chunk=chunk)
             finally:
-                await stream.aclose()
+                await chunks.aclose()  # type: ignore[attr-defined]
 
-    # ------------------------------------------------------------------ raw tensors (KServe ModelInfer)
+    # ------------------------------------------------------------------ raw tensors
 
     async def infer(self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str] | None = None,
-                    parameters: dict[str, Any] | None = None, deadline: float | None = None) -> dict[str, np.ndarray]:
-        return (await self.infer_versioned(model, version, inputs, outputs, parameters, deadline))[1]
-
-    async def infer_versioned(self, model: str, version: int, inputs: dict[str, np.ndarray],
-                              outputs: list[str] | None = None, parameters: dict[str, Any] | None = None,
-                              deadline: float | None = None) -> tuple[int, dict[str, np.ndarray]]:
+                    deadline: float | None = None) -> InferResult:
+        """Graph tensors in, graph outputs out (encoders: through the model's dynamic batcher)."""
         async with self.lease(model, version) as served:
-            if not inputs:
-                raise ServingError.invalid("inputs", "at least one input is required")
-            text_names = TEXT_INPUTS.get(served.task, set())
-            if set(inputs) <= text_names and all(a.dtype == object for a in inputs.values()):
-                result = await self._infer_text(served, inputs, parameters or {}, deadline)
-            else:
-                result = await self._infer_raw(served, inputs, outputs, deadline)
-            if outputs:
-                for i, name in enumerate(outputs):
-                    if name not in result:
-                        raise ServingError.invalid(f"outputs[{i}].name",
-                                                   f"{name!r} is not an output (outputs: {sorted(result)})")
-                result = {name: result[name] for name in outputs}
-            return served.version, result
-
-    async def _infer_raw(self, served: ServedModel, inputs: dict[str, np.ndarray], outputs: list[str] | None,
-                         deadline: float | None) -> dict[str, np.ndarray]:
-        assert served.loaded is not None
-        check_inputs(served.loaded.inputs, inputs)
-        max_length = served.manifest.get("max_length")
-        for spec in served.loaded.inputs:
-            for axis, dim in enumerate(spec.dims):
-                size = inputs[spec.name].shape[axis]
-                if dim == ("sequence",) and isinstance(max_length, int) and size > max_length:
-                    # An encoder fails inside its position embeddings with a broadcast error (INTERNAL).
-                    raise ServingError.invalid(f"inputs[{spec.name!r}].shape", f"axis {axis} (sequence) is {size}, "
-                                                                             f"the model's max_length is {max_length}")
-        vocab = served.manifest.get("vocab_size")
-        ids = inputs.get("input_ids")
-        if isinstance(vocab, int) and ids is not None and ids.size and (ids.min() < 0 or ids.max() >= vocab):
-            # onnxruntime would fail inside its Gather kernel with a message naming a graph node.
-            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
-            raise ServingError.invalid("inputs['input_ids']", f"token id {bad} is outside the vocabulary [0, {vocab})")
-        graph_outputs = served.loaded.runner.output_names
-        wanted = [n for n in (outputs or graph_outputs) if n in graph_outputs] or graph_outputs
-        if deadline is not None and time.monotonic() >= deadline:
-            raise ServingError(Code.DEADLINE_EXCEEDED, "deadline passed before compute")
-        rows = next(iter(inputs.values())).shape[0] if next(iter(inputs.values())).ndim else 1
-        start = time.perf_counter()
-        try:
-            result = await asyncio.get_running_loop().run_in_executor(None, served.loaded.runner.run, inputs, wanted)
-        except OrtInvalidArgument as exc:
-            raise ServingError.invalid("inputs", f"onnxruntime rejected them: {exc}") from None
-        except Exception as exc:
-            raise ServingError(Code.INTERNAL, f"inference failed: {exc}") from None
-        served.stats.record_execution(rows, time.perf_counter() - start)
-        self.metrics.batch_size.labels(served.name).observe(rows)
-        return result
-
-    async def _infer_text(self, served: ServedModel, inputs: dict[str, np.ndarray], parameters: dict[str, Any],
-                          deadline: float | None) -> dict[str, np.ndarray]:
-        def texts(name: str) -> list[str]:
-            array = inputs[name]
-            try:
-                return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
-            except UnicodeDecodeError:
-                raise ServingError.invalid(f"inputs[{name!r}]", "BYTES elements must be UTF-8 text") from None
-
-        truncate = bool(parameters.get("truncate", False))
-        if served.task == "generate":
-            params = _params_from(parameters)
-            engine = _engine(served)
-            with _engine_errors():
-                results = await asyncio.gather(*(engine.generate(p, params, deadline) for p in texts("prompt")))
-            return {"text": _bytes_array([r.text for r in results]),
-                    "finish_reason": _bytes_array([r.finish_reason for r in results])}
-        if "text" not in inputs:
-            raise ServingError.invalid("inputs", "missing input 'text'")
-        main = texts("text")
-        if served.task == "classify":
-            pairs = texts("text_pair") if "text_pair" in inputs else [None] * len(main)
-            if len(pairs) != len(main):
-                raise ServingError.invalid("inputs['text_pair'].shape", "must have as many elements as 'text'")
-            results = await tasks.classify(served, list(zip(main, pairs)), 0, truncate, deadline)
-            labels: list[str] = served.manifest["labels"]
-            probs = np.array([[next(s.score for s in r.scores if s.label == label) for label in labels]
-                              for r in results], dtype=np.float32)
-            return {"label": _bytes_array([r.label for r in results]),
-                    "score": np.array([r.score for r in results], dtype=np.float32), "probabilities": probs}
-        filled = await tasks.fill_mask(served, main, 1, truncate, deadline)
-        return {"sequence": _bytes_array([_fill_all(served, text_masks) for text_masks in filled])}
+            result = await served.infer(inputs, outputs, deadline)
+            return InferResult(model=served.name, version=served.version, outputs=select_outputs(result, outputs))
 
     # ------------------------------------------------------------------ models
+
+    def _report(self, name: str, version: int, field: str) -> ModelVersion:
+        """The version to report on (any state); NOT_FOUND naming `field` when there is none."""
+        self.repository.model_dir(name, field)
+        found = self.repository.find(name, version)
+        if found is None:
+            raise _unknown(field, name, version)
+        return found
 
     def list_models(self) -> list[ModelStatus]:
         return self.repository.statuses()
 
+    def task_of(self, name: str, version: int = 0) -> str:
+        """The task of the version a request would reach ("" when unknown: the request itself will say why)."""
+        found = self.repository.find(name, version) if name in self.repository.names else None
+        return found.task if found is not None else ""
+
     def model_info(self, model: str, version: int = 0) -> ModelInfo:
-        self.repository.model_dir(model, "model")
-        served = self.repository.find(model, version)
-        if served is None:
-            what = f"version {version} of " if version else ""
-            raise ServingError(Code.NOT_FOUND, f"model: unknown {what}model {model!r}")
-        info = ModelInfo(status=served.status(), versions=self.repository.versions(model),
-                         max_batch_size=self.settings.max_batch_size)
-        if served.loaded is None:
-            return info
+        found = self._report(model, version, "model")
+        versions = self.repository.versions(model)
+        if not found.loaded:
+            return ModelInfo(status=found.status(), versions=versions, max_batch_size=self.settings.max_batch_size)
+        served = found.model
         manifest = served.manifest
-        return ModelInfo(status=served.status(), labels=list(manifest.get("labels") or []),
-                         max_length=manifest["max_length"], mask_token=manifest.get("mask_token") or "",
-                         variant=served.loaded.variant, providers=list(served.loaded.runner.providers),
-                         versions=self.repository.versions(model),
-                         max_batch_size=(self.settings.max_sequences if served.task == "generate"
-                                         else self.settings.max_batch_size),
-                         manifest_json=served.loaded.package.manifest_text)
+        return ModelInfo(status=found.status(), labels=list(manifest.labels), max_length=manifest.max_length,
+                         mask_token=manifest.mask_token or "", variant=served.variant, providers=served.providers,
+                         versions=versions, max_batch_size=served.max_batch_size,
+                         manifest_json=served.package.manifest_text)
+
+    def model_ready(self, name: str, version: int = 0, field: str = "name") -> bool:
+        self.repository.model_dir(name, field)
+        found = self.repository.find(name, version)
+        return bool(found and found.serving and not self.draining)
+
+    def model_metadata(self, name: str, version: int = 0, field: str = "name") -> ModelMetadata:
+        found = self._report(name, version, field)
+        served = found.model  # UNAVAILABLE (with the state and reason) when it has no loaded graph
+        return ModelMetadata(
+            name=served.name, versions=self.repository.versions(served.name), platform=PLATFORM,
+            inputs=[TensorMetadata(s.name, s.datatype, s.metadata_shape) for s in served.inputs],
+            outputs=[TensorMetadata(s.name, s.datatype, s.metadata_shape) for s in served.outputs])
+
+    def statistics(self, name: str = "", version: int = 0, field: str = "name") -> list[ModelStatistics]:
+        """Counters of one model's versions (one version when given), or of every version not UNLOADED."""
+        if name:
+            self.repository.model_dir(name, field)
+            versions = [m for m in self.repository.models() if m.name == name and (not version or m.version == version)]
+            if not versions:
+                raise _unknown(field, name, version)
+        else:
+            versions = [m for m in self.repository.models() if m.state is not ModelState.UNLOADED]
+        return [m.stats.snapshot(m.name, m.version) for m in versions]
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        """Every loaded version (any state), then names on disk never loaded (unless ready_only)."""
+        entries = []
+        known = set()
+        for s in self.list_models():
+            known.add(s.name)
+            if ready_only and s.state is not ModelState.SERVING:
+                continue
+            entries.append(RepositoryEntry(name=s.name, version=s.version, state=s.state, reason=s.reason))
+        if not ready_only:
+            for name, versions in sorted(self.repository.scan().items()):
+                if name not in known:  # on disk, never loaded (e.g. appeared since the last poll)
+                    entries.append(RepositoryEntry(name=name, version=versions[-1] if versions else None,
+                                                   state=ModelState.UNLOADED, reason="not loaded"))
+        return entries
 
     async def load_model(self, name: str) -> ModelStatus:
         if self.draining:
             raise ServingError(Code.UNAVAILABLE, "server is shutting down")
-        model = await self.repository.load(name)
-        if not model.serving:
-            raise ServingError(Code.FAILED_PRECONDITION, f"model {name!r} version {model.version} failed to load: "
-                                                         f"{model.reason}")
-        return model.status()
+        loaded = await self.repository.load(name)
+        if not loaded.serving:
+            raise ServingError(Code.FAILED_PRECONDITION, f"model {name!r} version {loaded.version} failed to load: "
+                                                         f"{loaded.reason}")
+        return loaded.status()
 
     async def unload_model(self, name: str) -> None:
         await self.repository.unload(name)
 
 
-def _engine(served: ServedModel) -> Any:
-    if served.task != "generate":
-        raise ServingError.invalid("model", f"{served.name!r} is a {served.task} model, not generate")
-    assert served.loaded is not None and served.loaded.engine is not None
-    return served.loaded.engine
-
-
-@contextlib.contextmanager
-def _engine_errors() -> Any:
-    """The generation engine's exceptions -> ServingError."""
-    try:
-        yield
-    except ValueError as exc:
-        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
-    except OverloadedError as exc:
-        raise ServingError(Code.RESOURCE_EXHAUSTED, str(exc)) from None
-    except TimeoutError as exc:
-        raise ServingError(Code.DEADLINE_EXCEEDED, str(exc) or "deadline exceeded") from None
-    except EngineStoppedError as exc:
-        raise ServingError(Code.UNAVAILABLE, str(exc)) from None
-    except RuntimeError as exc:
-        raise ServingError(Code.INTERNAL, str(exc)) from None
-
-
-_PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "truncate_prompt",
-               "ignore_eos")
-
-
-def _params_from(parameters: dict[str, Any]) -> GenerationParams:
-    """KServe request parameters -> GenerationParams (stop sequences as a JSON list in "stop")."""
-    fields = {k: parameters[k] for k in _PARAM_KEYS if k in parameters}
-    for key in ("temperature", "top_p", "repetition_penalty"):
-        if isinstance(fields.get(key), int) and not isinstance(fields.get(key), bool):
-            fields[key] = float(fields[key])
-    if "stop" in parameters:
-        try:
-            fields["stop"] = json.loads(parameters["stop"])
-        except (TypeError, json.JSONDecodeError):
-            raise ServingError.invalid("parameters.stop", "must be a JSON list of strings") from None
-        if not isinstance(fields["stop"], list):  # '5' or 'Infinity' parse as JSON too (TypeError -> INTERNAL)
-            raise ServingError.invalid("parameters.stop", "must be a JSON list of strings")
-    try:
-        return GenerationParams.validate(**fields)
-    except ValueError as exc:
-        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
-
-
-def _bytes_array(values: list[str]) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = [v.encode("utf-8") for v in values]
-    return out
-
-
-def _fill_all(served: ServedModel, masks: list[Any]) -> str:
-    """The text with every mask replaced by its best candidate."""
-    if len(masks) == 1:
-        return masks[0].candidates[0].sequence
-    assert served.loaded is not None and served.loaded.encoder is not None
-    # Each candidate's sequence fills only its own mask: fill the others, left to right, by hand.
-    tokenizer = served.loaded.encoder.tokenizer
-    mask_token = served.manifest["mask_token"]
-    text = masks[0].candidates[0].sequence
-    for m in masks[1:]:
-        text = text.replace(mask_token, tokenizer.decode([m.candidates[0].token_id]), 1)
-    return text
+__all__ = ["DataPlane", "PLATFORM", "runtime_config", "select_outputs"]

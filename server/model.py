@@ -1,30 +1,34 @@
-"""One model version in memory: verified package, onnxruntime session, tokenizer, batcher or generation engine.
+"""A loaded model version: the typed served models' common part and how one is built from its package.
 
-Lifecycle: LOADING → (verify, session, warm-up in a worker thread) → SERVING, or NOT_SERVING with the
-reason. Retiring it (UNLOADED) stops new requests at once; it is closed when its last request is done.
+    ServedModel            package, session runner, graph signature, raw-input checks, warm-up / start / close
+    ├── EncoderModel       (server/encoder.py)  batcher; classify, fill-mask, raw infer through the batcher
+    └── DecoderModel       (server/decoder.py)  generation engine; generate, stream, raw infer
+
+Every task method exists on every model: a model of another task answers INVALID_ARGUMENT naming `model`.
+Building (`build_model`) runs in a worker thread: verify hashes, create the session, warm up.
 """
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import AsyncIterator
 
-import onnxruntime as ort
+import numpy as np
 
-from server.batching import BatchConfig, DynamicBatcher
-from server.generation import GenerationConfig, GenerationEngine
+from modelpkg import TOKENIZER_FILE, MANIFEST_FILE, Manifest
+from server.batching import BatchConfig
+from server.errors import Code, ServingError
+from server.generation import GenerationConfig, GenerationParams, GenerationResult, StreamChunk
 from server.metrics import Metrics
 from server.package import Package, PackageError, read_package, verify_files
-from server.sessions import SessionConfig, SessionRunner, choose_variant, create_session, warm_up_encoder
-from server.signature import TensorSpec, specs_from_manifest
+from server.sessions import SessionConfig, SessionRunner, choose_variant, create_session
+from server.signature import TensorSpec, check_inputs, specs_from_manifest
 from server.stats import ModelStats
-from server.tokenization import TextEncoder
-from server.types import ModelState, ModelStatus
+from server.types import ClassifyResult, FillMaskResult
 
-log = logging.getLogger(__name__)
+Feeds = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -36,167 +40,135 @@ class RuntimeConfig:
     generation: GenerationConfig
 
 
-@dataclass
-class _Loaded:
-    """What the worker thread builds; attached to the ServedModel on the event loop."""
+@dataclass(frozen=True)
+class Loaded:
+    """What every served model is made of (built in the worker thread)."""
 
     package: Package
     variant: str
-    session: ort.InferenceSession
     runner: SessionRunner
-    encoder: TextEncoder | None
-    engine: GenerationEngine | None
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-
-
-class ServedModel:
-    def __init__(self, name: str, version: int, path: Path, runtime: RuntimeConfig, metrics: Metrics) -> None:
-        self.name = name
-        self.version = version
-        self.path = path
-        self.runtime = runtime
-        self.metrics = metrics
-        self.state = ModelState.LOADING
-        self.reason = ""
-        self.stats = ModelStats()
-        self.fingerprint = package_fingerprint(path)
-        self.task = ""
-        self.loaded: _Loaded | None = None
-        self.batcher: DynamicBatcher | None = None
-        self.inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    # ------------------------------------------------------------------ status
+    runtime: RuntimeConfig
+    metrics: Metrics
+    stats: ModelStats
 
     @property
-    def serving(self) -> bool:
-        return self.state is ModelState.SERVING
+    def manifest(self) -> Manifest:
+        return self.package.manifest
+
+
+class ServedModel(ABC):
+    def __init__(self, parts: Loaded) -> None:
+        self.package = parts.package
+        self.manifest = parts.package.manifest
+        self.name = parts.package.name
+        self.version = parts.package.version
+        self.task = parts.package.task
+        self.variant = parts.variant
+        self.runner = parts.runner
+        self.runtime = parts.runtime
+        self.metrics = parts.metrics
+        self.stats = parts.stats
+        self.inputs: list[TensorSpec] = specs_from_manifest(self.manifest.inputs)
+        self.outputs: list[TensorSpec] = specs_from_manifest(self.manifest.outputs)
 
     @property
-    def manifest(self) -> dict[str, Any]:
-        assert self.loaded is not None
-        return self.loaded.package.manifest
+    def providers(self) -> list[str]:
+        return list(self.runner.providers)
 
-    def status(self) -> ModelStatus:
-        return ModelStatus(name=self.name, version=self.version, task=self.task, state=self.state, reason=self.reason)
+    @property
+    @abstractmethod
+    def max_batch_size(self) -> int:
+        """Rows (encoder) or sequences (decoder) computed together."""
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def load(self) -> bool:
-        """Verifies, builds and warms up the version; True when it is SERVING."""
-        started = time.perf_counter()
-        try:
-            loaded = await asyncio.get_running_loop().run_in_executor(None, self._build)
-            if loaded.engine is not None:
-                await loaded.engine.start()
-        except PackageError as exc:
-            return self._fail(str(exc))
-        except Exception as exc:  # never let one bad package take the server down
-            log.exception("loading %s/%d crashed", self.name, self.version)
-            return self._fail(f"load failed: {exc}")
-        self.loaded = loaded
-        if loaded.encoder is not None:
-            pad = loaded.package.manifest.get("special_tokens", {}).get("pad")
-            self.batcher = DynamicBatcher(loaded.runner.run, pad if isinstance(pad, int) else 0,
-                                          self.runtime.batch, self.metrics, self.name, self.stats)
-            self.batcher.start()
-        self.state = ModelState.SERVING
-        self.metrics.model_state.labels(self.name, str(self.version)).set(1)
-        log.info("model %s version %d SERVING (%s, variant %s, %s) in %.2fs", self.name, self.version, self.task,
-                 loaded.variant, ",".join(loaded.runner.providers), time.perf_counter() - started,
-                 extra={"model": self.name, "version": self.version})
-        return True
+    @abstractmethod
+    def warm_up(self) -> None:
+        """Runs the graph on a few shapes (worker thread); PackageError when it fails."""
 
-    def _fail(self, reason: str) -> bool:
-        self.state = ModelState.NOT_SERVING
-        self.reason = reason
-        self.metrics.model_state.labels(self.name, str(self.version)).set(0)
-        log.error("model %s version %d NOT_SERVING: %s", self.name, self.version, reason,
-                  extra={"model": self.name, "version": self.version})
-        return False
+    @abstractmethod
+    async def start(self) -> None:
+        """Starts the background part (batcher / engine) on the event loop."""
 
-    def _build(self) -> _Loaded:
-        """Runs in a worker thread: everything slow (hashing, session creation, warm-up)."""
-        package = read_package(self.path, self.name, self.version)
-        self.task = package.task
-        manifest = package.manifest
-        variant = choose_variant(manifest, self.runtime.session.variant, self.runtime.session.device)
-        tokenizer_file = "tokenizer.json"
-        verify_files(package, ["model.json", manifest["variants"][variant], tokenizer_file])
-        if not package.file(tokenizer_file).is_file():
-            raise PackageError("tokenizer.json missing")
-        session = create_session(package, variant, self.runtime.session)
-        runner = SessionRunner(session)
-        encoder: TextEncoder | None = None
-        engine: GenerationEngine | None = None
-        try:
-            if package.task == "generate":
-                encoder_tokenizer = TextEncoder(package.file(tokenizer_file), manifest["max_length"]).tokenizer
-                engine = GenerationEngine(session, manifest, encoder_tokenizer, self.runtime.generation,
-                                          self.metrics, self.name)
-                engine.warmup()
-            else:
-                encoder = TextEncoder(package.file(tokenizer_file), manifest["max_length"])
-                warm_up_encoder(runner, manifest, self.runtime.batch.max_batch_size)
-        except PackageError:
-            raise
-        except Exception as exc:  # tokenizer parse errors, DecoderSpec ValueErrors, graph failures
-            raise PackageError(f"warm-up failed: {exc}") from None
-        return _Loaded(package=package, variant=variant, session=session, runner=runner, encoder=encoder,
-                       engine=engine, inputs=specs_from_manifest(manifest["inputs"]),
-                       outputs=specs_from_manifest(manifest["outputs"]))
+    @abstractmethod
+    async def close(self) -> None:
+        """Stops the background part; queued requests end with UNAVAILABLE / cancelled."""
 
-    def acquire(self) -> None:
-        """Counts a request in; call only on a SERVING version (the repository checks), release() after."""
-        self.inflight += 1
-        self._idle.clear()
+    # ------------------------------------------------------------------ requests
 
-    def release(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
-            self._idle.set()
+    @abstractmethod
+    async def infer(self, inputs: Feeds, outputs: list[str] | None, deadline: float | None) -> Feeds:
+        """Raw graph tensors in, every (or the requested) graph output out."""
 
-    def retire(self) -> None:
-        """No new requests from now on (the caller closes it once drained)."""
-        if self.state is ModelState.SERVING:
-            self.metrics.model_state.labels(self.name, str(self.version)).set(0)
-        self.state = ModelState.UNLOADED
-        self.reason = ""
+    async def classify(self, inputs: list[tuple[str, str | None]], top_k: int, truncate: bool,
+                       deadline: float | None) -> ClassifyResult:
+        raise self._not("classify")
 
-    async def close(self, drain_timeout: float | None = None) -> None:
-        """Waits for in-flight requests (up to drain_timeout), then frees the session."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), drain_timeout)
-        except TimeoutError:
-            log.warning("model %s version %d closed with %d requests still running", self.name, self.version,
-                        self.inflight)
-        if self.batcher is not None:
-            await self.batcher.stop()
-            self.batcher = None
-        if self.loaded is not None and self.loaded.engine is not None:
-            await self.loaded.engine.stop()
-        self.loaded = None
-        self.metrics.model_state.labels(self.name, str(self.version)).set(0)
-        log.info("model %s version %d unloaded", self.name, self.version)
+    async def fill_mask(self, texts: list[str], top_k: int, truncate: bool,
+                        deadline: float | None) -> FillMaskResult:
+        raise self._not("fill-mask")
+
+    async def generate(self, prompt: str, params: GenerationParams, deadline: float | None) -> GenerationResult:
+        raise self._not("generate")
+
+    def stream(self, prompt: str, params: GenerationParams, deadline: float | None) -> AsyncIterator[StreamChunk]:
+        raise self._not("generate")
+
+    def _not(self, task: str) -> ServingError:
+        return ServingError.invalid("model", f"{self.name!r} is a {self.task} model, not {task}")
+
+    def check_raw_inputs(self, inputs: Feeds) -> None:
+        """INVALID_ARGUMENT naming the input for what the graph would otherwise fail on deep inside."""
+        if not inputs:
+            raise ServingError.invalid("inputs", "at least one input is required")
+        check_inputs(self.inputs, inputs)
+        max_length = self.manifest.max_length
+        for spec in self.inputs:
+            for axis, dim in enumerate(spec.dims):
+                size = inputs[spec.name].shape[axis]
+                if dim == ("sequence",) and size > max_length:
+                    # An encoder fails inside its position embeddings with a broadcast error (INTERNAL).
+                    raise ServingError.invalid(f"inputs[{spec.name!r}].shape", f"axis {axis} (sequence) is {size}, "
+                                                                             f"the model's max_length is {max_length}")
+        vocab = self.manifest.vocab_size
+        ids = inputs.get("input_ids")
+        if vocab is not None and ids is not None and ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            # onnxruntime would fail inside its Gather kernel with a message naming a graph node.
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise ServingError.invalid("inputs['input_ids']", f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+    def wanted_outputs(self, outputs: list[str] | None) -> list[str]:
+        """The graph outputs to compute: the requested ones the graph has, else all (unknown names are refused
+        after the run, by the data plane, with the full output list)."""
+        graph = self.runner.output_names
+        return [n for n in (outputs or graph) if n in graph] or graph
+
+    @staticmethod
+    def check_deadline(deadline: float | None) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ServingError(Code.DEADLINE_EXCEEDED, "deadline passed before compute")
 
 
-def package_fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
-    """Changes when a package is rewritten (used to retry a failed version only after it changed).
+def build_model(path: Path, name: str, version: int, runtime: RuntimeConfig, metrics: Metrics,
+                stats: ModelStats) -> ServedModel:
+    """Runs in a worker thread: everything slow (hashing, session creation, warm-up). PackageError on failure."""
+    from server.decoder import DecoderModel
+    from server.encoder import EncoderModel
 
-    Every file counts, not just model.json / parity.json: a version copied in place file by file may get
-    its manifest and parity report before its graph, and must be retried once the graph is complete.
-    """
-    stamps = []
+    package = read_package(path, name, version)
+    manifest = package.manifest
+    variant = choose_variant(manifest, runtime.session.variant, runtime.session.device)
+    verify_files(package, [MANIFEST_FILE, manifest.variant_file(variant), TOKENIZER_FILE])
+    if not package.file(TOKENIZER_FILE).is_file():
+        raise PackageError(f"{TOKENIZER_FILE} missing")
+    session = create_session(package, variant, runtime.session)
+    parts = Loaded(package=package, variant=variant, runner=SessionRunner(session), runtime=runtime,
+                   metrics=metrics, stats=stats)
     try:
-        entries = sorted(path.iterdir())
-    except OSError:
-        return ()
-    for entry in entries:
-        try:
-            st = entry.stat()
-        except OSError:
-            continue
-        stamps.append((entry.name, st.st_size, st.st_mtime_ns))
-    return tuple(stamps)
+        model: ServedModel = DecoderModel(parts) if package.task == "generate" else EncoderModel(parts)
+        model.warm_up()
+    except PackageError:
+        raise
+    except Exception as exc:  # tokenizer parse errors, DecoderSpec ValueErrors, graph failures
+        raise PackageError(f"warm-up failed: {exc}") from None
+    return model

@@ -13,11 +13,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelpkg import MANIFEST_FILE, PARITY_FILE, parse_version, valid_name
 from server.errors import Code, ServingError
 from server.metrics import Metrics
-from server.model import RuntimeConfig, ServedModel, package_fingerprint
-from server.package import parse_version, valid_name
+from server.model import RuntimeConfig
 from server.types import ModelState, ModelStatus
+from server.version import ModelVersion, package_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +27,11 @@ log = logging.getLogger(__name__)
 class _Slot:
     """Everything known about one model name."""
 
-    versions: dict[int, ServedModel] = field(default_factory=dict)
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     unloaded_by_request: bool = False  # the poller leaves it alone until an explicit load
 
-    def latest_serving(self) -> ServedModel | None:
+    def latest_serving(self) -> ModelVersion | None:
         serving = [m for m in self.versions.values() if m.serving]
         return max(serving, key=lambda m: m.version) if serving else None
 
@@ -86,11 +87,11 @@ class ModelRepository:
 
     @staticmethod
     def _is_package(path: Path) -> bool:
-        return (path / "model.json").is_file() and (path / "parity.json").is_file()
+        return (path / MANIFEST_FILE).is_file() and (path / PARITY_FILE).is_file()
 
     # ------------------------------------------------------------------ routing
 
-    def resolve(self, name: str, version: int = 0, field_name: str = "model") -> ServedModel:
+    def resolve(self, name: str, version: int = 0, field_name: str = "model") -> ModelVersion:
         """The SERVING version to use (0 = latest); NOT_FOUND / UNAVAILABLE otherwise. Does not await."""
         self.model_dir(name, field_name)
         slot = self._slots.get(name)
@@ -114,7 +115,7 @@ class ModelRepository:
             raise ServingError(Code.UNAVAILABLE, f"model {name!r} version {version} is {model.state.value}{why}")
         return model
 
-    def find(self, name: str, version: int = 0) -> ServedModel | None:
+    def find(self, name: str, version: int = 0) -> ModelVersion | None:
         """The version to report on (any state): the given one, else latest SERVING, else the newest."""
         slot = self._slots.get(name)
         if slot is None or not slot.versions:
@@ -130,7 +131,7 @@ class ModelRepository:
     def statuses(self) -> list[ModelStatus]:
         return [m.status() for name in sorted(self._slots) for _, m in sorted(self._slots[name].versions.items())]
 
-    def models(self) -> list[ServedModel]:
+    def models(self) -> list[ModelVersion]:
         return [m for name in sorted(self._slots) for _, m in sorted(self._slots[name].versions.items())]
 
     @property
@@ -147,7 +148,7 @@ class ModelRepository:
             if not versions:
                 log.warning("model directory %s holds no complete package", name)
 
-    async def load(self, name: str, explicit: bool = True) -> ServedModel:
+    async def load(self, name: str, explicit: bool = True) -> ModelVersion:
         """Loads (or reloads) the latest version on disk and swaps it in; returns the new version object."""
         path = self.model_dir(name, "model_name")
         if not path.is_dir():
@@ -170,8 +171,8 @@ class ModelRepository:
                 await self._swap_in(name, slot, older)
             return model
 
-    async def _swap_in(self, name: str, slot: _Slot, version: int) -> ServedModel:
-        new = ServedModel(name, version, self.root / name / str(version), self.runtime, self.metrics)
+    async def _swap_in(self, name: str, slot: _Slot, version: int) -> ModelVersion:
+        new = ModelVersion(name, version, self.root / name / str(version), self.runtime, self.metrics)
         current = slot.versions.get(version)
         if current is None or not current.serving:
             slot.versions[version] = new  # visible as LOADING
@@ -193,8 +194,8 @@ class ModelRepository:
                 self._retire(other)
         return new
 
-    def _retire(self, model: ServedModel) -> None:
-        was_loaded = model.loaded is not None
+    def _retire(self, model: ModelVersion) -> None:
+        was_loaded = model.loaded
         model.retire()
         if was_loaded:
             task = asyncio.get_running_loop().create_task(model.close(self.drain_timeout))

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
+from modelpkg import ENCODER_INPUTS, Manifest
+from server.errors import Code, ServingError
 from server.package import Package, PackageError
 from server.settings import VARIANT_AUTO
 
@@ -40,16 +41,16 @@ def resolve_providers(requested: list[str]) -> tuple[str, ...]:
     return tuple(requested)
 
 
-def choose_variant(manifest: dict[str, Any], preference: str, device: str) -> str:
+def choose_variant(manifest: Manifest, preference: str, device: str) -> str:
     """The configured variant if the package has it, else the manifest default for the device, else fp32."""
-    variants: dict[str, str] = manifest["variants"]
-    defaults = manifest.get("default_variant") or {}
+    variants = manifest.variants
+    defaults = manifest.default_variant or {}
     candidates = [] if preference == VARIANT_AUTO else [preference]
     candidates += [defaults.get(device), "fp32", *variants]
     for name in candidates:
         if name in variants and not (name == "fp16" and device == "cpu"):  # fp16 variants are GPU-only
             if preference not in (VARIANT_AUTO, name):
-                log.info("variant %s not in package %s; using %s", preference, manifest.get("name"), name)
+                log.info("variant %s not in package %s; using %s", preference, manifest.name, name)
             return name
     raise PackageError(f"model.json: no variant usable on {device} (has {', '.join(variants)})")
 
@@ -61,7 +62,7 @@ def create_session(package: Package, variant: str, config: SessionConfig) -> ort
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Idle intra-op threads would otherwise spin between requests, stealing CPU from other sessions.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    path = package.file(package.manifest["variants"][variant])
+    path = package.file(package.manifest.variant_file(variant))
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=list(config.providers))
     except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
@@ -90,19 +91,28 @@ class SessionRunner:
         return dict(zip(names, binding.copy_outputs_to_cpu()))
 
 
-def warm_up_encoder(runner: SessionRunner, manifest: dict[str, Any], max_batch_size: int) -> None:
+def run_failure(exc: Exception) -> ServingError:
+    """A failed session run -> ServingError: inputs onnxruntime refuses are the caller's, the rest INTERNAL."""
+    if isinstance(exc, ServingError):
+        return exc
+    if isinstance(exc, OrtInvalidArgument):
+        return ServingError.invalid("inputs", f"onnxruntime rejected them: {exc}")
+    return ServingError(Code.INTERNAL, f"inference failed: {exc}")
+
+
+def warm_up_encoder(runner: SessionRunner, manifest: Manifest, max_batch_size: int) -> None:
     """Runs the encoder graph on a few shapes; PackageError if it fails or answers the wrong shape.
 
     (Decoders are warmed up by the generation engine, which owns their prefill / step paths.)
     """
-    max_length = manifest["max_length"]
+    max_length = manifest.max_length
     try:
         for batch, seq in sorted({(1, min(4, max_length)), (2, min(9, max_length)),
                                   (min(max_batch_size, 4), min(16, max_length))}):
             shape = (batch, seq)
-            out = runner.run({"input_ids": np.zeros(shape, np.int64),
-                              "attention_mask": np.ones(shape, np.int64),
-                              "token_type_ids": np.zeros(shape, np.int64)})
+            ids, mask, types = ENCODER_INPUTS
+            out = runner.run({ids: np.zeros(shape, np.int64), mask: np.ones(shape, np.int64),
+                              types: np.zeros(shape, np.int64)})
             _check_encoder_output(out, manifest, batch, seq)
     except PackageError:
         raise
@@ -110,15 +120,15 @@ def warm_up_encoder(runner: SessionRunner, manifest: dict[str, Any], max_batch_s
         raise PackageError(f"warm-up failed: {exc}") from None
 
 
-def _check_encoder_output(out: dict[str, np.ndarray], manifest: dict[str, Any], batch: int, seq: int) -> None:
+def _check_encoder_output(out: dict[str, np.ndarray], manifest: Manifest, batch: int, seq: int) -> None:
     logits = out.get("logits")
     if logits is None:
         raise PackageError("warm-up: the graph has no 'logits' output")
-    if manifest["task"] == "classify":
-        expected: tuple[int, ...] = (batch, len(manifest["labels"]))
+    if manifest.task == "classify":
+        expected: tuple[int, ...] = (batch, len(manifest.labels))
     else:
         expected = (batch, seq, logits.shape[-1])
-        vocab = manifest.get("vocab_size")
+        vocab = manifest.vocab_size
         if isinstance(vocab, int) and logits.shape[-1] != vocab:
             raise PackageError(f"warm-up: logits have {logits.shape[-1]} columns, vocab_size is {vocab}")
     if logits.shape != expected:

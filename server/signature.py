@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from modelpkg import TensorDecl
 from server.codecs import kserve_datatype, numpy_dtype
 from server.errors import ServingError
 
@@ -44,9 +45,9 @@ class TensorSpec:
         return tuple(d if isinstance(d, int) else sum(sizes[s] for s in d) if d else 1 for d in self.dims)
 
 
-def specs_from_manifest(entries: list[dict[str, Any]]) -> list[TensorSpec]:
-    return [TensorSpec(name=e["name"], datatype=kserve_datatype(e["dtype"]),
-                       dims=tuple(_parse_dim(d) for d in e["shape"])) for e in entries]
+def specs_from_manifest(decls: Sequence[TensorDecl]) -> list[TensorSpec]:
+    return [TensorSpec(name=d.name, datatype=kserve_datatype(d.dtype), dims=tuple(_parse_dim(x) for x in d.shape))
+            for d in decls]
 
 
 def check_inputs(specs: list[TensorSpec], arrays: dict[str, np.ndarray]) -> None:

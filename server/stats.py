@@ -6,6 +6,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from server.types import BatchStat, DurationStat, ModelStatistics
+
 
 @dataclass
 class Duration:
@@ -15,6 +17,9 @@ class Duration:
     def add(self, seconds: float, count: int = 1) -> None:
         self.count += count
         self.ns += int(seconds * 1e9)
+
+    def frozen(self) -> DurationStat:
+        return DurationStat(count=self.count, ns=self.ns)
 
 
 @dataclass
@@ -42,3 +47,13 @@ class ModelStats:
             self.batches[rows].add(seconds)
             for q in queue_seconds or ():
                 self.queue.add(q)
+
+    def snapshot(self, name: str, version: int) -> ModelStatistics:
+        """A consistent copy of every counter (taken under the lock the compute threads write under)."""
+        with self._lock:
+            return ModelStatistics(
+                name=name, version=version, last_inference_ms=self.last_inference_ms,
+                inference_count=self.inference_count, execution_count=self.execution_count,
+                success=self.success.frozen(), fail=self.fail.frozen(), queue=self.queue.frozen(),
+                compute_infer=self.compute_infer.frozen(),
+                batches=[BatchStat(size, d.frozen()) for size, d in sorted(self.batches.items())])

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from server.generation import GenerationResult, StreamChunk
 
 
 class ModelState(str, enum.Enum):
@@ -30,6 +34,7 @@ class ClassifyResult:
     model: str
     version: int
     results: list[Classification]  # one per input, in order
+    labels: list[str] = field(default_factory=list)  # the model's labels in logit-column order
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class FillMaskResult:
     model: str
     version: int
     results: list[list[MaskPrediction]]  # per text, per mask
+    mask_token: str = ""                 # the model's mask token, as it appears in the texts
 
 
 @dataclass(frozen=True)
@@ -73,3 +79,82 @@ class ModelInfo:
     versions: list[int] = field(default_factory=list)
     max_batch_size: int = 0
     manifest_json: str = ""
+
+
+@dataclass(frozen=True)
+class TensorMetadata:
+    name: str
+    datatype: str          # KServe name ("INT64", "FP32", "BYTES")
+    shape: list[int]       # -1 for a dynamic axis
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What KServe ModelMetadata reports: the graph signature of one loaded version."""
+
+    name: str
+    versions: list[int]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+@dataclass(frozen=True)
+class DurationStat:
+    count: int
+    ns: int
+
+
+@dataclass(frozen=True)
+class BatchStat:
+    batch_size: int
+    compute_infer: DurationStat
+
+
+@dataclass(frozen=True)
+class ModelStatistics:
+    """A snapshot of one version's counters (server/stats.py), taken under its lock."""
+
+    name: str
+    version: int
+    last_inference_ms: int
+    inference_count: int
+    execution_count: int
+    success: DurationStat
+    fail: DurationStat
+    queue: DurationStat
+    compute_infer: DurationStat
+    batches: list[BatchStat]
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    """A model of the repository index: a loaded version (any state), or a name on disk never loaded."""
+
+    name: str
+    version: int | None    # None: no version directory (the index then shows "")
+    state: ModelState
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class InferResult:
+    """Raw graph outputs of one ModelInfer, with the version that computed them."""
+
+    model: str
+    version: int
+    outputs: dict[str, Any]   # output name -> numpy array
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    model: str
+    version: int
+    output: GenerationResult
+
+
+@dataclass(frozen=True)
+class StreamPart:
+    model: str
+    version: int
+    chunk: StreamChunk

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from modelpkg import Manifest
 from server.codecs import decode_tensor, encode_tensor
 from server.dataplane import DataPlane
 from server.errors import Code, ServingError
@@ -115,7 +116,7 @@ def test_numeric_tensors_raw_and_typed_contents() -> None:
 
 def test_decoder_signature_checks_past_plus_sequence(tiny_repository: Path) -> None:
     manifest = json.loads((tiny_repository / GPT / "1" / "model.json").read_text())
-    specs = specs_from_manifest(manifest["inputs"])
+    specs = specs_from_manifest(Manifest.from_dict(manifest).inputs)
     cache = manifest["cache"]
     ids = np.zeros((1, 3), np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones((1, 5), np.int64), "position_ids": ids.copy()}
@@ -169,8 +170,9 @@ def test_data_plane_in_process_batches_concurrent_requests(tiny_repository: Path
             texts = [[(f"the harbour boat {i}", None)] for i in range(12)]
             results = await asyncio.gather(*(plane.classify(CLASSIFIER, 0, t) for t in texts))
             assert all(r.version == 1 and len(r.results) == 1 for r in results)
-            stats = plane.repository.resolve(CLASSIFIER).stats
-            assert stats.inference_count == 12 and max(stats.batches) > 1 and stats.execution_count < 12
+            stats = plane.statistics(CLASSIFIER)[0]
+            assert stats.inference_count == 12 and max(b.batch_size for b in stats.batches) > 1 \
+                and stats.execution_count < 12
             big = await plane.classify(CLASSIFIER, 0, [("tide", None)] * 40)  # > max_batch_size: split, in order
             assert len(big.results) == 40
         finally:

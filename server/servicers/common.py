@@ -1,21 +1,16 @@
-"""What every servicer method shares: status mapping, deadlines, per-model metrics."""
+"""What every servicer shares: the data plane, deadlines, and the unary / streaming handler wrappers."""
 from __future__ import annotations
 
-import asyncio
 import functools
-import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 
 from server.dataplane import DataPlane
-from server.errors import Code, ServingError
-
-log = logging.getLogger(__name__)
+from server.servicers.status import guarded
 
 T = TypeVar("T")
-STATUS = {code: grpc.StatusCode[code.value] for code in Code}
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
@@ -32,7 +27,7 @@ class Instrumented:
 
     def model_label(self, name: str) -> str:
         # Only names of known models become label values: arbitrary client strings would explode cardinality.
-        return name if name in self.plane.repository.names else ""
+        return name if name in self.plane.model_names() else ""
 
     def record(self, model: str, method: str, code: str, started: float) -> None:
         label = self.model_label(model)
@@ -41,28 +36,13 @@ class Instrumented:
 
 
 def unary(method: str, model_field: str = "model") -> Callable[..., Any]:
-    """Wraps a unary handler: ServingError -> status, unexpected errors -> INTERNAL, metrics recorded."""
+    """Wraps a unary handler in the status guard (server/servicers/status.py)."""
     def wrap(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         @functools.wraps(fn)
         async def handler(self: Instrumented, request: Any, context: grpc.aio.ServicerContext) -> T:
-            started = time.perf_counter()
-            model = getattr(request, model_field, "") if model_field else ""
-            code = "OK"
-            try:
+            async with guarded(self, method, getattr(request, model_field, "") if model_field else "", context):
                 return await fn(self, request, context)
-            except ServingError as exc:
-                code = exc.code.value
-                await context.abort(STATUS[exc.code], exc.message)
-            except asyncio.CancelledError:
-                code = "CANCELLED"
-                raise
-            except Exception:
-                code = "INTERNAL"
-                log.exception("%s failed", method)
-                await context.abort(grpc.StatusCode.INTERNAL, f"{method}: internal error")
-            finally:
-                self.record(model, method, code, started)
-            raise AssertionError("unreachable")  # context.abort always raises
+            raise AssertionError("unreachable")  # the guard either returns the value or aborts (raises)
         return handler
     return wrap
 
@@ -72,23 +52,8 @@ def streaming(method: str, model_field: str = "model") -> Callable[..., Any]:
     def wrap(fn: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
         @functools.wraps(fn)
         async def handler(self: Instrumented, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[T]:
-            started = time.perf_counter()
-            model = getattr(request, model_field, "")
-            code = "OK"
-            try:
+            async with guarded(self, method, getattr(request, model_field, ""), context):
                 async for item in fn(self, request, context):
                     yield item
-            except ServingError as exc:
-                code = exc.code.value
-                await context.abort(STATUS[exc.code], exc.message)
-            except (asyncio.CancelledError, GeneratorExit):
-                code = "CANCELLED"
-                raise
-            except Exception:
-                code = "INTERNAL"
-                log.exception("%s failed", method)
-                await context.abort(grpc.StatusCode.INTERNAL, f"{method}: internal error")
-            finally:
-                self.record(model, method, code, started)
         return handler
     return wrap

@@ -26,10 +26,10 @@ class HealthServicer(pb_grpc.HealthServicer):
         serving, not_serving = pb.HealthCheckResponse.SERVING, pb.HealthCheckResponse.NOT_SERVING
         if service in SERVER_NAMES:
             return serving if self.plane.ready else not_serving
-        if service not in self.plane.repository.names:
+        healthy = self.plane.model_health(service)
+        if healthy is None:
             return None
-        model = self.plane.repository.find(service)
-        return serving if model is not None and model.serving and not self.plane.draining else not_serving
+        return serving if healthy else not_serving
 
     async def Check(self, request: pb.HealthCheckRequest, context: grpc.aio.ServicerContext) -> pb.HealthCheckResponse:
         status = self.status_of(request.service)
@@ -51,7 +51,7 @@ class HealthServicer(pb_grpc.HealthServicer):
 
     async def List(self, request: pb.HealthListRequest, context: grpc.aio.ServicerContext) -> pb.HealthListResponse:
         response = pb.HealthListResponse()
-        for name in (*SERVER_NAMES, *self.plane.repository.names):
+        for name in (*SERVER_NAMES, *self.plane.model_names()):
             status = self.status_of(name)
             if status is not None:
                 response.statuses[name].status = status

@@ -1,4 +1,4 @@
-"""ortserve.v1.TaskService (protos/ortserve.proto) over the data plane."""
+"""ortserve.v1.TaskService (protos/ortserve.proto): protobuf <-> data-plane calls."""
 from __future__ import annotations
 
 from typing import Any, AsyncIterator
@@ -10,7 +10,7 @@ from protos import ortserve_pb2_grpc as pb_grpc
 from server.errors import Code, ServingError
 from server.generation import GeneratedToken, GenerationParams
 from server.servicers.common import Instrumented, deadline_of, streaming, unary
-from server.types import ModelStatus
+from server.types import ModelStatus, StreamPart
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
                   "cancelled": pb.FINISH_REASON_CANCELLED}
@@ -37,6 +37,18 @@ def tokens_to_proto(tokens: list[GeneratedToken]) -> list[pb.GeneratedToken]:
                                 for a in t.top_logprobs)
         out.append(msg)
     return out
+
+
+def chunk_to_proto(model: str, part: StreamPart) -> pb.GenerateStreamResponse:
+    chunk = part.chunk
+    message = pb.GenerateStreamResponse(text=chunk.text, tokens=tokens_to_proto(chunk.tokens), final=chunk.final,
+                                        model=model, version=part.version)
+    if chunk.final:
+        message.finish_reason = FINISH_REASONS[chunk.finish_reason or "length"]
+        if chunk.usage is not None:
+            message.usage.CopyFrom(pb.Usage(prompt_tokens=chunk.usage.prompt_tokens,
+                                            completion_tokens=chunk.usage.completion_tokens))
+    return message
 
 
 def status_to_proto(s: ModelStatus) -> pb.ModelStatus:
@@ -70,11 +82,11 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
 
     @unary("Generate")
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        params = params_from_proto(request)
-        version, r = await self.plane.generate_versioned(request.model, request.version, request.prompt, params,
-                                                         deadline_of(context))
+        result = await self.plane.generate(request.model, request.version, request.prompt, params_from_proto(request),
+                                           deadline_of(context))
+        r = result.output
         return pb.GenerateResponse(
-            model=request.model, version=version, text=r.text, finish_reason=FINISH_REASONS[r.finish_reason],
+            model=request.model, version=result.version, text=r.text, finish_reason=FINISH_REASONS[r.finish_reason],
             usage=pb.Usage(prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens),
             tokens=tokens_to_proto(r.tokens), time_to_first_token_ms=r.time_to_first_token_ms,
             total_time_ms=r.total_time_ms)
@@ -82,19 +94,11 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
     @streaming("GenerateStream")
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateStreamResponse]:
-        params = params_from_proto(request)
-        stream = self.plane.generate_stream_versioned(request.model, request.version, request.prompt, params,
-                                                      deadline_of(context))
+        stream = self.plane.generate_stream(request.model, request.version, request.prompt, params_from_proto(request),
+                                            deadline_of(context))
         try:
-            async for version, chunk in stream:
-                message = pb.GenerateStreamResponse(text=chunk.text, tokens=tokens_to_proto(chunk.tokens),
-                                                    final=chunk.final, model=request.model, version=version)
-                if chunk.final:
-                    message.finish_reason = FINISH_REASONS[chunk.finish_reason or "length"]
-                    if chunk.usage is not None:
-                        message.usage.CopyFrom(pb.Usage(prompt_tokens=chunk.usage.prompt_tokens,
-                                                        completion_tokens=chunk.usage.completion_tokens))
-                yield message
+            async for part in stream:
+                yield chunk_to_proto(request.model, part)
         finally:
             await stream.aclose()  # a cancelled call frees the sequence's slot now, not at garbage collection
 

@@ -1,0 +1,26 @@
+"""Graph input/output names of the package signatures (docs/model-package.md, "Graph signatures")."""
+from __future__ import annotations
+
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+DECODER_INPUTS = ("input_ids", "attention_mask", "position_ids")
+KV_KINDS = ("key", "value")
+
+
+def past_name(layer: int, kind: str) -> str:
+    """The decoder's cache input of one layer: past_key_values.{layer}.{key|value}."""
+    return f"past_key_values.{layer}.{kind}"
+
+
+def present_name(layer: int, kind: str) -> str:
+    """The decoder's cache output of one layer: present.{layer}.{key|value}."""
+    return f"present.{layer}.{kind}"
+
+
+def past_names(num_layers: int) -> list[str]:
+    """[past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ...]."""
+    return [past_name(i, kind) for i in range(num_layers) for kind in KV_KINDS]
+
+
+def present_names(num_layers: int) -> list[str]:
+    """[present.0.key, present.0.value, present.1.key, ...] (same order as past_names)."""
+    return [present_name(i, kind) for i in range(num_layers) for kind in KV_KINDS]

@@ -1,0 +1,234 @@
+"""model.json as a typed, validated object that round-trips.
+
+`Manifest.from_dict` checks what every reader relies on and raises ManifestError whose message starts with
+`model.json: <field>`; `to_dict` gives the same JSON object back: fields it does not know (a newer exporter's)
+are kept in `extra`, optional fields that were absent stay absent, and `cache` keeps unknown keys too.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .io_names import past_names, present_names
+from .layout import FORMAT, TASKS
+
+LAYOUT_CONCAT = "concat"     # present = concat(past, new): the cache grows by one position per step
+LAYOUT_INPLACE = "inplace"   # present shares past's buffer [batch, kv_heads, max_length, head_dim]
+CACHE_LAYOUTS = (LAYOUT_CONCAT, LAYOUT_INPLACE)
+
+# Keys of model.json in the order the exporter writes them.
+_KEYS = ("format", "name", "version", "task", "architecture", "labels", "max_length", "vocab_size",
+         "special_tokens", "mask_token", "inputs", "outputs", "cache", "variants", "default_variant", "opset",
+         "source", "created_at")
+_CACHE_KEYS = ("num_layers", "num_heads", "head_dim", "layout", "num_kv_heads")
+
+
+class ManifestError(ValueError):
+    """model.json does not hold a usable manifest; the message names the field."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(where: str, value: Any) -> int:
+    if not _is_int(value) or value < 1:
+        raise ManifestError(f"model.json: {where} must be a positive integer")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """One graph input or output: name, dtype name ("int64", "float32") and axes (ints or axis names)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "TensorDecl":
+        if not (isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("dtype"), str)
+                and isinstance(d.get("shape"), list)):
+            raise ValueError("not a {name, dtype, shape} object")
+        return cls(d["name"], d["dtype"], tuple(d["shape"]),
+                   {k: v for k, v in d.items() if k not in ("name", "dtype", "shape")})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), **self.extra}
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """A decoder's KV cache: `layout` "concat" (default when absent) or "inplace"; `num_kv_heads` defaults to
+    num_heads (multi-head attention; fewer for grouped-query attention)."""
+
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    layout: str = LAYOUT_CONCAT
+    num_kv_heads: int | None = None   # None: absent from model.json (= num_heads)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    has_layout: bool = False          # whether model.json wrote "layout" (so to_dict writes it back)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def past_names(self) -> list[str]:
+        return past_names(self.num_layers)
+
+    @property
+    def present_names(self) -> list[str]:
+        return present_names(self.num_layers)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "CacheSpec":
+        if not isinstance(d, dict):
+            raise ManifestError("model.json: cache missing or not a dict")
+        sizes = {k: _positive(f"cache.{k}", d.get(k)) for k in ("num_layers", "num_heads", "head_dim")}
+        layout = d.get("layout", LAYOUT_CONCAT)
+        if layout not in CACHE_LAYOUTS:
+            raise ManifestError(f"model.json: cache.layout must be one of {', '.join(CACHE_LAYOUTS)}, got {layout!r}")
+        kv_heads = d.get("num_kv_heads")
+        if kv_heads is not None:
+            kv_heads = _positive("cache.num_kv_heads", kv_heads)
+            if sizes["num_heads"] % kv_heads:
+                raise ManifestError(f"model.json: cache.num_kv_heads ({kv_heads}) must divide cache.num_heads "
+                                    f"({sizes['num_heads']})")
+        return cls(**sizes, layout=layout, num_kv_heads=kv_heads,
+                   extra={k: v for k, v in d.items() if k not in _CACHE_KEYS}, has_layout="layout" in d)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_layers": self.num_layers, "num_heads": self.num_heads, "head_dim": self.head_dim}
+        if self.has_layout or self.layout != LAYOUT_CONCAT:
+            out["layout"] = self.layout
+        if self.num_kv_heads is not None:
+            out["num_kv_heads"] = self.num_kv_heads
+        return {**out, **self.extra}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format: str
+    task: str
+    max_length: int
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
+    variants: Mapping[str, str]                       # variant name -> file name in the package
+    name: str = ""
+    version: int | None = None                        # None until published
+    architecture: str = ""
+    labels: tuple[str, ...] = ()                      # classify: index = logit column
+    vocab_size: int | None = None
+    special_tokens: Mapping[str, int | None] = field(default_factory=dict)
+    mask_token: str | None = None                     # fill-mask only
+    cache: CacheSpec | None = None                    # generate only
+    default_variant: Mapping[str, str] | None = None  # device ("cpu", "cuda") -> variant
+    opset: int | None = None
+    source: Mapping[str, Any] = field(default_factory=dict)
+    created_at: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version of the contract does not know
+    absent: frozenset[str] = frozenset()              # optional keys model.json did not have
+
+    # ------------------------------------------------------------------ reading
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"model.json: not JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, m: Any) -> "Manifest":
+        """Validates and types a manifest; ManifestError naming the first bad field."""
+        if not isinstance(m, dict):
+            raise ManifestError("model.json: is not a JSON object")
+
+        def need(key: str, kind: type | tuple[type, ...]) -> Any:
+            if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
+                raise ManifestError(f"model.json: {key} missing or not a {getattr(kind, '__name__', kind)}")
+            return m[key]
+
+        def optional(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+            value = m.get(key)
+            if value is None:
+                return default
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ManifestError(f"model.json: {key} must be a {getattr(kind, '__name__', kind)} or null")
+            return value
+
+        if m.get("format") != FORMAT:
+            raise ManifestError(f"model.json: format is {m.get('format')!r}, expected {FORMAT!r}")
+        task = need("task", str)
+        if task not in TASKS:
+            raise ManifestError(f"model.json: task {task!r} is not one of {', '.join(TASKS)}")
+        max_length = need("max_length", int)
+        if max_length < 1:
+            raise ManifestError("model.json: max_length must be >= 1")
+        specs = {}
+        for key in ("inputs", "outputs"):
+            entries = need(key, list)
+            try:
+                specs[key] = tuple(TensorDecl.from_dict(e) for e in entries)
+            except ValueError:
+                specs[key] = ()
+            if not specs[key]:
+                raise ManifestError(f"model.json: {key} must be a non-empty list of {{name, dtype, shape}}")
+        variants = need("variants", dict)
+        if not variants or not all(isinstance(v, str) and v and "/" not in v and v != ".." for v in variants.values()):
+            raise ManifestError("model.json: variants must map names to file names in the package")
+        labels = optional("labels", list, [])
+        if not all(isinstance(x, str) for x in labels):
+            raise ManifestError("model.json: labels must be a list of strings")
+        if task == "classify" and not labels:
+            raise ManifestError("model.json: labels must be a non-empty list of strings for classify")
+        mask_token = optional("mask_token", str, None)
+        if task == "fill-mask" and mask_token is None:
+            raise ManifestError("model.json: mask_token missing or not a str")
+        cache = CacheSpec.from_dict(m.get("cache")) if task == "generate" else None
+        special = optional("special_tokens", dict, {})
+        if not all(v is None or _is_int(v) for v in special.values()):
+            raise ManifestError("model.json: special_tokens must map names to token ids or null")
+        version = optional("version", int, None)
+        return cls(format=FORMAT, task=task, max_length=max_length, inputs=specs["inputs"], outputs=specs["outputs"],
+                   variants=dict(variants), name=optional("name", str, ""), version=version,
+                   architecture=optional("architecture", str, ""), labels=tuple(labels),
+                   vocab_size=optional("vocab_size", int, None), special_tokens=dict(special),
+                   mask_token=mask_token, cache=cache, default_variant=optional("default_variant", dict, None),
+                   opset=optional("opset", int, None), source=dict(optional("source", dict, {})),
+                   created_at=optional("created_at", str, None),
+                   extra={k: v for k, v in m.items() if k not in _KEYS},
+                   absent=frozenset(k for k in _KEYS if k not in m))
+
+    # ------------------------------------------------------------------ writing
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (known keys in the exporter's order, then unknown ones as they came)."""
+        values: dict[str, Any] = {
+            "format": self.format, "name": self.name, "version": self.version, "task": self.task,
+            "architecture": self.architecture, "labels": list(self.labels), "max_length": self.max_length,
+            "vocab_size": self.vocab_size, "special_tokens": dict(self.special_tokens), "mask_token": self.mask_token,
+            "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
+            "cache": None if self.cache is None else self.cache.to_dict(), "variants": dict(self.variants),
+            "default_variant": None if self.default_variant is None else dict(self.default_variant),
+            "opset": self.opset, "source": dict(self.source), "created_at": self.created_at,
+        }
+        return {**{k: values[k] for k in _KEYS if k not in self.absent}, **self.extra}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    # ------------------------------------------------------------------ what readers ask
+
+    def special_token(self, name: str) -> int | None:
+        """A special token's id ("pad", "mask", "eos", ...); None when the tokenizer has none."""
+        value = self.special_tokens.get(name)
+        return value if _is_int(value) else None
+
+    def variant_file(self, variant: str) -> str:
+        return self.variants[variant]

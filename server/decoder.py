@@ -1,0 +1,88 @@
+"""A served decoder (generate): the continuous-batching generation engine, plus raw graph calls.
+
+The engine (server/generation/) is built here exactly as
+`GenerationEngine(session, manifest_dict, tokenizer, config, metrics, label)` and driven through
+start() / warmup() / generate() / stream() / stop(). Raw KServe ModelInfer runs the graph directly: the
+caller brings its own cache tensors, which do not batch with the engine's sequences.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator, Iterator
+
+from modelpkg import TOKENIZER_FILE
+from server.errors import Code, ServingError
+from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
+                               OverloadedError, StreamChunk)
+from server.model import Feeds, Loaded, ServedModel
+from server.sessions import run_failure
+from server.tokenization import load_tokenizer
+
+
+@contextlib.contextmanager
+def engine_errors() -> Iterator[None]:
+    """The generation engine's exceptions -> ServingError."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+    except OverloadedError as exc:
+        raise ServingError(Code.RESOURCE_EXHAUSTED, str(exc)) from None
+    except TimeoutError as exc:
+        raise ServingError(Code.DEADLINE_EXCEEDED, str(exc) or "deadline exceeded") from None
+    except EngineStoppedError as exc:
+        raise ServingError(Code.UNAVAILABLE, str(exc)) from None
+    except RuntimeError as exc:
+        raise ServingError(Code.INTERNAL, str(exc)) from None
+
+
+class DecoderModel(ServedModel):
+    def __init__(self, parts: Loaded) -> None:
+        super().__init__(parts)
+        tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
+        # The engine still takes the manifest as a plain dict (model.json as written).
+        self.engine = GenerationEngine(self.runner.session, self.manifest.to_dict(), tokenizer,
+                                       self.runtime.generation, self.metrics, self.name)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.engine.config.max_batch_size
+
+    def warm_up(self) -> None:
+        self.engine.warmup()
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.stop()
+
+    async def generate(self, prompt: str, params: GenerationParams, deadline: float | None) -> GenerationResult:
+        with engine_errors():
+            return await self.engine.generate(prompt, params, deadline)
+
+    async def stream(self, prompt: str, params: GenerationParams,
+                     deadline: float | None) -> AsyncIterator[StreamChunk]:
+        """Chunks of one sequence; closing the iterator cancels the sequence and frees its slot."""
+        chunks = self.engine.stream(prompt, params, deadline)
+        try:
+            with engine_errors():
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            await chunks.aclose()
+
+    async def infer(self, inputs: Feeds, outputs: list[str] | None, deadline: float | None) -> Feeds:
+        self.check_raw_inputs(inputs)
+        self.check_deadline(deadline)
+        wanted = self.wanted_outputs(outputs)
+        rows = next(iter(inputs.values())).shape[0] if next(iter(inputs.values())).ndim else 1
+        started = asyncio.get_running_loop().time()
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(None, self.runner.run, inputs, wanted)
+        except Exception as exc:
+            raise run_failure(exc) from None
+        self.stats.record_execution(rows, asyncio.get_running_loop().time() - started)
+        self.metrics.batch_size.labels(self.name).observe(rows)
+        return result

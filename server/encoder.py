@@ -1,0 +1,165 @@
+"""A served encoder (classify or fill-mask): text or raw tensors in, one dynamic batcher, onnxruntime.
+
+Task calls tokenize, then submit their rows to the batcher; raw KServe ModelInfer submits the caller's
+tensors to the same batcher, so both kinds of request share batches.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from modelpkg import TOKENIZER_FILE
+from server.batching import DynamicBatcher
+from server.errors import ServingError
+from server.model import Feeds, Loaded, ServedModel
+from server.sessions import run_failure, warm_up_encoder
+from server.tokenization import TextEncoder, pad_batch
+from server.types import (Classification, ClassifyResult, FillMaskResult, LabelScore, MaskPrediction,
+                          TokenCandidate)
+
+DEFAULT_FILL_MASK_TOP_K = 5
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    e = np.exp(shifted)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class EncoderModel(ServedModel):
+    def __init__(self, parts: Loaded) -> None:
+        super().__init__(parts)
+        self.encoder = TextEncoder(self.package.file(TOKENIZER_FILE), self.manifest.max_length)
+        self.pad_id = self.manifest.special_token("pad") or 0
+        self.batcher = DynamicBatcher(self.runner.run, {"input_ids": self.pad_id}, self.runtime.batch,
+                                      self.metrics, self.name, self.stats)
+        # Outputs with a sequence axis come back padded to their batch's longest row: cut to the request's.
+        self._sequence_outputs = [s.name for s in self.outputs if len(s.dims) > 1 and s.dims[1] == ("sequence",)]
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.runtime.batch.max_batch_size
+
+    def warm_up(self) -> None:
+        warm_up_encoder(self.runner, self.manifest, self.max_batch_size)
+
+    async def start(self) -> None:
+        self.batcher.start()
+
+    async def close(self) -> None:
+        await self.batcher.stop()
+
+    # ------------------------------------------------------------------ batched runs
+
+    async def run_batched(self, feeds: Feeds, deadline: float | None) -> Feeds:
+        """Every output for these rows through the batcher; more rows than a batch go in several pieces."""
+        rows = next(iter(feeds.values())).shape[0]
+        size = self.max_batch_size
+        if rows <= size:
+            return await self.batcher.submit(feeds, deadline)
+        pieces = await asyncio.gather(*(self.batcher.submit({k: v[i:i + size] for k, v in feeds.items()}, deadline)
+                                        for i in range(0, rows, size)))
+        return {name: np.concatenate([self._widen(p[name], pieces, name) for p in pieces]) for name in pieces[0]}
+
+    @staticmethod
+    def _widen(array: np.ndarray, pieces: list[Feeds], name: str) -> np.ndarray:
+        """Pieces of one request may come back from batches of different widths: pad to the widest."""
+        if array.ndim < 2:
+            return array
+        width = max(p[name].shape[1] for p in pieces)
+        if array.shape[1] == width:
+            return array
+        return np.pad(array, [(0, 0), (0, width - array.shape[1])] + [(0, 0)] * (array.ndim - 2))
+
+    async def infer(self, inputs: Feeds, outputs: list[str] | None, deadline: float | None) -> Feeds:
+        self.check_raw_inputs(inputs)
+        self.check_deadline(deadline)
+        rows = next(iter(inputs.values())).shape[0]
+        if rows == 0:  # nothing to batch: the graph answers the empty shapes itself
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(None, self.runner.run, inputs)
+            except Exception as exc:
+                raise run_failure(exc) from None
+        else:
+            feeds = {spec.name: inputs[spec.name] for spec in self.inputs}  # the graph's input order
+            result = await self.run_batched(feeds, deadline)
+            width = inputs["input_ids"].shape[1] if "input_ids" in inputs else None
+            for name in self._sequence_outputs:
+                if width is not None and name in result:
+                    result[name] = result[name][:, :width]
+        wanted = self.wanted_outputs(outputs)
+        return {name: result[name] for name in wanted}
+
+    async def _logits(self, rows: list, deadline: float | None) -> list[np.ndarray]:
+        feeds = pad_batch(rows, self.pad_id)
+        return list((await self.run_batched(feeds, deadline))["logits"])
+
+    # ------------------------------------------------------------------ tasks
+
+    async def classify(self, inputs: list[tuple[str, str | None]], top_k: int, truncate: bool,
+                       deadline: float | None) -> ClassifyResult:
+        if self.task != "classify":
+            raise self._not("classify")
+        if top_k < 0:
+            raise ServingError.invalid("top_k", f"must be >= 0, got {top_k}")
+        labels = list(self.manifest.labels)
+        rows = self.encoder.encode(inputs, truncate, field="inputs")
+        results = []
+        for logits in await self._logits(rows, deadline):
+            probs = softmax(logits)
+            order = np.argsort(-probs, kind="stable")
+            keep = order if top_k == 0 else order[:top_k]
+            scores = [LabelScore(labels[i], float(probs[i])) for i in keep]
+            results.append(Classification(label=labels[order[0]], score=float(probs[order[0]]), scores=scores))
+        return ClassifyResult(model=self.name, version=self.version, results=results, labels=labels)
+
+    def mask_token_id(self) -> int:
+        mask = self.manifest.special_token("mask")
+        if mask is not None:
+            return mask
+        found = self.encoder.tokenizer.token_to_id(self.manifest.mask_token or "")
+        if found is None:
+            raise ServingError.invalid("model", f"{self.name!r} has no mask token id")
+        return found
+
+    async def fill_mask(self, texts: list[str], top_k: int, truncate: bool,
+                        deadline: float | None) -> FillMaskResult:
+        if self.task != "fill-mask":
+            raise self._not("fill-mask")
+        if not texts:
+            raise ServingError.invalid("texts", "at least one text is required")
+        if top_k < 0:
+            raise ServingError.invalid("top_k", f"must be >= 0, got {top_k}")
+        mask_id = self.mask_token_id()
+        mask_token = self.manifest.mask_token or ""
+        rows = self.encoder.encode([(t, None) for t in texts], truncate, field="texts", text_attr="")
+        positions = []
+        for i, row in enumerate(rows):
+            found = [p for p, t in enumerate(row.ids) if t == mask_id]
+            if not found:
+                raise ServingError.invalid(f"texts[{i}]", f"holds no mask token {mask_token!r}")
+            positions.append(found)
+        k = top_k or DEFAULT_FILL_MASK_TOP_K
+        special_ids = self.manifest.special_tokens
+        special = {v for v in special_ids.values() if isinstance(v, int)}
+        drop = {special_ids.get(n) for n in ("cls", "sep", "pad")} - {None}
+        tokenizer = self.encoder.tokenizer
+        results: list[list[MaskPrediction]] = []
+        for row, found, logits in zip(rows, positions, await self._logits(rows, deadline)):
+            masks = []
+            for pos in found:
+                probs = softmax(logits[pos])
+                kk = min(k, probs.shape[-1])
+                best = np.argpartition(-probs, kk - 1)[:kk]
+                best = best[np.argsort(-probs[best], kind="stable")]
+                candidates = []
+                for token_id in best.tolist():
+                    filled = [token_id if p == pos else t for p, t in enumerate(row.ids) if t not in drop]
+                    candidates.append(TokenCandidate(
+                        token=tokenizer.decode([token_id], skip_special_tokens=token_id not in special),
+                        token_id=int(token_id), score=float(probs[token_id]),
+                        sequence=tokenizer.decode(filled, skip_special_tokens=False)))
+                masks.append(MaskPrediction(position=pos, candidates=candidates))
+            results.append(masks)
+        return FillMaskResult(model=self.name, version=self.version, results=results, mask_token=mask_token)

@@ -1,0 +1,126 @@
+"""KServe ModelInfer "text mode": a codec of the KServe front door over the data plane's task calls.
+
+A request whose inputs are all BYTES tensors named as below (for the model's task) runs the task instead of
+the graph; anything else goes to the graph (DataPlane.infer). Request parameters: `truncate` (bool);
+for generate the GenerationParameters by name, and `stop` as a JSON list of strings.
+
+    classify   text [, text_pair]  ->  label (BYTES), score (FP32), probabilities (FP32 [n, labels])
+    fill-mask  text                ->  sequence (BYTES: every mask filled with its best candidate)
+    generate   prompt              ->  text, finish_reason (BYTES)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+
+from server.dataplane import DataPlane, select_outputs
+from server.errors import Code, ServingError
+from server.generation import GenerationParams
+from server.types import FillMaskResult, InferResult, MaskPrediction
+
+TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}}
+_PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "truncate_prompt",
+               "ignore_eos")
+
+
+def is_text_request(task: str, inputs: dict[str, np.ndarray]) -> bool:
+    return bool(inputs) and set(inputs) <= TEXT_INPUTS.get(task, set()) and all(
+        a.dtype == object for a in inputs.values())
+
+
+async def infer(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
+                outputs: list[str] | None, parameters: dict[str, Any], deadline: float | None) -> InferResult:
+    """ModelInfer over the data plane: text mode when the request is one, the graph otherwise."""
+    task = plane.task_of(model, version) if inputs else ""
+    if not is_text_request(task, inputs):
+        return await plane.infer(model, version, inputs, outputs, deadline)
+    if task == "generate":
+        result = await _generate(plane, model, version, inputs, parameters, deadline)
+    elif task == "classify":
+        result = await _classify(plane, model, version, inputs, parameters, deadline)
+    else:
+        result = await _fill_mask(plane, model, version, inputs, parameters, deadline)
+    return InferResult(model=result.model, version=result.version, outputs=select_outputs(result.outputs, outputs))
+
+
+def _texts(inputs: dict[str, np.ndarray], name: str) -> list[str]:
+    try:
+        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in inputs[name].reshape(-1)]
+    except UnicodeDecodeError:
+        raise ServingError.invalid(f"inputs[{name!r}]", "BYTES elements must be UTF-8 text") from None
+
+
+def _bytes_array(values: list[str]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = [v.encode("utf-8") for v in values]
+    return out
+
+
+async def _classify(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
+                    parameters: dict[str, Any], deadline: float | None) -> InferResult:
+    if "text" not in inputs:
+        raise ServingError.invalid("inputs", "missing input 'text'")
+    main = _texts(inputs, "text")
+    pairs: list[str | None] = list(_texts(inputs, "text_pair")) if "text_pair" in inputs else [None] * len(main)
+    if len(pairs) != len(main):
+        raise ServingError.invalid("inputs['text_pair'].shape", "must have as many elements as 'text'")
+    result = await plane.classify(model, version, list(zip(main, pairs)), 0, bool(parameters.get("truncate", False)),
+                                  deadline)
+    probs = np.array([[next(s.score for s in r.scores if s.label == label) for label in result.labels]
+                      for r in result.results], dtype=np.float32)
+    return InferResult(model=result.model, version=result.version, outputs={
+        "label": _bytes_array([r.label for r in result.results]),
+        "score": np.array([r.score for r in result.results], dtype=np.float32), "probabilities": probs})
+
+
+async def _fill_mask(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
+                     parameters: dict[str, Any], deadline: float | None) -> InferResult:
+    if "text" not in inputs:
+        raise ServingError.invalid("inputs", "missing input 'text'")
+    result = await plane.fill_mask(model, version, _texts(inputs, "text"), 1, bool(parameters.get("truncate", False)),
+                                   deadline)
+    return InferResult(model=result.model, version=result.version,
+                       outputs={"sequence": _bytes_array([_fill_all(result, masks) for masks in result.results])})
+
+
+def _fill_all(result: FillMaskResult, masks: list[MaskPrediction]) -> str:
+    """The text with every mask replaced by its best candidate (each candidate's sequence fills only its own
+    mask: the others are filled left to right with their best token)."""
+    text = masks[0].candidates[0].sequence
+    for m in masks[1:]:
+        text = text.replace(result.mask_token, m.candidates[0].token, 1)
+    return text
+
+
+async def _generate(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
+                    parameters: dict[str, Any], deadline: float | None) -> InferResult:
+    params = params_from(parameters)
+    prompts = _texts(inputs, "prompt")
+    if not prompts:
+        raise ServingError.invalid("inputs['prompt']", "at least one prompt is required")
+    results = await asyncio.gather(*(plane.generate(model, version, p, params, deadline) for p in prompts))
+    return InferResult(model=results[0].model, version=results[0].version, outputs={
+        "text": _bytes_array([r.output.text for r in results]),
+        "finish_reason": _bytes_array([r.output.finish_reason for r in results])})
+
+
+def params_from(parameters: dict[str, Any]) -> GenerationParams:
+    """KServe request parameters -> GenerationParams (stop sequences as a JSON list in "stop")."""
+    fields = {k: parameters[k] for k in _PARAM_KEYS if k in parameters}
+    for key in ("temperature", "top_p", "repetition_penalty"):
+        if isinstance(fields.get(key), int) and not isinstance(fields.get(key), bool):
+            fields[key] = float(fields[key])
+    if "stop" in parameters:
+        try:
+            fields["stop"] = json.loads(parameters["stop"])
+        except (TypeError, json.JSONDecodeError):
+            raise ServingError.invalid("parameters.stop", "must be a JSON list of strings") from None
+        if not isinstance(fields["stop"], list):  # '5' or 'Infinity' parse as JSON too (TypeError -> INTERNAL)
+            raise ServingError.invalid("parameters.stop", "must be a JSON list of strings")
+    try:
+        return GenerationParams.validate(**fields)
+    except ValueError as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
