@@ -6,7 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .config import TASKS, ExportConfig
+from .config import CACHE_LAYOUTS, TASKS, ExportConfig
 from .errors import ExportError, ParityFailure
 
 log = logging.getLogger("export")
@@ -29,6 +29,9 @@ def _export_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default="fp32", help="comma list of fp32,optimized,int8,fp16 (fp32 always)")
     p.add_argument("--eval-data", type=Path, default=None, help="labelled JSONL (text, label) for the int8 accuracy rule")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads for the parity gate")
+    p.add_argument("--cache-layout", default="inplace", choices=CACHE_LAYOUTS,
+                   help="generate: inplace = GroupQueryAttention writing one preallocated buffer per layer "
+                        "(default); concat = the traced graph that returns past + new")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
         variants = tuple(dict.fromkeys(v.strip() for v in ["fp32", *args.variants.split(",")] if v.strip()))
         cfg = ExportConfig(checkpoint=args.checkpoint, task=args.task, repository=args.repository, name=args.name,
-                           version=args.version, variants=variants, eval_data=args.eval_data, threads=args.threads)
+                           version=args.version, variants=variants, eval_data=args.eval_data, threads=args.threads,
+                           cache_layout=args.cache_layout)
         result = export_checkpoint(cfg)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)

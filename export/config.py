@@ -6,6 +6,7 @@ from pathlib import Path
 
 TASKS = ("classify", "fill-mask", "generate")
 VARIANTS = ("fp32", "optimized", "int8", "fp16")
+CACHE_LAYOUTS = ("inplace", "concat")
 # 18 is the opset both torch exporters and Optimum agree on, and every fusion/quantization tool here reads it.
 OPSET = 18
 
@@ -48,3 +49,4 @@ class ExportConfig:
     tolerances: Tolerances = field(default_factory=Tolerances)
     grid: GridConfig = field(default_factory=GridConfig)
     threads: int = 1  # onnxruntime intra-op threads during the gate
+    cache_layout: str = "inplace"  # generate: "inplace" (GroupQueryAttention, shared buffer) or "concat" (traced)

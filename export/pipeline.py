@@ -15,7 +15,7 @@ import onnxruntime
 import torch
 from tokenizers import Tokenizer
 
-from . import graphs, package, variants
+from . import decoder_graph, graphs, package, variants
 from .config import OPSET, TASKS, VARIANTS, ExportConfig
 from .errors import ExportError, ParityFailure
 from .heldout import BUILTIN_TEXTS, default_genre_split, read_eval_data
@@ -91,7 +91,10 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     head_dim = info.hidden_size // info.num_heads
     vocab = int(info.config["vocab_size"])
     fp32 = out / variants.FILES["fp32"]
-    if cfg.task == "generate":
+    inplace = cfg.task == "generate" and cfg.cache_layout == "inplace"
+    if inplace:
+        spec = decoder_graph.export_inplace(model, info.model_type, info.max_positions, fp32)
+    elif cfg.task == "generate":
         spec = graphs.export_decoder(model, info.num_layers, info.num_heads, head_dim, vocab, fp32)
     else:
         spec = graphs.export_encoder(model, cfg.task, vocab, fp32)
@@ -120,7 +123,9 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
         "max_length": info.max_positions, "vocab_size": vocab,
         "special_tokens": ids, "mask_token": mask_token if cfg.task == "fill-mask" else None,
         "inputs": [t.as_json() for t in spec.inputs], "outputs": [t.as_json() for t in spec.outputs],
-        "cache": ({"num_layers": info.num_layers, "num_heads": info.num_heads, "head_dim": head_dim}
+        "cache": ({"num_layers": info.num_layers, "num_heads": info.num_heads, "head_dim": head_dim,
+                   "num_kv_heads": info.num_kv_heads,
+                   "layout": decoder_graph.LAYOUT if inplace else "concat"}
                   if cfg.task == "generate" else None),
         "variants": {v: b.file for v, b in builds.items()}, "default_variant": None, "opset": OPSET,
         "source": {"checkpoint": str(info.path), "architecture": info.architecture,
@@ -136,7 +141,9 @@ def gate_inputs(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module,
     return GateInputs(model=model, task=cfg.task, tokenizer=tok, special_tokens=manifest["special_tokens"],
                       max_length=manifest["max_length"], num_layers=info.num_layers, num_heads=info.num_heads,
                       head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=labelled,
-                      tolerances=cfg.tolerances, grid=cfg.grid, threads=cfg.threads)
+                      tolerances=cfg.tolerances, grid=cfg.grid, threads=cfg.threads,
+                      cache_layout=(manifest.get("cache") or {}).get("layout", "concat"),
+                      num_kv_heads=info.num_kv_heads if cfg.task == "generate" else None)
 
 
 def tool_versions() -> dict[str, str | None]:
@@ -167,6 +174,9 @@ def validate_config(cfg: ExportConfig) -> None:
     unknown = [v for v in cfg.variants if v not in VARIANTS]
     if unknown:
         raise ExportError(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    if cfg.task == "generate" and cfg.cache_layout == "inplace" and set(cfg.variants) - {"fp32"}:
+        raise ExportError("--variants: the in-place decoder graph is written already fused (GroupQueryAttention, "
+                          "SkipLayerNormalization, FastGelu); it ships fp32 only (or use --cache-layout concat)")
     if "fp32" not in cfg.variants:
         raise ExportError("--variants: fp32 is required (every other variant is derived from and checked against it)")
     package.validate_name(cfg.name)

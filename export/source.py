@@ -49,6 +49,11 @@ class CheckpointInfo:
         return int(self.config["n_head"] if self.model_type == "gpt2" else self.config["num_attention_heads"])
 
     @property
+    def num_kv_heads(self) -> int:
+        """Heads of keys/values: fewer than num_heads under grouped-query attention."""
+        return int(self.config.get("num_key_value_heads") or self.num_heads)
+
+    @property
     def hidden_size(self) -> int:
         return int(self.config["n_embd"] if self.model_type == "gpt2" else self.config["hidden_size"])
 

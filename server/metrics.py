@@ -41,5 +41,13 @@ class Metrics:
             "ortserve_active_sequences", "Sequences currently in the continuous batch.", ["model"], registry=r)
         self.queued_requests = Gauge(
             "ortserve_queued_requests", "Requests admitted and waiting for compute.", ["model"], registry=r)
+        self.cache_slots = Gauge(
+            "ortserve_cache_slots", "KV-cache slots of an in-place-cache decoder, by state (used / total).",
+            ["model", "state"], registry=r)
+        self.prefill_chunks = Counter(
+            "ortserve_prefill_chunks", "Prompt chunks prefilled (a long prompt is cut into several).",
+            ["model"], registry=r)
+        self.prefill_tokens = Counter(
+            "ortserve_prefill_tokens", "Prompt tokens prefilled.", ["model"], registry=r)
         self.model_state = Gauge(
             "ortserve_model_ready", "1 when a model version is SERVING, else 0.", ["model", "version"], registry=r)

@@ -143,13 +143,15 @@ def _stop_token_ids(ids: Sequence[int] | None) -> tuple[int, ...]:
 class GenerationConfig:
     """Capacity of one engine (one loaded decoder). Requests beyond it get OverloadedError."""
 
-    max_batch_size: int = 8          # sequences decoded together in one step
+    max_batch_size: int = 16         # sequences decoded together; = KV-cache slots of an in-place-cache model
     max_waiting: int = 64            # admitted requests not yet prefilled
     max_tokens_in_flight: int = 65536  # sum of (prompt + max_new_tokens) over waiting and active requests
-    max_prefill_tokens: int = 4096   # padded tokens (rows x longest prompt) per prefill run
+    max_prefill_tokens: int = 1024   # padded prompt tokens (rows x longest chunk) per iteration when none decodes
+    prefill_chunk_tokens: int = 32   # prompt tokens per iteration while others decode (in-place-cache models)
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens"):
+        for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",
+                     "prefill_chunk_tokens"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")

@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
@@ -12,6 +13,9 @@ from .detokenize import IncrementalDetokenizer, StopMatcher
 from .params import GenerationParams
 from .results import GeneratedToken, StreamChunk, TokenLogprob, Usage
 from .sampling import Choice, Sampler
+
+if TYPE_CHECKING:
+    from .scheduler import SeqState
 
 _ids = itertools.count(1)
 
@@ -33,6 +37,7 @@ class Sequence:
     finished_at: float | None = None
     finish_reason: str | None = None
     cancelled: bool = False              # the consumer went away
+    state: "SeqState | None" = None      # the slot scheduler's view (in-place-cache engine only)
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,

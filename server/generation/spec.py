@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+LAYOUTS = ("concat", "inplace")
 _ORT_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -15,6 +16,9 @@ class DecoderSpec:
     num_layers: int
     num_heads: int
     head_dim: int
+    num_kv_heads: int        # == num_heads unless the model uses grouped-query attention
+    layout: str              # "concat": the graph returns past + new; "inplace": one shared buffer per layer
+    has_position_ids: bool   # the graph takes position_ids (learned positions); rotary graphs derive them
     max_length: int          # context: positions available to prompt + generated tokens
     vocab_size: int
     eos_id: int | None
@@ -44,7 +48,7 @@ class DecoderSpec:
         spec_inputs = {i.name: i for i in session.get_inputs()}
         spec_outputs = {o.name for o in session.get_outputs()}
         past = [f"past_key_values.{i}.{kind}" for i in range(sizes["num_layers"]) for kind in ("key", "value")]
-        for name in ["input_ids", "attention_mask", "position_ids", *past]:
+        for name in ["input_ids", "attention_mask", *past]:
             if name not in spec_inputs:
                 raise ValueError(f"model graph: input {name!r} missing (manifest cache.num_layers="
                                  f"{sizes['num_layers']}); inputs are {sorted(spec_inputs)}")
@@ -52,10 +56,24 @@ class DecoderSpec:
         for name in ["logits", *present]:
             if name not in spec_outputs:
                 raise ValueError(f"model graph: output {name!r} missing; outputs are {sorted(spec_outputs)}")
+        layout = cache.get("layout", "concat")
+        if layout not in LAYOUTS:
+            raise ValueError(f"model.json cache.layout: must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        kv_heads = _positive("cache.num_kv_heads", cache.get("num_kv_heads", sizes["num_heads"]))
+        if sizes["num_heads"] % kv_heads:
+            raise ValueError(f"model.json cache.num_kv_heads: {kv_heads} does not divide num_heads {sizes['num_heads']}")
+        if layout == "inplace":
+            dims = spec_inputs[past[0]].shape
+            if len(dims) != 4 or dims[1] != kv_heads or dims[3] != sizes["head_dim"]:
+                raise ValueError(f"model graph: input {past[0]!r} has shape {dims}, expected "
+                                 f"[batch, {kv_heads}, max_sequence, {sizes['head_dim']}]")
+        elif "position_ids" not in spec_inputs:
+            raise ValueError(f"model graph: input 'position_ids' missing; inputs are {sorted(spec_inputs)}")
         past_type = spec_inputs[past[0]].type
         if past_type not in _ORT_FLOAT_TYPES:
             raise ValueError(f"model graph: input {past[0]!r} has type {past_type}, expected float32 or float16")
         return cls(num_layers=sizes["num_layers"], num_heads=sizes["num_heads"], head_dim=sizes["head_dim"],
+                   num_kv_heads=kv_heads, layout=layout, has_position_ids="position_ids" in spec_inputs,
                    max_length=max_length, vocab_size=vocab, eos_id=eos, bos_id=bos,
                    pad_id=next((t for t in (pad, eos, bos) if t is not None), 0),
                    past_dtype=_ORT_FLOAT_TYPES[past_type])

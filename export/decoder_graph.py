@@ -1,0 +1,263 @@
+"""The in-place-cache decoder graph, written directly from a checkpoint's weights (no tracing).
+
+Attention is onnxruntime's `com.microsoft.GroupQueryAttention` with the past and present of each layer
+sharing one buffer `[batch, kv_heads, max_length, head_dim]`: the caller binds the same memory as
+`past_key_values.{i}.*` and `present.{i}.*` (IOBinding) and the op writes each row's new keys/values at
+that row's own position. Nothing of the cache is copied per step.
+
+Per-row positions come from the attention mask: row b's new tokens are written at
+[sum(mask[b]) - sequence, sum(mask[b])) and attend causally to everything before them. That makes
+right padding inside a call harmless: a padded tail is written past the row's real tokens (and later
+overwritten) and no real query can see it. The mask's width is `total_sequence_length`; when it equals
+`sequence`, the call is a first prompt (past 0 for every row).
+
+The I/O names are those of onnxruntime-genai's "decoder" model type, so its runtime can run the very same
+file (search.past_present_share_buffer = true).
+
+Families: GPT-2 (LayerNorm, learned positions through `position_ids`, gelu_new, fused c_attn) and the
+Llama family (RMSNorm, rotary inside the attention op, SwiGLU, grouped-query attention, optional q/k/v bias).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from modelpkg import past_name, present_name
+
+MS = "com.microsoft"
+LAYOUT = "inplace"   # model.json cache.layout of graphs made here ("concat" = the traced graph)
+
+
+@dataclass
+class LayerWeights:
+    """One block, weights already in MatMul orientation [in, out]."""
+
+    norm1_w: np.ndarray
+    norm1_b: np.ndarray | None          # None for RMSNorm
+    qkv_w: np.ndarray                   # [hidden, (heads + 2 kv_heads) * head_dim], packed q|k|v
+    qkv_b: np.ndarray | None
+    out_w: np.ndarray                   # [heads * head_dim, hidden]
+    out_b: np.ndarray | None
+    norm2_w: np.ndarray
+    norm2_b: np.ndarray | None
+    up_w: np.ndarray                    # GPT-2: c_fc [hidden, inner]; Llama: gate|up packed [hidden, 2 inner]
+    up_b: np.ndarray | None
+    down_w: np.ndarray                  # [inner, hidden]
+    down_b: np.ndarray | None
+
+
+@dataclass
+class DecoderWeights:
+    family: str                         # "gpt2" | "llama"
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab_size: int
+    max_length: int
+    norm_eps: float
+    embed: np.ndarray                   # [vocab, hidden]
+    lm_head: np.ndarray | None          # [vocab, hidden]; None = tied to embed
+    final_norm_w: np.ndarray
+    final_norm_b: np.ndarray | None
+    layers: list[LayerWeights] = field(default_factory=list)
+    positions: np.ndarray | None = None  # GPT-2 wpe [max_length, hidden]
+    activation: str = "gelu_tanh"       # GPT-2 MLP: "gelu_tanh" (gelu_new) or "gelu" (exact erf form)
+    rope_theta: float = 10000.0
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+class _Graph:
+    """Tiny helper that names nodes and collects initializers."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._n = 0
+
+    def const(self, name: str, arr: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", name: str | None = None,
+           outputs: list[str] | None = None, **attrs) -> list[str]:
+        self._n += 1
+        base = name or f"{op_type}_{self._n}"
+        outs = outputs or [f"{base}_out{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain, **attrs))
+        return outs
+
+    def one(self, op_type: str, inputs: list[str], **kw) -> str:
+        return self.op(op_type, inputs, **kw)[0]
+
+
+def _rope_caches(w: DecoderWeights) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_length, head_dim / 2] for HF's rotate-half rotary (computed in float64, stored fp32)."""
+    half = w.head_dim // 2
+    inv = 1.0 / (w.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2 / w.head_dim))
+    angles = np.arange(w.max_length, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def build_decoder_graph(w: DecoderWeights, opset: int = 18) -> onnx.ModelProto:
+    g = _Graph()
+    gpt2 = w.family == "gpt2"
+    f32 = TensorProto.FLOAT
+    cache_shape = ["batch", w.num_kv_heads, "max_sequence", w.head_dim]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence"])]
+    if gpt2:
+        inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence"]))
+    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", "sequence", w.vocab_size])]
+    for i in range(w.num_layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(past_name(i, kind), f32, cache_shape))
+            outputs.append(helper.make_tensor_value_info(present_name(i, kind), f32, cache_shape))
+
+    # seqlens_k = tokens per row - 1 (int32 [B]); total_sequence_length = mask width (int32 scalar).
+    axis1 = g.const("axis_1", np.array([1], dtype=np.int64))
+    summed = g.one("ReduceSum", ["attention_mask", axis1], keepdims=0)
+    one64 = g.const("one_i64", np.array(1, dtype=np.int64))
+    seqlens = g.one("Cast", [g.one("Sub", [summed, one64])], to=TensorProto.INT32, name="seqlens_k")
+    width = g.one("Gather", [g.one("Shape", ["attention_mask"]), g.const("idx_1", np.array(1, dtype=np.int64))], axis=0)
+    total = g.one("Cast", [width], to=TensorProto.INT32, name="total_sequence_length")
+
+    embed = g.const("embed.weight", w.embed)
+    x = g.one("Gather", [embed, "input_ids"], axis=0)
+    if gpt2:
+        x = g.one("Add", [x, g.one("Gather", [g.const("positions.weight", w.positions), "position_ids"], axis=0)])
+    extra_attn: list[str] = []
+    attrs: dict = {}
+    if not gpt2:
+        cos, sin = _rope_caches(w)
+        extra_attn = [g.const("rope.cos", cos), g.const("rope.sin", sin)]
+        attrs = {"do_rotary": 1, "rotary_interleaved": 0}
+
+    def norm(inp: str, wt: np.ndarray, b: np.ndarray | None, prefix: str) -> str:
+        if gpt2:
+            return g.one("LayerNormalization", [inp, g.const(f"{prefix}.weight", wt), g.const(f"{prefix}.bias", b)],
+                         axis=-1, epsilon=w.norm_eps)
+        return g.one("SimplifiedLayerNormalization", [inp, g.const(f"{prefix}.weight", wt)], axis=-1,
+                     epsilon=w.norm_eps)
+
+    def skip_norm(inp: str, skip: str, wt: np.ndarray, b: np.ndarray | None, prefix: str) -> tuple[str, str]:
+        """(normalized(inp + skip), inp + skip) in one fused op."""
+        if gpt2:
+            outs = g.op("SkipLayerNormalization", [inp, skip, g.const(f"{prefix}.weight", wt),
+                                                   g.const(f"{prefix}.bias", b)], n_out=4, domain=MS, epsilon=w.norm_eps)
+        else:
+            outs = g.op("SkipSimplifiedLayerNormalization", [inp, skip, g.const(f"{prefix}.weight", wt)], n_out=4,
+                        domain=MS, epsilon=w.norm_eps)
+        return outs[0], outs[3]
+
+    def linear(inp: str, wt: np.ndarray, b: np.ndarray | None, prefix: str) -> str:
+        y = g.one("MatMul", [inp, g.const(f"{prefix}.weight", wt)])
+        return g.one("Add", [y, g.const(f"{prefix}.bias", b)]) if b is not None else y
+
+    residual = x
+    h = ""
+    for i, lw in enumerate(w.layers):
+        p = f"layers.{i}"
+        if i == 0:
+            h = norm(residual, lw.norm1_w, lw.norm1_b, f"{p}.norm1")
+        qkv = linear(h, lw.qkv_w, lw.qkv_b, f"{p}.qkv")
+        attn = g.op("GroupQueryAttention",
+                    [qkv, "", "", past_name(i, "key"), past_name(i, "value"), seqlens, total, *extra_attn],
+                    domain=MS, name=f"{p}.attention",
+                    outputs=[f"{p}.attn_out", present_name(i, "key"), present_name(i, "value")],
+                    num_heads=w.num_heads, kv_num_heads=w.num_kv_heads, **attrs)[0]
+        a = linear(attn, lw.out_w, lw.out_b, f"{p}.out")
+        h, residual = skip_norm(a, residual, lw.norm2_w, lw.norm2_b, f"{p}.norm2")
+        if gpt2:
+            up = g.one("MatMul", [h, g.const(f"{p}.up.weight", lw.up_w)])
+            # gelu_new is FastGelu's tanh form; exact gelu is BiasGelu's erf form (both add the bias themselves).
+            op = "FastGelu" if w.activation == "gelu_tanh" else "BiasGelu"
+            act = g.one(op, [up, g.const(f"{p}.up.bias", lw.up_b)], domain=MS)
+        else:
+            gate_up = g.one("MatMul", [h, g.const(f"{p}.up.weight", lw.up_w)])
+            gate, upv = g.op("Split", [gate_up, g.const(f"{p}.split", np.array([lw.down_w.shape[0]] * 2, np.int64))],
+                             n_out=2, axis=-1)
+            act = g.one("Mul", [g.one("Mul", [gate, g.one("Sigmoid", [gate])]), upv])   # SiLU(gate) * up
+        m = linear(act, lw.down_w, lw.down_b, f"{p}.down")
+        if i + 1 < w.num_layers:
+            nxt = w.layers[i + 1]
+            h, residual = skip_norm(m, residual, nxt.norm1_w, nxt.norm1_b, f"layers.{i + 1}.norm1")
+        else:
+            h, residual = skip_norm(m, residual, w.final_norm_w, w.final_norm_b, "final_norm")
+    # LM head: Gemm(transB) on the embedding itself when tied, so its weights are stored once.
+    flat = g.one("Reshape", [h, g.const("flat_shape", np.array([-1, w.hidden], dtype=np.int64))])
+    head = embed if w.lm_head is None else g.const("lm_head.weight", w.lm_head)
+    logits2d = g.one("Gemm", [flat, head], transB=1)
+    batch_seq = g.one("Slice", [g.one("Shape", ["input_ids"]), g.const("s0", np.array([0], np.int64)),
+                                g.const("s2", np.array([2], np.int64))])
+    shape3 = g.one("Concat", [batch_seq, g.const("vocab_dim", np.array([w.vocab_size], np.int64))], axis=0)
+    g.op("Reshape", [logits2d, shape3], outputs=["logits"])
+
+    graph = helper.make_graph(g.nodes, f"{w.family}-decoder-inplace", inputs, outputs, g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)],
+                              producer_name="ortserve.export")
+    model.ir_version = 9   # readable by every onnxruntime this project supports
+    return model
+
+
+# ----------------------------------------------------------------------------- from our PyTorch models
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().to("cpu").float().numpy()
+
+
+def gpt2_weights(model, max_length: int | None = None) -> DecoderWeights:
+    """training.gpt.GPT2LMHeadModel (nn.Linear weights are [out, in]: transposed for MatMul)."""
+    c = model.config
+    tr = model.transformer
+    heads, hd = c.n_head, c.n_embd // c.n_head
+    layers = []
+    for blk in tr.h:
+        layers.append(LayerWeights(
+            norm1_w=_np(blk.ln_1.weight), norm1_b=_np(blk.ln_1.bias),
+            qkv_w=_np(blk.attn.c_attn.weight).T, qkv_b=_np(blk.attn.c_attn.bias),
+            out_w=_np(blk.attn.c_proj.weight).T, out_b=_np(blk.attn.c_proj.bias),
+            norm2_w=_np(blk.ln_2.weight), norm2_b=_np(blk.ln_2.bias),
+            up_w=_np(blk.mlp.c_fc.weight).T, up_b=_np(blk.mlp.c_fc.bias),
+            down_w=_np(blk.mlp.c_proj.weight).T, down_b=_np(blk.mlp.c_proj.bias)))
+    tied = model.lm_head.weight.data_ptr() == tr.wte.weight.data_ptr()
+    acts = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+    if c.activation_function not in acts:
+        raise ValueError(f"activation_function: {c.activation_function!r} has no fused op here (one of {sorted(acts)})")
+    return DecoderWeights(family="gpt2", num_heads=heads, num_kv_heads=heads, head_dim=hd, hidden=c.n_embd,
+                          vocab_size=c.vocab_size, max_length=max_length or c.n_positions,
+                          norm_eps=c.layer_norm_epsilon, embed=_np(tr.wte.weight),
+                          lm_head=None if tied else _np(model.lm_head.weight),
+                          final_norm_w=_np(tr.ln_f.weight), final_norm_b=_np(tr.ln_f.bias), layers=layers,
+                          positions=_np(tr.wpe.weight)[:max_length or c.n_positions],
+                          activation=acts[c.activation_function])
+
+
+def export_inplace(model, model_type: str, max_length: int, out) -> "GraphSpec":
+    """Write the in-place graph of `model` to `out`; returns the I/O spec model.json lists."""
+    from .graphs import GraphSpec, TensorSpec
+
+    if model_type != "gpt2":
+        raise ValueError(f"model_type: no in-place decoder graph for {model_type!r} yet")
+    w = gpt2_weights(model, max_length)
+    onnx_model = build_decoder_graph(w)
+    onnx.checker.check_model(onnx_model)
+    onnx.save(onnx_model, str(out))
+    cache = ("batch", "kv_heads", "max_sequence", "head_dim")
+    inputs = [TensorSpec("input_ids", "int64", ("batch", "sequence")),
+              TensorSpec("attention_mask", "int64", ("batch", "total_sequence"))]
+    if w.positions is not None:
+        inputs.append(TensorSpec("position_ids", "int64", ("batch", "sequence")))
+    outputs = [TensorSpec("logits", "float32", ("batch", "sequence", "vocab"))]
+    for i in range(w.num_layers):
+        for kind in ("key", "value"):
+            inputs.append(TensorSpec(past_name(i, kind), "float32", cache))
+            outputs.append(TensorSpec(present_name(i, kind), "float32", cache))
+    return GraphSpec(tuple(inputs), tuple(outputs))

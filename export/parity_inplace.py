@@ -1,0 +1,198 @@
+"""Parity checks of an in-place-cache decoder graph (export/decoder_graph.py) against the PyTorch model.
+
+The graph is driven the way a serving engine drives it: one buffer per layer and kind,
+`[slots, kv_heads, max_length, head_dim]`, bound as both past and present so the graph writes in place;
+rows tell their write position through the attention mask. Every check compares with PyTorch run on each
+sequence alone (no padding), so the reference cannot share a mistake with the batching:
+  - rows of different lengths prefilled in one call (right padding), then decoded together;
+  - a slot reused after its sequence left, beside rows that keep decoding;
+  - a prompt prefilled in chunks equals the same prompt prefilled at once (and PyTorch);
+  - greedy generation of 64 tokens gives PyTorch's ids.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from modelpkg import past_name, present_name
+
+Check = tuple[str, bool, float, str, str]   # name, passed, max_abs_diff, worst output, detail
+
+
+class SlotDriver:
+    """Cache buffers + IOBinding calls of the graph (the contract of docs/model-package.md, no server code)."""
+
+    def __init__(self, sess: ort.InferenceSession, num_layers: int, kv_heads: int, head_dim: int,
+                 max_length: int, slots: int) -> None:
+        self.sess, self.max_length = sess, max_length
+        self.names = [(past_name(i, k), present_name(i, k)) for i in range(num_layers) for k in ("key", "value")]
+        self.bufs = {p: np.zeros((slots, kv_heads, max_length, head_dim), np.float32) for p, _ in self.names}
+        self.positions = "position_ids" in {i.name for i in sess.get_inputs()}
+
+    def run(self, lo: int, ids: np.ndarray, lens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Rows = slots lo.. lo+B; row b writes its tokens at [lens[b] - S, lens[b]). Returns logits [B, S, V]."""
+        b, s = ids.shape
+        io = self.sess.io_binding()
+        for past, present in self.names:
+            view = ort.OrtValue.ortvalue_from_numpy(self.bufs[past][lo:lo + b])
+            io.bind_ortvalue_input(past, view)
+            io.bind_ortvalue_output(present, view)
+        width = int(lens.max())
+        io.bind_cpu_input("input_ids", ids.astype(np.int64))
+        io.bind_cpu_input("attention_mask", (np.arange(width)[None] < lens[:, None]).astype(np.int64))
+        if self.positions:
+            pos = np.minimum(starts[:, None] + np.arange(s)[None], self.max_length - 1)
+            io.bind_cpu_input("position_ids", pos.astype(np.int64))
+        io.bind_output("logits")
+        self.sess.run_with_iobinding(io)
+        return io.get_outputs()[-1].numpy()
+
+    def first_prompt(self, lo: int, prompts: list[list[int]], pad: int) -> np.ndarray:
+        width = max(len(p) for p in prompts)
+        ids = np.full((len(prompts), width), pad, np.int64)
+        for r, p in enumerate(prompts):
+            ids[r, :len(p)] = p
+        return self.run(lo, ids, np.array([len(p) for p in prompts]), np.zeros(len(prompts), np.int64))
+
+    def chunk(self, slot: int, tokens: list[int], start: int) -> np.ndarray:
+        return self.run(slot, np.array([tokens]), np.array([start + len(tokens)]), np.array([start]))[0]
+
+    def decode(self, tokens: list[int], positions: list[int]) -> np.ndarray:
+        """Slots 0..len(tokens)-1, one token each at its position → logits [B, V]."""
+        pos = np.array(positions)
+        return self.run(0, np.array(tokens)[:, None], pos + 1, pos)[:, 0]
+
+    def cache(self, slot: int, length: int) -> list[np.ndarray]:
+        return [self.bufs[p][slot, :, :length] for p, _ in self.names]
+
+
+class InplaceChecks:
+    def __init__(self, model: torch.nn.Module, stream: np.ndarray, num_layers: int, kv_heads: int, head_dim: int,
+                 max_length: int, pad_id: int, atol: float, rtol: float, greedy_tokens: int) -> None:
+        self.model, self.stream = model, stream
+        self.dims = (num_layers, kv_heads, head_dim, max_length)
+        self.pad, self.atol, self.rtol, self.greedy_tokens = pad_id, atol, rtol, greedy_tokens
+
+    # -- references
+
+    def _torch(self, ids: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        with torch.no_grad():
+            logits, presents = self.model(torch.tensor([ids], dtype=torch.long))
+        flat = []
+        for k, v in presents:
+            flat += [k[0].numpy(), v[0].numpy()]
+        return logits[0].numpy(), flat
+
+    def _diff(self, got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
+        if got.shape != want.shape or not np.isfinite(got).all():
+            return float("inf"), False
+        d = np.abs(got.astype(np.float64) - want)
+        return float(d.max()), bool((d <= self.atol + self.rtol * np.abs(want)).all())
+
+    def _compare(self, pairs: list[tuple[str, np.ndarray, np.ndarray]]) -> tuple[bool, float, str]:
+        ok_all, worst, worst_name = True, 0.0, pairs[0][0]
+        for name, got, want in pairs:
+            d, ok = self._diff(got, want)
+            ok_all &= ok
+            if d > worst or not ok:
+                worst, worst_name = max(worst, d), name
+        return ok_all, worst, worst_name
+
+    def _seq(self, length: int, offset: int) -> list[int]:
+        start = (offset * 37) % max(1, len(self.stream) - length)
+        return [int(t) for t in self.stream[start:start + length]]
+
+    def _driver(self, sess: ort.InferenceSession, slots: int) -> SlotDriver:
+        layers, kv, hd, max_len = self.dims
+        return SlotDriver(sess, layers, kv, hd, max_len, slots)
+
+    # -- checks
+
+    def ragged_and_reuse(self, sess: ort.InferenceSession) -> list[Check]:
+        d = self._driver(sess, 3)
+        seqs = [self._seq(n, i) for i, n in enumerate((5, 11, 8))]
+        logits = d.first_prompt(0, seqs, self.pad)
+        pairs = []
+        for r, s in enumerate(seqs):
+            ref, cache = self._torch(s)
+            pairs.append((f"row{r} logits", logits[r, :len(s)], ref))
+            pairs += [(f"row{r} cache", got, want) for got, want in zip(d.cache(r, len(s)), cache)]
+        steps = 4
+        for t in range(steps):
+            nxt = [int(self.stream[(7 * r + t) % len(self.stream)]) for r in range(3)]
+            out = d.decode(nxt, [len(s) for s in seqs])
+            for r in range(3):
+                seqs[r] = seqs[r] + [nxt[r]]
+                pairs.append((f"row{r} step logits", out[r], self._torch(seqs[r])[0][-1]))
+        for r, s in enumerate(seqs):
+            pairs += [(f"row{r} cache after steps", got, want)
+                      for got, want in zip(d.cache(r, len(s)), self._torch(s)[1])]
+        ok1, d1, w1 = self._compare(pairs)
+        checks: list[Check] = [("rows of different lengths in one batch", ok1, d1, w1,
+                                "prompts 5/11/8 right-padded in one call, then 4 decode steps together")]
+        # Slot 1's sequence leaves; a shorter one takes the slot while rows 0 and 2 keep decoding.
+        seqs[1] = self._seq(3, 9)
+        fresh = d.first_prompt(1, [seqs[1]], self.pad)[0]
+        pairs = [("reused slot prefill", fresh, self._torch(seqs[1])[0])]
+        for t in range(3):
+            nxt = [int(self.stream[(11 * r + t) % len(self.stream)]) for r in range(3)]
+            out = d.decode(nxt, [len(s) for s in seqs])
+            for r in range(3):
+                seqs[r] = seqs[r] + [nxt[r]]
+                pairs.append((f"row{r} after reuse", out[r], self._torch(seqs[r])[0][-1]))
+        pairs += [("reused slot cache", got, want) for got, want in zip(d.cache(1, len(seqs[1])), self._torch(seqs[1])[1])]
+        ok2, d2, w2 = self._compare(pairs)
+        checks.append(("slot reused after its sequence left", ok2, d2, w2,
+                       "slot 1 re-prefilled with a 3-token prompt beside rows still decoding"))
+        return checks
+
+    def chunked(self, sess: ort.InferenceSession) -> list[Check]:
+        seq = self._seq(min(20, self.dims[3] - 1), 5)
+        whole = self._driver(sess, 1)
+        at_once = whole.first_prompt(0, [seq], self.pad)[0]
+        parts = self._driver(sess, 1)
+        cuts = [0, 7, 14, len(seq)]
+        chunks = [parts.chunk(0, seq[a:b], a) if a else parts.first_prompt(0, [seq[a:b]], self.pad)[0]
+                  for a, b in zip(cuts, cuts[1:])]
+        chunked = np.concatenate(chunks, axis=0)
+        ref, cache = self._torch(seq)
+        pairs = [("chunked vs at once logits", chunked, at_once.astype(np.float64)), ("chunked logits", chunked, ref)]
+        pairs += [("chunked vs at once cache", a, b.astype(np.float64))
+                  for a, b in zip(parts.cache(0, len(seq)), whole.cache(0, len(seq)))]
+        pairs += [("chunked cache", a, b) for a, b in zip(parts.cache(0, len(seq)), cache)]
+        ok, d, w = self._compare(pairs)
+        return [("prefill in chunks == prefill at once", ok, d, w, f"{len(seq)} tokens as chunks of 7/7/{len(seq) - 14}")]
+
+    def greedy(self, sess: ort.InferenceSession) -> list[Check]:
+        prompts = [self._seq(6, 2), self._seq(3, 4)]
+        new = min(self.greedy_tokens, self.dims[3] - 6)
+        want = []
+        for p in prompts:
+            ids = list(p)
+            with torch.no_grad():
+                logits, past = self.model(torch.tensor([ids]))
+                for _ in range(new):
+                    nxt = int(logits[0, -1].argmax())
+                    ids.append(nxt)
+                    mask = torch.ones(1, len(ids), dtype=torch.long)
+                    logits, past = self.model(torch.tensor([[nxt]]), mask, past_key_values=past)
+            want.append(ids[len(p):])
+        d = self._driver(sess, 2)
+        logits = d.first_prompt(0, prompts, self.pad)
+        got: list[list[int]] = [[], []]
+        tokens = [int(logits[r, len(p) - 1].argmax()) for r, p in enumerate(prompts)]
+        for step in range(new):
+            for r in range(2):
+                got[r].append(tokens[r])
+            if step == new - 1:
+                break
+            out = d.decode(tokens, [len(p) + step for p in prompts])
+            tokens = [int(out[r].argmax()) for r in range(2)]
+        same = got == want
+        detail = f"prompts 6 and 3 tokens in one batch, {new} steps" if same else \
+            f"first difference at step {next(i for i in range(new) if any(g[i] != w[i] for g, w in zip(got, want)))}"
+        return [(f"greedy {new} tokens identical ids", same, 0.0, "", detail)]
+
+    def run_all(self, sess: ort.InferenceSession) -> list[Check]:
+        return [*self.ragged_and_reuse(sess), *self.chunked(sess), *self.greedy(sess)]

@@ -1,0 +1,212 @@
+"""The slot scheduler: plans each iteration of the in-place-cache engine. Pure Python, no onnxruntime.
+
+A sequence owns one cache slot from admission to finish. Each iteration the scheduler says
+  - which sequences decode one token (every DECODING one: running streams never wait), and
+  - which prompt tokens are prefilled, in calls the graph can run:
+      * a *first-prompt group*: new sequences (nothing cached yet) in one contiguous run of slots, their
+        first chunks right-padded to the group's width — arrivals of the same instant go together;
+      * a *continuation*: one partly prefilled sequence, its next chunk alone (the attention op takes a
+        past only at batch 1 when more than one token is new).
+The prefill budget is `chunk_tokens` while anyone decodes (so a long prompt is cut into chunks that
+interleave with the running streams) and `max_prefill_tokens` otherwise (a lone prompt goes at once).
+Padded positions count against the budget: they cost compute like real ones.
+
+The executor runs the plan; a sequence's status moves WAITING → PREFILLING → DECODING → FINISHED
+through the methods below, which the engine calls as results come back.
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"          # admitted to the queue, no slot yet
+    PREFILLING = "prefilling"    # has a slot; part of its prompt is cached
+    DECODING = "decoding"        # prompt cached; one token per iteration
+    FINISHED = "finished"        # slot returned
+
+
+@dataclass(eq=False)
+class SeqState:
+    """What the scheduler tracks of one sequence. `owner` is the engine's request object."""
+
+    prompt_len: int
+    owner: Any = None
+    status: Status = Status.WAITING
+    slot: int | None = None
+    computed: int = 0            # tokens whose keys/values are in the slot
+
+    @property
+    def remaining_prompt(self) -> int:
+        return self.prompt_len - self.computed
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Prompt tokens [start, start + length) of `seq`, written into its slot at those positions."""
+
+    seq: SeqState
+    start: int
+    length: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        return self.start + self.length == self.seq.prompt_len
+
+
+@dataclass(frozen=True)
+class PrefillCall:
+    """One graph call: chunks in consecutive slots (first slot = `first_slot`), padded to `width`."""
+
+    chunks: tuple[Chunk, ...]
+    first_prompt: bool           # every chunk starts at 0 (several rows allowed); else exactly one chunk
+
+    @property
+    def first_slot(self) -> int:
+        return min(c.seq.slot for c in self.chunks)  # type: ignore[type-var]
+
+    @property
+    def width(self) -> int:
+        return max(c.length for c in self.chunks)
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.width * len(self.chunks)
+
+
+@dataclass(frozen=True)
+class Plan:
+    decode: tuple[SeqState, ...] = ()
+    prefill: tuple[PrefillCall, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(c.length for call in self.prefill for c in call.chunks)
+
+
+@dataclass
+class SchedulerConfig:
+    num_slots: int
+    chunk_tokens: int = 32           # prefill tokens per iteration while some sequence decodes
+    max_prefill_tokens: int = 1024   # prefill tokens (padded) per iteration when none decodes
+
+    def __post_init__(self) -> None:
+        for name in ("num_slots", "chunk_tokens", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+
+
+@dataclass
+class Scheduler:
+    config: SchedulerConfig
+    waiting: deque[SeqState] = field(default_factory=deque)
+    running: list[SeqState] = field(default_factory=list)     # PREFILLING and DECODING, admission order
+
+    def __post_init__(self) -> None:
+        self._free = list(range(self.config.num_slots))         # kept sorted: lowest slots first
+
+    # ------------------------------------------------------------------ membership
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def occupied_slots(self) -> int:
+        return self.config.num_slots - len(self._free)
+
+    def add(self, seq: SeqState) -> None:
+        if seq.status is not Status.WAITING:
+            raise ValueError(f"only a waiting sequence can be added, got {seq.status.value}")
+        self.waiting.append(seq)
+
+    def finish(self, seq: SeqState) -> None:
+        """The sequence ends (done, cancelled, failed) in whatever state: its slot is free at once."""
+        if seq.status is Status.FINISHED:
+            return
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+            self._release(seq.slot)
+        seq.status, seq.slot = Status.FINISHED, None
+
+    def prefilled(self, chunk: Chunk) -> None:
+        """The executor wrote the chunk: advance the sequence (DECODING once its whole prompt is in)."""
+        seq = chunk.seq
+        if seq.status is Status.FINISHED:
+            return
+        seq.computed = chunk.start + chunk.length
+        seq.status = Status.DECODING if seq.computed >= seq.prompt_len else Status.PREFILLING
+
+    def decoded(self, seq: SeqState) -> None:
+        """One more token is in the slot."""
+        if seq.status is Status.DECODING:
+            seq.computed += 1
+
+    # ------------------------------------------------------------------ planning
+
+    def plan(self) -> Plan:
+        decode = tuple(s for s in self.running if s.status is Status.DECODING)
+        budget = self.config.chunk_tokens if decode else self.config.max_prefill_tokens
+        calls: list[PrefillCall] = []
+        # 1. Sequences already part-way through their prompt go first (first come, first served).
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.status is Status.PREFILLING:
+                n = min(seq.remaining_prompt, budget)
+                calls.append(PrefillCall((Chunk(seq, seq.computed, n),), first_prompt=False))
+                budget -= n
+        # 2. New arrivals into free slots, as many as the budget (counting padding) allows.
+        admitted: list[Chunk] = []
+        width = 0
+        while self.waiting and self._free and budget > 0:
+            seq = self.waiting[0]
+            n = min(seq.prompt_len, budget)
+            new_width = max(width, n)
+            if admitted and new_width * (len(admitted) + 1) > budget:
+                break
+            if not admitted and n < seq.prompt_len and calls:
+                break    # a new long prompt waits for a budget of its own rather than starting on scraps
+            self.waiting.popleft()
+            seq.slot = self._take()
+            seq.status = Status.PREFILLING
+            self.running.append(seq)
+            admitted.append(Chunk(seq, 0, n))
+            width = new_width
+        if admitted:
+            budget -= width * len(admitted)
+            calls.extend(_contiguous_groups(admitted))
+        return Plan(decode=decode, prefill=tuple(calls))
+
+    # ------------------------------------------------------------------ slots
+
+    def _take(self) -> int:
+        return self._free.pop(0)
+
+    def _release(self, slot: int | None) -> None:
+        if slot is None:
+            return
+        self._free.append(slot)
+        self._free.sort()
+
+
+def _contiguous_groups(chunks: Iterable[Chunk]) -> list[PrefillCall]:
+    """First-prompt chunks split into runs of consecutive slots (one graph call binds one slice)."""
+    ordered = sorted(chunks, key=lambda c: c.seq.slot)
+    groups: list[list[Chunk]] = []
+    for c in ordered:
+        if groups and groups[-1][-1].seq.slot + 1 == c.seq.slot:
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return [PrefillCall(tuple(g), first_prompt=True) for g in groups]

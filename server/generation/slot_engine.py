@@ -1,0 +1,178 @@
+"""Continuous batching over an in-place-cache decoder (model.json cache.layout "inplace").
+
+Three parts, each with one job:
+  - Scheduler (scheduler.py, pure Python): who decodes, which prompt chunks are prefilled, slot ownership;
+  - SlotRunner (slot_runner.py): the cache buffers and the onnxruntime calls that write them in place;
+  - this engine: turns the plan into runner calls (in its worker thread), then samples, streams and
+    retires on the event loop.
+Each iteration runs the decode call first and the prefill calls after it: a decode call's throw-away rows
+write at positions a prefill of the same iteration then overwrites (slot_runner.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterable
+
+import numpy as np
+
+from .engine import GenerationEngine
+from .results import FINISH_CANCELLED
+from .scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
+from .sequence import Sequence
+from .slot_runner import DecodeRow, PrefillRow, SlotRunner
+
+logger = logging.getLogger(__name__)
+
+
+class SlotEngine(GenerationEngine):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.config
+        self._scheduler = Scheduler(SchedulerConfig(num_slots=cfg.max_batch_size,
+                                                    chunk_tokens=cfg.prefill_chunk_tokens,
+                                                    max_prefill_tokens=cfg.max_prefill_tokens))
+        self._runner = SlotRunner(self.session, self.spec, cfg.max_batch_size)
+        logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB), prefill chunk %d tokens",
+                    self._label, cfg.max_batch_size, self.spec.max_length, self._runner.cache_bytes / 2 ** 20,
+                    cfg.prefill_chunk_tokens)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    @property
+    def active_sequences(self) -> int:
+        return len(self._scheduler.running)
+
+    @property
+    def waiting_requests(self) -> int:
+        return len(self._scheduler.waiting)
+
+    def _sequences(self) -> Iterable[Sequence]:
+        return [s.owner for s in (*self._scheduler.waiting, *self._scheduler.running)]
+
+    def _enqueue(self, seq: Sequence) -> None:
+        seq.state = SeqState(prompt_len=len(seq.prompt_ids), owner=seq)
+        self._scheduler.add(seq.state)
+
+    def _dequeue_waiting(self, seq: Sequence) -> bool:
+        if seq.state is not None and seq.state.status is Status.WAITING:
+            self._scheduler.finish(seq.state)
+            return True
+        return False
+
+    def _has_work(self) -> bool:
+        return bool(self._scheduler.waiting or self._scheduler.running)
+
+    def _clear(self) -> None:
+        for state in (*self._scheduler.waiting, *self._scheduler.running):
+            self._scheduler.finish(state)
+
+    def _retire(self) -> None:
+        now = time.monotonic()
+        for state in list(self._scheduler.waiting):
+            seq = state.owner
+            if seq.cancelled or seq.done:
+                self._scheduler.finish(state)
+            elif self._deadline_passed(seq, now):
+                self._scheduler.finish(state)
+                seq.fail(TimeoutError("deadline passed while waiting; nothing was generated"))
+        for state in list(self._scheduler.running):
+            seq = state.owner
+            if seq.cancelled and not seq.done:
+                seq.finish_reason = FINISH_CANCELLED    # nobody listens: no chunk
+            elif self._deadline_passed(seq, now):
+                seq.finish(FINISH_CANCELLED)
+            if seq.done:
+                self._scheduler.finish(state)           # the slot is free for the next admission
+
+    # ------------------------------------------------------------------ one iteration
+
+    async def _iterate(self) -> None:
+        plan = self._scheduler.plan()
+        if plan.empty:
+            return
+        decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode]
+        idle = {s.slot: s.computed for s in self._scheduler.running if s.status is Status.PREFILLING}
+        calls = [[PrefillRow(c.seq.slot, c.seq.owner.prompt_ids[c.start:c.start + c.length], c.start)
+                  for c in call.chunks] for call in plan.prefill]
+        decoded, prefilled = await self._in_thread(self._execute, decode_rows, idle, calls, plan)
+        if isinstance(decoded, Exception):
+            self._fail(plan.decode, "decode step failed", decoded)
+        else:
+            for state, logits in zip(plan.decode, decoded):
+                self._scheduler.decoded(state)
+                seq = state.owner
+                if not seq.cancelled and not seq.done:
+                    self._advance(seq, logits)
+        for call, logits in zip(plan.prefill, prefilled):
+            if isinstance(logits, Exception):
+                self._fail([c.seq for c in call.chunks], "prefill failed", logits)
+                continue
+            for chunk, row in zip(call.chunks, logits):
+                self._scheduler.prefilled(chunk)
+                seq = chunk.seq.owner
+                if chunk.completes_prompt and not seq.cancelled and not seq.done:
+                    self._advance(seq, row)
+        self._retire()     # a sequence that just finished gives its slot back before anyone looks
+        self._record_plan(plan)
+
+    def _execute(self, decode_rows: list[DecodeRow], idle: dict[int, int], calls: list[list[PrefillRow]],
+                 plan: Plan) -> tuple[np.ndarray | Exception, list[np.ndarray | Exception]]:
+        """Worker thread: the decode call, then every prefill call (this order: see the module docstring).
+
+        A failing call fails only its own sequences: its exception is returned in its place."""
+        decoded: np.ndarray | Exception = np.empty((0, 0), np.float32)
+        if decode_rows:
+            try:
+                decoded = self._runner.decode(decode_rows, idle)
+            except Exception as exc:   # onnxruntime reports graph errors as RuntimeError and friends
+                decoded = exc
+        prefilled: list[np.ndarray | Exception] = []
+        for rows, call in zip(calls, plan.prefill):
+            try:
+                prefilled.append(self._runner.prefill(rows, call.first_prompt))
+            except Exception as exc:
+                prefilled.append(exc)
+        return decoded, prefilled
+
+    def _fail(self, states, what: str, exc: Exception) -> None:
+        logger.error("%s on %s for %d sequences: %s", what, self._label, len(states), exc)
+        for state in states:
+            state.owner.fail(RuntimeError(f"{what}: {exc}"))
+            self._scheduler.finish(state)
+
+    # ------------------------------------------------------------------ warm-up
+
+    def warmup(self) -> None:
+        """A two-row first prompt, a continuation chunk, and a decode step with a hole; raises on any failure."""
+        start = next((t for t in (self.spec.bos_id, self.spec.eos_id) if t is not None), 0)
+        r = self._runner
+        pair = [PrefillRow(0, [start, start], 0)] + ([PrefillRow(1, [start], 0)] if r.num_slots > 1 else [])
+        first = r.prefill(pair, first_prompt=True)
+        self._check_logits(first, len(pair), "prefill")
+        more = r.prefill([PrefillRow(0, [start, start], 2)], first_prompt=False)
+        self._check_logits(more, 1, "prefill chunk")
+        rows = [DecodeRow(0, start, 4)] + ([DecodeRow(2, start, 0)] if r.num_slots > 2 else [])
+        step = r.decode(rows, {1: 1})    # slot 1 sits in the range without decoding
+        self._check_logits(step, len(rows), "step")
+
+    # ------------------------------------------------------------------ metrics
+
+    def _record_plan(self, plan: Plan) -> None:
+        m = self._metrics
+        if m is None:
+            return
+        if plan.decode:
+            m.batch_size.labels(model=self._label).observe(len(plan.decode))
+        chunks = sum(len(call.chunks) for call in plan.prefill)
+        if chunks:
+            m.prefill_chunks.labels(model=self._label).inc(chunks)
+            m.prefill_tokens.labels(model=self._label).inc(plan.prefill_tokens)
+
+    def _record_gauges(self) -> None:
+        super()._record_gauges()
+        if self._metrics is not None:
+            slots = self._metrics.cache_slots
+            slots.labels(model=self._label, state="used").set(self._scheduler.occupied_slots)
+            slots.labels(model=self._label, state="total").set(self._scheduler.config.num_slots)
+

@@ -1,0 +1,166 @@
+"""The slot scheduler on its own: plans only, no onnxruntime, no model."""
+from __future__ import annotations
+
+import pytest
+
+from server.generation.scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
+
+
+def make(slots: int = 4, chunk: int = 8, max_prefill: int = 64) -> Scheduler:
+    return Scheduler(SchedulerConfig(num_slots=slots, chunk_tokens=chunk, max_prefill_tokens=max_prefill))
+
+
+def execute(s: Scheduler, plan: Plan) -> None:
+    """What the engine does with a plan's results (every call succeeded)."""
+    for seq in plan.decode:
+        s.decoded(seq)
+    for call in plan.prefill:
+        for chunk in call.chunks:
+            s.prefilled(chunk)
+
+
+def test_arrivals_of_the_same_instant_are_prefilled_together_in_consecutive_slots() -> None:
+    s = make()
+    seqs = [SeqState(n) for n in (5, 11, 3)]
+    for q in seqs:
+        s.add(q)
+    plan = s.plan()
+    assert plan.decode == ()
+    assert len(plan.prefill) == 1
+    call = plan.prefill[0]
+    assert call.first_prompt and call.width == 11 and call.padded_tokens == 33
+    assert [c.seq.slot for c in call.chunks] == [0, 1, 2]
+    assert [(c.start, c.length) for c in call.chunks] == [(0, 5), (0, 11), (0, 3)]
+    execute(s, plan)
+    assert all(q.status is Status.DECODING and q.computed == q.prompt_len for q in seqs)
+    assert s.plan().decode == tuple(seqs)
+
+
+def test_a_long_prompt_beside_running_streams_is_cut_into_chunks_and_streams_keep_decoding() -> None:
+    s = make(chunk=8)
+    running = SeqState(4)
+    s.add(running)
+    execute(s, s.plan())
+    long = SeqState(30)
+    s.add(long)
+    lengths = []
+    while long.status is not Status.DECODING:
+        plan = s.plan()
+        assert plan.decode[0] is running             # the stream decodes in every iteration
+        assert plan.prefill_tokens <= 8              # and the prompt never takes more than a chunk
+        lengths += [c.length for call in plan.prefill for c in call.chunks]
+        execute(s, plan)
+    assert lengths == [8, 8, 8, 6]
+    assert long.computed == 30 and running.computed == 4 + 4
+
+
+def test_continuation_chunks_run_alone_and_first_chunks_start_at_zero() -> None:
+    s = make(chunk=8)
+    s.add(SeqState(2))
+    execute(s, s.plan())
+    a, b = SeqState(20), SeqState(20)
+    s.add(a)
+    s.add(b)
+    plan = s.plan()
+    # a takes the whole budget; b waits for a budget of its own rather than starting on scraps
+    assert [(c.seq, c.start, c.length) for call in plan.prefill for c in call.chunks] == [(a, 0, 8)]
+    execute(s, plan)
+    plan = s.plan()
+    assert len(plan.prefill) == 1 and not plan.prefill[0].first_prompt
+    assert [(c.seq, c.start, c.length) for c in plan.prefill[0].chunks] == [(a, 8, 8)]
+    assert b.status is Status.WAITING
+
+
+def test_a_lone_prompt_uses_the_large_budget() -> None:
+    s = make(chunk=8, max_prefill=64)
+    q = SeqState(50)
+    s.add(q)
+    plan = s.plan()
+    assert plan.prefill_tokens == 50 and q.slot == 0
+
+
+def test_padding_counts_against_the_budget() -> None:
+    s = make(slots=8, chunk=8, max_prefill=40)
+    seqs = [SeqState(n) for n in (30, 2, 2)]
+    for q in seqs:
+        s.add(q)
+    plan = s.plan()
+    # 30 + a second row would be 2 x 30 = 60 padded tokens > 40: the short ones wait one iteration.
+    assert [c.seq for call in plan.prefill for c in call.chunks] == [seqs[0]]
+    execute(s, plan)
+    plan = s.plan()
+    # Now one sequence decodes (budget: a chunk of 8); the two 2-token prompts need 2 x 2 = 4: together.
+    assert [c.seq for call in plan.prefill for c in call.chunks] == seqs[1:]
+    assert plan.decode == (seqs[0],)
+
+
+def test_slot_reuse_after_a_sequence_leaves_and_no_one_moves() -> None:
+    s = make(slots=3)
+    seqs = [SeqState(4) for _ in range(3)]
+    for q in seqs:
+        s.add(q)
+    execute(s, s.plan())
+    assert [q.slot for q in seqs] == [0, 1, 2]
+    late = SeqState(6)
+    s.add(late)
+    assert s.plan().prefill == ()                # no free slot: it waits
+    s.finish(seqs[1])
+    assert seqs[1].status is Status.FINISHED and seqs[1].slot is None and s.free_slots == 1
+    plan = s.plan()
+    assert [c.seq.slot for call in plan.prefill for c in call.chunks] == [1]
+    assert seqs[0].slot == 0 and seqs[2].slot == 2   # the others kept their slots
+
+
+def test_cancellation_mid_prefill_frees_the_slot_at_once() -> None:
+    s = make(slots=2, chunk=4)
+    s.add(SeqState(2))
+    execute(s, s.plan())
+    long = SeqState(40)
+    s.add(long)
+    execute(s, s.plan())
+    assert long.status is Status.PREFILLING and long.computed == 4 and long.slot == 1
+    s.finish(long)
+    assert long.status is Status.FINISHED and s.free_slots == 1
+    plan = s.plan()
+    assert plan.prefill == () and len(plan.decode) == 1
+    nxt = SeqState(3)
+    s.add(nxt)
+    plan = s.plan()
+    assert [(c.seq, c.start, c.length) for call in plan.prefill for c in call.chunks] == [(nxt, 0, 3)]
+    assert nxt.slot == 1
+
+
+def test_a_waiting_sequence_can_leave_and_a_finished_one_is_ignored() -> None:
+    s = make(slots=1)
+    a, b = SeqState(3), SeqState(3)
+    s.add(a)
+    s.add(b)
+    s.finish(b)
+    assert list(s.waiting) == [a]
+    s.finish(b)                                  # twice: no error
+    execute(s, s.plan())
+    s.finish(a)
+    assert s.free_slots == 1 and s.plan().empty
+
+
+def test_first_prompt_groups_split_on_non_consecutive_slots() -> None:
+    s = make(slots=4, chunk=16, max_prefill=100)
+    first = [SeqState(2) for _ in range(4)]
+    for q in first:
+        s.add(q)
+    execute(s, s.plan())
+    s.finish(first[0])
+    s.finish(first[2])
+    new = [SeqState(3), SeqState(5)]
+    for q in new:
+        s.add(q)
+    plan = s.plan()
+    groups = [[c.seq.slot for c in call.chunks] for call in plan.prefill]
+    assert groups == [[0], [2]] and all(call.first_prompt for call in plan.prefill)
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        SchedulerConfig(num_slots=2, chunk_tokens=0)
+    with pytest.raises(ValueError, match="num_slots"):
+        SchedulerConfig(num_slots=True)
