@@ -1,4 +1,4 @@
-"""Server processes for the benchmarks: ortserve (`python -m server`, through server/launch.py) and the
+"""Server processes for the benchmarks: ortserve (`python -m server`, through testing/launch.py) and the
 MLServer peer.
 
 Both run as real processes on free localhost ports; their output is collected by a thread (so a full
@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from server import launch
-from server.launch import free_port  # noqa: F401  (re-exported for bench.peer)
+from testing import launch
+from testing.launch import free_port  # noqa: F401  (re-exported for bench.peer)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ class Process:
 
 
 class ServerProcess(launch.ServerProcess):
-    """ortserve for the benchmarks: the shared launcher (server/launch.py), with the bench's longer start-up."""
+    """ortserve for the benchmarks: the shared launcher (testing/launch.py), with the bench's longer start-up."""
 
     def __init__(self, repository: Path, extra_args: Sequence[str] = (), startup_timeout: float = 120.0,
                  profile_to: Path | None = None) -> None:

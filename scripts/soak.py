@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python scripts/soak.py` puts scripts/ first, not the project
     sys.path.insert(0, str(ROOT))
 
-from server.launch import ServerProcess, ServerStartError  # noqa: E402
+from testing.launch import ServerProcess, ServerStartError  # noqa: E402
 from loadgen_lib import KINDS, LoadConfig, LoadConfigError, LoadReport, format_report, run_load  # noqa: E402
 
 log = logging.getLogger("ortserve.soak")
@@ -55,7 +55,7 @@ class SoakConfig:
 
 
 def start_server(repository: Path, extra: Sequence[str], timeout: float) -> ServerProcess:
-    """`python -m server` on a free loopback port (server/launch.py), SERVING, or SoakError."""
+    """`python -m server` on a free loopback port (testing/launch.py), SERVING, or SoakError."""
     try:
         return ServerProcess(repository, ["--host", "127.0.0.1", *extra], startup_timeout=timeout)
     except ServerStartError as e:

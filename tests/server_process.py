@@ -1,4 +1,4 @@
-"""A real server process on a free localhost port, for the tests: the shared launcher (server/launch.py)
+"""A real server process on a free localhost port, for the tests: the shared launcher (testing/launch.py)
 plus one-server-per-pytest-process and repository-copy helpers.
 """
 from __future__ import annotations
@@ -7,8 +7,8 @@ import atexit
 import shutil
 from pathlib import Path
 
-from server import launch
-from server.launch import ROOT, ServerStartError, free_port
+from testing import launch
+from testing.launch import ROOT, ServerStartError, free_port
 
 __all__ = ["ROOT", "ServerProcess", "ServerStartError", "free_port", "shared_server", "repository_with"]
 

@@ -1,5 +1,6 @@
 """The export-and-deploy pipeline end to end: corpus -> tokenizers -> MLM -> classifier -> LM -> export with
-the parity gate -> publish -> a running server loads the new version while clients keep calling it.
+the parity gate -> publish -> a running server (TLS + bearer token) loads the new version while clients keep
+calling it.
 
 Uses a user corpus (two plays cut short) and user classification data so the whole chain runs in about a
 minute on 2 cores; the default Shakespeare run is the README's main command.
@@ -17,9 +18,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from clients.config import ClientConfig, TLSConfig
+from pipeline import PipelineError
+from pipeline.server import load_into_server
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
+from testing.tls import self_signed
 from tests.server_process import ServerProcess
+
+TOKEN = "deploy-token-5b1f"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,8 +61,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return files
 
 
-def deploy(workdir: Path, repo: Path, inputs: dict[str, Path], *extra: str) -> dict:
-    cmd = [sys.executable, "-m", "clients.deploy", "--workdir", str(workdir), "--repository", str(repo),
+def deploy(workdir: Path, repo: Path, inputs: dict[str, Path], *extra: str, module: str = "pipeline") -> dict:
+    cmd = [sys.executable, "-m", module, "--workdir", str(workdir), "--repository", str(repo),
            "--corpus", str(inputs["corpus"]), "--preset", "tiny",
            "--classify-data", str(inputs["train"]), str(inputs["validation"]), str(inputs["test"]),
            "--steps", "mlm=10", "--steps", "lm=10", "--quiet", *extra]
@@ -73,13 +80,16 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
         parity = json.loads((repo / name / "1" / "parity.json").read_text())
         assert parity["passed"] is True
 
-    # A re-run with nothing changed does no work.
-    again = deploy(workdir, repo, inputs, "--steps", "classify=30")
+    # A re-run with nothing changed does no work (through the old entry point, which still works).
+    again = deploy(workdir, repo, inputs, "--steps", "classify=30", module="clients.deploy")
     assert again["published"] == {} and again["ran"] == []
 
-    with ServerProcess(repo) as server:
-        channel = grpc.insecure_channel(server.address)
+    cert, key = self_signed(tmp_path, "server")
+    guarded = ["--tls-cert", str(cert), "--tls-key", str(key), "--auth-token", TOKEN]
+    with ServerProcess(repo, guarded, root_cert=cert) as server:
+        channel = grpc.secure_channel(server.address, grpc.ssl_channel_credentials(cert.read_bytes()))
         stub = pb_grpc.TaskServiceStub(channel)
+        auth = (("authorization", f"Bearer {TOKEN}"),)
         request = pb.ClassifyRequest(model="genre", inputs=[pb.TextInput(text="The ship lost her anchor in the storm.")])
         versions: list[int] = []
         failures: list[str] = []
@@ -88,7 +98,7 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
         def client() -> None:
             while not stop.is_set():
                 try:
-                    versions.append(stub.Classify(request, timeout=20).version)
+                    versions.append(stub.Classify(request, timeout=20, metadata=auth).version)
                 except grpc.RpcError as e:
                     failures.append(f"{e.code().name}: {e.details()}")
 
@@ -98,7 +108,8 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
         try:
             # More classifier steps: only the classifier is retrained and republished, and the running
             # server is told to load it (RepositoryModelLoad) while the clients keep calling.
-            second = deploy(workdir, repo, inputs, "--steps", "classify=40", "--server", server.address)
+            second = deploy(workdir, repo, inputs, "--steps", "classify=40", "--server", server.address,
+                            "--tls-root-cert", str(cert), "--token", TOKEN)
             deadline = time.monotonic() + 30
             while (not versions or versions[-1] != 2) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -110,6 +121,10 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
             for t in threads:
                 t.join(timeout=30)
             channel.close()
+        # The server refuses a pipeline with the wrong token, and the error says so.
+        wrong = ClientConfig.build(server.address, tls=TLSConfig(root_cert=cert), token="not-the-token")
+        with pytest.raises(PipelineError, match="refused to load genre: UNAUTHENTICATED"):
+            load_into_server(wrong, {"genre": 2})
 
     assert second["published"] == {"genre": 2}
     assert set(second["ran"]) == {"classify", "publish-genre"}

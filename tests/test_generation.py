@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from server.generation import (GenerationConfig, GenerationEngine, GenerationParams, OverloadedError,
                                StreamChunk)
-from server.generation.offline import greedy_generate
+from testing.offline import greedy_generate
 from server.metrics import Metrics
 
 PROMPTS = [

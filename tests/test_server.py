@@ -334,7 +334,7 @@ def test_fill_mask_candidates_match_onnxruntime(server: Running, tasks: pb_grpc.
 
 def test_generate_equals_offline_greedy_and_stream_equals_unary(server: Running,
                                                                  tasks: pb_grpc.TaskServiceStub) -> None:
-    from server.generation.offline import greedy_generate  # reference loop, no engine, no batching
+    from testing.offline import greedy_generate  # reference loop, no engine, no batching
 
     m = manifest(server, GPT)
     tok = tokenizer(server, GPT)

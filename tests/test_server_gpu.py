@@ -29,7 +29,7 @@ CLASSIFIER, GPT = "tiny-classifier", "tiny-gpt"
 def test_server_runs_encoders_and_decoder_on_cuda(tiny_repository: Path) -> None:
     from tokenizers import Tokenizer
 
-    from server.generation.offline import greedy_generate
+    from testing.offline import greedy_generate
 
     with ServerProcess(tiny_repository, ["--providers", f"{CUDA},CPUExecutionProvider"],
                        startup_timeout=180) as proc, grpc.insecure_channel(proc.address) as channel:

@@ -1,0 +1,99 @@
+"""`python -m pipeline`: the command line of the export-and-deploy pipeline."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from clients.cli_args import TOKEN_ENV
+from clients.config import ClientConfig, TLSConfig
+
+from .errors import PipelineError
+from .run import Pipeline, PipelineConfig
+
+log = logging.getLogger("ortserve.pipeline")
+
+USAGE = "python -m pipeline --workdir artifacts --repository model_repository [--server localhost:8001]"
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") -> PipelineConfig:
+    p = argparse.ArgumentParser(prog=prog, description="The export-and-deploy pipeline: text corpus -> trained "
+                                "checkpoints -> parity-checked packages -> live models.")
+    p.add_argument("--workdir", type=Path, default=Path("artifacts"), help="tokenizers and checkpoints go here")
+    p.add_argument("--repository", type=Path, default=Path("model_repository"), help="model repository to publish into")
+    p.add_argument("--corpus", type=Path, nargs="*", default=[], help="text files (default: Shakespeare)")
+    p.add_argument("--preset", choices=["tiny", "small", "base"], default=None)
+    p.add_argument("--classify-init", type=Path, default=None,
+                   help="HF BERT checkpoint dir to fine-tune for classification instead of our MLM checkpoint")
+    p.add_argument("--classify-data", type=Path, nargs="*", default=[], help="train [validation [test]] JSONL/CSV")
+    p.add_argument("--steps", action="append", default=[], metavar="STAGE=N",
+                   help="override training steps, e.g. --steps mlm=50 (stages: mlm, classify, lm)")
+    p.add_argument("--variants", action="append", default=[], metavar="TASK=LIST",
+                   help="variants per task, e.g. --variants classify=fp32,optimized,int8 (tasks: classify, "
+                        "fill-mask, generate)")
+    p.add_argument("--quiet", action="store_true")
+    server = p.add_argument_group("server (optional): load the new versions into a running server")
+    server.add_argument("--server", default=None, metavar="HOST:PORT", help="address of the running server")
+    server.add_argument("--token", default=None,
+                        help=f"bearer token the server requires (default: ${TOKEN_ENV})")
+    server.add_argument("--tls-root-cert", type=Path, default=None, metavar="PEM",
+                        help="use TLS, trusting this root certificate")
+    server.add_argument("--tls", action="store_true", help="use TLS with the system's root certificates")
+    server.add_argument("--tls-server-name", default=None, metavar="NAME",
+                        help="name to check the server certificate against")
+    a = p.parse_args(argv)
+    steps: dict[str, int] = {}
+    for item in a.steps:
+        stage, _, n = item.partition("=")
+        if stage not in ("mlm", "classify", "lm") or not n.isdigit():
+            p.error(f"--steps: expected STAGE=N with STAGE in mlm/classify/lm, got {item!r}")
+        steps[stage] = int(n)
+    variants = PipelineConfig().variants
+    for item in a.variants:
+        task, _, listed = item.partition("=")
+        if task not in variants or not listed:
+            p.error(f"--variants: expected TASK=LIST with TASK in classify/fill-mask/generate, got {item!r}")
+        variants[task] = listed
+    for path in [*a.corpus, *a.classify_data] + ([a.classify_init] if a.classify_init else []):
+        if not path.exists():
+            p.error(f"{path}: no such file or directory")
+    return PipelineConfig(workdir=a.workdir, repository=a.repository, corpus=a.corpus, preset=a.preset,
+                          classify_init=a.classify_init, classify_data=a.classify_data, steps=steps,
+                          server=_server_config(p, a), variants=variants, quiet=a.quiet)
+
+
+def _server_config(p: argparse.ArgumentParser, a: argparse.Namespace) -> ClientConfig | None:
+    tls_wanted = a.tls or a.tls_root_cert is not None or a.tls_server_name is not None
+    token = a.token or os.environ.get(TOKEN_ENV) or None
+    if a.server is None:
+        if tls_wanted or a.token:
+            p.error("--token / --tls* need --server")
+        return None
+    if a.tls_root_cert is not None and not a.tls_root_cert.is_file():
+        p.error(f"--tls-root-cert: {a.tls_root_cert} is not a file")
+    tls = TLSConfig(root_cert=a.tls_root_cert, server_name=a.tls_server_name) if tls_wanted else None
+    try:
+        return ClientConfig.build(a.server, tls=tls, token=token, retries=0)
+    except ValueError as exc:
+        p.error(f"--server: {exc}")
+    raise AssertionError("unreachable")  # p.error exits
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m pipeline") -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = parse_args(argv, prog)
+    started = time.monotonic()
+    pipeline = Pipeline(cfg)
+    try:
+        published = pipeline.run()
+    except PipelineError as e:
+        log.error("%s", e)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"published": published, "ran": pipeline.ran, "skipped": pipeline.skipped,
+                      "seconds": round(time.monotonic() - started, 1)}))
+    return 0

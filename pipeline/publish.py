@@ -1,0 +1,42 @@
+"""Publishing a checkpoint as a new package version, unless the latest version already holds it."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from modelpkg import MANIFEST_FILE, existing_versions, sha256_file
+
+from .errors import PipelineError
+from .steps import run_command
+
+log = logging.getLogger("ortserve.pipeline")
+
+
+def latest_source(repository: Path, name: str) -> tuple[int, str | None]:
+    """(latest version, sha256 of the checkpoint weights it was exported from); (0, None) when none."""
+    versions = existing_versions(repository / name)
+    if not versions:
+        return 0, None
+    try:
+        manifest = json.loads((repository / name / str(versions[-1]) / MANIFEST_FILE).read_text())
+        source = manifest.get("source") or {}
+        return versions[-1], source.get("checkpoint_sha256")
+    except (OSError, ValueError, AttributeError):
+        return versions[-1], None
+
+
+def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: str) -> int | None:
+    """Exports (parity gate included) and publishes; the new version, or None when already published."""
+    latest, source = latest_source(repository, name)
+    if source is not None and source == sha256_file(checkpoint / "model.safetensors"):
+        log.info("publish %s: version %d already holds this checkpoint", name, latest)
+        return None
+    cmd = [sys.executable, "-m", "export", str(checkpoint), "--task", task, "--repository", str(repository),
+           "--name", name, "--variants", variants]
+    run_command(cmd, f"export+validate+publish {name}")
+    new, _ = latest_source(repository, name)
+    if new <= latest:
+        raise PipelineError(f"export of {name} succeeded but published no new version")
+    return new
