@@ -2,7 +2,9 @@
 
 With no flags every command uses the defaults the pipeline relies on (Shakespeare corpus, `small`
 models, step counts sized for ~5-6 minutes of training in total on 2 CPU cores) and the artifacts/
-layout: artifacts/tokenizers/{wordpiece,bpe}, artifacts/checkpoints/{mlm,classifier,lm}.
+layout: artifacts/tokenizers/{wordpiece,bpe}, artifacts/checkpoints/{mlm,classifier,lm}. `--arch`
+selects the model family (mlm/classify: bert | roberta | albert, classify also distilbert from an HF
+checkpoint via --init; lm: gpt2 | llama); other families default to artifacts/checkpoints/<cmd>-<arch>.
 Bad input prints one `error: ...` line and exits with code 2.
 """
 from __future__ import annotations
@@ -25,9 +27,20 @@ from training.data import DataError
 log = logging.getLogger("training")
 
 ARTIFACTS = Path("artifacts")
-DEFAULT_TOKENIZER = {"wordpiece": ARTIFACTS / "tokenizers" / "wordpiece", "bpe": ARTIFACTS / "tokenizers" / "bpe"}
+DEFAULT_TOKENIZER = {"wordpiece": ARTIFACTS / "tokenizers" / "wordpiece", "bpe": ARTIFACTS / "tokenizers" / "bpe",
+                     "roberta": ARTIFACTS / "tokenizers" / "roberta"}
 DEFAULT_OUT = {"mlm": ARTIFACTS / "checkpoints" / "mlm", "classify": ARTIFACTS / "checkpoints" / "classifier",
                "lm": ARTIFACTS / "checkpoints" / "lm", "data": ARTIFACTS / "data" / "genre"}
+# The default (first) family of each command keeps the paths above; the others get "<path>-<arch>".
+ARCHS = {"mlm": ("bert", "roberta", "albert"), "classify": ("bert", "roberta", "albert", "distilbert"),
+         "lm": ("gpt2", "llama")}
+# Tokenizer each family trains with by default.
+ARCH_TOKENIZER = {"bert": "wordpiece", "albert": "wordpiece", "roberta": "roberta", "gpt2": "bpe", "llama": "bpe"}
+
+
+def default_out(cmd: str, arch: str) -> Path:
+    base = DEFAULT_OUT[cmd]
+    return base if arch == ARCHS[cmd][0] else base.with_name(f"{base.name}-{arch}")
 
 # Defaults of the `small` runs, measured on 2 cores (docs/MODELS.md).
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -46,7 +59,9 @@ class CliError(ValueError):
 def _add_common(p: argparse.ArgumentParser, cmd: str) -> None:
     d = TRAIN_DEFAULTS[cmd]
     g = p.add_argument_group("training")
-    g.add_argument("--out", type=Path, default=DEFAULT_OUT[cmd], help="output checkpoint dir (default: %(default)s)")
+    g.add_argument("--arch", choices=ARCHS[cmd], default=ARCHS[cmd][0], help="model family (default: %(default)s)")
+    g.add_argument("--out", type=Path, default=None,
+                   help=f"output checkpoint dir (default: {DEFAULT_OUT[cmd]}, or {DEFAULT_OUT[cmd]}-ARCH)")
     g.add_argument("--steps", type=int, default=d["steps"], help="optimizer steps (default: %(default)s)")
     g.add_argument("--batch-size", type=int, default=d["batch_size"], help="GLOBAL batch size (default: %(default)s)")
     g.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate (default: %(default)s)")
@@ -68,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m training", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("tokenizer", help="train a WordPiece (BERT) or byte-level BPE (GPT) tokenizer")
-    p.add_argument("--kind", choices=["wordpiece", "bpe"], required=True)
+    p = sub.add_parser("tokenizer", help="train a WordPiece (BERT/ALBERT), byte-level BPE (GPT/Llama) or "
+                                         "RoBERTa BPE tokenizer")
+    p.add_argument("--kind", choices=["wordpiece", "bpe", "roberta"], required=True)
     p.add_argument("--corpus", nargs="+", default=None, help="text files / dirs of .txt (default: Shakespeare)")
     p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
     p.add_argument("--min-frequency", type=int, default=2)
@@ -77,17 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="default: artifacts/tokenizers/<kind>")
     p.add_argument("--quiet", action="store_true")
 
-    p = sub.add_parser("mlm", help="pre-train a BERT with masked-LM (+ optional NSP / SOP)")
-    p.add_argument("--tokenizer", type=Path, default=None, help=f"default: {DEFAULT_TOKENIZER['wordpiece']}")
+    p = sub.add_parser("mlm", help="pre-train a BERT / RoBERTa / ALBERT with masked-LM (+ NSP / SOP)")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help=f"default: {DEFAULT_TOKENIZER['wordpiece']} ({DEFAULT_TOKENIZER['roberta']} for roberta)")
     p.add_argument("--corpus", nargs="+", default=None)
     p.add_argument("--preset", choices=["tiny", "small", "base"], default="small")
-    p.add_argument("--pair-objective", choices=["none", "nsp", "sop"], default="none")
+    p.add_argument("--pair-objective", choices=["none", "nsp", "sop"], default=None,
+                   help="default: none (bert, roberta), sop (albert)")
     p.add_argument("--mlm-probability", type=float, default=0.15)
     p.add_argument("--eval-examples", type=int, default=256, help="held-out sequences scored (cap)")
     _add_common(p, "mlm")
 
     p = sub.add_parser("classify", help="fine-tune a BERT checkpoint (ours or any HF BERT dir) as a classifier")
-    p.add_argument("--init", type=Path, default=DEFAULT_OUT["mlm"], help="checkpoint dir (default: %(default)s)")
+    p.add_argument("--init", type=Path, default=None,
+                   help=f"checkpoint dir (default: {DEFAULT_OUT['mlm']}, or its -ARCH sibling; distilbert: required)")
     p.add_argument("--train", type=Path, default=None, help="JSONL/CSV with text [, text_pair], label")
     p.add_argument("--validation", type=Path, default=None)
     p.add_argument("--test", type=Path, default=None)
@@ -102,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "an MLM checkpoint stuck at token frequencies (its metrics.json top-1 < 0.2), else none")
     _add_common(p, "classify")
 
-    p = sub.add_parser("lm", help="pre-train a GPT-2 style decoder")
+    p = sub.add_parser("lm", help="pre-train a GPT-2 or Llama-style decoder")
     p.add_argument("--tokenizer", type=Path, default=None, help=f"default: {DEFAULT_TOKENIZER['bpe']}")
     p.add_argument("--corpus", nargs="+", default=None)
     p.add_argument("--preset", choices=["tiny", "small", "base"], default="small")
@@ -123,11 +142,15 @@ def _setup_logging(quiet: bool, is_main: bool = True) -> None:
 def _train_config(a: argparse.Namespace) -> Any:
     from training.trainer import TrainConfig
     return TrainConfig(
-        out=str(a.out), steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup, schedule=a.schedule,
+        out=str(_out(a)), steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup, schedule=a.schedule,
         weight_decay=a.weight_decay, label_smoothing=a.label_smoothing, max_grad_norm=a.max_grad_norm,
         eval_every=a.eval_every, seed=a.seed, dropout=a.dropout, threads=a.threads,
         resume=str(a.resume) if a.resume else None, quiet=a.quiet,
     )
+
+
+def _out(a: argparse.Namespace) -> Path:
+    return a.out if a.out is not None else default_out(a.command, a.arch)
 
 
 def _tokenizer_dir(given: Path | None, kind: str) -> Path:
@@ -166,7 +189,7 @@ def _run_training(task: Any, a: argparse.Namespace, task_cfg: Any, tokenizer_src
     finally:
         shutdown(ctx)
     if metrics is not None:
-        print(json.dumps({"out": str(a.out), "best_step": metrics["best_step"],
+        print(json.dumps({"out": str(_out(a)), "best_step": metrics["best_step"],
                           "validation": _short(metrics["validation"]), "test": _short(metrics["test"]),
                           "wall_time_s": metrics["wall_time_s"]}))
     return 0
@@ -187,17 +210,28 @@ def cmd_tokenizer(a: argparse.Namespace) -> int:
 def cmd_mlm(a: argparse.Namespace) -> int:
     from training.masking import MaskingConfig
     from training.tasks import MLMConfig, MLMTask
-    tok = _tokenizer_dir(a.tokenizer, "wordpiece")
-    cfg = MLMConfig(tokenizer=str(tok), corpus=list(a.corpus or []), preset=a.preset,
-                    pair_objective=a.pair_objective, max_length=a.max_length, eval_examples=a.eval_examples,
+    from training.tasks import DEFAULT_PAIR_OBJECTIVE
+    tok = _tokenizer_dir(a.tokenizer, ARCH_TOKENIZER[a.arch])
+    pair = a.pair_objective if a.pair_objective is not None else DEFAULT_PAIR_OBJECTIVE[a.arch]
+    cfg = MLMConfig(tokenizer=str(tok), corpus=list(a.corpus or []), preset=a.preset, arch=a.arch,
+                    pair_objective=pair, max_length=a.max_length, eval_examples=a.eval_examples,
                     masking=MaskingConfig(mlm_probability=a.mlm_probability))
     return _run_training(MLMTask(cfg, a.seed), a, cfg, tok)
 
 
 def cmd_classify(a: argparse.Namespace) -> int:
+    from training.checkpoint import checkpoint_kind, family_of_kind
     from training.tasks import ClassifyConfig, ClassifyTask
+    if a.init is None:
+        if a.arch == "distilbert":
+            raise CliError("--init: distilbert is fine-tuned from a Hugging Face DistilBERT checkpoint dir; give --init")
+        a.init = default_out("mlm", a.arch)
     if not (a.init / "config.json").is_file():
-        raise CliError(f"--init: {a.init}/config.json not found (train one with `python -m training mlm`)")
+        raise CliError(f"--init: {a.init}/config.json not found (train one with `python -m training mlm "
+                       f"--arch {a.arch}`)")
+    family = family_of_kind(checkpoint_kind(a.init))
+    if family != a.arch:
+        raise CliError(f"--arch: {a.arch} does not match --init {a.init}, a {family} checkpoint (pass --arch {family})")
     labels = [s.strip() for s in a.labels.split(",") if s.strip()] if a.labels else None
     if a.labels is not None and (not labels or len(set(labels)) != len(labels)):
         raise CliError(f"--labels: expected distinct comma-separated labels, got {a.labels!r}")
@@ -213,7 +247,7 @@ def cmd_lm(a: argparse.Namespace) -> int:
     from training.tasks import LMConfig, LMTask
     tok = _tokenizer_dir(a.tokenizer, "bpe")
     cfg = LMConfig(tokenizer=str(tok), corpus=list(a.corpus or []), preset=a.preset, max_length=a.max_length,
-                   eval_blocks=a.eval_blocks)
+                   eval_blocks=a.eval_blocks, arch=a.arch)
     return _run_training(LMTask(cfg, a.seed), a, cfg, tok)
 
 

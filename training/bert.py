@@ -293,6 +293,15 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         init_weights(self.classifier, config.initializer_range)
 
+    # Parts the training task calls separately (every encoder family has the same two).
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.bert(input_ids, attention_mask, token_type_ids)[0]
+
+    def head(self, vec: torch.Tensor) -> torch.Tensor:
+        """Logits from one [B, hidden] vector: pooler dense + tanh, dropout, classifier."""
+        return self.classifier(self.dropout(torch.tanh(self.bert.pooler.dense(vec))))
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """-> logits [B, num_labels]."""
@@ -358,6 +367,14 @@ class _TiedMLM(nn.Module):
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
         self.cls.predictions.decoder.bias = self.cls.predictions.bias
 
+    # Parts the MLM task calls separately (the vocab projection runs on selected positions only).
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.bert(input_ids, attention_mask, token_type_ids)
+
+    def mlm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.cls.predictions(hidden)
+
 
 class BertForMaskedLM(_TiedMLM):
     """BERT without pooler + MLM head tied to the word embeddings."""
@@ -385,6 +402,9 @@ class BertForPreTraining(_TiedMLM):
         self.bert = BertModel(config, add_pooling_layer=True)
         self.cls = BertPreTrainingHeads(config)
         self._init_head()
+
+    def pair_head(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.cls.seq_relationship(pooled)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,9 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from training import data as data_mod
+from training.albert import AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining
 from training.bert import BertConfig, BertForMaskedLM, BertForPreTraining, init_weights
-from training.checkpoint import checkpoint_kind, load_model, save_model
+from training.checkpoint import checkpoint_kind, family_of_kind, load_model, save_model
 from training.gpt import GPT2LMHeadModel, GPTConfig
+from training.llama import LlamaConfig, LlamaForCausalLM
+from training.roberta import RobertaConfig, RobertaForMaskedLM
 from training.masking import IGNORE_INDEX, MaskingConfig, build_pairs, mask_tokens, non_special_ids
 from training.metrics import classification_metrics, perplexity, topk_hits
 from training.tokenizer import TOKENIZER_FILES, TokenizerInfo, copy_tokenizer_dir, load_tokenizer
@@ -98,6 +101,12 @@ def user_corpus(paths: Sequence[str], holdout: float = 0.05, seed: int = 0) -> C
 
 # --------------------------------------------------------------------------- MLM
 
+ENCODER_ARCHS = ("bert", "roberta", "albert")
+# Pair objectives each family pre-trains with: RoBERTa dropped NSP (MLM only), ALBERT replaced it with SOP.
+PAIR_OBJECTIVES = {"bert": ("none", "nsp", "sop"), "roberta": ("none",), "albert": ("none", "sop")}
+DEFAULT_PAIR_OBJECTIVE = {"bert": "none", "roberta": "none", "albert": "sop"}
+MLM_KINDS = ("bert-mlm", "bert-pretraining", "roberta-mlm", "albert-mlm", "albert-pretraining", "distilbert-mlm")
+
 
 @dataclass
 class MLMConfig:
@@ -107,6 +116,7 @@ class MLMConfig:
     corpus: list[str] = field(default_factory=list)  # empty: Shakespeare
     preset: str = "small"
     pair_objective: str = "none"  # none | nsp | sop
+    arch: str = "bert"            # bert | roberta | albert
     max_length: int = 128
     eval_examples: int = 256
     masking: MaskingConfig = field(default_factory=MaskingConfig)
@@ -120,11 +130,17 @@ class MLMTask:
     def __init__(self, cfg: MLMConfig, seed: int) -> None:
         self.cfg = cfg
         self.seed = seed
-        self.kind = "bert-mlm" if cfg.pair_objective == "none" else "bert-pretraining"
+        if cfg.arch not in ENCODER_ARCHS:
+            raise data_mod.DataError(f"arch: MLM pre-training takes one of {', '.join(ENCODER_ARCHS)}, got {cfg.arch!r}")
+        if cfg.pair_objective not in PAIR_OBJECTIVES[cfg.arch]:
+            raise data_mod.DataError(f"pair_objective: {cfg.arch} pre-trains with "
+                                     f"{' or '.join(PAIR_OBJECTIVES[cfg.arch])}, not {cfg.pair_objective!r}")
+        self.kind = f"{cfg.arch}-mlm" if cfg.pair_objective == "none" else f"{cfg.arch}-pretraining"
         self.tok: TokenizerInfo = load_tokenizer(cfg.tokenizer)
-        if self.tok.kind != "wordpiece" or self.tok.mask_id is None or self.tok.cls_id is None:
-            raise data_mod.DataError(f"{cfg.tokenizer}: tokenizer: MLM needs a WordPiece tokenizer with "
-                                     "[CLS]/[SEP]/[MASK]")
+        want = "roberta" if cfg.arch == "roberta" else "wordpiece"
+        if self.tok.kind != want or self.tok.mask_id is None or self.tok.cls_id is None:
+            raise data_mod.DataError(f"{cfg.tokenizer}: tokenizer: {cfg.arch} MLM needs a {want} tokenizer with "
+                                     "cls/sep/mask tokens (python -m training tokenizer --kind " + want + ")")
         corpus = user_corpus(cfg.corpus, seed=seed) if cfg.corpus else default_corpus()
         self.corpus_source = corpus.source
         self.random_ids = non_special_ids(self.tok.vocab_size, self.tok.special_ids)
@@ -171,12 +187,20 @@ class MLMTask:
         if resume is not None:
             model, _ = load_model(resume, kind=self.kind, **over)
             return model
-        preset_pos = BertConfig.preset(self.cfg.preset, vocab_size=self.tok.vocab_size).max_position_embeddings
-        config = BertConfig.preset(
-            self.cfg.preset, vocab_size=self.tok.vocab_size, pad_token_id=self.tok.pad_id,
-            max_position_embeddings=max(preset_pos, self.cfg.max_length), **over,
-        )
-        return BertForMaskedLM(config) if self.kind == "bert-mlm" else BertForPreTraining(config)
+        arch, pad = self.cfg.arch, self.tok.pad_id
+        config_cls = {"bert": BertConfig, "roberta": RobertaConfig, "albert": AlbertConfig}[arch]
+        preset_pos = config_cls.preset(self.cfg.preset, vocab_size=self.tok.vocab_size,
+                                       pad_token_id=pad).max_position_embeddings
+        # RoBERTa's positions start at pad + 1: its table needs max_length + pad + 1 rows.
+        need = self.cfg.max_length + (pad + 1 if arch == "roberta" else 0)
+        extra: dict[str, Any] = {"bos_token_id": self.tok.bos_id, "eos_token_id": self.tok.eos_id} \
+            if arch == "roberta" else {}
+        config = config_cls.preset(self.cfg.preset, vocab_size=self.tok.vocab_size, pad_token_id=pad,
+                                   max_position_embeddings=max(preset_pos, need), **extra, **over)
+        classes = {"bert-mlm": BertForMaskedLM, "bert-pretraining": BertForPreTraining,
+                   "roberta-mlm": RobertaForMaskedLM, "albert-mlm": AlbertForMaskedLM,
+                   "albert-pretraining": AlbertForPreTraining}
+        return classes[self.kind](config)
 
     def _encode(self, examples: Sequence[tuple[list[int], list[int] | None, int]]) -> Batch:
         cls, sep = self.tok.cls_id, self.tok.sep_id
@@ -215,9 +239,9 @@ class MLMTask:
         The vocab projection is the costliest layer; running it on the 15% selected positions
         instead of all of them saves about a third of a step.
         """
-        hidden, pooled = model.bert(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-        logits = model.cls.predictions(hidden[b["labels"] != IGNORE_INDEX])
-        rel = model.cls.seq_relationship(pooled) if isinstance(model, BertForPreTraining) else None
+        hidden, pooled = model.encode(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        logits = model.mlm_head(hidden[b["labels"] != IGNORE_INDEX])
+        rel = model.pair_head(pooled) if hasattr(model, "pair_head") else None
         return logits, rel
 
     def loss(self, model: nn.Module, batch: Batch, rows: slice, label_smoothing: float) -> torch.Tensor:
@@ -258,7 +282,7 @@ class MLMTask:
 
     def summary(self) -> dict[str, Any]:
         return {"corpus": self.corpus_source, "train_examples": len(self.train),
-                "heldout_examples": {k: len(v) for k, v in self.held.items()},
+                "heldout_examples": {k: len(v) for k, v in self.held.items()}, "arch": self.cfg.arch,
                 "pair_objective": self.cfg.pair_objective, "vocab_size": self.tok.vocab_size}
 
     tokenizer_copy: Path  # set by the trainer: a cleaned copy of the tokenizer dir
@@ -300,7 +324,7 @@ def plateaued_mlm(init: str | Path) -> float | None:
     """Held-out top-1 of one of our MLM checkpoints if it is below PLATEAU_TOP1, else None."""
     from training.checkpoint import CheckpointError
     try:
-        if checkpoint_kind(init) not in ("bert-mlm", "bert-pretraining"):
+        if checkpoint_kind(init) not in MLM_KINDS:
             return None
     except CheckpointError:
         return None
@@ -312,19 +336,43 @@ def plateaued_mlm(init: str | Path) -> float | None:
     return float(top1) if isinstance(top1, (int, float)) and top1 < PLATEAU_TOP1 else None
 
 
+CLASSIFIER_FAMILIES = ("bert", "roberta", "albert", "distilbert")
+
+
+def _encoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The encoder's layer modules, bottom first (ALBERT: its shared layer group(s))."""
+    family = model.config.to_hf_dict()["model_type"]
+    enc = getattr(model, family)
+    return list({"bert": lambda: enc.encoder.layer, "roberta": lambda: enc.encoder.layer,
+                 "albert": lambda: enc.encoder.albert_layer_groups,
+                 "distilbert": lambda: enc.transformer.layer}[family]())
+
+
+def _pooler_dense(model: nn.Module) -> nn.Linear:
+    """The hidden x hidden Linear the classifier head applies first."""
+    family = model.config.to_hf_dict()["model_type"]
+    return {"bert": lambda: model.bert.pooler.dense, "roberta": lambda: model.classifier.dense,
+            "albert": lambda: model.albert.pooler, "distilbert": lambda: model.pre_classifier}[family]()
+
+
 class ClassifyTask:
     name = "classify"
-    kind = "bert-classifier"
+    kind = "bert-classifier"  # per instance: <family of --init>-classifier
     eval_key = "macro_f1"
     higher_is_better = True
 
     def __init__(self, cfg: ClassifyConfig, seed: int) -> None:
         self.cfg = cfg
         self.seed = seed
+        family = family_of_kind(checkpoint_kind(cfg.init))
+        if family not in CLASSIFIER_FAMILIES:
+            raise data_mod.DataError(f"{cfg.init}: init: classification takes a {', '.join(CLASSIFIER_FAMILIES)} "
+                                     f"checkpoint, got model_type {family!r}")
+        self.kind = f"{family}-classifier"
         self.tok = load_tokenizer(cfg.init)
-        if self.tok.kind != "wordpiece":
-            raise data_mod.DataError(f"{cfg.init}: init: classification needs a BERT checkpoint with a "
-                                     "WordPiece tokenizer")
+        if self.tok.kind == "bpe":
+            raise data_mod.DataError(f"{cfg.init}: init: classification needs an encoder tokenizer with a "
+                                     "cls token (WordPiece or RoBERTa's BPE)")
         self.baseline: dict[str, Any] | None = None
         self.class_counts: dict[str, dict[str, int]] = {}
         self.plays: dict[str, list[str]] | None = None
@@ -376,9 +424,14 @@ class ClassifyTask:
         }
         if dropout is not None:
             over.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-        model, config = load_model(resume or self.cfg.init, kind="bert-classifier", **over)
-        fresh_pooler = checkpoint_kind(self.cfg.init) == "bert-mlm"
-        layers = model.bert.encoder.layer
+        if dropout is not None and self.kind == "distilbert-classifier":
+            over = {k: v for k, v in over.items() if "dropout" not in k}
+            over.update(dropout=dropout, attention_dropout=dropout)
+        model, config = load_model(resume or self.cfg.init, kind=self.kind, **over)
+        # A head the init checkpoint lacks (an MLM checkpoint has no pooler / classifier) starts fresh.
+        fresh_pooler = checkpoint_kind(self.cfg.init) in MLM_KINDS and checkpoint_kind(self.cfg.init) not in (
+            "bert-pretraining", "albert-pretraining")
+        layers = _encoder_layers(model)
         n_reinit = self.cfg.reinit_layers
         if n_reinit < 0:
             top1 = plateaued_mlm(self.cfg.init)
@@ -393,12 +446,14 @@ class ClassifyTask:
             for layer in layers[len(layers) - n_reinit:]:
                 layer.apply(lambda m: init_weights(m, config.initializer_range))
         if resume is None and (self.cfg.pooler_init == "identity" or (self.cfg.pooler_init == "auto" and fresh_pooler)):
+            dense = _pooler_dense(model)
             with torch.no_grad():
-                model.bert.pooler.dense.weight.copy_(torch.eye(config.hidden_size))
-                model.bert.pooler.dense.bias.zero_()
-        if self.cfg.max_length > config.max_position_embeddings:
-            raise data_mod.DataError(f"max_length: {self.cfg.max_length} exceeds the model's "
-                                     f"max_position_embeddings={config.max_position_embeddings}")
+                dense.weight.copy_(torch.eye(config.hidden_size))
+                dense.bias.zero_()
+        limit = getattr(config, "max_tokens", config.max_position_embeddings)
+        if self.cfg.max_length > limit:
+            raise data_mod.DataError(f"max_length: {self.cfg.max_length} exceeds the model's {limit} positions "
+                                     f"(max_position_embeddings={config.max_position_embeddings})")
         return model
 
     def _encode(self, examples: Sequence[tuple[list[int], list[int], int]]) -> Batch:
@@ -416,13 +471,13 @@ class ClassifyTask:
         n = batch["labels"].numel()
         local = {k: v[rows] for k, v in batch.items()}
         mask = local["attention_mask"]
-        hidden, pooled = model.bert(local["input_ids"], mask, local["token_type_ids"])
-        logits = model.classifier(model.dropout(pooled))
+        hidden = model.encode(local["input_ids"], mask, local["token_type_ids"])
+        logits = model.head(hidden[:, 0])
         loss = F.cross_entropy(logits, local["labels"], reduction="sum", label_smoothing=label_smoothing) / n
         if self.cfg.mean_pool_aux > 0:
             m = mask[..., None].to(hidden.dtype)
             mean = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
-            aux = model.classifier(model.dropout(torch.tanh(model.bert.pooler.dense(mean))))
+            aux = model.head(mean)
             loss = loss + self.cfg.mean_pool_aux * F.cross_entropy(
                 aux, local["labels"], reduction="sum", label_smoothing=label_smoothing) / n
         return loss
@@ -453,7 +508,7 @@ class ClassifyTask:
 
     def summary(self) -> dict[str, Any]:
         s: dict[str, Any] = {"data": self.source, "labels": self.labels, "class_counts": self.class_counts,
-                             "init": str(self.cfg.init)}
+                             "init": str(self.cfg.init), "arch": self.kind.rsplit("-", 1)[0]}
         if self.plays is not None:
             s["plays"] = self.plays
         if self.baseline is not None:
@@ -482,17 +537,24 @@ class LMConfig:
     preset: str = "small"
     max_length: int = 128          # block size
     eval_blocks: int = 128
+    arch: str = "gpt2"             # gpt2 | llama
+
+
+LM_ARCHS = {"gpt2": "gpt", "llama": "llama"}
 
 
 class LMTask:
     name = "lm"
-    kind = "gpt"
+    kind = "gpt"  # per instance: gpt | llama
     eval_key = "perplexity"
     higher_is_better = False
 
     def __init__(self, cfg: LMConfig, seed: int) -> None:
         self.cfg = cfg
         self.seed = seed
+        if cfg.arch not in LM_ARCHS:
+            raise data_mod.DataError(f"arch: the LM takes one of {', '.join(LM_ARCHS)}, got {cfg.arch!r}")
+        self.kind = LM_ARCHS[cfg.arch]
         self.tok = load_tokenizer(cfg.tokenizer)
         if self.tok.kind != "bpe" or self.tok.eos_id is None:
             raise data_mod.DataError(f"{cfg.tokenizer}: tokenizer: the LM needs a byte-level BPE tokenizer "
@@ -520,6 +582,17 @@ class LMTask:
         return len(self.train)
 
     def build_model(self, resume: Path | None, dropout: float | None) -> nn.Module:
+        if self.kind == "llama":
+            over = {} if dropout is None else {"attention_dropout": dropout}
+            if resume is not None:
+                return load_model(resume, kind="llama", **over)[0]
+            preset_pos = LlamaConfig.preset(self.cfg.preset, vocab_size=self.tok.vocab_size).max_position_embeddings
+            # Tied head: at this vocab/width the head would otherwise be a third of the parameters.
+            lconfig = LlamaConfig.preset(
+                self.cfg.preset, vocab_size=self.tok.vocab_size, tie_word_embeddings=True,
+                max_position_embeddings=max(preset_pos, self.cfg.max_length),
+                bos_token_id=self.tok.bos_id, eos_token_id=self.tok.eos_id, **over)
+            return LlamaForCausalLM(lconfig)
         over = {} if dropout is None else {"resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout}
         if resume is not None:
             model, _ = load_model(resume, kind="gpt", **over)
@@ -561,7 +634,7 @@ class LMTask:
         save_model(model, out_dir, tokenizer_files=_tokenizer_files(self.tokenizer_copy), extra_files=extra_files)
 
     def summary(self) -> dict[str, Any]:
-        return {"corpus": self.corpus_source, "train_blocks": len(self.train),
+        return {"corpus": self.corpus_source, "train_blocks": len(self.train), "arch": self.cfg.arch,
                 "heldout_blocks": {k: len(v) for k, v in self.held.items()}, "vocab_size": self.tok.vocab_size}
 
     tokenizer_copy: Path

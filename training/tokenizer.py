@@ -1,4 +1,5 @@
-"""Train, save and load the two tokenizers: WordPiece (BERT) and byte-level BPE (GPT).
+"""Train, save and load the tokenizers: WordPiece (BERT, ALBERT), byte-level BPE (GPT-2, Llama) and
+RoBERTa's byte-level BPE with `<s> <pad> </s> <unk> <mask>`.
 
 A tokenizer directory holds tokenizer.json, tokenizer_config.json and special_tokens_map.json in the
 Hugging Face layout, so checkpoints can carry it and `transformers.AutoTokenizer` can read it.
@@ -14,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 log = logging.getLogger(__name__)
 
-TokenizerKind = Literal["wordpiece", "bpe"]
+TokenizerKind = Literal["wordpiece", "bpe", "roberta"]
+KINDS = ("wordpiece", "bpe", "roberta")
 
 BERT_SPECIALS = {
     "pad_token": "[PAD]",
@@ -31,6 +33,10 @@ BERT_SPECIALS = {
 BERT_SPECIAL_ORDER = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 EOT = "<|endoftext|>"
 GPT_SPECIALS = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
+# RoBERTa's ids: <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 (HF's order for the first four).
+ROBERTA_SPECIAL_ORDER = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+ROBERTA_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>",
+                    "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -49,8 +55,8 @@ class TokenizerConfig:
     model_max_length: int = 128
 
     def __post_init__(self) -> None:
-        if self.kind not in ("wordpiece", "bpe"):
-            raise TokenizerError(f"kind: expected 'wordpiece' or 'bpe', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise TokenizerError(f"kind: expected one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.vocab_size < 300:
             # Byte-level BPE alone needs 256 symbols plus the special token.
             raise TokenizerError(f"vocab_size: must be at least 300, got {self.vocab_size}")
@@ -100,6 +106,15 @@ def build_bpe() -> Tokenizer:
     return tok
 
 
+def set_roberta_template(tok: Tokenizer) -> None:
+    """<s> A </s> and <s> A </s></s> B </s>, all token types 0 (RoBERTa's post-processor)."""
+    cls_id, sep_id = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    if cls_id is None or sep_id is None:
+        raise TokenizerError("tokenizer.json: <s> or </s> missing from the vocabulary")
+    tok.post_processor = processors.RobertaProcessing(("</s>", sep_id), ("<s>", cls_id),
+                                                      trim_offsets=True, add_prefix_space=False)
+
+
 def set_bert_template(tok: Tokenizer) -> None:
     """[CLS] A [SEP] and [CLS] A [SEP] B [SEP] with token types 0/1.
 
@@ -128,16 +143,21 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
         )
     else:
         tok = build_bpe()
+        # <mask> swallows the space before it (lstrip), as RoBERTa's does: "to <mask>" masks the word " be".
+        specials = [EOT] if config.kind == "bpe" else ROBERTA_SPECIAL_ORDER[:-1] + [
+            AddedToken("<mask>", lstrip=True, special=True)]
         trainer = trainers.BpeTrainer(
             vocab_size=config.vocab_size,
             min_frequency=config.min_frequency,
-            special_tokens=[EOT],
+            special_tokens=specials,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
     tok.train_from_iterator(_nonempty(texts), trainer=trainer)
     if config.kind == "wordpiece":
         set_bert_template(tok)
+    elif config.kind == "roberta":
+        set_roberta_template(tok)
     log.info("trained %s tokenizer: %d tokens", config.kind, tok.get_vocab_size())
     return tok
 
@@ -153,6 +173,10 @@ def tokenizer_config_dict(kind: TokenizerKind, model_max_length: int) -> tuple[d
     if kind == "wordpiece":
         specials = dict(BERT_SPECIALS)
         cfg = {"tokenizer_class": "BertTokenizerFast", "do_lower_case": True, **specials}
+    elif kind == "roberta":
+        specials = dict(ROBERTA_SPECIALS)
+        cfg = {"tokenizer_class": "RobertaTokenizerFast", "add_prefix_space": False, "trim_offsets": True,
+               **specials}
     else:
         specials = dict(GPT_SPECIALS)
         cfg = {"tokenizer_class": "GPT2TokenizerFast", "add_prefix_space": False, **specials}
@@ -232,17 +256,20 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
         return tok.token_to_id(name) if name is not None else None
 
     cls_id = tid("cls_token")
-    kind: TokenizerKind = "wordpiece" if cls_id is not None else "bpe"
+    # A [CLS]-style token makes an encoder tokenizer: WordPiece (BERT) or byte-level BPE (RoBERTa).
+    kind: TokenizerKind = "bpe" if cls_id is None else "roberta" if isinstance(tok.model, models.BPE) else "wordpiece"
     max_len = cfg.get("model_max_length")
     if not isinstance(max_len, int) or max_len > 1_000_000:
-        max_len = 512 if kind == "wordpiece" else 1024
-    if kind == "wordpiece":
+        max_len = 1024 if kind == "bpe" else 512
+    if kind != "bpe":
         pad_id = tid("pad_token")
         if pad_id is None or tid("sep_token") is None:
             raise TokenizerError(f"{cfg_path}: pad_token / sep_token missing or not in the vocabulary")
         return TokenizerInfo(
             tok, kind, max_len, pad_id=pad_id, unk_id=tid("unk_token"), cls_id=cls_id,
             sep_id=tid("sep_token"), mask_id=tid("mask_token"),
+            bos_id=tid("bos_token") if kind == "roberta" else None,
+            eos_id=tid("eos_token") if kind == "roberta" else None,
         )
     eos_id = tid("eos_token")
     if eos_id is None:
