@@ -1,0 +1,115 @@
+"""The in-place-cache engine through a real server process: same ids as offline greedy and as the concat
+engine on the same weights, with sequences joining and leaving mid-run and long prompts prefilled in chunks."""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import onnxruntime as ort
+import pytest
+from tokenizers import Tokenizer
+
+from clients import OrtserveClient
+from clients.errors import OrtserveError
+from testing.offline import greedy_generate
+from tests.server_process import ServerProcess
+
+INPLACE, CONCAT = "gpt-inplace", "gpt-concat"
+# Short and long prompts: with 4-token chunks the long ones are prefilled over several steps while the
+# short ones already decode; 3 slots for 8 requests means later ones wait for a slot to be freed.
+PROMPTS = ["ROMEO.", "Once more unto the breach, dear friends, once more; or close the wall up",
+           "a", "to be or not to be, that is the question: whether tis nobler in the mind to suffer",
+           "My lord", "The quality of mercy is not strained; it droppeth as the gentle rain from heaven",
+           "Now is the winter", "O"]
+NEW_TOKENS = [12, 5, 20, 9, 3, 16, 7, 11]
+
+
+@pytest.fixture(scope="module")
+def repository(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from export import ExportConfig, export_checkpoint
+
+    repo = tmp_path_factory.mktemp("inplace-repo")
+    for name, layout in ((INPLACE, "inplace"), (CONCAT, "concat")):
+        export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo,
+                                       name=name, cache_layout=layout))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path):
+    with ServerProcess(repository, ["--max-sequences", "3", "--prefill-chunk-tokens", "4", "--metrics-port", "0"]) as proc:
+        yield proc
+
+
+def _offline(repository: Path, name: str, prompt_ids: list[int], n: int) -> list[int]:
+    pkg = repository / name / "1"
+    manifest = json.loads((pkg / "model.json").read_text())
+    session = ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"])
+    return greedy_generate(session, manifest, prompt_ids, n, stop_at_eos=False)
+
+
+def _run_all(server: ServerProcess, model: str) -> list[list[int]]:
+    def one(i: int) -> list[int]:
+        time.sleep(0.02 * i)   # staggered: they join a batch that is already running
+        with OrtserveClient(server.address, timeout=60) as client:
+            ids: list[int] = []
+            for chunk in client.generate_stream(PROMPTS[i], model, max_new_tokens=NEW_TOKENS[i], ignore_eos=True):
+                ids += [t.token_id for t in chunk.tokens]
+            return ids
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(one, range(len(PROMPTS))))
+
+
+def test_manifest_records_the_cache_layout(repository: Path) -> None:
+    cache = json.loads((repository / INPLACE / "1" / "model.json").read_text())["cache"]
+    assert cache["layout"] == "inplace" and cache["num_kv_heads"] == cache["num_heads"]
+    assert json.loads((repository / CONCAT / "1" / "model.json").read_text())["cache"]["layout"] == "concat"
+
+
+def test_inplace_engine_equals_offline_greedy_and_the_concat_engine(server: ServerProcess, repository: Path) -> None:
+    tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
+    chunks_before = server.metric("ortserve_prefill_chunks_total", model=INPLACE)
+    inplace = _run_all(server, INPLACE)
+    concat = _run_all(server, CONCAT)
+    for i, prompt in enumerate(PROMPTS):
+        ids = tok.encode(prompt).ids
+        want = _offline(repository, CONCAT, ids, NEW_TOKENS[i])
+        assert inplace[i] == want, f"prompt {i}: in-place engine differs from offline greedy"
+        assert concat[i] == want, f"prompt {i}: concat engine differs from offline greedy"
+        # The in-place graph run offline without a shared buffer (it then concatenates) agrees too.
+        assert _offline(repository, INPLACE, ids, NEW_TOKENS[i]) == want
+    long_prompts = sum(len(tok.encode(p).ids) > 4 for p in PROMPTS)
+    chunks = server.metric("ortserve_prefill_chunks_total", model=INPLACE) - chunks_before
+    assert chunks > len(PROMPTS) and long_prompts >= 3   # long prompts really went in several chunks
+    assert server.metric("ortserve_cache_slots", model=INPLACE, state="total") == 3
+    deadline = time.monotonic() + 5
+    while server.metric("ortserve_cache_slots", model=INPLACE, state="used") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.metric("ortserve_cache_slots", model=INPLACE, state="used") == 0
+
+
+def test_a_request_cancelled_mid_prefill_frees_its_slot(server: ServerProcess, repository: Path) -> None:
+    long = " ".join(["the quality of mercy is not strained"] * 3)
+    with OrtserveClient(server.address, timeout=60) as client, ThreadPoolExecutor(1) as pool:
+        # A running stream makes the long prompt go in 4-token chunks; its deadline ends it part-way.
+        running = pool.submit(client.generate, "O", INPLACE, max_new_tokens=60, ignore_eos=True)
+        time.sleep(0.05)
+        with pytest.raises(OrtserveError) as err:
+            client.generate(long, INPLACE, max_new_tokens=40, timeout=0.02)
+        assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert running.result().usage.completion_tokens == 60
+        deadline = time.monotonic() + 5
+        while server.metric("ortserve_cache_slots", model=INPLACE, state="used") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.metric("ortserve_cache_slots", model=INPLACE, state="used") == 0
+        # Every slot is usable again: three at once, greedy as offline.
+        tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
+        with ThreadPoolExecutor(3) as three:
+            got = list(three.map(lambda p: client.generate(p, INPLACE, max_new_tokens=6, ignore_eos=True),
+                                 PROMPTS[:3]))
+        for prompt, g in zip(PROMPTS[:3], got):
+            assert [t.token_id for t in g.tokens] == _offline(repository, INPLACE, tok.encode(prompt).ids, 6)
