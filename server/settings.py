@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from server.generation.params import GenerationConfig
+
 VARIANT_AUTO = "auto"
 LOG_FORMATS = ("text", "json")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -22,6 +24,9 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 class SettingsError(ValueError):
     """A bad setting; the message starts with the flag / key it is about."""
+
+
+_ENGINE = GenerationConfig()  # the generation engine's own defaults: the server's are the same numbers
 
 
 @dataclass
@@ -34,11 +39,17 @@ class ServerSettings:
     providers: list[str] = field(default_factory=list)  # [] = CUDA when available, then CPU
     intra_op_threads: int = 0             # 0 = onnxruntime's default
     inter_op_threads: int = 0
-    max_batch_size: int = 16              # rows per encoder batch
+    # Encoders (one dynamic batcher per loaded version; task calls and raw ModelInfer share it):
+    max_batch_size: int = 16              # rows (texts, or rows of a raw tensor) per onnxruntime run
     max_queue_delay_ms: float = 0.0       # extra wait for more rows when the model is idle (0: none)
-    max_queued_requests: int = 256        # per model; beyond it → RESOURCE_EXHAUSTED
-    max_tokens_in_flight: int = 16384     # generation: prompt + max_new_tokens over active sequences
-    max_sequences: int = 16               # generation: sequences in one continuous batch
+    # Per loaded version, ONE flag for two queues: an encoder's batcher queue (requests waiting for compute)
+    # and a decoder's waiting requests (admitted, not yet prefilled). Beyond it → RESOURCE_EXHAUSTED.
+    max_queued_requests: int = 256
+    # Decoders (one generation engine per loaded version):
+    max_tokens_in_flight: int = _ENGINE.max_tokens_in_flight  # sum of prompt + max_new_tokens tokens over the
+    #                                     engine's waiting AND running requests; beyond it → RESOURCE_EXHAUSTED
+    max_sequences: int = _ENGINE.max_batch_size  # sequences decoded together in one step (= KV-cache slots
+    #                                     allocated at load for an in-place-cache decoder)
     grace_period: float = 20.0            # SIGTERM: seconds to let in-flight requests finish
     max_message_bytes: int = 64 * 1024 * 1024
     tls_cert: Path | None = None
@@ -141,6 +152,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
 
 
 def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    d = ServerSettings()  # the defaults the help texts quote
     p = parser_class(
         prog="python -m server",
         description="ortserve: gRPC inference server (task API + KServe v2) on onnxruntime.",
@@ -154,12 +166,18 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--providers", help="comma-separated onnxruntime providers (default: CUDA if available, CPU)")
     p.add_argument("--intra-op-threads", type=int, help="onnxruntime intra-op threads (0 = its default)")
     p.add_argument("--inter-op-threads", type=int, help="onnxruntime inter-op threads (0 = its default)")
-    p.add_argument("--max-batch-size", type=int, help="rows per encoder batch (default 16)")
-    p.add_argument("--max-queue-delay-ms", type=float, help="batcher wait for more rows (default 2)")
-    p.add_argument("--max-queued-requests", type=int, help="per model before RESOURCE_EXHAUSTED (default 256)")
-    p.add_argument("--max-tokens-in-flight", type=int, help="generation token budget (default 16384)")
-    p.add_argument("--max-sequences", type=int, help="generation: sequences per continuous batch (default 16)")
-    p.add_argument("--grace-period", type=float, help="SIGTERM drain time in seconds (default 20)")
+    p.add_argument("--max-batch-size", type=int, help=f"rows per encoder batch (default {d.max_batch_size})")
+    p.add_argument("--max-queue-delay-ms", type=float,
+                   help=f"encoder batcher wait for more rows when idle (default {d.max_queue_delay_ms:g})")
+    p.add_argument("--max-queued-requests", type=int,
+                   help="per model version: requests waiting in an encoder's batcher, and generation requests "
+                        f"waiting for a decoder's batch, before RESOURCE_EXHAUSTED (default {d.max_queued_requests})")
+    p.add_argument("--max-tokens-in-flight", type=int,
+                   help="generation: prompt + max_new_tokens summed over a decoder's waiting and running requests "
+                        f"(default {d.max_tokens_in_flight})")
+    p.add_argument("--max-sequences", type=int,
+                   help=f"generation: sequences per continuous batch (default {d.max_sequences})")
+    p.add_argument("--grace-period", type=float, help=f"SIGTERM drain time in seconds (default {d.grace_period:g})")
     p.add_argument("--max-message-bytes", type=int, help="max gRPC message size, both ways (default 64 MiB)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (with --tls-key: serve TLS)")
     p.add_argument("--tls-key", type=Path, help="PEM private key")

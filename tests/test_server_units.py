@@ -21,7 +21,7 @@ from server.errors import Code, ServingError
 from server.generation import GenerationParams
 from server.logs import JsonFormatter
 from server.package import PackageError, read_package, verify_files
-from server.settings import ServerSettings, SettingsError, settings_from_args
+from server.settings import ServerSettings, SettingsError, build_parser, settings_from_args
 from server.signature import check_inputs, specs_from_manifest
 from server.types import ModelState
 
@@ -240,3 +240,18 @@ def test_failed_new_version_keeps_the_old_one_serving(tiny_repository: Path, tmp
             await plane.close()
 
     asyncio.run(run())
+
+
+def test_generation_settings_default_to_the_engines_own_defaults() -> None:
+    """One default for each generation limit: the server passes the engine exactly what it would assume."""
+    from server.dataplane import runtime_config
+    from server.generation import GenerationConfig
+
+    engine, settings = GenerationConfig(), ServerSettings()
+    assert settings.max_tokens_in_flight == engine.max_tokens_in_flight
+    assert settings.max_sequences == engine.max_batch_size
+    passed = runtime_config(ServerSettings(providers=["CPUExecutionProvider"])).generation
+    assert passed.max_tokens_in_flight == engine.max_tokens_in_flight and passed.max_batch_size == engine.max_batch_size
+    # max_queued_requests feeds both queues of a model (said on the setting and in --help)
+    assert passed.max_waiting == settings.max_queued_requests
+    assert "decoder's batch" in " ".join(a.help or "" for a in build_parser()._actions)
