@@ -1,0 +1,181 @@
+"""The package contract (modelpkg/): typed manifest round trip, the one version rule as the exporter, the
+deploy pipeline and the server apply it, hashing and I/O names; and the server's layering (servicers reach
+only the data plane)."""
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from modelpkg import (FORMAT, CacheSpec, Manifest, ManifestError, existing_versions, file_hashes, parse_version,
+                      past_names, present_names, sha256_file, valid_name)
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSIFIER, GPT = "tiny-classifier", "tiny-gpt"
+
+
+def _manifest(**changes: object) -> dict:
+    m = {"format": FORMAT, "name": "m", "version": 1, "task": "generate", "architecture": "gpt2", "labels": [],
+         "max_length": 64, "vocab_size": 100, "special_tokens": {"pad": None, "eos": 3}, "mask_token": None,
+         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
+         "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", "sequence", "vocab"]}],
+         "cache": {"num_layers": 2, "num_heads": 4, "head_dim": 8}, "variants": {"fp32": "model.onnx"},
+         "default_variant": {"cpu": "fp32", "cuda": "fp32"}, "opset": 18,
+         "source": {"checkpoint": "/x", "checkpoint_sha256": "ab"}, "created_at": "2026-11-23T00:00:00Z"}
+    m.update(changes)
+    return m
+
+
+def test_every_exported_manifest_round_trips(tiny_repository: Path) -> None:
+    for path in sorted(tiny_repository.glob("*/*/model.json")):
+        data = json.loads(path.read_text())
+        manifest = Manifest.from_dict(data)
+        assert manifest.to_dict() == data, path
+        assert list(manifest.to_dict()) == list(data), path  # key order kept too
+    gpt = Manifest.from_json((tiny_repository / GPT / "1" / "model.json").read_text())
+    assert gpt.cache is not None and gpt.cache.layout in ("concat", "inplace") and gpt.cache.kv_heads >= 1
+    assert Manifest.from_json((tiny_repository / CLASSIFIER / "1" / "model.json").read_text()).labels == (
+        "alpha", "beta", "gamma")
+
+
+def test_unknown_and_absent_fields_round_trip() -> None:
+    data = _manifest(future_field={"x": [1, 2]})
+    data["cache"]["future_cache_key"] = 7
+    del data["created_at"], data["opset"]
+    assert Manifest.from_dict(data).to_dict() == data
+
+
+def test_cache_layout_and_kv_heads_default_when_absent() -> None:
+    cache = Manifest.from_dict(_manifest()).cache
+    assert cache == CacheSpec(num_layers=2, num_heads=4, head_dim=8)
+    assert cache.layout == "concat" and cache.num_kv_heads is None and cache.kv_heads == 4
+    assert "layout" not in cache.to_dict() and "num_kv_heads" not in cache.to_dict()
+    gqa = Manifest.from_dict(_manifest(cache={"num_layers": 2, "num_heads": 4, "head_dim": 8, "layout": "inplace",
+                                              "num_kv_heads": 2})).cache
+    assert gqa.layout == "inplace" and gqa.kv_heads == 2 and gqa.to_dict()["layout"] == "inplace"
+    assert gqa.past_names == past_names(2) and gqa.present_names == present_names(2)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"format": "other/1"}, "format"), ({"task": "embed"}, "task"), ({"max_length": 0}, "max_length"),
+    ({"inputs": []}, "inputs"), ({"variants": {"fp32": "../x.onnx"}}, "variants"),
+    ({"cache": {"num_layers": 2, "num_heads": 4}}, "cache.head_dim"),
+    ({"cache": {"num_layers": 2, "num_heads": 4, "head_dim": 8, "layout": "paged"}}, "cache.layout"),
+    ({"cache": {"num_layers": 2, "num_heads": 4, "head_dim": 8, "num_kv_heads": 3}}, "cache.num_kv_heads"),
+    ({"task": "classify", "labels": []}, "labels"), ({"task": "fill-mask"}, "mask_token"),
+    ({"special_tokens": {"pad": "zero"}}, "special_tokens"),
+])
+def test_bad_manifests_name_the_field(change: dict, field: str) -> None:
+    with pytest.raises(ManifestError, match=rf"^model\.json: {field}"):
+        Manifest.from_dict(_manifest(**change))
+
+
+def test_io_names_and_hashing(tmp_path: Path) -> None:
+    assert past_names(2) == ["past_key_values.0.key", "past_key_values.0.value", "past_key_values.1.key",
+                             "past_key_values.1.value"]
+    assert present_names(1) == ["present.0.key", "present.0.value"]
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    (tmp_path / "parity.json").write_text("{}")
+    (tmp_path / ".tmp").write_text("x")
+    assert sha256_file(tmp_path / "a.bin") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert file_hashes(tmp_path) == {"a.bin": sha256_file(tmp_path / "a.bin")}
+
+
+def test_name_and_version_rules() -> None:
+    assert valid_name("genre") and valid_name("a.b-c_1") and not valid_name("..") and not valid_name("a/b")
+    assert [parse_version(t) for t in ("1", "12", "007", "0", "-1", "²", "1e3", " 2", "9" * 19)] == \
+        [1, 12, None, None, None, None, None, None, None]
+
+
+def test_one_version_rule_for_exporter_pipeline_and_server(tiny_repository: Path, tmp_path: Path) -> None:
+    """A directory named 007 is not a version anywhere: the exporter numbers past it, the pipeline does not
+    read it, the server does not load it."""
+    from export.package import choose_version
+    from pipeline.publish import latest_source
+    from server.dataplane import DataPlane
+    from server.settings import ServerSettings
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repository / CLASSIFIER / "1", repo / CLASSIFIER / "007")
+    shutil.copytree(tiny_repository / CLASSIFIER / "1", repo / CLASSIFIER / "2")
+    assert existing_versions(repo / CLASSIFIER) == [2]
+    assert choose_version(repo / CLASSIFIER, None) == 3
+    assert latest_source(repo, CLASSIFIER)[0] == 2
+
+    async def served_versions() -> list[int]:
+        plane = await DataPlane.start(ServerSettings(repository=repo, providers=["CPUExecutionProvider"]), poll=False)
+        try:
+            return [e.version for e in plane.repository_index() if e.name == CLASSIFIER]
+        finally:
+            await plane.close()
+
+    assert asyncio.run(served_versions()) == [2]
+
+
+def test_raw_model_infer_on_an_encoder_goes_through_the_batcher(tiny_repository: Path, tmp_path: Path) -> None:
+    """Concurrent raw requests of different lengths share batches, and each gets exactly its own answer."""
+    from server.dataplane import DataPlane
+    from server.settings import ServerSettings
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repository / CLASSIFIER, repo / CLASSIFIER)
+    rng = np.random.default_rng(0)
+    requests = []
+    for i in range(12):
+        ids = rng.integers(5, 300, size=(1 + i % 3, 4 + i), dtype=np.int64)
+        requests.append({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
+
+    async def run() -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+        # fp32: int8's dynamic quantization scales by the whole batch's range, so its answers depend on the batch
+        settings = ServerSettings(repository=repo, providers=["CPUExecutionProvider"], max_queue_delay_ms=50,
+                                  variant="fp32")
+        plane = await DataPlane.start(settings, poll=False)
+        try:
+            together = await asyncio.gather(*(plane.infer(CLASSIFIER, 0, r, ["logits"]) for r in requests))
+            alone = [await plane.infer(CLASSIFIER, 0, r) for r in requests]
+            sizes = [b.batch_size for b in plane.statistics(CLASSIFIER)[0].batches]
+            return [t.outputs["logits"] for t in together], [a.outputs["logits"] for a in alone], sizes
+        finally:
+            await plane.close()
+
+    together, alone, sizes = asyncio.run(run())
+    assert max(sizes) > 3  # rows of several requests in one run
+    for t, a, r in zip(together, alone, requests):
+        assert t.shape == (r["input_ids"].shape[0], 3)
+        np.testing.assert_allclose(t, a, atol=1e-4)  # padding to a longer batch changes nothing
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def test_servicers_reach_only_the_data_plane() -> None:
+    for path in sorted((ROOT / "server" / "servicers").glob("*.py")):
+        imports = _imports(path)
+        below = sorted(m for m in imports if m.split(".")[:2] in (["server", "repository"], ["server", "model"],
+                                                                  ["server", "version"], ["server", "encoder"],
+                                                                  ["server", "decoder"], ["server", "batching"]))
+        assert not below, f"{path.name} imports {below}"
+        assert "plane.repository." not in path.read_text(), f"{path.name} reaches plane.repository"
+
+
+def test_the_contract_is_torch_and_onnxruntime_free() -> None:
+    code = ("import sys, modelpkg, pipeline; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'onnxruntime', 'onnx')); print(bad); sys.exit(1 if bad else 0)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
