@@ -70,6 +70,11 @@ def add_connection_args(parser: argparse.ArgumentParser) -> None:
                        help="retries of a call answered UNAVAILABLE (default: 3)")
     group.add_argument("--backoff", type=non_negative_float, default=0.1, metavar="SECONDS",
                        help="first wait before a retry; doubles each time, capped at 2 s (default: 0.1)")
+    add_security_args(group)
+
+
+def add_security_args(group: "argparse._ArgumentGroup") -> None:
+    """--token and the TLS options (shared by the client CLI, the batch script and the deploy pipeline)."""
     group.add_argument("--token", default=None,
                        help=f"bearer token sent as 'authorization: Bearer ...' (default: ${TOKEN_ENV})")
     group.add_argument("--tls-root-cert", type=Path, default=None, metavar="PEM",
@@ -84,10 +89,16 @@ def addresses(args: argparse.Namespace) -> list[str]:
     return [a.strip() for item in given for a in item.split(",") if a.strip()]
 
 
-def client_kwargs(args: argparse.Namespace) -> dict:
-    """Keyword arguments of OrtserveClient / AsyncOrtserveClient from the connection options."""
+def security(args: argparse.Namespace) -> tuple[TLSConfig | None, str | None]:
+    """(TLS settings, or None for plaintext; bearer token or None) from add_security_args' options."""
     tls = None
     if args.tls or args.tls_root_cert is not None or args.tls_server_name is not None:
         tls = TLSConfig(root_cert=args.tls_root_cert, server_name=args.tls_server_name)
+    return tls, args.token or os.environ.get(TOKEN_ENV) or None
+
+
+def client_kwargs(args: argparse.Namespace) -> dict:
+    """Keyword arguments of OrtserveClient / AsyncOrtserveClient from the connection options."""
+    tls, token = security(args)
     return dict(timeout=args.timeout, retries=args.retries, backoff=Backoff(initial=args.backoff), tls=tls,
-                token=args.token or os.environ.get(TOKEN_ENV) or None)
+                token=token)

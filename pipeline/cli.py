@@ -4,13 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
-from clients.cli_args import TOKEN_ENV
-from clients.config import ClientConfig, TLSConfig
+from clients.cli_args import add_security_args, security
+from clients.config import ClientConfig
 
 from .errors import PipelineError
 from .run import Pipeline, PipelineConfig
@@ -38,13 +37,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
     p.add_argument("--quiet", action="store_true")
     server = p.add_argument_group("server (optional): load the new versions into a running server")
     server.add_argument("--server", default=None, metavar="HOST:PORT", help="address of the running server")
-    server.add_argument("--token", default=None,
-                        help=f"bearer token the server requires (default: ${TOKEN_ENV})")
-    server.add_argument("--tls-root-cert", type=Path, default=None, metavar="PEM",
-                        help="use TLS, trusting this root certificate")
-    server.add_argument("--tls", action="store_true", help="use TLS with the system's root certificates")
-    server.add_argument("--tls-server-name", default=None, metavar="NAME",
-                        help="name to check the server certificate against")
+    add_security_args(server)
     a = p.parse_args(argv)
     steps: dict[str, int] = {}
     for item in a.steps:
@@ -67,15 +60,13 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
 
 
 def _server_config(p: argparse.ArgumentParser, a: argparse.Namespace) -> ClientConfig | None:
-    tls_wanted = a.tls or a.tls_root_cert is not None or a.tls_server_name is not None
-    token = a.token or os.environ.get(TOKEN_ENV) or None
+    tls, token = security(a)
     if a.server is None:
-        if tls_wanted or a.token:
+        if tls is not None or a.token:
             p.error("--token / --tls* need --server")
         return None
     if a.tls_root_cert is not None and not a.tls_root_cert.is_file():
         p.error(f"--tls-root-cert: {a.tls_root_cert} is not a file")
-    tls = TLSConfig(root_cert=a.tls_root_cert, server_name=a.tls_server_name) if tls_wanted else None
     try:
         return ClientConfig.build(a.server, tls=tls, token=token, retries=0)
     except ValueError as exc:
