@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh main
 . .venv/bin/activate
-python -m clients.deploy --workdir artifacts --repository model_repository --quiet
+python -m pipeline --workdir artifacts --repository model_repository --quiet
 exec python -m server --repository model_repository --host "${HOST:-127.0.0.1}" --port "${PORT:-8001}" \
   --metrics-port "${METRICS_PORT:-8002}" "$@"
