@@ -143,6 +143,15 @@ def logits(address: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return res.as_numpy("logits")
 
 
+def batch_runs(address: str) -> dict[int, int]:
+    """ortserve's onnxruntime runs so far by rows per run (KServe ModelStatistics batch_stats)."""
+    import tritonclient.grpc as tc
+
+    with tc.InferenceServerClient(address) as client:
+        stats = client.get_inference_statistics(MODEL)
+    return {int(b.batch_size): int(b.compute_infer.count) for s in stats.model_stats for b in s.batch_stats}
+
+
 def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
     ensure_venv()
     ckpt = classifier_checkpoint(shared_dir(work), cfg.sources.classifier)
@@ -172,9 +181,11 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
             for batch in cfg.batches:
                 per_client = max(10, cfg.rows_per_cell // (clients * batch))
                 runs: dict[str, list[dict[str, Any]]] = {k: [] for k in servers}
+                before = batch_runs(ortserve.address)
                 for _ in range(cfg.repeats):
                     for k, a in servers.items():
                         runs[k].append(drive(a, feeds[batch], clients, per_client))
+                after = batch_runs(ortserve.address)
                 cell: dict[str, Any] = {"clients": clients, "batch": batch}
                 thr = {}
                 for k, rs in runs.items():
@@ -184,11 +195,14 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
                                "rows_per_s": thr[k].scaled(batch).as_json(),
                                "p50_ms": percentile(lat, 50) * 1e3, "p95_ms": percentile(lat, 95) * 1e3,
                                "requests": len(lat)}
+                # Rows per onnxruntime run inside ortserve during this cell (the dynamic batcher's work).
+                cell["ortserve"]["runs_by_rows"] = {str(rows): after[rows] - before.get(rows, 0) for rows in
+                                                    sorted(after) if after[rows] > before.get(rows, 0)}
                 cell["throughput_ratio_ortserve_vs_mlserver"] = ratio(thr["ortserve"], thr["mlserver"])
                 cell["p50_ratio_ortserve_vs_mlserver"] = cell["ortserve"]["p50_ms"] / cell["mlserver"]["p50_ms"]
-                log.info("peer %d clients batch %d: ortserve %.1f req/s p50 %.2f ms, mlserver %.1f req/s p50 %.2f ms",
-                         clients, batch, thr["ortserve"].median, cell["ortserve"]["p50_ms"], thr["mlserver"].median,
-                         cell["mlserver"]["p50_ms"])
+                log.info("peer %d clients batch %d: ortserve %.1f req/s p50 %.2f ms (runs by rows %s), mlserver %.1f "
+                         "req/s p50 %.2f ms", clients, batch, thr["ortserve"].median, cell["ortserve"]["p50_ms"],
+                         cell["ortserve"]["runs_by_rows"], thr["mlserver"].median, cell["mlserver"]["p50_ms"])
                 cells.append(cell)
     finally:
         peer.stop()
