@@ -92,6 +92,13 @@ def test_name_and_version_rules() -> None:
     assert valid_name("genre") and valid_name("a.b-c_1") and not valid_name("..") and not valid_name("a/b")
     assert [parse_version(t) for t in ("1", "12", "007", "0", "-1", "²", "1e3", " 2", "9" * 19)] == \
         [1, 12, None, None, None, None, None, None, None]
+    # KServe request versions follow the same rule
+    from server.errors import ServingError
+    from server.servicers.kserve import parse_version as kserve_version
+
+    assert kserve_version("") == 0 and kserve_version("12") == 12
+    with pytest.raises(ServingError, match="model_version: must be a positive integer"):
+        kserve_version("007", "model_version")
 
 
 def test_one_version_rule_for_exporter_pipeline_and_server(tiny_repository: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+import modelpkg
 import server
 from protos import grpc_service_pb2 as pb
 from protos import grpc_service_pb2_grpc as pb_grpc
@@ -22,12 +23,13 @@ EXTENSIONS = ["model_repository", "statistics", "parameters"]
 
 
 def parse_version(text: str, field: str = "version") -> int:
-    """KServe versions are strings; "" = the latest."""
+    """KServe versions are strings; "" = the latest; otherwise the repository's one version rule (modelpkg)."""
     if not text:
         return 0
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:  # str.isdigit() also accepts '²', which int() refuses
-        raise ServingError.invalid(field, f"must be a positive integer or empty, got {text!r}")
-    return int(text)
+    version = modelpkg.parse_version(text)
+    if version is None:
+        raise ServingError.invalid(field, f"must be a positive integer (no leading zero) or empty, got {text!r}")
+    return version
 
 
 def parameter_value(p: pb.InferParameter) -> Any:
