@@ -58,9 +58,11 @@ ENCODER_INPUTS = tuple(TensorSpec(n, "int64", ("batch", "sequence"))
                        for n in ("input_ids", "attention_mask", "token_type_ids"))
 
 
-def encoder_spec(task: str) -> GraphSpec:
+def encoder_spec(task: str, token_types: bool = True) -> GraphSpec:
+    """token_types=False: no token_type_ids input (RoBERTa, DistilBERT); the manifest lists the inputs."""
     shape = ("batch", "labels") if task == "classify" else ("batch", "sequence", "vocab")
-    return GraphSpec(ENCODER_INPUTS, (TensorSpec("logits", "float32", shape),))
+    inputs = ENCODER_INPUTS if token_types else tuple(t for t in ENCODER_INPUTS if t.name != "token_type_ids")
+    return GraphSpec(inputs, (TensorSpec("logits", "float32", shape),))
 
 
 def decoder_spec(num_layers: int) -> GraphSpec:
@@ -85,7 +87,7 @@ class EncoderAdapter(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor) -> torch.Tensor:
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return out[0] if isinstance(out, (tuple, list)) else out
 
@@ -146,10 +148,11 @@ def _export(module: nn.Module, args: tuple[torch.Tensor, ...], spec: GraphSpec, 
     onnx.checker.check_model(model)
 
 
-def export_encoder(model: nn.Module, task: str, vocab_size: int, out: Path) -> GraphSpec:
-    spec = encoder_spec(task)
+def export_encoder(model: nn.Module, task: str, vocab_size: int, out: Path, token_types: bool = True) -> GraphSpec:
+    spec = encoder_spec(task, token_types)
+    example = encoder_example(vocab_size)
     with torch.no_grad():
-        _export(EncoderAdapter(model).eval(), encoder_example(vocab_size), spec, out)
+        _export(EncoderAdapter(model).eval(), example if token_types else example[:2], spec, out)
     log.info("exported %s graph to %s", task, out)
     return spec
 

@@ -78,6 +78,7 @@ class GateInputs:
     threads: int = 1
     cache_layout: str = "concat"      # decoder: "inplace" graphs are driven through shared slot buffers
     num_kv_heads: int | None = None   # decoder: None = num_heads
+    token_types: bool = True          # encoder: the graph takes token_type_ids (BERT, ALBERT; not RoBERTa/DistilBERT)
 
 
 def session(path: Path, threads: int, providers: list[str] | None = None) -> ort.InferenceSession:
@@ -124,7 +125,10 @@ def encode_batch(inp: GateInputs, texts: list[str], pairs: list[str | None] | No
             special = np.array(e.special_tokens_mask[:k], dtype=bool)
             candidates = np.flatnonzero(~special)
             ids[r, candidates[r % mask_every::mask_every]] = inp.special_tokens["mask"]
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    if not inp.token_types:
+        del feeds["token_type_ids"]
+    return feeds
 
 
 def token_stream(inp: GateInputs) -> np.ndarray:
@@ -157,8 +161,9 @@ def positions(mask: np.ndarray) -> np.ndarray:
 
 def torch_encoder(inp: GateInputs, feeds: Feeds) -> np.ndarray:
     with torch.no_grad():
+        types = feeds.get("token_type_ids")
         out = inp.model(torch.from_numpy(feeds["input_ids"]), attention_mask=torch.from_numpy(feeds["attention_mask"]),
-                        token_type_ids=torch.from_numpy(feeds["token_type_ids"]))
+                        token_type_ids=None if types is None else torch.from_numpy(types))
     return (out[0] if isinstance(out, (tuple, list)) else out).numpy()
 
 

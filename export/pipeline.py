@@ -47,7 +47,7 @@ def special_tokens(info: CheckpointInfo, tok: Tokenizer) -> tuple[dict[str, int 
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ExportError(f"checkpoint: {cfg_file} is not valid JSON ({exc})") from None
     fallback = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"} \
-        if info.model_type == "bert" else {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}
+        if info.model_type != "gpt2" else {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}
     ids: dict[str, int | None] = {}
     tokens: dict[str, str | None] = {}
     for key in ("pad", "unk", "cls", "sep", "mask", "bos", "eos"):
@@ -97,7 +97,7 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     elif cfg.task == "generate":
         spec = graphs.export_decoder(model, info.num_layers, info.num_heads, head_dim, vocab, fp32)
     else:
-        spec = graphs.export_encoder(model, cfg.task, vocab, fp32)
+        spec = graphs.export_encoder(model, cfg.task, vocab, fp32, token_types=info.token_types)
     builds: dict[str, variants.VariantBuild] = {"fp32": variants.VariantBuild("fp32", fp32.name)}
     arch = info.model_type
     for v in cfg.variants:
@@ -118,7 +118,7 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     ids, mask_token = special_tokens(info, tok)
     manifest = {
         "format": package.FORMAT, "name": cfg.name, "version": None, "task": cfg.task,
-        "architecture": "gpt2" if arch == "gpt2" else "bert",
+        "architecture": arch,
         "labels": info.labels if cfg.task == "classify" else [],
         "max_length": info.max_positions, "vocab_size": vocab,
         "special_tokens": ids, "mask_token": mask_token if cfg.task == "fill-mask" else None,
@@ -143,7 +143,8 @@ def gate_inputs(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module,
                       head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=labelled,
                       tolerances=cfg.tolerances, grid=cfg.grid, threads=cfg.threads,
                       cache_layout=(manifest.get("cache") or {}).get("layout", "concat"),
-                      num_kv_heads=info.num_kv_heads if cfg.task == "generate" else None)
+                      num_kv_heads=info.num_kv_heads if cfg.task == "generate" else None,
+                      token_types=info.token_types)
 
 
 def tool_versions() -> dict[str, str | None]:

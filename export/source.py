@@ -12,15 +12,29 @@ from .errors import ExportError
 
 log = logging.getLogger(__name__)
 
-# Which architectures carry the head each task needs.
-TASK_ARCHITECTURES = {
-    "classify": ("BertForSequenceClassification",),
-    "fill-mask": ("BertForMaskedLM", "BertForPreTraining"),
-    "generate": ("GPT2LMHeadModel",),
+# Architecture -> the tasks its head serves, each with the training.checkpoint.load_model kind to build.
+# (A *ForPreTraining checkpoint serves fill-mask through its MLM part.)
+ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
+    "BertForSequenceClassification": {"classify": "bert-classifier"},
+    "BertForMaskedLM": {"fill-mask": "bert-mlm"},
+    "BertForPreTraining": {"fill-mask": "bert-mlm"},
+    "RobertaForSequenceClassification": {"classify": "roberta-classifier"},
+    "RobertaForMaskedLM": {"fill-mask": "roberta-mlm"},
+    "AlbertForSequenceClassification": {"classify": "albert-classifier"},
+    "AlbertForMaskedLM": {"fill-mask": "albert-mlm"},
+    "AlbertForPreTraining": {"fill-mask": "albert-mlm"},
+    "DistilBertForSequenceClassification": {"classify": "distilbert-classifier"},
+    "DistilBertForMaskedLM": {"fill-mask": "distilbert-mlm"},
+    "GPT2LMHeadModel": {"generate": "gpt"},
 }
-SUPPORTED_ARCHITECTURES = tuple(a for archs in TASK_ARCHITECTURES.values() for a in archs) + ("BertModel",)
-# load_model kind per task (the head to build).
-TASK_KIND = {"classify": "bert-classifier", "fill-mask": "bert-mlm", "generate": "gpt"}
+# Which architectures carry the head each task needs.
+TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
+                      for task in ("classify", "fill-mask", "generate")}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
+MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "gpt2")
+# Encoder families whose graph takes token_type_ids. RoBERTa's tokenizer never sets them (the graph embeds
+# type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
+TOKEN_TYPE_FAMILIES = ("bert", "albert")
 
 
 @dataclass(frozen=True)
@@ -30,7 +44,7 @@ class CheckpointInfo:
     path: Path
     config: dict[str, Any]
     architecture: str
-    model_type: str  # "bert" | "gpt2"
+    model_type: str  # one of MODEL_TYPES
     weights_file: Path
     config_sha256: str
     weights_sha256: str
@@ -40,13 +54,26 @@ class CheckpointInfo:
         id2label = self.config.get("id2label") or {}
         return [str(id2label[k]) for k in sorted(id2label, key=int)]
 
+    def _size(self, gpt2: str, distilbert: str, other: str) -> int:
+        key = {"gpt2": gpt2, "distilbert": distilbert}.get(self.model_type, other)
+        return int(self.config[key])
+
     @property
     def num_layers(self) -> int:
-        return int(self.config["n_layer"] if self.model_type == "gpt2" else self.config["num_hidden_layers"])
+        return self._size("n_layer", "n_layers", "num_hidden_layers")
 
     @property
     def num_heads(self) -> int:
-        return int(self.config["n_head"] if self.model_type == "gpt2" else self.config["num_attention_heads"])
+        return self._size("n_head", "n_heads", "num_attention_heads")
+
+    @property
+    def token_types(self) -> bool:
+        """Whether the exported encoder graph takes token_type_ids (the manifest's inputs say so)."""
+        return self.model_type in TOKEN_TYPE_FAMILIES
+
+    def kind(self, task: str) -> str:
+        """training.checkpoint.load_model kind that builds this checkpoint's head for `task`."""
+        return ARCHITECTURE_TASKS[self.architecture][task]
 
     @property
     def num_kv_heads(self) -> int:
@@ -55,12 +82,15 @@ class CheckpointInfo:
 
     @property
     def hidden_size(self) -> int:
-        return int(self.config["n_embd"] if self.model_type == "gpt2" else self.config["hidden_size"])
+        return self._size("n_embd", "dim", "hidden_size")
 
     @property
     def max_positions(self) -> int:
-        key = "n_positions" if self.model_type == "gpt2" else "max_position_embeddings"
-        return int(self.config[key])
+        """Longest sequence the model takes (RoBERTa's positions start after the padding index)."""
+        n = self._size("n_positions", "max_position_embeddings", "max_position_embeddings")
+        if self.model_type == "roberta":
+            n -= int(self.config.get("pad_token_id", 1)) + 1
+        return n
 
 
 def sha256_file(path: Path) -> str:
@@ -92,11 +122,15 @@ def inspect_checkpoint(path: Path, task: str) -> CheckpointInfo:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ExportError(f"checkpoint: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     if arch not in TASK_ARCHITECTURES[task]:
-        need = " or ".join(TASK_ARCHITECTURES[task])
+        # Name the heads of the checkpoint's own family first (a BertModel needs a Bert*... head).
+        family = str(config.get("model_type", "")).lower()
+        same = [a for a in TASK_ARCHITECTURES[task] if family and a.lower().startswith(family)]
+        need = " or ".join(same or TASK_ARCHITECTURES[task])
         raise ExportError(f"--task {task}: checkpoint architecture {arch} has no head for this task (needs {need})")
     model_type = config.get("model_type")
-    if model_type not in ("bert", "gpt2"):
-        raise ExportError(f"checkpoint: config.json model_type must be 'bert' or 'gpt2', got {model_type!r}")
+    if model_type not in MODEL_TYPES:
+        raise ExportError(f"checkpoint: config.json model_type must be one of {', '.join(MODEL_TYPES)}, "
+                          f"got {model_type!r}")
     weights = path / "model.safetensors"
     if not weights.is_file():
         weights = path / "pytorch_model.bin"
@@ -114,7 +148,7 @@ def load_torch_model(info: CheckpointInfo, task: str):
     from training.checkpoint import CheckpointError, load_model
 
     try:
-        model, _ = load_model(info.path, kind=TASK_KIND[task])
+        model, _ = load_model(info.path, kind=info.kind(task))
     except CheckpointError as exc:
         raise ExportError(f"checkpoint: {exc}") from None
     except (OSError, ValueError, RuntimeError, KeyError) as exc:

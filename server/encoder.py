@@ -92,7 +92,7 @@ class EncoderModel(ServedModel):
         return {name: result[name] for name in wanted}
 
     async def _logits(self, rows: list, deadline: float | None) -> list[np.ndarray]:
-        feeds = pad_batch(rows, self.pad_id)
+        feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
         return list((await self.run_batched(feeds, deadline))["logits"])
 
     # ------------------------------------------------------------------ tasks

@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
-from modelpkg import ENCODER_INPUTS, Manifest
+from modelpkg import Manifest
 from server.errors import Code, ServingError
 from server.package import Package, PackageError
 from server.settings import VARIANT_AUTO
@@ -110,9 +110,9 @@ def warm_up_encoder(runner: SessionRunner, manifest: Manifest, max_batch_size: i
         for batch, seq in sorted({(1, min(4, max_length)), (2, min(9, max_length)),
                                   (min(max_batch_size, 4), min(16, max_length))}):
             shape = (batch, seq)
-            ids, mask, types = ENCODER_INPUTS
-            out = runner.run({ids: np.zeros(shape, np.int64), mask: np.ones(shape, np.int64),
-                              types: np.zeros(shape, np.int64)})
+            # The inputs the manifest declares (no token_type_ids for RoBERTa / DistilBERT packages).
+            out = runner.run({t.name: (np.ones if t.name == "attention_mask" else np.zeros)(shape, np.int64)
+                              for t in manifest.inputs})
             _check_encoder_output(out, manifest, batch, seq)
     except PackageError:
         raise

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -78,8 +79,10 @@ class TextEncoder:
         return [EncodedText(ids=list(e.ids), type_ids=list(e.type_ids)) for e in encodings]
 
 
-def pad_batch(rows: list[EncodedText], pad_id: int) -> dict[str, np.ndarray]:
-    """Right-pads rows to the batch's own longest sequence: the encoder graph's three inputs."""
+def pad_batch(rows: list[EncodedText], pad_id: int,
+              inputs: Sequence[str] = ("input_ids", "attention_mask", "token_type_ids")) -> dict[str, np.ndarray]:
+    """Right-pads rows to the batch's own longest sequence: the encoder graph inputs the manifest declares
+    (`inputs`; RoBERTa / DistilBERT packages declare no token_type_ids)."""
     width = max(len(r.ids) for r in rows)
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=np.int64)
@@ -89,4 +92,9 @@ def pad_batch(rows: list[EncodedText], pad_id: int) -> dict[str, np.ndarray]:
         ids[i, :n] = r.ids
         mask[i, :n] = 1
         types[i, :n] = r.type_ids
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    built = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    unknown = [name for name in inputs if name not in built]
+    if unknown:
+        raise ServingError.invalid("model", f"encoder input {unknown[0]!r} cannot be built from text "
+                                            f"(text inputs: {', '.join(built)})")
+    return {name: built[name] for name in inputs}

@@ -282,7 +282,7 @@ def _corrupt_weights(src: Path, dst: Path) -> Path:
 def _unsupported(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**cfg, "architectures": ["RobertaForMaskedLM"]}))
+    (dst / "config.json").write_text(json.dumps({**cfg, "architectures": ["ElectraForMaskedLM"]}))
     return dst
 
 
