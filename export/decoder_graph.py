@@ -180,7 +180,7 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18) -> onnx.ModelProto:
             op = "FastGelu" if w.activation == "gelu_tanh" else "BiasGelu"
             act = g.one(op, [up, g.const(f"{p}.up.bias", lw.up_b)], domain=MS)
         else:
-            gate_up = g.one("MatMul", [h, g.const(f"{p}.up.weight", lw.up_w)])
+            gate_up = linear(h, lw.up_w, lw.up_b, f"{p}.up")
             gate, upv = g.op("Split", [gate_up, g.const(f"{p}.split", np.array([lw.down_w.shape[0]] * 2, np.int64))],
                              n_out=2, axis=-1)
             act = g.one("Mul", [g.one("Mul", [gate, g.one("Sigmoid", [gate])]), upv])   # SiLU(gate) * up
@@ -240,13 +240,52 @@ def gpt2_weights(model, max_length: int | None = None) -> DecoderWeights:
                           activation=acts[c.activation_function])
 
 
+def llama_weights(model, max_length: int | None = None) -> DecoderWeights:
+    """training.llama.LlamaForCausalLM (Llama / Qwen2 / Mistral): q|k|v and gate|up packed for one MatMul each."""
+    c = model.config
+    m = model.model
+    if c.hidden_act != "silu":
+        raise ValueError(f"hidden_act: only silu (SwiGLU) has a graph here, got {c.hidden_act!r}")
+
+    def bias(*linears) -> np.ndarray | None:
+        if all(lin.bias is None for lin in linears):
+            return None
+        return np.concatenate([_np(lin.bias) for lin in linears])
+
+    layers = []
+    for blk in m.layers:
+        at, mlp = blk.self_attn, blk.mlp
+        layers.append(LayerWeights(
+            norm1_w=_np(blk.input_layernorm.weight), norm1_b=None,
+            qkv_w=np.concatenate([_np(at.q_proj.weight).T, _np(at.k_proj.weight).T, _np(at.v_proj.weight).T], axis=1),
+            qkv_b=bias(at.q_proj, at.k_proj, at.v_proj),
+            out_w=_np(at.o_proj.weight).T, out_b=bias(at.o_proj),
+            norm2_w=_np(blk.post_attention_layernorm.weight), norm2_b=None,
+            up_w=np.concatenate([_np(mlp.gate_proj.weight).T, _np(mlp.up_proj.weight).T], axis=1),
+            up_b=bias(mlp.gate_proj, mlp.up_proj),
+            down_w=_np(mlp.down_proj.weight).T, down_b=bias(mlp.down_proj)))
+    tied = model.lm_head.weight.data_ptr() == m.embed_tokens.weight.data_ptr()
+    return DecoderWeights(family="llama", num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
+                          head_dim=c.head_dim, hidden=c.hidden_size, vocab_size=c.vocab_size,
+                          max_length=max_length or c.max_position_embeddings, norm_eps=c.rms_norm_eps,
+                          embed=_np(m.embed_tokens.weight), lm_head=None if tied else _np(model.lm_head.weight),
+                          final_norm_w=_np(m.norm.weight), final_norm_b=None, layers=layers,
+                          rope_theta=float(c.rope_theta))
+
+
+LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+
+
 def export_inplace(model, model_type: str, max_length: int, out) -> "GraphSpec":
     """Write the in-place graph of `model` to `out`; returns the I/O spec model.json lists."""
     from .graphs import GraphSpec, TensorSpec
 
-    if model_type != "gpt2":
-        raise ValueError(f"model_type: no in-place decoder graph for {model_type!r} yet")
-    w = gpt2_weights(model, max_length)
+    if model_type == "gpt2":
+        w = gpt2_weights(model, max_length)
+    elif model_type in LLAMA_FAMILY:
+        w = llama_weights(model, max_length)
+    else:
+        raise ValueError(f"model_type: no in-place decoder graph for {model_type!r}")
     onnx_model = build_decoder_graph(w)
     onnx.checker.check_model(onnx_model)
     onnx.save(onnx_model, str(out))

@@ -1,0 +1,459 @@
+"""Generation against the peers, on one 124M-shaped GPT-2 checkpoint (12 layers, 768 wide, vocab 8000, fp32).
+
+    python -m bench.generation [--quick] [--out bench/results/generation.json]
+
+Pieces, each interleaved run by run so both sides share the machine's noise:
+  streams   aggregate tokens/s and time to first token at 1/4/8/16/32 concurrent streams: ortserve
+            (GenerateStream over gRPC, in-place engine) vs vLLM's CPU build (OpenAI /v1/completions,
+            streamed); 32-token prompts (first token varied: no prefix-cache hits), 128 new tokens, greedy,
+            ignore eos;
+  arrival   4 streams decoding when a 900-token prompt arrives: the largest gap the running streams
+            see vs their median inter-token latency, and the long prompt's time to first token vs a lone
+            prefill of it, for several prefill chunk sizes;
+  leave     16 streams with staggered lengths: the inter-token gap right after a sequence leaves vs the median;
+  step      one decode step at batch 8 with past 1000 vs past 16 (in-process), against the time to read
+            the extra cache once at the memory bandwidth measured in the same run;
+  genai     onnxruntime-genai running the same model.onnx in-process at batch 1 and 8 vs ortserve over gRPC.
+Peers live in their own environments: bench/setup_vllm.sh, bench/setup_genai.sh.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .machine import describe
+from .material import bpe_tokenizer_dir, random_gpt
+from .serverproc import Process, ServerProcess, free_port
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+VLLM_VENV = HERE / ".venv-vllm"
+GENAI_VENV = HERE / ".venv-genai"
+SHAPE = {"n_layer": 12, "n_embd": 768, "n_head": 12}
+
+
+@dataclass
+class Config:
+    concurrency: tuple[int, ...] = (1, 4, 8, 16, 32)
+    prompt_tokens: int = 32
+    new_tokens: int = 128
+    repeats: int = 2
+    chunk_sizes: tuple[int, ...] = (16, 32, 64)
+    long_prompt: int = 900
+    threads: int = 2
+    work: Path = ROOT / "bench" / "results" / "generation-work"
+    pieces: tuple[str, ...] = ("step", "streams", "arrival", "leave", "genai")
+
+    @classmethod
+    def quick(cls) -> "Config":
+        return cls(concurrency=(1, 4), new_tokens=32, repeats=1, chunk_sizes=(32,), long_prompt=300)
+
+
+# ----------------------------------------------------------------------------- material
+
+
+def material(cfg: Config) -> tuple[Path, Path, list[int]]:
+    """(checkpoint dir, model repository with the in-place and concat exports, token ids to draw prompts from)."""
+    from tokenizers import Tokenizer
+
+    cfg.work.mkdir(parents=True, exist_ok=True)
+    ckpt = random_gpt(cfg.work, "gpt2-124m-random", overrides_from=SHAPE).path
+    repo = cfg.work / "repository"
+    for name, layout in (("gpt", "inplace"), ("gpt-concat", "concat")):
+        if not (repo / name / "1" / "model.json").is_file():
+            subprocess.run([sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
+                            "--name", name, "--version", "1", "--cache-layout", layout, "--threads", str(cfg.threads)],
+                           cwd=ROOT, check=True)
+    tok = Tokenizer.from_file(str(bpe_tokenizer_dir(cfg.work) / "tokenizer.json"))
+    from .material import passages
+
+    ids: list[int] = []
+    for text in passages(400, 40, seed=1):
+        ids += tok.encode(text).ids
+    return ckpt, repo, ids
+
+
+def prompts(pool: list[int], n: int, length: int, salt: int) -> list[list[int]]:
+    """n prompts of `length` ids; the first id differs per prompt so no prefix cache can reuse another's work."""
+    out = []
+    for i in range(n):
+        start = (salt * 7919 + i * 613) % (len(pool) - length)
+        p = pool[start:start + length]
+        p[0] = (salt * 31 + i) % 7000 + 500
+        out.append(p)
+    return out
+
+
+# ----------------------------------------------------------------------------- clients (one thread per stream)
+
+
+@dataclass
+class StreamRecord:
+    start: float
+    stamps: list[float] = field(default_factory=list)   # arrival time of each token
+    tokens: int = 0
+
+    @property
+    def ttft(self) -> float:
+        return self.stamps[0] - self.start
+
+    def gaps(self) -> list[float]:
+        return list(np.diff(self.stamps))
+
+
+class OrtserveStreams:
+    def __init__(self, address: str, model: str) -> None:
+        import grpc
+
+        from protos import ortserve_pb2 as pb
+        from protos import ortserve_pb2_grpc as rpc
+
+        self.pb, self.model = pb, model
+        self.channel = grpc.insecure_channel(address)
+        self.stub = rpc.TaskServiceStub(self.channel)
+
+    def stream(self, ids: list[int], new_tokens: int, tok) -> StreamRecord:
+        pb = self.pb
+        prompt = tok.decode(ids)
+        req = pb.GenerateRequest(model=self.model, prompt=prompt,
+                                 parameters=pb.GenerationParameters(max_new_tokens=new_tokens, ignore_eos=True))
+        rec = StreamRecord(time.perf_counter())
+        for chunk in self.stub.GenerateStream(req, timeout=600):
+            now = time.perf_counter()
+            for _ in chunk.tokens:
+                rec.stamps.append(now)
+            rec.tokens += len(chunk.tokens)
+        return rec
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class VllmStreams:
+    def __init__(self, port: int, model: str) -> None:
+        import requests
+
+        self.session = requests.Session()
+        self.url = f"http://127.0.0.1:{port}/v1/completions"
+        self.model = model
+
+    def stream(self, ids: list[int], new_tokens: int, tok) -> StreamRecord:
+        body = {"model": self.model, "prompt": ids, "max_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        rec = StreamRecord(time.perf_counter())
+        with self.session.post(self.url, json=body, stream=True, timeout=600) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                now = time.perf_counter()
+                if event.get("choices") and event["choices"][0].get("text") is not None and \
+                        (event["choices"][0]["text"] or event["choices"][0].get("finish_reason") is None):
+                    rec.stamps.append(now)
+                if event.get("usage"):
+                    rec.tokens = int(event["usage"]["completion_tokens"])
+        return rec
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagger: float = 0.0
+                ) -> tuple[float, list[StreamRecord]]:
+    """All streams at once (optionally staggered); wall time from the first start to the last token."""
+    def one(i: int) -> StreamRecord:
+        time.sleep(stagger * i)
+        return client.stream(batch[i], new_tokens, tok)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(batch)) as pool:
+        recs = list(pool.map(one, range(len(batch))))
+    return time.perf_counter() - t0, recs
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+def start_ortserve(repo: Path, cfg: Config, chunk: int = 32, slots: int = 32) -> ServerProcess:
+    return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
+                                "--max-sequences", str(slots), "--prefill-chunk-tokens", str(chunk),
+                                "--poll-interval", "0"])
+
+
+def start_vllm(ckpt: Path, cfg: Config) -> tuple[Process, int]:
+    py = VLLM_VENV / "bin" / "python"
+    if not py.is_file() or not (VLLM_VENV / ".complete").is_file():
+        raise RuntimeError("vLLM peer not installed: run bash bench/setup_vllm.sh")
+    port = free_port()
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
+           "VLLM_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(cfg.threads)}
+    proc = Process([str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--port", str(port),
+                    "--dtype", "float32", "--max-model-len", "1024", "--served-model-name", "gpt",
+                    "--max-num-seqs", "32"], env=env)
+    import re
+
+    proc.wait_for_line(re.compile(r"Application startup complete|Uvicorn running"), 900)
+    return proc, port
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def streams_piece(cfg: Config, clients: dict[str, Any], pool: list[int], tok) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in cfg.concurrency:
+        rows: dict[str, list[dict[str, float]]] = {k: [] for k in clients}
+        for rep in range(cfg.repeats):
+            for name, client in clients.items():        # interleaved: ortserve, vllm, ortserve, vllm, ...
+                batch = prompts(pool, n, cfg.prompt_tokens, salt=1000 * n + 10 * rep + len(rows[name]))
+                wall, recs = run_streams(client, batch, cfg.new_tokens, tok)
+                tokens = sum(r.tokens for r in recs)
+                rows[name].append({"tokens_per_s": tokens / wall, "ttft_p50_ms": 1000 * _pct([r.ttft for r in recs], 50),
+                                   "itl_p50_ms": 1000 * _pct([g for r in recs for g in r.gaps()], 50), "tokens": tokens})
+                log.info("streams %d %s: %.1f tok/s", n, name, rows[name][-1]["tokens_per_s"])
+        out[str(n)] = {name: {"runs": r, "tokens_per_s": statistics.median(x["tokens_per_s"] for x in r),
+                              "ttft_p50_ms": statistics.median(x["ttft_p50_ms"] for x in r)} for name, r in rows.items()}
+        if "vllm" in out[str(n)]:
+            out[str(n)]["ratio_tokens_per_s"] = out[str(n)]["ortserve"]["tokens_per_s"] / out[str(n)]["vllm"]["tokens_per_s"]
+    return out
+
+
+def arrival_once(client: Any, pool: list[int], cfg: Config, tok, salt: int) -> dict[str, float]:
+    """4 streams decode; a long prompt arrives after 1 s. Returns gap/ITL/TTFT figures."""
+    running = prompts(pool, 4, cfg.prompt_tokens, salt)
+    long = prompts(pool, 1, cfg.long_prompt, salt + 1)[0]
+    new = cfg.new_tokens * 2
+    result: dict[str, Any] = {}
+
+    def arrive() -> None:
+        time.sleep(1.0)
+        result["long"] = client.stream(long, 4, tok)
+
+    t = threading.Thread(target=arrive)
+    t.start()
+    _, recs = run_streams(client, running, new, tok)
+    t.join()
+    long_rec: StreamRecord = result["long"]
+    gaps = [g for r in recs for g in r.gaps()]
+    # The gaps the running streams saw while the long prompt was being admitted (arrival .. its first token).
+    window = [b - a for r in recs for a, b in zip(r.stamps, r.stamps[1:])
+              if b >= long_rec.start and a <= long_rec.stamps[0]]
+    return {"largest_gap_ms": 1000 * max(window or gaps), "median_itl_ms": 1000 * statistics.median(gaps),
+            "long_ttft_ms": 1000 * long_rec.ttft}
+
+
+def arrival_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> dict[str, Any]:
+    out: dict[str, Any] = {"ortserve": {}}
+    for chunk in cfg.chunk_sizes:
+        server = start_ortserve(repo, cfg, chunk=chunk)
+        client = OrtserveStreams(server.address, "gpt")
+        try:
+            runs, lone = [], []
+            for rep in range(cfg.repeats):
+                lone.append(1000 * client.stream(prompts(pool, 1, cfg.long_prompt, 500 + rep)[0], 4, tok).ttft)
+                runs.append(arrival_once(client, pool, cfg, tok, salt=600 + 10 * rep))
+        finally:
+            client.close()
+            server.stop()
+        gap, itl = statistics.median(r["largest_gap_ms"] for r in runs), statistics.median(r["median_itl_ms"] for r in runs)
+        ttft, lone_ttft = statistics.median(r["long_ttft_ms"] for r in runs), statistics.median(lone)
+        out["ortserve"][str(chunk)] = {"runs": runs, "lone_prefill_ms": lone, "largest_gap_ms": gap, "median_itl_ms": itl,
+                                       "gap_over_itl": gap / itl, "long_ttft_ms": ttft,
+                                       "ttft_over_lone": ttft / lone_ttft}
+        log.info("arrival chunk %d: gap %.0f ms = %.1fx ITL, TTFT %.0f ms = %.2fx lone", chunk, gap, gap / itl, ttft,
+                 ttft / lone_ttft)
+    if vllm is not None:
+        runs = [arrival_once(vllm, pool, cfg, tok, salt=700 + 10 * rep) for rep in range(cfg.repeats)]
+        lone = [1000 * vllm.stream(prompts(pool, 1, cfg.long_prompt, 800 + rep)[0], 4, tok).ttft for rep in range(cfg.repeats)]
+        gap, itl = statistics.median(r["largest_gap_ms"] for r in runs), statistics.median(r["median_itl_ms"] for r in runs)
+        out["vllm"] = {"runs": runs, "lone_prefill_ms": lone, "largest_gap_ms": gap, "median_itl_ms": itl,
+                       "gap_over_itl": gap / itl, "long_ttft_ms": statistics.median(r["long_ttft_ms"] for r in runs),
+                       "ttft_over_lone": statistics.median(r["long_ttft_ms"] for r in runs) / statistics.median(lone)}
+    return out
+
+
+def leave_piece(cfg: Config, client: Any, pool: list[int], tok) -> dict[str, Any]:
+    """16 streams of different lengths: the others' next gap after each departure vs their median gap."""
+    out = {}
+    for n in (8, 16):
+        batch = prompts(pool, n, cfg.prompt_tokens, salt=900 + n)
+        lengths = [cfg.new_tokens // 2 + (cfg.new_tokens * i) // n for i in range(n)]
+
+        def one(i: int) -> StreamRecord:
+            return client.stream(batch[i], lengths[i], tok)
+
+        with ThreadPoolExecutor(n) as ex:
+            recs = list(ex.map(one, range(n)))
+        ends = sorted(r.stamps[-1] for r in recs)[:-1]
+        gaps = [g for r in recs for g in r.gaps()]
+        med = statistics.median(gaps)
+        after = []
+        for end in ends:
+            nxt = [b - a for r in recs for a, b in zip(r.stamps, r.stamps[1:]) if a <= end < b]
+            if nxt:
+                after.append(max(nxt))
+        out[str(n)] = {"median_gap_ms": 1000 * med, "worst_gap_after_a_leave_ms": 1000 * max(after),
+                       "worst_over_median": max(after) / med, "leaves": len(after)}
+    return out
+
+
+def step_piece(cfg: Config, repo: Path) -> dict[str, Any]:
+    """In-process decode steps on the in-place graph, batch 8, past 16 vs 1000; read bandwidth in the same run."""
+    import onnxruntime as ort
+
+    pkg = repo / "gpt" / "1"
+    manifest = json.loads((pkg / "model.json").read_text())
+    c = manifest["cache"]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = cfg.threads
+    sess = ort.InferenceSession(str(pkg / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    b, max_len = 8, manifest["max_length"]
+    rng = np.random.default_rng(0)
+    names = [(f"past_key_values.{i}.{k}", f"present.{i}.{k}") for i in range(c["num_layers"]) for k in ("key", "value")]
+    bufs = {p: rng.standard_normal((b, c["num_kv_heads"], max_len, c["head_dim"]), dtype=np.float32) for p, _ in names}
+    io = sess.io_binding()
+    for p, q in names:
+        v = ort.OrtValue.ortvalue_from_numpy(bufs[p])
+        io.bind_ortvalue_input(p, v)
+        io.bind_ortvalue_output(q, v)
+
+    def step_ms(past: int, n: int = 30) -> float:
+        io.bind_cpu_input("input_ids", np.ones((b, 1), np.int64))
+        io.bind_cpu_input("attention_mask", np.ones((b, past + 1), np.int64))
+        io.bind_cpu_input("position_ids", np.full((b, 1), past, np.int64))
+        io.bind_output("logits")
+        for _ in range(3):
+            sess.run_with_iobinding(io)
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            sess.run_with_iobinding(io)
+            ts.append(time.perf_counter() - t)
+        return 1000 * statistics.median(ts)
+
+    short, long = step_ms(16), step_ms(1000)
+    extra = b * c["num_layers"] * 2 * c["num_kv_heads"] * (1000 - 16) * c["head_dim"] * 4
+    bw = read_bandwidth(cfg.threads)
+    floor = 1000 * extra / bw
+    return {"batch": b, "past16_ms": short, "past1000_ms": long, "growth_ms": long - short,
+            "extra_cache_bytes": extra, "read_bandwidth_gb_s": bw / 1e9, "read_floor_ms": floor,
+            "growth_over_floor": (long - short) / floor}
+
+
+def read_bandwidth(threads: int, mb: int = 1024) -> float:
+    """Bytes/s summing a large float32 array split over `threads` threads (numpy drops the GIL in reductions)."""
+    a = np.random.default_rng(1).standard_normal(mb * 2 ** 20 // 4, dtype=np.float32)
+    parts = np.array_split(a, threads)
+    best = 0.0
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(5):
+            t = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = max(best, a.nbytes / (time.perf_counter() - t))
+    return best
+
+
+def genai_piece(cfg: Config, repo: Path, client: Any, pool: list[int], tok) -> dict[str, Any]:
+    py = GENAI_VENV / "bin" / "python"
+    if not (GENAI_VENV / ".complete").is_file():
+        raise RuntimeError("onnxruntime-genai peer not installed: run bash bench/setup_genai.sh")
+    out: dict[str, Any] = {}
+    for b in (1, 8):
+        rows: dict[str, list[float]] = {"ortserve_grpc": [], "genai_in_process": []}
+        for rep in range(cfg.repeats):
+            batch = prompts(pool, b, cfg.prompt_tokens, salt=1200 + 10 * rep + b)
+            wall, recs = run_streams(client, batch, cfg.new_tokens, tok)
+            rows["ortserve_grpc"].append(sum(r.tokens for r in recs) / wall)
+            res = subprocess.run([str(py), str(HERE / "genai_run.py"), str(repo / "gpt" / "1"), json.dumps(batch),
+                                  str(cfg.new_tokens), str(cfg.threads)], capture_output=True, text=True, check=True)
+            rows["genai_in_process"].append(json.loads(res.stdout.strip().splitlines()[-1])["tokens_per_s"])
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        out[str(b)] = {"runs": rows, **{k: v for k, v in med.items()},
+                       "ratio": med["ortserve_grpc"] / med["genai_in_process"]}
+        log.info("genai batch %d: ortserve %.1f tok/s, genai %.1f tok/s", b, med["ortserve_grpc"], med["genai_in_process"])
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.generation", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--pieces", default=None, help="comma list of step,streams,arrival,leave,genai")
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generation.json")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    cfg = Config.quick() if a.quick else Config()
+    pieces = tuple(a.pieces.split(",")) if a.pieces else cfg.pieces
+    from tokenizers import Tokenizer
+
+    ckpt, repo, pool = material(cfg)
+    tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
+    report: dict[str, Any] = {"machine": describe(ROOT), "config": {k: str(v) for k, v in cfg.__dict__.items()},
+                              "command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]),
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if "step" in pieces:
+        report["step"] = step_piece(cfg, repo)
+        log.info("step: %s", report["step"])
+    vllm_proc = None
+    vllm = None
+    if not a.no_vllm and {"streams", "arrival"} & set(pieces):
+        vllm_proc, port = start_vllm(ckpt, cfg)
+        vllm = VllmStreams(port, "gpt")
+    try:
+        if {"streams", "leave", "genai"} & set(pieces):
+            server = start_ortserve(repo, cfg)
+            ours = OrtserveStreams(server.address, "gpt")
+            try:
+                if "streams" in pieces:
+                    clients = {"ortserve": ours, **({"vllm": vllm} if vllm else {})}
+                    report["streams"] = streams_piece(cfg, clients, pool, tok)
+                if "leave" in pieces:
+                    report["leave"] = leave_piece(cfg, ours, pool, tok)
+                if "genai" in pieces:
+                    if vllm_proc is not None:      # the idle peer must not share the CPU with this piece
+                        vllm_proc.stop()
+                        vllm_proc = None
+                    report["genai"] = genai_piece(cfg, repo, ours, pool, tok)
+            finally:
+                ours.close()
+                server.stop()
+        if "arrival" in pieces:
+            if vllm is None and not a.no_vllm:
+                vllm_proc, port = start_vllm(ckpt, cfg)
+                vllm = VllmStreams(port, "gpt")
+            report["arrival"] = arrival_piece(cfg, repo, vllm, pool, tok)
+    finally:
+        if vllm_proc is not None:
+            vllm_proc.stop()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, a.out)
+    print(json.dumps({k: v for k, v in report.items() if k not in ("machine", "config")}, indent=1)[:6000])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
