@@ -24,11 +24,13 @@ def greedy_generate(session: ort.InferenceSession, manifest: dict[str, Any], pro
     past = {n: np.zeros((1, cache.kv_heads, 0, cache.head_dim), dtype=np.float32) for n in inputs}
     ids = np.asarray([prompt_ids], dtype=np.int64)
     positions = np.arange(len(prompt_ids), dtype=np.int64)[None, :]
+    takes_positions = "position_ids" in {i.name for i in session.get_inputs()}
     out: list[int] = []
     for _ in range(max_new_tokens):
         total = len(prompt_ids) + len(out)
-        feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), dtype=np.int64),
-                 "position_ids": positions, **past}
+        feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), dtype=np.int64), **past}
+        if takes_positions:   # learned positions (GPT-2); rotary graphs derive them from the mask
+            feeds["position_ids"] = positions
         results = session.run(["logits", *outputs], feeds)
         token = int(np.argmax(results[0][0, -1]))
         out.append(token)

@@ -57,7 +57,7 @@ def full_repository(tiny_checkpoints, tmp_path_factory) -> Path:
                                    name="clf", variants=("fp32", "optimized", "int8", "fp16"),
                                    eval_data=tiny_checkpoints.eval_data))
     export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo, name="gpt",
-                                   variants=("fp32", "optimized")))
+                                   variants=("fp32", "optimized"), cache_layout="concat"))
     return repo
 
 
@@ -101,13 +101,43 @@ def test_manifest_fields_per_task(tiny_repository: Path) -> None:
     fm = json.loads((tiny_repository / "tiny-fill-mask/1/model.json").read_text())
     assert fm["mask_token"] == "[MASK]" and fm["outputs"][0]["shape"] == ["batch", "sequence", "vocab"]
     gpt = json.loads((tiny_repository / "tiny-gpt/1/model.json").read_text())
-    assert gpt["cache"] == {"num_layers": 2, "num_heads": 2, "head_dim": 32} and gpt["max_length"] == 128
+    assert gpt["cache"] == {"num_layers": 2, "num_heads": 2, "head_dim": 32, "num_kv_heads": 2,
+                            "layout": "inplace"} and gpt["max_length"] == 128
     assert [o["name"] for o in gpt["outputs"]] == ["logits", "present.0.key", "present.0.value",
                                                    "present.1.key", "present.1.value"]
 
 
-def test_decoder_gate_ran_the_whole_grid(tiny_repository: Path) -> None:
+INPLACE_CHECKS = {"rows of different lengths in one batch", "slot reused after its sequence left",
+                  "prefill in chunks == prefill at once", "greedy 64 tokens identical ids"}
+
+
+def test_inplace_decoder_gate_ran_every_check(tiny_repository: Path) -> None:
     checks = json.loads((tiny_repository / "tiny-gpt/1/parity.json").read_text())["variants"]["fp32"]["checks"]
+    assert {c["name"] for c in checks} == INPLACE_CHECKS and all(c["passed"] for c in checks)
+    assert all(c["max_abs_diff"] <= 1e-4 for c in checks if "max_abs_diff" in c)
+    nodes = onnx.load(str(tiny_repository / "tiny-gpt/1/model.onnx")).graph.node
+    assert [n.op_type for n in nodes].count("GroupQueryAttention") == 2
+    # The cache goes into the attention op and nowhere else: no Concat/copy grows it.
+    cache_readers = {n.op_type for n in nodes for i in n.input if i.startswith("past_key_values.")}
+    assert cache_readers == {"GroupQueryAttention"}
+
+
+def test_perturbed_inplace_decoder_is_refused(tiny_checkpoints, tmp_path: Path) -> None:
+    proc = _run_cli(str(tiny_checkpoints.gpt), "--task", "generate", "--repository", str(tmp_path / "repo"),
+                    "--name", "g", env={"ORTSERVE_EXPORT_PERTURB": "fp32"})
+    assert proc.returncode == 1, proc.stderr
+    assert "parity gate failed" in proc.stderr and "Traceback" not in proc.stderr
+    assert "FAIL" in proc.stderr and not (tmp_path / "repo" / "g" / "1").exists()
+
+
+def test_inplace_decoder_refuses_other_variants(tiny_checkpoints, tmp_path: Path) -> None:
+    proc = _run_cli(str(tiny_checkpoints.gpt), "--task", "generate", "--repository", str(tmp_path / "repo"),
+                    "--name", "g", "--variants", "fp32,int8")
+    assert proc.returncode == 2 and "--variants" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_decoder_gate_ran_the_whole_grid(full_repository: Path) -> None:
+    checks = json.loads((full_repository / "gpt/1/parity.json").read_text())["variants"]["fp32"]["checks"]
     names = {c["name"] for c in checks}
     assert GRID_NAMES <= names
     assert "cached decoding == full recompute" in names and "greedy 64 tokens identical ids" in names
@@ -143,9 +173,9 @@ def _gpt_feeds(ids, mask, past, num_layers):
     return feeds
 
 
-def test_decoder_graph_left_padded_steps_and_greedy(tiny_checkpoints, tiny_repository: Path) -> None:
+def test_decoder_graph_left_padded_steps_and_greedy(tiny_checkpoints, full_repository: Path) -> None:
     model, cfg = load_model(tiny_checkpoints.gpt)
-    sess = _sess(tiny_repository / "tiny-gpt/1/model.onnx")
+    sess = _sess(full_repository / "gpt/1/model.onnx")   # the concat layout: left padding, growing past
     heads, hd = cfg.n_head, cfg.n_embd // cfg.n_head
     rng = np.random.default_rng(1)
     prompt = rng.integers(1, cfg.vocab_size, (4, 5))
