@@ -2,8 +2,10 @@
 
 The engine (server/generation/) is built here exactly as
 `GenerationEngine(session, manifest_dict, tokenizer, config, metrics, label)` and driven through
-start() / warmup() / generate() / stream() / stop(). Raw KServe ModelInfer runs the graph directly: the
-caller brings its own cache tensors, which do not batch with the engine's sequences.
+start() / warmup() / generate() / stream() / stop(). Raw KServe ModelInfer runs a concat-layout graph directly:
+the caller brings its own cache tensors, which do not batch with the engine's sequences. An in-place-cache
+graph (cache.layout "inplace") is refused raw calls: its cache buffers belong to the engine, and onnxruntime's
+GroupQueryAttention kernel can crash the process on inconsistent caller tensors.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import asyncio
 import contextlib
 from typing import AsyncIterator, Iterator
 
-from modelpkg import TOKENIZER_FILE
+from modelpkg import LAYOUT_INPLACE, TOKENIZER_FILE
 from server.errors import Code, ServingError
 from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
                                OverloadedError, StreamChunk)
@@ -74,6 +76,10 @@ class DecoderModel(ServedModel):
             await chunks.aclose()
 
     async def infer(self, inputs: Feeds, outputs: list[str] | None, deadline: float | None) -> Feeds:
+        if self.manifest.cache is not None and self.manifest.cache.layout == LAYOUT_INPLACE:
+            raise ServingError.invalid("model", f"{self.name!r} has an in-place KV cache (cache.layout "
+                                                f"'inplace'): raw graph calls are not served; use Generate, "
+                                                f"GenerateStream or ModelInfer text mode (input 'prompt')")
         self.check_raw_inputs(inputs)
         self.check_deadline(deadline)
         wanted = self.wanted_outputs(outputs)

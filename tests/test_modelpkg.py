@@ -186,3 +186,45 @@ def test_the_contract_is_torch_and_onnxruntime_free() -> None:
             "('torch', 'onnxruntime', 'onnx')); print(bad); sys.exit(1 if bad else 0)")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_raw_decoder_calls_concat_served_inplace_refused(tiny_checkpoints, tmp_path: Path) -> None:
+    """DecoderModel.infer: a concat-layout graph answers raw calls as onnxruntime does; an in-place-cache
+    graph refuses them with INVALID_ARGUMENT naming the model (never reaching onnxruntime)."""
+    from conftest import one_torch_thread
+    from export import ExportConfig, export_checkpoint
+    from server.dataplane import DataPlane
+    from server.errors import Code, ServingError
+    from server.settings import ServerSettings
+
+    repo = tmp_path / "repo"
+    with one_torch_thread():
+        for layout in ("concat", "inplace"):
+            export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo,
+                                           name=f"gpt-{layout}", cache_layout=layout))
+    cache = CacheSpec.from_dict(json.loads((repo / "gpt-concat" / "1" / "model.json").read_text())["cache"])
+    ids = np.array([[5, 6, 7]], dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(3, dtype=np.int64)[None]}
+    feeds.update({n: np.zeros((1, cache.kv_heads, 0, cache.head_dim), np.float32) for n in cache.past_names})
+
+    async def run() -> None:
+        plane = await DataPlane.start(ServerSettings(repository=repo, providers=["CPUExecutionProvider"]), poll=False)
+        try:
+            result = await plane.infer("gpt-concat", 0, feeds, ["logits", cache.present_names[0]])
+            assert list(result.outputs) == ["logits", "present.0.key"]
+            assert result.outputs["logits"].shape[:2] == (1, 3)
+            assert result.outputs["present.0.key"].shape == (1, cache.kv_heads, 3, cache.head_dim)
+            with pytest.raises(ServingError) as info:
+                await plane.infer("gpt-inplace", 0, feeds)
+            assert info.value.code is Code.INVALID_ARGUMENT and info.value.message.startswith("model:")
+            assert (await plane.generate("gpt-inplace", 0, "x", _greedy(4))).output.usage.completion_tokens == 4
+        finally:
+            await plane.close()
+
+    asyncio.run(run())
+
+
+def _greedy(n: int):  # type: ignore[no-untyped-def]
+    from server.generation import GenerationParams
+
+    return GenerationParams.validate(max_new_tokens=n, ignore_eos=True)

@@ -210,8 +210,16 @@ def test_kserve_infer_raw_tensors_equals_onnxruntime(server: Running, kserve: tr
 
 
 def test_kserve_infer_decoder_graph_with_past_length_zero(server: Running, kserve: triton.InferenceServerClient) -> None:
+    """A concat-layout graph answers raw calls like onnxruntime itself; an in-place-cache graph refuses them
+    (its buffers are the engine's; tests/test_modelpkg.py runs both layouts in-process)."""
     m = manifest(server, GPT)
     cache = m["cache"]
+    if cache.get("layout") == "inplace":
+        ids = np.array([[1, 2, 3]], dtype=np.int64)
+        with pytest.raises(triton.InferenceServerException, match="in-place KV cache"):
+            kserve.infer(GPT, _triton_inputs({"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                              "position_ids": np.arange(3, dtype=np.int64)[None]}))
+        return
     ids = np.array([tokenizer(server, GPT).encode("To be or not").ids], dtype=np.int64)
     feeds: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": np.ones_like(ids),
                                     "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None]}
