@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modelpkg import Manifest
+from modelpkg import TensorDecl, past_names
 from server.codecs import decode_tensor, encode_tensor
 from server.dataplane import DataPlane
 from server.errors import Code, ServingError
@@ -114,10 +114,15 @@ def test_numeric_tensors_raw_and_typed_contents() -> None:
         decode_tensor("x", "INT128", [1], b"", None, "inputs[0]")
 
 
-def test_decoder_signature_checks_past_plus_sequence(tiny_repository: Path) -> None:
-    manifest = json.loads((tiny_repository / GPT / "1" / "model.json").read_text())
-    specs = specs_from_manifest(Manifest.from_dict(manifest).inputs)
-    cache = manifest["cache"]
+def test_decoder_signature_checks_past_plus_sequence() -> None:
+    """The concat-layout decoder signature of docs/model-package.md (what export/graphs.py writes)."""
+    cache = {"num_layers": 2, "num_heads": 2, "head_dim": 4}
+    past = ["batch", "heads", "past_sequence", "head_dim"]
+    decls = [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
+             {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "past_sequence+sequence"]},
+             {"name": "position_ids", "dtype": "int64", "shape": ["batch", "sequence"]}]
+    decls += [{"name": n, "dtype": "float32", "shape": past} for n in past_names(cache["num_layers"])]
+    specs = specs_from_manifest([TensorDecl.from_dict(d) for d in decls])
     ids = np.zeros((1, 3), np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones((1, 5), np.int64), "position_ids": ids.copy()}
     for i in range(cache["num_layers"]):
