@@ -1,12 +1,13 @@
 """Read a checkpoint directory (docs/checkpoint-format.md) and check it can serve the requested task."""
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from modelpkg import sha256_file
 
 from .errors import ExportError
 
@@ -91,14 +92,6 @@ class CheckpointInfo:
         if self.model_type == "roberta":
             n -= int(self.config.get("pad_token_id", 1)) + 1
         return n
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def inspect_checkpoint(path: Path, task: str) -> CheckpointInfo:
