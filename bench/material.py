@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modelpkg import MANIFEST_FILE
+
 from .config import ROOT, Sources
 
 log = logging.getLogger(__name__)
@@ -251,7 +253,7 @@ def _export(ckpt: Checkpoint, task: str, repository: Path, variants: tuple[str, 
             attempt = tuple(v for v in attempt if v not in refused)
     else:
         raise MaterialError(f"export: {ckpt.name} could not be exported: {'; '.join(notes)}")
-    pkg = Package(result.package_dir, json.loads((result.package_dir / "model.json").read_text()), result.parity,
+    pkg = Package(result.package_dir, json.loads((result.package_dir / MANIFEST_FILE).read_text()), result.parity,
                   notes)
     for v in variants:
         if v not in pkg.manifest["variants"]:
