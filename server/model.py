@@ -5,25 +5,24 @@
     └── DecoderModel       (server/decoder.py)  generation engine; generate, stream, raw infer
 
 Every task method exists on every model: a model of another task answers INVALID_ARGUMENT naming `model`.
-Building (`build_model`) runs in a worker thread: verify hashes, create the session, warm up.
+Building one from its package: server/loading.py.
 """
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import AsyncIterator
 
 import numpy as np
 
-from modelpkg import TOKENIZER_FILE, MANIFEST_FILE, Manifest
+from modelpkg import Manifest
 from server.batching import BatchConfig
 from server.errors import Code, ServingError
 from server.generation import GenerationConfig, GenerationParams, GenerationResult, StreamChunk
 from server.metrics import Metrics
-from server.package import Package, PackageError, read_package, verify_files
-from server.sessions import SessionConfig, SessionRunner, choose_variant, create_session
+from server.package import Package
+from server.sessions import SessionConfig, SessionRunner
 from server.signature import TensorSpec, check_inputs, specs_from_manifest
 from server.stats import ModelStats
 from server.types import ClassifyResult, FillMaskResult
@@ -147,28 +146,3 @@ class ServedModel(ABC):
     def check_deadline(deadline: float | None) -> None:
         if deadline is not None and time.monotonic() >= deadline:
             raise ServingError(Code.DEADLINE_EXCEEDED, "deadline passed before compute")
-
-
-def build_model(path: Path, name: str, version: int, runtime: RuntimeConfig, metrics: Metrics,
-                stats: ModelStats) -> ServedModel:
-    """Runs in a worker thread: everything slow (hashing, session creation, warm-up). PackageError on failure."""
-    from server.decoder import DecoderModel
-    from server.encoder import EncoderModel
-
-    package = read_package(path, name, version)
-    manifest = package.manifest
-    variant = choose_variant(manifest, runtime.session.variant, runtime.session.device)
-    verify_files(package, [MANIFEST_FILE, manifest.variant_file(variant), TOKENIZER_FILE])
-    if not package.file(TOKENIZER_FILE).is_file():
-        raise PackageError(f"{TOKENIZER_FILE} missing")
-    session = create_session(package, variant, runtime.session)
-    parts = Loaded(package=package, variant=variant, runner=SessionRunner(session), runtime=runtime,
-                   metrics=metrics, stats=stats)
-    try:
-        model: ServedModel = DecoderModel(parts) if package.task == "generate" else EncoderModel(parts)
-        model.warm_up()
-    except PackageError:
-        raise
-    except Exception as exc:  # tokenizer parse errors, DecoderSpec ValueErrors, graph failures
-        raise PackageError(f"warm-up failed: {exc}") from None
-    return model

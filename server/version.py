@@ -11,7 +11,8 @@ from pathlib import Path
 
 from server.errors import Code, ServingError
 from server.metrics import Metrics
-from server.model import RuntimeConfig, ServedModel, build_model
+from server.loading import build_model
+from server.model import RuntimeConfig, ServedModel
 from server.package import PackageError
 from server.stats import ModelStats
 from server.types import ModelState, ModelStatus
