@@ -39,7 +39,7 @@ def config(manifest: dict, max_length: int, threads: int) -> dict:
 
 
 def main() -> None:
-    pkg, prompts, new_tokens, threads = Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    pkg, prompts, new_tokens, threads = Path(sys.argv[1]).resolve(), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     manifest = json.loads((pkg / "model.json").read_text())
     ids = np.array(prompts, dtype=np.int32)
     with tempfile.TemporaryDirectory() as d:

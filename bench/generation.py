@@ -201,7 +201,7 @@ def start_vllm(ckpt: Path, cfg: Config) -> tuple[Process, int]:
         raise RuntimeError("vLLM peer not installed: run bash bench/setup_vllm.sh")
     port = free_port()
     env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
-           "VLLM_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(cfg.threads)}
+           "OMP_NUM_THREADS": str(cfg.threads)}
     proc = Process([str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--port", str(port),
                     "--dtype", "float32", "--max-model-len", "1024", "--served-model-name", "gpt",
                     "--max-num-seqs", "32"], env=env)

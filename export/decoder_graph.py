@@ -105,33 +105,73 @@ def _rope_caches(w: DecoderWeights) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def build_decoder_graph(w: DecoderWeights, opset: int = 18) -> onnx.ModelProto:
+CHUNK = "chunk."   # name prefix of the second token group of the mixed graph
+
+
+def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False) -> onnx.ModelProto:
+    """The in-place decoder. mixed=True adds a second group of rows (inputs and outputs prefixed "chunk.")
+    that shares every weight multiplication with the first but has its own attention call: one run then
+    decodes one token for some slots AND prefills a prompt chunk for another, reading the weights once."""
     g = _Graph()
     gpt2 = w.family == "gpt2"
     f32 = TensorProto.FLOAT
     cache_shape = ["batch", w.num_kv_heads, "max_sequence", w.head_dim]
-    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence"])]
-    if gpt2:
-        inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence"]))
-    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", "sequence", w.vocab_size])]
-    for i in range(w.num_layers):
-        for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(past_name(i, kind), f32, cache_shape))
-            outputs.append(helper.make_tensor_value_info(present_name(i, kind), f32, cache_shape))
+    groups = ["", CHUNK] if mixed else [""]
+    inputs, outputs = [], []
+    for pre in groups:
+        b, s = f"{pre}batch", f"{pre}sequence"
+        inputs += [helper.make_tensor_value_info(f"{pre}input_ids", TensorProto.INT64, [b, s]),
+                   helper.make_tensor_value_info(f"{pre}attention_mask", TensorProto.INT64, [b, f"{pre}total_sequence"])]
+        if gpt2:
+            inputs.append(helper.make_tensor_value_info(f"{pre}position_ids", TensorProto.INT64, [b, s]))
+        outputs.append(helper.make_tensor_value_info(f"{pre}logits", f32, [b, s, w.vocab_size]))
+        for i in range(w.num_layers):
+            for kind in ("key", "value"):
+                inputs.append(helper.make_tensor_value_info(pre + past_name(i, kind), f32, cache_shape))
+                outputs.append(helper.make_tensor_value_info(pre + present_name(i, kind), f32, cache_shape))
 
-    # seqlens_k = tokens per row - 1 (int32 [B]); total_sequence_length = mask width (int32 scalar).
     axis1 = g.const("axis_1", np.array([1], dtype=np.int64))
-    summed = g.one("ReduceSum", ["attention_mask", axis1], keepdims=0)
     one64 = g.const("one_i64", np.array(1, dtype=np.int64))
-    seqlens = g.one("Cast", [g.one("Sub", [summed, one64])], to=TensorProto.INT32, name="seqlens_k")
-    width = g.one("Gather", [g.one("Shape", ["attention_mask"]), g.const("idx_1", np.array(1, dtype=np.int64))], axis=0)
-    total = g.one("Cast", [width], to=TensorProto.INT32, name="total_sequence_length")
-
+    idx1 = g.const("idx_1", np.array(1, dtype=np.int64))
+    first2 = (g.const("s0", np.array([0], np.int64)), g.const("s2", np.array([2], np.int64)))
     embed = g.const("embed.weight", w.embed)
-    x = g.one("Gather", [embed, "input_ids"], axis=0)
-    if gpt2:
-        x = g.one("Add", [x, g.one("Gather", [g.const("positions.weight", w.positions), "position_ids"], axis=0)])
+    positions = g.const("positions.weight", w.positions) if gpt2 else ""
+    flat_hidden = g.const("flat_hidden", np.array([-1, w.hidden], dtype=np.int64))
+
+    # Per group: attention bookkeeping from its mask, its [batch, sequence] shape, its rows of hidden states.
+    seqlens, totals, bs_shapes, rows = {}, {}, {}, []
+    for pre in groups:
+        # seqlens_k = tokens per row - 1 (int32 [B]); total_sequence_length = mask width (int32 scalar).
+        summed = g.one("ReduceSum", [f"{pre}attention_mask", axis1], keepdims=0)
+        seqlens[pre] = g.one("Cast", [g.one("Sub", [summed, one64])], to=TensorProto.INT32)
+        width = g.one("Gather", [g.one("Shape", [f"{pre}attention_mask"]), idx1], axis=0)
+        totals[pre] = g.one("Cast", [width], to=TensorProto.INT32)
+        bs_shapes[pre] = g.one("Slice", [g.one("Shape", [f"{pre}input_ids"]), *first2])
+        x = g.one("Gather", [embed, f"{pre}input_ids"], axis=0)
+        if gpt2:
+            x = g.one("Add", [x, g.one("Gather", [positions, f"{pre}position_ids"], axis=0)])
+        rows.append(g.one("Reshape", [x, flat_hidden]))
+    # All rows of all groups as one [tokens, hidden] matrix: every weight is read once per run.
+    x = rows[0] if len(rows) == 1 else g.one("Concat", rows, axis=0)
+    if mixed:   # where the first group's rows end
+        n_first = g.one("ReduceProd", [bs_shapes[""]], keepdims=1)
+        big = g.const("int64_max", np.array([2 ** 62], dtype=np.int64))
+        zero = first2[0]
+
+    def split_rows(t: str) -> list[str]:
+        if not mixed:
+            return [t]
+        return [g.one("Slice", [t, zero, n_first, zero]), g.one("Slice", [t, n_first, big, zero])]
+
+    shapes: dict[tuple[str, int], str] = {}
+
+    def as_3d(t: str, pre: str, width: int) -> str:
+        """[rows, width] -> the group's [batch, sequence, width] (each shape tensor is built once)."""
+        if (pre, width) not in shapes:
+            last = g.const(f"width_{pre}{width}", np.array([width], np.int64))
+            shapes[pre, width] = g.one("Concat", [bs_shapes[pre], last], axis=0)
+        return g.one("Reshape", [t, shapes[pre, width]])
+
     extra_attn: list[str] = []
     attrs: dict = {}
     if not gpt2:
@@ -160,6 +200,8 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18) -> onnx.ModelProto:
         y = g.one("MatMul", [inp, g.const(f"{prefix}.weight", wt)])
         return g.one("Add", [y, g.const(f"{prefix}.bias", b)]) if b is not None else y
 
+    qkv_width = (w.num_heads + 2 * w.num_kv_heads) * w.head_dim
+    flat_attn = g.const("flat_attn", np.array([-1, w.num_heads * w.head_dim], np.int64))
     residual = x
     h = ""
     for i, lw in enumerate(w.layers):
@@ -167,11 +209,16 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18) -> onnx.ModelProto:
         if i == 0:
             h = norm(residual, lw.norm1_w, lw.norm1_b, f"{p}.norm1")
         qkv = linear(h, lw.qkv_w, lw.qkv_b, f"{p}.qkv")
-        attn = g.op("GroupQueryAttention",
-                    [qkv, "", "", past_name(i, "key"), past_name(i, "value"), seqlens, total, *extra_attn],
-                    domain=MS, name=f"{p}.attention",
-                    outputs=[f"{p}.attn_out", present_name(i, "key"), present_name(i, "value")],
-                    num_heads=w.num_heads, kv_num_heads=w.num_kv_heads, **attrs)[0]
+        attended = []
+        for pre, part in zip(groups, split_rows(qkv)):
+            out = g.op("GroupQueryAttention",
+                       [as_3d(part, pre, qkv_width), "", "", pre + past_name(i, "key"), pre + past_name(i, "value"),
+                        seqlens[pre], totals[pre], *extra_attn],
+                       domain=MS, name=f"{pre}{p}.attention",
+                       outputs=[f"{pre}{p}.attn_out", pre + present_name(i, "key"), pre + present_name(i, "value")],
+                       num_heads=w.num_heads, kv_num_heads=w.num_kv_heads, **attrs)[0]
+            attended.append(g.one("Reshape", [out, flat_attn]))
+        attn = attended[0] if len(attended) == 1 else g.one("Concat", attended, axis=0)
         a = linear(attn, lw.out_w, lw.out_b, f"{p}.out")
         h, residual = skip_norm(a, residual, lw.norm2_w, lw.norm2_b, f"{p}.norm2")
         if gpt2:
@@ -191,15 +238,13 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18) -> onnx.ModelProto:
         else:
             h, residual = skip_norm(m, residual, w.final_norm_w, w.final_norm_b, "final_norm")
     # LM head: Gemm(transB) on the embedding itself when tied, so its weights are stored once.
-    flat = g.one("Reshape", [h, g.const("flat_shape", np.array([-1, w.hidden], dtype=np.int64))])
     head = embed if w.lm_head is None else g.const("lm_head.weight", w.lm_head)
-    logits2d = g.one("Gemm", [flat, head], transB=1)
-    batch_seq = g.one("Slice", [g.one("Shape", ["input_ids"]), g.const("s0", np.array([0], np.int64)),
-                                g.const("s2", np.array([2], np.int64))])
-    shape3 = g.one("Concat", [batch_seq, g.const("vocab_dim", np.array([w.vocab_size], np.int64))], axis=0)
-    g.op("Reshape", [logits2d, shape3], outputs=["logits"])
+    logits2d = g.one("Gemm", [h, head], transB=1)
+    for pre, part in zip(groups, split_rows(logits2d)):
+        g.op("Identity", [as_3d(part, pre, w.vocab_size)], outputs=[f"{pre}logits"])
 
-    graph = helper.make_graph(g.nodes, f"{w.family}-decoder-inplace", inputs, outputs, g.inits)
+    name = f"{w.family}-decoder-inplace{'-mixed' if mixed else ''}"
+    graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)],
                               producer_name="ortserve.export")
     model.ir_version = 9   # readable by every onnxruntime this project supports
@@ -276,8 +321,12 @@ def llama_weights(model, max_length: int | None = None) -> DecoderWeights:
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 
 
+MIXED_FILE = "model.mixed.onnx"
+
+
 def export_inplace(model, model_type: str, max_length: int, out) -> "GraphSpec":
-    """Write the in-place graph of `model` to `out`; returns the I/O spec model.json lists."""
+    """Write the in-place graph of `model` to `out`, and its mixed twin (MIXED_FILE) beside it; returns the
+    I/O spec model.json lists (the plain graph's: the mixed one adds the same names prefixed "chunk.")."""
     from .graphs import GraphSpec, TensorSpec
 
     if model_type == "gpt2":
@@ -286,9 +335,10 @@ def export_inplace(model, model_type: str, max_length: int, out) -> "GraphSpec":
         w = llama_weights(model, max_length)
     else:
         raise ValueError(f"model_type: no in-place decoder graph for {model_type!r}")
-    onnx_model = build_decoder_graph(w)
-    onnx.checker.check_model(onnx_model)
-    onnx.save(onnx_model, str(out))
+    for mixed, path in ((False, out), (True, out.parent / MIXED_FILE)):
+        onnx_model = build_decoder_graph(w, mixed=mixed)
+        onnx.checker.check_model(onnx_model)
+        onnx.save(onnx_model, str(path))
     cache = ("batch", "kv_heads", "max_sequence", "head_dim")
     inputs = [TensorSpec("input_ids", "int64", ("batch", "sequence")),
               TensorSpec("attention_mask", "int64", ("batch", "total_sequence"))]

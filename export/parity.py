@@ -339,13 +339,16 @@ class Gate:
         res.checks.append(Check(f"greedy {new} tokens identical ids", same, value=float(same), threshold=1.0,
                                 detail=first or f"batch 2 left-padded, prompt {prompt}"))
 
-    def _inplace(self, sess: ort.InferenceSession, atol: float, rtol: float, res: VariantResult) -> None:
+    def _inplace(self, sess: ort.InferenceSession, path: Path, atol: float, rtol: float, res: VariantResult) -> None:
+        from .decoder_graph import MIXED_FILE
         from .parity_inplace import InplaceChecks
 
         inp = self.inp
         checks = InplaceChecks(inp.model, token_stream(inp), inp.num_layers, inp.num_kv_heads or inp.num_heads,
                                inp.head_dim, inp.max_length, _pad_id(inp), atol, rtol, inp.grid.greedy_new_tokens)
-        for name, passed, diff, worst, detail in checks.run_all(sess):
+        mixed_path = path.parent / MIXED_FILE
+        mixed = session(mixed_path, inp.threads) if res.variant == "fp32" and mixed_path.is_file() else None
+        for name, passed, diff, worst, detail in checks.run_all(sess, mixed):
             res.checks.append(Check(name, passed, max_abs_diff=diff if worst else None, worst_output=worst or None,
                                     value=None if worst else float(passed), threshold=None if worst else 1.0,
                                     detail=detail))
@@ -394,7 +397,7 @@ class Gate:
             res = VariantResult(variant, "", {"atol": atol, "rtol": rtol})
             sess = session(path, threads)
             if self.inplace:
-                self._inplace(sess, atol, rtol, res)
+                self._inplace(sess, path, atol, rtol, res)
                 res.status = "passed" if all(c.passed for c in res.checks) else "failed"
                 return res
             self._grid(sess, atol, rtol, res)

@@ -194,5 +194,81 @@ class InplaceChecks:
             f"first difference at step {next(i for i in range(new) if any(g[i] != w[i] for g, w in zip(got, want)))}"
         return [(f"greedy {new} tokens identical ids", same, 0.0, "", detail)]
 
-    def run_all(self, sess: ort.InferenceSession) -> list[Check]:
-        return [*self.ragged_and_reuse(sess), *self.chunked(sess), *self.greedy(sess)]
+    def mixed(self, sess: ort.InferenceSession, mixed_sess: ort.InferenceSession) -> list[Check]:
+        """The mixed graph: rows decoding (slots 0..2) and a prompt chunk (slot 1's, inside that range, and
+        slot 3's, outside it) in the same run, against PyTorch."""
+        layers, kv, hd, max_len = self.dims
+        d = SlotDriver(sess, layers, kv, hd, max_len, 4)
+        mixed = MixedDriver(d, mixed_sess)
+        seqs = [self._seq(6, 20), [], self._seq(9, 22)]      # slot 1 starts empty: its prompt comes in chunks
+        d.first_prompt(0, [seqs[0]], self.pad)
+        d.first_prompt(2, [seqs[2]], self.pad)
+        long = self._seq(min(24, max_len - 8), 33)
+        other = self._seq(min(10, max_len - 8), 44)
+        pairs = []
+        # slot 1 prefills `long` in chunks of 8 while slots 0 and 2 decode (slot 1 sits in the decode range)
+        for step, start in enumerate(range(0, len(long), 8)):
+            nxt = [int(self.stream[(5 * r + step) % len(self.stream)]) for r in (0, 2)]
+            chunk = long[start:start + 8]
+            dec, pre = mixed.run([(0, nxt[0], len(seqs[0])), (2, nxt[1], len(seqs[2]))], {1: start + len(chunk)},
+                                 1, chunk, start)
+            seqs[0], seqs[2] = seqs[0] + [nxt[0]], seqs[2] + [nxt[1]]
+            pairs += [("mixed decode row 0", dec[0], self._torch(seqs[0])[0][-1]),
+                      ("mixed decode row 2", dec[1], self._torch(seqs[2])[0][-1]),
+                      ("mixed chunk (inside the decode range)", pre, self._torch(long[:start + len(chunk)])[0][start:])]
+        # slot 3 (outside the decode range) takes a first prompt while 0, 1 and 2 decode
+        seqs[1] = long
+        nxt = [int(self.stream[(3 * r + 7) % len(self.stream)]) for r in range(3)]
+        dec, pre = mixed.run([(r, nxt[r], len(seqs[r])) for r in range(3)], {}, 3, other, 0)
+        for r in range(3):
+            seqs[r] = seqs[r] + [nxt[r]]
+            pairs.append((f"mixed decode row {r} beside a first prompt", dec[r], self._torch(seqs[r])[0][-1]))
+        pairs.append(("mixed first prompt", pre, self._torch(other)[0]))
+        pairs += [(f"mixed cache slot {r}", got, want) for r in range(3)
+                  for got, want in zip(d.cache(r, len(seqs[r])), self._torch(seqs[r])[1])]
+        ok, diff, worst = self._compare(pairs)
+        return [("mixed graph: decode rows and a prompt chunk in one run", ok, diff, worst,
+                 "slots 0/2 decode while slot 1 prefills 3 chunks, then 0/1/2 decode beside slot 3's first prompt")]
+
+    def run_all(self, sess: ort.InferenceSession, mixed: ort.InferenceSession | None = None) -> list[Check]:
+        checks = [*self.ragged_and_reuse(sess), *self.chunked(sess), *self.greedy(sess)]
+        return checks + (self.mixed(sess, mixed) if mixed is not None else [])
+
+
+class MixedDriver:
+    """Runs the mixed graph on a SlotDriver's buffers: decode rows over slots [0, hi) plus one chunk."""
+
+    def __init__(self, slots: SlotDriver, sess: ort.InferenceSession) -> None:
+        self.d, self.sess = slots, sess
+
+    def run(self, rows: list[tuple[int, int, int]], idle: dict[int, int], chunk_slot: int, chunk: list[int],
+            start: int) -> tuple[np.ndarray, np.ndarray]:
+        """rows: (slot, token, position); idle: slot -> harmless write position. -> (decode logits in row
+        order [n, V], chunk logits [len(chunk), V])."""
+        d = self.d
+        hi = max(s for s, _, _ in rows) + 1
+        tokens, pos = np.zeros((hi, 1), np.int64), np.zeros(hi, np.int64)
+        for slot, p in idle.items():
+            pos[slot] = p
+        for slot, t, p in rows:
+            tokens[slot, 0], pos[slot] = t, p
+        io = self.sess.io_binding()
+        groups = [("", 0, hi, tokens, pos + 1, pos), ("chunk.", chunk_slot, chunk_slot + 1, np.array([chunk]),
+                                                       np.array([start + len(chunk)]), np.array([start]))]
+        for prefix, lo, top, *_ in groups:       # caches first: the two logits are then the last outputs
+            for past, present in d.names:
+                view = ort.OrtValue.ortvalue_from_numpy(d.bufs[past][lo:top])
+                io.bind_ortvalue_input(prefix + past, view)
+                io.bind_ortvalue_output(prefix + present, view)
+        for prefix, lo, top, ids, lens, starts in groups:
+            width = int(lens.max())
+            io.bind_cpu_input(prefix + "input_ids", ids)
+            io.bind_cpu_input(prefix + "attention_mask", (np.arange(width)[None] < lens[:, None]).astype(np.int64))
+            if d.positions:
+                p = np.minimum(starts[:, None] + np.arange(ids.shape[1])[None], d.max_length - 1)
+                io.bind_cpu_input(prefix + "position_ids", p.astype(np.int64))
+            io.bind_output(prefix + "logits")
+        self.sess.run_with_iobinding(io)
+        outs = io.get_outputs()
+        dec, pre = outs[-2].numpy(), outs[-1].numpy()
+        return dec[[s for s, _, _ in rows], 0], pre[0]

@@ -125,7 +125,8 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
         "inputs": [t.as_json() for t in spec.inputs], "outputs": [t.as_json() for t in spec.outputs],
         "cache": ({"num_layers": info.num_layers, "num_heads": info.num_heads, "head_dim": head_dim,
                    "num_kv_heads": info.num_kv_heads,
-                   "layout": decoder_graph.LAYOUT if inplace else "concat"}
+                   "layout": decoder_graph.LAYOUT if inplace else "concat",
+                   **({"mixed_graph": decoder_graph.MIXED_FILE} if inplace else {})}
                   if cfg.task == "generate" else None),
         "variants": {v: b.file for v, b in builds.items()}, "default_variant": None, "opset": OPSET,
         "source": {"checkpoint": str(info.path), "architecture": info.architecture,

@@ -42,7 +42,8 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
     return RuntimeConfig(
         session=SessionConfig(providers=resolve_providers(settings.providers),
                               intra_op_threads=settings.intra_op_threads,
-                              inter_op_threads=settings.inter_op_threads, variant=settings.variant),
+                              inter_op_threads=settings.inter_op_threads, variant=settings.variant,
+                              spinning=settings.intra_op_spinning),
         batch=BatchConfig(max_batch_size=settings.max_batch_size,
                           max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
                           max_queued_requests=settings.max_queued_requests),
@@ -50,7 +51,9 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
         # generation requests admitted but not yet prefilled (documented on the setting).
         generation=GenerationConfig(max_batch_size=settings.max_sequences,
                                     max_waiting=settings.max_queued_requests,
-                                    max_tokens_in_flight=settings.max_tokens_in_flight))
+                                    max_tokens_in_flight=settings.max_tokens_in_flight,
+                                    prefill_chunk_tokens=settings.prefill_chunk_tokens,
+                                    max_prefill_tokens=settings.max_prefill_tokens))
 
 
 def select_outputs(result: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:

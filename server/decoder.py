@@ -18,7 +18,7 @@ from server.errors import Code, ServingError
 from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
                                OverloadedError, StreamChunk)
 from server.model import Feeds, Loaded, ServedModel
-from server.sessions import run_failure
+from server.sessions import create_session, run_failure
 from server.tokenization import load_tokenizer
 
 
@@ -43,9 +43,15 @@ class DecoderModel(ServedModel):
     def __init__(self, parts: Loaded) -> None:
         super().__init__(parts)
         tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
-        # The engine still takes the manifest as a plain dict (model.json as written).
+        # An in-place package may carry a mixed graph (decode rows + a prompt chunk in one run): same weights,
+        # so it goes with the fp32 variant only.
+        mixed_file = (self.manifest.cache.extra.get("mixed_graph") if self.manifest.cache is not None else None)
+        mixed = None
+        if isinstance(mixed_file, str) and self.variant == "fp32":
+            mixed = create_session(self.package, self.variant, self.runtime.session, file=mixed_file)
+        # The engine takes the manifest as a plain dict (model.json as written).
         self.engine = GenerationEngine(self.runner.session, self.manifest.to_dict(), tokenizer,
-                                       self.runtime.generation, self.metrics, self.name)
+                                       self.runtime.generation, self.metrics, self.name, mixed_session=mixed)
 
     @property
     def max_batch_size(self) -> int:

@@ -24,6 +24,7 @@ class SessionConfig:
     intra_op_threads: int = 0
     inter_op_threads: int = 0
     variant: str = VARIANT_AUTO
+    spinning: str = "auto"   # intra-op threads spin between runs: "on", "off", "auto" = on for decoders only
 
     @property
     def device(self) -> str:
@@ -55,14 +56,18 @@ def choose_variant(manifest: Manifest, preference: str, device: str) -> str:
     raise PackageError(f"model.json: no variant usable on {device} (has {', '.join(variants)})")
 
 
-def create_session(package: Package, variant: str, config: SessionConfig) -> ort.InferenceSession:
+def create_session(package: Package, variant: str, config: SessionConfig, file: str | None = None
+                   ) -> ort.InferenceSession:
+    """The variant's graph, or `file` of the package (a decoder's mixed graph) with the same options."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = config.intra_op_threads
     options.inter_op_num_threads = config.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Idle intra-op threads would otherwise spin between requests, stealing CPU from other sessions.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    path = package.file(package.manifest.variant_file(variant))
+    # Spinning keeps intra-op threads hot between runs: a decoder's step loop runs back to back and gains
+    # 11-16% from it (docs/BENCHMARKS.md); an encoder's idle threads would only steal CPU from other sessions.
+    spin = config.spinning == "on" or (config.spinning == "auto" and package.manifest.task == "generate")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    path = package.file(file or package.manifest.variant_file(variant))
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=list(config.providers))
     except Exception as exc:  # onnxruntime raises its own exception types for bad graphs

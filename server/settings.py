@@ -39,6 +39,7 @@ class ServerSettings:
     providers: list[str] = field(default_factory=list)  # [] = CUDA when available, then CPU
     intra_op_threads: int = 0             # 0 = onnxruntime's default
     inter_op_threads: int = 0
+    intra_op_spinning: str = "auto"       # onnxruntime intra-op threads spin between runs: auto = decoders only
     # Encoders (one dynamic batcher per loaded version; task calls and raw ModelInfer share it):
     max_batch_size: int = 16              # rows (texts, or rows of a raw tensor) per onnxruntime run
     max_queue_delay_ms: float = 0.0       # extra wait for more rows when the model is idle (0: none)
@@ -50,6 +51,10 @@ class ServerSettings:
     #                                     engine's waiting AND running requests; beyond it → RESOURCE_EXHAUSTED
     max_sequences: int = _ENGINE.max_batch_size  # sequences decoded together in one step (= KV-cache slots
     #                                     allocated at load for an in-place-cache decoder)
+    prefill_chunk_tokens: int = _ENGINE.prefill_chunk_tokens  # prompt tokens prefilled per step while other
+    #                                     sequences decode (in-place-cache decoders)
+    max_prefill_tokens: int = _ENGINE.max_prefill_tokens  # padded prompt tokens (rows x longest chunk) per step
+    #                                     when no sequence decodes
     grace_period: float = 20.0            # SIGTERM: seconds to let in-flight requests finish
     max_message_bytes: int = 64 * 1024 * 1024
     tls_cert: Path | None = None
@@ -76,7 +81,10 @@ class ServerSettings:
         for name in ("intra_op_threads", "inter_op_threads"):
             if getattr(self, name) < 0:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.intra_op_spinning not in SPINNING:
+            raise bad("intra_op_spinning", f"must be one of {', '.join(SPINNING)}, got {self.intra_op_spinning!r}")
         for name in ("max_batch_size", "max_queued_requests", "max_tokens_in_flight", "max_sequences",
+                     "prefill_chunk_tokens", "max_prefill_tokens",
                      "max_message_bytes"):
             if getattr(self, name) < 1:
                 raise bad(name, f"must be >= 1, got {getattr(self, name)}")
@@ -98,6 +106,7 @@ class ServerSettings:
         return self
 
 
+SPINNING = ("auto", "on", "off")
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerSettings)}
 
 
@@ -177,6 +186,13 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                         f"(default {d.max_tokens_in_flight})")
     p.add_argument("--max-sequences", type=int,
                    help=f"generation: sequences per continuous batch (default {d.max_sequences})")
+    p.add_argument("--prefill-chunk-tokens", type=int,
+                   help="generation: prompt tokens prefilled per step while other sequences decode "
+                        f"(default {d.prefill_chunk_tokens})")
+    p.add_argument("--max-prefill-tokens", type=int,
+                   help=f"generation: padded prompt tokens per step when no sequence decodes (default {d.max_prefill_tokens})")
+    p.add_argument("--intra-op-spinning", choices=SPINNING,
+                   help="onnxruntime intra-op threads spin between runs: auto = decoders only (default)")
     p.add_argument("--grace-period", type=float, help=f"SIGTERM drain time in seconds (default {d.grace_period:g})")
     p.add_argument("--max-message-bytes", type=int, help="max gRPC message size, both ways (default 64 MiB)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (with --tls-key: serve TLS)")

@@ -67,6 +67,7 @@ def _run_all(server: ServerProcess, model: str) -> list[list[int]]:
 def test_manifest_records_the_cache_layout(repository: Path) -> None:
     cache = json.loads((repository / INPLACE / "1" / "model.json").read_text())["cache"]
     assert cache["layout"] == "inplace" and cache["num_kv_heads"] == cache["num_heads"]
+    assert (repository / INPLACE / "1" / cache["mixed_graph"]).is_file()
     assert json.loads((repository / CONCAT / "1" / "model.json").read_text())["cache"]["layout"] == "concat"
 
 
@@ -92,16 +93,21 @@ def test_inplace_engine_equals_offline_greedy_and_the_concat_engine(server: Serv
     assert server.metric("ortserve_cache_slots", model=INPLACE, state="used") == 0
 
 
-def test_a_request_cancelled_mid_prefill_frees_its_slot(server: ServerProcess, repository: Path) -> None:
+def test_a_request_cut_by_its_deadline_frees_its_slot(server: ServerProcess, repository: Path) -> None:
+    """Wherever the deadline lands (waiting, mid-prefill, decoding: the tiny model is fast, so this is not
+    pinned; tests/test_scheduler.py pins the mid-prefill case), the slot comes back and works."""
     long = " ".join(["the quality of mercy is not strained"] * 3)
     with OrtserveClient(server.address, timeout=60) as client, ThreadPoolExecutor(1) as pool:
         # A running stream makes the long prompt go in 4-token chunks; its deadline ends it part-way.
-        running = pool.submit(client.generate, "O", INPLACE, max_new_tokens=60, ignore_eos=True)
-        time.sleep(0.05)
-        with pytest.raises(OrtserveError) as err:
-            client.generate(long, INPLACE, max_new_tokens=40, timeout=0.02)
-        assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert running.result().usage.completion_tokens == 60
+        running = pool.submit(client.generate, "O", INPLACE, max_new_tokens=120, ignore_eos=True)
+        time.sleep(0.01)
+        try:
+            cut = client.generate(long, INPLACE, max_new_tokens=40, timeout=0.02)
+        except OrtserveError as err:          # the deadline passed before the server answered
+            assert err.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        else:                                  # or the server answered in time: cut short, or (fast) complete
+            assert cut.finish_reason in ("cancelled", "length") and cut.usage.completion_tokens <= 40
+        assert running.result().usage.completion_tokens == 120
         deadline = time.monotonic() + 5
         while server.metric("ortserve_cache_slots", model=INPLACE, state="used") and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -32,7 +32,7 @@ class SlotEngine(GenerationEngine):
         self._scheduler = Scheduler(SchedulerConfig(num_slots=cfg.max_batch_size,
                                                     chunk_tokens=cfg.prefill_chunk_tokens,
                                                     max_prefill_tokens=cfg.max_prefill_tokens))
-        self._runner = SlotRunner(self.session, self.spec, cfg.max_batch_size)
+        self._runner = SlotRunner(self.session, self.spec, cfg.max_batch_size, self._mixed_session)
         logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB), prefill chunk %d tokens",
                     self._label, cfg.max_batch_size, self.spec.max_length, self._runner.cache_bytes / 2 ** 20,
                     cfg.prefill_chunk_tokens)
@@ -92,7 +92,12 @@ class SlotEngine(GenerationEngine):
         if plan.empty:
             return
         decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode]
+        # Where a decode run may write a throw-away token for a slot that is not decoding: the slot's next
+        # position after this iteration's chunk (overwritten by its next chunk or first decode, read by no one).
         idle = {s.slot: s.computed for s in self._scheduler.running if s.status is Status.PREFILLING}
+        for call in plan.prefill:
+            for c in call.chunks:
+                idle[c.seq.slot] = c.start + c.length
         calls = [[PrefillRow(c.seq.slot, c.seq.owner.prompt_ids[c.start:c.start + c.length], c.start)
                   for c in call.chunks] for call in plan.prefill]
         decoded, prefilled = await self._in_thread(self._execute, decode_rows, idle, calls, plan)
@@ -122,12 +127,21 @@ class SlotEngine(GenerationEngine):
 
         A failing call fails only its own sequences: its exception is returned in its place."""
         decoded: np.ndarray | Exception = np.empty((0, 0), np.float32)
-        if decode_rows:
+        prefilled: list[np.ndarray | Exception] = []
+        if decode_rows and calls and self._runner.mixed_session is not None:
+            # Decode and the first prompt chunk in one run: the weights are read once for both.
+            try:
+                decoded, first = self._runner.decode_and_prefill(decode_rows, idle, calls[0], plan.prefill[0].first_prompt)
+                prefilled.append(first)
+            except Exception as exc:
+                decoded = exc
+                prefilled.append(exc)
+            calls, plan = calls[1:], Plan(plan.decode, plan.prefill[1:])
+        elif decode_rows:
             try:
                 decoded = self._runner.decode(decode_rows, idle)
             except Exception as exc:   # onnxruntime reports graph errors as RuntimeError and friends
                 decoded = exc
-        prefilled: list[np.ndarray | Exception] = []
         for rows, call in zip(calls, plan.prefill):
             try:
                 prefilled.append(self._runner.prefill(rows, call.first_prompt))

@@ -37,8 +37,10 @@ class PrefillRow:
 
 
 class SlotRunner:
-    def __init__(self, session: ort.InferenceSession, spec: DecoderSpec, num_slots: int) -> None:
+    def __init__(self, session: ort.InferenceSession, spec: DecoderSpec, num_slots: int,
+                 mixed: ort.InferenceSession | None = None) -> None:
         self.session = session
+        self.mixed_session = mixed   # the package's two-group graph (decode rows + one prompt chunk), if any
         self.spec = spec
         self.num_slots = num_slots
         shape = (num_slots, spec.num_kv_heads, spec.max_length, spec.head_dim)
@@ -48,7 +50,7 @@ class SlotRunner:
             buf = np.ones(shape, dtype=spec.past_dtype)
             buf.fill(0)
             self.buffers[name] = buf
-        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._bindings: dict[tuple, ort.IOBinding] = {}
         self._has_positions = spec.has_position_ids
 
     @property
@@ -62,6 +64,33 @@ class SlotRunner:
 
         idle_positions: for slots below the highest decoding slot that are not decoding, where a
         throw-away write is harmless (missing = 0, a free slot)."""
+        hi, feeds = self._decode_feeds(rows, idle_positions)
+        logits = self._run([(self.session, "", 0, hi, *feeds)])[0]
+        return logits[[r.slot for r in rows], 0, :]
+
+    def decode_and_prefill(self, rows: list[DecodeRow], idle_positions: dict[int, int], chunk: list[PrefillRow],
+                           first_prompt: bool) -> tuple[np.ndarray, np.ndarray]:
+        """decode() and prefill() in ONE run of the mixed graph: the weights are read once for both."""
+        if self.mixed_session is None:
+            raise RuntimeError("this package has no mixed graph")
+        hi, dfeeds = self._decode_feeds(rows, idle_positions)
+        lo, n, pfeeds, last = self._prefill_feeds(chunk, first_prompt)
+        dl, pl = self._run([(self.mixed_session, "", 0, hi, *dfeeds), (self.mixed_session, "chunk.", lo, lo + n, *pfeeds)])
+        return dl[[r.slot for r in rows], 0, :], pl[np.arange(n), last, :]
+
+    def prefill(self, rows: list[PrefillRow], first_prompt: bool) -> np.ndarray:
+        """Prompt chunks of consecutive slots → logits at each row's last real token [len(rows), vocab].
+
+        first_prompt: every row starts at 0 (rows may differ in length: right padding). Otherwise exactly
+        one row, which continues its own prompt at `start`."""
+        lo, n, feeds, last = self._prefill_feeds(rows, first_prompt)
+        logits = self._run([(self.session, "", lo, lo + n, *feeds)])[0]
+        return logits[np.arange(n), last, :]
+
+    # ------------------------------------------------------------------ inputs
+
+    def _decode_feeds(self, rows: list[DecodeRow], idle_positions: dict[int, int]
+                      ) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         hi = max(r.slot for r in rows) + 1
         tokens = np.full((hi, 1), self.spec.pad_id, dtype=np.int64)
         positions = np.zeros((hi, 1), dtype=np.int64)
@@ -71,14 +100,10 @@ class SlotRunner:
         for r in rows:
             tokens[r.slot, 0] = r.token
             positions[r.slot, 0] = r.position
-        logits = self._run(0, hi, tokens, positions[:, 0] + 1, positions)
-        return logits[[r.slot for r in rows], 0, :]
+        return hi, (tokens, positions[:, 0] + 1, positions)
 
-    def prefill(self, rows: list[PrefillRow], first_prompt: bool) -> np.ndarray:
-        """Prompt chunks of consecutive slots → logits at each row's last real token [len(rows), vocab].
-
-        first_prompt: every row starts at 0 (rows may differ in length: right padding). Otherwise exactly
-        one row, which continues its own prompt at `start`."""
+    def _prefill_feeds(self, rows: list[PrefillRow], first_prompt: bool
+                       ) -> tuple[int, int, tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
         if not first_prompt and len(rows) != 1:
             raise ValueError("a continuation chunk runs alone (batch 1)")
         rows = sorted(rows, key=lambda r: r.slot)
@@ -94,33 +119,38 @@ class SlotRunner:
             # Padding positions continue the count (clipped to the table): their outputs are thrown away.
             positions[i] = np.minimum(np.arange(r.start, r.start + width), self.spec.max_length - 1)
             lens[i] = len(r.tokens) if first_prompt else r.start + width
-        logits = self._run(lo, lo + len(rows), ids, lens, positions)
         last = np.array([len(r.tokens) - 1 for r in rows])
-        return logits[np.arange(len(rows)), last, :]
+        return lo, len(rows), (ids, lens, positions), last
 
     # ------------------------------------------------------------------ binding
 
-    def _binding(self, lo: int, hi: int) -> ort.IOBinding:
-        io = self._bindings.get((lo, hi))
+    def _binding(self, session: ort.InferenceSession, slices: tuple[tuple[str, int, int], ...]) -> ort.IOBinding:
+        """Cache buffers bound once per (session, slot ranges): the views share the buffers' memory."""
+        key = (id(session), slices)
+        io = self._bindings.get(key)
         if io is None:
-            io = self.session.io_binding()
-            for past, present in zip(self.spec.past_names, self.spec.present_names):
-                view = ort.OrtValue.ortvalue_from_numpy(self.buffers[past][lo:hi])   # shares the memory
-                io.bind_ortvalue_input(past, view)
-                io.bind_ortvalue_output(present, view)
-            self._bindings[(lo, hi)] = io
+            io = session.io_binding()
+            for prefix, lo, hi in slices:
+                for past, present in zip(self.spec.past_names, self.spec.present_names):
+                    view = ort.OrtValue.ortvalue_from_numpy(self.buffers[past][lo:hi])
+                    io.bind_ortvalue_input(prefix + past, view)
+                    io.bind_ortvalue_output(prefix + present, view)
+            self._bindings[key] = io
         return io
 
-    def _run(self, lo: int, hi: int, ids: np.ndarray, lens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        if int(lens.max()) > self.spec.max_length:
-            raise ValueError(f"a row would write past the context of {self.spec.max_length} tokens")
-        width = int(lens.max())
-        mask = (np.arange(width)[None, :] < lens[:, None]).astype(np.int64)
-        io = self._binding(lo, hi)
-        io.bind_cpu_input("input_ids", ids)
-        io.bind_cpu_input("attention_mask", mask)
-        if self._has_positions:
-            io.bind_cpu_input("position_ids", positions)
-        io.bind_output("logits")
-        self.session.run_with_iobinding(io)
-        return io.get_outputs()[-1].numpy()
+    def _run(self, groups: list[tuple]) -> list[np.ndarray]:
+        """groups: (session, prefix, lo, hi, ids, lens, positions) — all of one session. Logits per group."""
+        session = groups[0][0]
+        io = self._binding(session, tuple((g[1], g[2], g[3]) for g in groups))
+        for _, prefix, _, _, ids, lens, positions in groups:
+            if int(lens.max()) > self.spec.max_length:
+                raise ValueError(f"a row would write past the context of {self.spec.max_length} tokens")
+            width = int(lens.max())
+            io.bind_cpu_input(prefix + "input_ids", ids)
+            io.bind_cpu_input(prefix + "attention_mask", (np.arange(width)[None, :] < lens[:, None]).astype(np.int64))
+            if self._has_positions:
+                io.bind_cpu_input(prefix + "position_ids", positions)
+            io.bind_output(prefix + "logits")
+        session.run_with_iobinding(io)
+        outputs = io.get_outputs()
+        return [o.numpy() for o in outputs[-len(groups):]]
