@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from server.generation import GenerationResult, StreamChunk
 
 
@@ -143,7 +145,7 @@ class InferResult:
 
     model: str
     version: int
-    outputs: dict[str, Any]   # output name -> numpy array
+    outputs: dict[str, np.ndarray]   # output name -> array
 
 
 @dataclass(frozen=True)
