@@ -65,7 +65,8 @@ def validate_package(pkg: Path, threads: int = 1, eval_data: Path | None = None)
                      head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=labelled,
                      tolerances=cfg.tolerances, grid=cfg.grid, threads=threads,
                      cache_layout=(manifest.get("cache") or {}).get("layout", "concat"),
-                     num_kv_heads=(manifest.get("cache") or {}).get("num_kv_heads"))
+                     num_kv_heads=(manifest.get("cache") or {}).get("num_kv_heads"),
+                     token_types="token_type_ids" in [t.get("name") for t in manifest.get("inputs", [])])
     files = {v: pkg / f for v, f in manifest["variants"].items()}
     passed, results, _ = run_gate(inp, files)
     table = failure_table(results, tok_report.as_json())

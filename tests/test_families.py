@@ -22,6 +22,8 @@ import torch
 from server_process import ServerProcess
 from test_server import wait_ready
 
+from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
+
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 
@@ -214,6 +216,15 @@ def test_export_gate_passes_and_manifest_declares_token_types(family_repository,
     assert opt["fused_operators"]["SkipLayerNormalization"] == 2 * layers
 
 
+@pytest.mark.parametrize("name", ["roberta-fill-mask", "distilbert-classify", "albert-classify"])
+def test_validate_reruns_the_gate_on_family_packages(family_repository, name: str) -> None:
+    from export.validate import validate_package
+
+    repo, _ = family_repository
+    passed, table = validate_package(repo / name / "1")
+    assert passed, table
+
+
 def test_gate_fails_on_a_perturbed_roberta_graph(hf_checkpoints, tmp_path: Path, monkeypatch) -> None:
     from export import ExportConfig, export_checkpoint
     from export.errors import ParityFailure
@@ -279,6 +290,28 @@ def test_served_answers_equal_transformers(family_repository, hf_checkpoints) ->
                 assert [c.token_id for c in masks[0].candidates] == list(np.argsort(-probs)[:3])
                 np.testing.assert_allclose([c.score for c in masks[0].candidates], np.sort(probs)[::-1][:3],
                                            rtol=1e-4, atol=1e-6)
+
+            # Raw KServe tensors follow the manifest too: RoBERTa takes two inputs, a third is named and refused.
+            kserve = kserve_grpc.GRPCInferenceServiceStub(ch)
+            feeds = {k: v.numpy() for k, v in _encode(hf_checkpoints["roberta", "fill-mask"], TEXTS[:1]).items()}
+
+            def raw(names: tuple[str, ...]) -> Any:
+                req = kserve_pb.ModelInferRequest(model_name="roberta-fill-mask")
+                for n in names:
+                    req.inputs.add(name=n, datatype="INT64", shape=list(feeds[n].shape))
+                    req.raw_input_contents.append(feeds[n].tobytes())
+                return kserve.ModelInfer(req)
+
+            ok = raw(("input_ids", "attention_mask"))
+            logits = np.frombuffer(ok.raw_output_contents[0], dtype=np.float32).reshape(ok.outputs[0].shape)
+            hf = transformers.AutoModelForMaskedLM.from_pretrained(hf_checkpoints["roberta", "fill-mask"]).eval()
+            with torch.no_grad():
+                ref = hf(input_ids=torch.from_numpy(feeds["input_ids"]),
+                         attention_mask=torch.from_numpy(feeds["attention_mask"])).logits.numpy()
+            assert float(np.abs(logits - ref).max()) <= 1e-4
+            with pytest.raises(grpc.RpcError) as err:
+                raw(("input_ids", "attention_mask", "token_type_ids"))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "token_type_ids" in err.value.details()
     finally:
         proc.stop()
 
