@@ -183,8 +183,13 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False)
         if gpt2:
             return g.one("LayerNormalization", [inp, g.const(f"{prefix}.weight", wt), g.const(f"{prefix}.bias", b)],
                          axis=-1, epsilon=w.norm_eps)
-        return g.one("SimplifiedLayerNormalization", [inp, g.const(f"{prefix}.weight", wt)], axis=-1,
-                     epsilon=w.norm_eps)
+        # RMSNorm from standard ops (once per run, on the embeddings; onnxruntime fuses the pattern). The
+        # contrib SimplifiedLayerNormalization lives in the default domain, where onnx's checker rejects it.
+        mean_sq = g.one("ReduceMean", [g.one("Mul", [inp, inp]), g.const(f"{prefix}.axes", np.array([-1], np.int64))],
+                        keepdims=1)
+        eps = g.const(f"{prefix}.eps", np.array(w.norm_eps, np.float32))
+        scaled = g.one("Div", [inp, g.one("Sqrt", [g.one("Add", [mean_sq, eps])])])
+        return g.one("Mul", [scaled, g.const(f"{prefix}.weight", wt)])
 
     def skip_norm(inp: str, skip: str, wt: np.ndarray, b: np.ndarray | None, prefix: str) -> tuple[str, str]:
         """(normalized(inp + skip), inp + skip) in one fused op."""

@@ -20,7 +20,7 @@ from .config import OPSET, TASKS, VARIANTS, ExportConfig
 from .errors import ExportError, ParityFailure
 from .heldout import BUILTIN_TEXTS, default_genre_split, read_eval_data
 from .parity import GateInputs, failure_table, run_gate
-from .source import CheckpointInfo, inspect_checkpoint, load_torch_model
+from .source import LLAMA_TYPES, CheckpointInfo, inspect_checkpoint, load_torch_model
 from .tokenizer_check import check_tokenizer, package_tokenizer
 
 log = logging.getLogger(__name__)
@@ -88,13 +88,16 @@ def _labelled(cfg: ExportConfig, info: CheckpointInfo):
 def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module, out: Path) -> dict[str, Any]:
     """Write graphs, variants, tokenizer and a version-less manifest into `out`; return what the gate needs."""
     t0 = time.perf_counter()
-    head_dim = info.hidden_size // info.num_heads
+    head_dim = info.head_dim
     vocab = int(info.config["vocab_size"])
     fp32 = out / variants.FILES["fp32"]
     inplace = cfg.task == "generate" and cfg.cache_layout == "inplace"
     if inplace:
         spec = decoder_graph.export_inplace(model, info.model_type, info.max_positions, fp32)
     elif cfg.task == "generate":
+        if info.model_type in LLAMA_TYPES:
+            raise ExportError("--cache-layout: a Llama-family decoder exports with the in-place cache only "
+                              "(rotary and grouped-query attention are inside its attention op)")
         spec = graphs.export_decoder(model, info.num_layers, info.num_heads, head_dim, vocab, fp32)
     else:
         spec = graphs.export_encoder(model, cfg.task, vocab, fp32, token_types=info.token_types)
@@ -141,7 +144,7 @@ def gate_inputs(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module,
                 tok: Tokenizer, labelled) -> GateInputs:
     return GateInputs(model=model, task=cfg.task, tokenizer=tok, special_tokens=manifest["special_tokens"],
                       max_length=manifest["max_length"], num_layers=info.num_layers, num_heads=info.num_heads,
-                      head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=labelled,
+                      head_dim=info.head_dim, texts=list(BUILTIN_TEXTS), labelled=labelled,
                       tolerances=cfg.tolerances, grid=cfg.grid, threads=cfg.threads,
                       cache_layout=(manifest.get("cache") or {}).get("layout", "concat"),
                       num_kv_heads=info.num_kv_heads if cfg.task == "generate" else None,

@@ -27,12 +27,17 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "DistilBertForSequenceClassification": {"classify": "distilbert-classifier"},
     "DistilBertForMaskedLM": {"fill-mask": "distilbert-mlm"},
     "GPT2LMHeadModel": {"generate": "gpt"},
+    # Llama family: exported as the in-place graph only (rotary and grouped-query attention live in the op).
+    "LlamaForCausalLM": {"generate": "llama"},
+    "Qwen2ForCausalLM": {"generate": "llama"},
+    "MistralForCausalLM": {"generate": "llama"},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
                       for task in ("classify", "fill-mask", "generate")}
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
-MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "gpt2")
+MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "gpt2", "llama", "qwen2", "mistral")
+LLAMA_TYPES = ("llama", "qwen2", "mistral")
 # Encoder families whose graph takes token_type_ids. RoBERTa's tokenizer never sets them (the graph embeds
 # type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert")
@@ -80,6 +85,11 @@ class CheckpointInfo:
     def num_kv_heads(self) -> int:
         """Heads of keys/values: fewer than num_heads under grouped-query attention."""
         return int(self.config.get("num_key_value_heads") or self.num_heads)
+
+    @property
+    def head_dim(self) -> int:
+        """Llama-family configs may set head_dim apart from hidden_size / heads."""
+        return int(self.config.get("head_dim") or self.hidden_size // self.num_heads)
 
     @property
     def hidden_size(self) -> int:
