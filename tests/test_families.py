@@ -417,6 +417,19 @@ def test_decoder_cache_token_by_token_equals_one_pass(tmp_path: Path, name: str)
     assert torch.equal(empty, full)
 
 
+def test_rotary_cache_is_the_half_width_table_of_forward() -> None:
+    from training.llama import LlamaConfig, LlamaRotaryEmbedding
+
+    rope = LlamaRotaryEmbedding(LlamaConfig.preset("tiny", vocab_size=50, rope_theta=500.0))
+    cos, sin = rope.cache(40)
+    pos = torch.tensor([[0, 3, 39]])
+    full_cos, full_sin = rope(pos, torch.float32)
+    half = cos.shape[1]
+    assert cos.shape == (40, 8) and torch.equal(full_cos[0, :, :half], cos[pos[0]])
+    assert torch.equal(full_cos[0, :, half:], cos[pos[0]]) and torch.equal(full_sin[0, :, :half], sin[pos[0]])
+    assert float(cos[39, 0]) == pytest.approx(np.cos(39.0), abs=1e-6)  # frequency pair 0 turns 1 rad per position
+
+
 def test_decoder_greedy_equals_transformers_generate(tmp_path: Path) -> None:
     from training.llama import generate_greedy
 

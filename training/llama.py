@@ -197,6 +197,13 @@ class LlamaRotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def cache(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin tables [max_positions, head_dim/2] (fp32) for position p and frequency pair i: the
+        half-width layout onnxruntime's GroupQueryAttention / RotaryEmbedding take as cos_cache / sin_cache
+        (rotary_interleaved=0 is this rotate-half convention)."""
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * self.inv_freq
+        return freqs.cos(), freqs.sin()
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) over the two halves of the last axis."""
