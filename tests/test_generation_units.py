@@ -126,8 +126,13 @@ def test_logprobs_are_taken_before_truncation_and_after_temperature() -> None:
 
 
 def _stop_reference(text: str, stops: list[str]) -> str:
-    hits = [text.find(s) for s in stops if text.find(s) >= 0]
-    return text[:min(hits)] if hits else text
+    """Generation order: walk the text character by character; at the first character where some stop
+    sequence ends, cut before the longest one ending there (generation would have stopped there)."""
+    for end in range(1, len(text) + 1):
+        ending = [s for s in stops if text[:end].endswith(s)]
+        if ending:
+            return text[:end - max(len(s) for s in ending)]
+    return text
 
 
 @settings(max_examples=200, deadline=None)

@@ -68,7 +68,7 @@ class StopMatcher:
         if not self._stops:
             return text
         self._pending += text
-        cut = min((i for i in (self._pending.find(s) for s in self._stops) if i >= 0), default=-1)
+        cut = self._first_stop()
         if cut >= 0:
             self.stopped = True
             out, self._pending = self._pending[:cut], ""
@@ -82,6 +82,22 @@ class StopMatcher:
         """Release held-back text (generation ended without completing a stop sequence)."""
         out, self._pending = ("" if self.stopped else self._pending), ""
         return out
+
+    def _first_stop(self) -> int:
+        """Start of the stop sequence that completes first in the pending text (-1: none).
+
+        Generation order decides: the stop whose last character comes earliest wins (a stop that would only
+        complete later cannot, since generation ends at the first); of stops completing at the same
+        character, the longest. So the answer does not depend on how the text was split into pieces."""
+        best_end, best_start = None, -1
+        for stop in self._stops:
+            i = self._pending.find(stop)
+            if i < 0:
+                continue
+            end = i + len(stop)
+            if best_end is None or end < best_end or (end == best_end and i < best_start):
+                best_end, best_start = end, i
+        return best_start
 
     def _longest_stop_prefix_suffix(self) -> int:
         # Longest suffix of the pending text that is a proper prefix of some stop sequence.
