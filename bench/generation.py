@@ -56,7 +56,7 @@ class Config:
     long_prompt: int = 900
     threads: int = 2
     work: Path = ROOT / "bench" / "results" / "generation-work"
-    pieces: tuple[str, ...] = ("step", "streams", "arrival", "leave", "genai")
+    pieces: tuple[str, ...] = ("step", "streams", "arrival", "leave", "genai", "spinning")
 
     @classmethod
     def quick(cls) -> "Config":
@@ -74,7 +74,7 @@ def material(cfg: Config) -> tuple[Path, Path, list[int]]:
     ckpt = random_gpt(cfg.work, "gpt2-124m-random", overrides_from=SHAPE).path
     repo = cfg.work / "repository"
     for name, layout in (("gpt", "inplace"), ("gpt-concat", "concat")):
-        if not (repo / name / "1" / "model.json").is_file():
+        if not (repo / name / "1" / "parity.json").is_file():
             subprocess.run([sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
                             "--name", name, "--version", "1", "--cache-layout", layout, "--threads", str(cfg.threads)],
                            cwd=ROOT, check=True)
@@ -146,8 +146,12 @@ class OrtserveStreams:
 class VllmStreams:
     def __init__(self, port: int, model: str) -> None:
         import requests
+        import requests.adapters
 
         self.session = requests.Session()
+        # One kept-alive connection per stream (the default pool of 10 would reconnect beyond 10 streams).
+        adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=64)
+        self.session.mount("http://", adapter)
         self.url = f"http://127.0.0.1:{port}/v1/completions"
         self.model = model
 
@@ -189,10 +193,10 @@ def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagg
 # ----------------------------------------------------------------------------- servers
 
 
-def start_ortserve(repo: Path, cfg: Config, chunk: int = 32, slots: int = 32) -> ServerProcess:
+def start_ortserve(repo: Path, cfg: Config, chunk: int = 32, slots: int = 32, spinning: str = "auto") -> ServerProcess:
     return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
                                 "--max-sequences", str(slots), "--prefill-chunk-tokens", str(chunk),
-                                "--poll-interval", "0"])
+                                "--poll-interval", "0", "--intra-op-spinning", spinning])
 
 
 def start_vllm(ckpt: Path, cfg: Config) -> tuple[Process, int]:
@@ -288,6 +292,31 @@ def arrival_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> d
         out["vllm"] = {"runs": runs, "lone_prefill_ms": lone, "largest_gap_ms": gap, "median_itl_ms": itl,
                        "gap_over_itl": gap / itl, "long_ttft_ms": statistics.median(r["long_ttft_ms"] for r in runs),
                        "ttft_over_lone": statistics.median(r["long_ttft_ms"] for r in runs) / statistics.median(lone)}
+    return out
+
+
+def spinning_piece(cfg: Config, repo: Path, pool: list[int], tok) -> dict[str, Any]:
+    """The server's own decode loop with onnxruntime's intra-op spinning on vs off, interleaved."""
+    servers = {mode: start_ortserve(repo, cfg, spinning=mode) for mode in ("on", "off")}
+    clients = {mode: OrtserveStreams(srv.address, "gpt") for mode, srv in servers.items()}
+    out: dict[str, Any] = {}
+    try:
+        for n in (1, 8):
+            rows: dict[str, list[float]] = {m: [] for m in clients}
+            for rep in range(cfg.repeats):
+                for mode, client in clients.items():
+                    batch = prompts(pool, n, cfg.prompt_tokens, salt=1500 + 10 * rep + n)
+                    wall, recs = run_streams(client, batch, cfg.new_tokens, tok)
+                    rows[mode].append(sum(r.tokens for r in recs) / wall)
+            med = {m: statistics.median(v) for m, v in rows.items()}
+            out[str(n)] = {"runs": rows, "on_tokens_per_s": med["on"], "off_tokens_per_s": med["off"],
+                           "off_cost": 1 - med["off"] / med["on"]}
+            log.info("spinning %d streams: on %.1f, off %.1f tok/s", n, med["on"], med["off"])
+    finally:
+        for c in clients.values():
+            c.close()
+        for srv in servers.values():
+            srv.stop()
     return out
 
 
@@ -402,8 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pieces", default=None, help="comma list of step,streams,arrival,leave,genai")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generation.json")
+    ap.add_argument("--docs", type=Path, default=None,
+                    help="write the section into this report (e.g. docs/BENCHMARKS.md); also `--render-only`")
+    ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if a.render_only:
+        write_docs(json.loads(a.out.read_text()), a.docs or ROOT / "docs" / "BENCHMARKS.md")
+        return 0
     cfg = Config.quick() if a.quick else Config()
     pieces = tuple(a.pieces.split(",")) if a.pieces else cfg.pieces
     from tokenizers import Tokenizer
@@ -439,6 +474,11 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 ours.close()
                 server.stop()
+        if "spinning" in pieces:
+            if vllm_proc is not None:
+                vllm_proc.stop()
+                vllm_proc, vllm = None, None
+            report["spinning"] = spinning_piece(cfg, repo, pool, tok)
         if "arrival" in pieces:
             if vllm is None and not a.no_vllm:
                 vllm_proc, port = start_vllm(ckpt, cfg)
@@ -451,9 +491,113 @@ def main(argv: list[str] | None = None) -> int:
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=2))
     os.replace(tmp, a.out)
+    if a.docs is not None:
+        write_docs(report, a.docs)
     print(json.dumps({k: v for k, v in report.items() if k not in ("machine", "config")}, indent=1)[:6000])
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ----------------------------------------------------------------------------- report
+
+BEGIN, END = "<!-- generation:begin -->", "<!-- generation:end -->"
+
+
+def _f(x: float, d: int = 1) -> str:
+    return f"{x:.{d}f}"
+
+
+def render_section(r: dict[str, Any]) -> list[str]:
+    """Markdown for docs/BENCHMARKS.md (between the generation markers; `python -m bench report` keeps it)."""
+    m = r.get("machine", {})
+    lines = [BEGIN, "## Generation vs peers (bench/generation.py)", "",
+             f"- Command: `{r.get('command', 'python -m bench.generation')}`; run at {r.get('started')}",
+             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu', '?')}; git {m.get('git_commit', '?')}",
+             "- Checkpoint: GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, "
+             "fp32) saved in HF layout; ortserve serves its `python -m export` package (in-place cache + mixed graph), "
+             "vLLM 0.32.0 CPU loads the checkpoint directory (`--dtype float32`, OpenAI server), onnxruntime-genai "
+             "0.18.0 runs the same model.onnx in-process. 2 threads each; one side under load at a time.", ""]
+    st = r.get("streams")
+    if st:
+        lines += ["### Aggregate tokens/s and time to first token (32-token prompts, 128 new tokens, greedy, ignore eos)", "",
+                  "| streams | ortserve tok/s | vLLM tok/s | ratio | ortserve TTFT p50 ms | vLLM TTFT p50 ms |",
+                  "|---|---|---|---|---|---|"]
+        for n, v in st.items():
+            o, p = v["ortserve"], v.get("vllm")
+            lines.append(f"| {n} | {_f(o['tokens_per_s'])} | {_f(p['tokens_per_s']) if p else '-'} | "
+                         f"{_f(v['ratio_tokens_per_s'], 2) if p else '-'} | {_f(o['ttft_p50_ms'], 0)} | "
+                         f"{_f(p['ttft_p50_ms'], 0) if p else '-'} |")
+        lines.append("")
+    ar = r.get("arrival")
+    if ar:
+        lines += ["### A 900-token prompt arrives while 4 streams decode", "",
+                  "| server | prefill chunk | largest gap ms | median ITL ms | gap / ITL | long prompt TTFT ms | lone prefill ms | TTFT / lone |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for chunk, v in ar.get("ortserve", {}).items():
+            lines.append(f"| ortserve | {chunk} | {_f(v['largest_gap_ms'], 0)} | {_f(v['median_itl_ms'])} | "
+                         f"{_f(v['gap_over_itl'], 2)} | {_f(v['long_ttft_ms'], 0)} | "
+                         f"{_f(statistics.median(v['lone_prefill_ms']), 0)} | {_f(v['ttft_over_lone'], 2)} |")
+        if "vllm" in ar:
+            v = ar["vllm"]
+            lines.append(f"| vLLM | (its own) | {_f(v['largest_gap_ms'], 0)} | {_f(v['median_itl_ms'])} | "
+                         f"{_f(v['gap_over_itl'], 2)} | {_f(v['long_ttft_ms'], 0)} | "
+                         f"{_f(statistics.median(v['lone_prefill_ms']), 0)} | {_f(v['ttft_over_lone'], 2)} |")
+        lines.append("")
+    lv = r.get("leave")
+    if lv:
+        lines += ["### A sequence leaving (streams of staggered lengths)", "",
+                  "| streams | median gap ms | worst gap right after a leave ms | worst / median |", "|---|---|---|---|"]
+        lines += [f"| {n} | {_f(v['median_gap_ms'])} | {_f(v['worst_gap_after_a_leave_ms'])} | "
+                  f"{_f(v['worst_over_median'], 2)} |" for n, v in lv.items()]
+        lines.append("")
+    sp = r.get("step")
+    if sp:
+        lines += ["### Decode step growth with the cache (in-process, batch 8)", "",
+                  f"past 16: {_f(sp['past16_ms'])} ms, past 1000: {_f(sp['past1000_ms'])} ms, growth "
+                  f"{_f(sp['growth_ms'])} ms; reading the extra {sp['extra_cache_bytes'] / 1e6:.0f} MB of cache once at "
+                  f"the {_f(sp['read_bandwidth_gb_s'])} GB/s measured in the same run takes {_f(sp['read_floor_ms'])} ms: "
+                  f"growth = {_f(sp['growth_over_floor'], 2)} × that floor.", ""]
+    ge = r.get("genai")
+    if ge:
+        lines += ["### ortserve over gRPC vs onnxruntime-genai in-process, same model.onnx", "",
+                  "| batch | ortserve gRPC tok/s | genai in-process tok/s | ratio |", "|---|---|---|---|"]
+        lines += [f"| {b} | {_f(v['ortserve_grpc'])} | {_f(v['genai_in_process'])} | {_f(v['ratio'], 2)} |"
+                  for b, v in ge.items()]
+        lines.append("")
+    spn = r.get("spinning")
+    if spn:
+        lines += ["### onnxruntime intra-op spinning in the server's decode loop", "",
+                  "| streams | spinning on tok/s | off tok/s | cost of off |", "|---|---|---|---|"]
+        lines += [f"| {n} | {_f(v['on_tokens_per_s'])} | {_f(v['off_tokens_per_s'])} | {100 * v['off_cost']:.0f}% |"
+                  for n, v in spn.items()]
+        lines.append("")
+    if r.get("findings"):
+        lines += ["### Findings", "", *r["findings"], ""]
+    return lines + [END]
+
+
+def write_docs(r: dict[str, Any], path: Path) -> None:
+    """Replace (or append) the generation block of docs/BENCHMARKS.md; temp file, then rename."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else "# Benchmarks\n"
+    block = "\n".join(render_section(r))
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def existing_block(path: Path) -> str:
+    """The generation block of an existing report (kept when `python -m bench report` rewrites the rest)."""
+    if not path.is_file():
+        return ""
+    text = path.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        return ""
+    return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END

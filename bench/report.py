@@ -250,7 +250,11 @@ def render(results: dict[str, dict[str, Any]], docs: Path | None, plots: Path | 
         lines += section(res)
         for p in made.get(piece, []):
             lines += [_img(p, docs, PLOT_TITLES.get(p.stem, p.stem)), ""]
-    text = "\n".join(lines).rstrip() + "\n"
+    # The generation section comes from its own run (python -m bench.generation --docs ...): keep it.
+    from .generation import existing_block
+
+    kept = existing_block(docs) if docs is not None else ""
+    text = "\n".join(lines).rstrip() + "\n" + (f"\n{kept}\n" if kept else "")
     if docs is not None:
         write_text(docs, text)
         log.info("wrote %s", docs)
