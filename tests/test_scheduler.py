@@ -71,6 +71,19 @@ def test_continuation_chunks_run_alone_and_first_chunks_start_at_zero() -> None:
     assert b.status is Status.WAITING
 
 
+def test_a_tail_of_at_most_a_quarter_of_the_budget_goes_with_the_chunk() -> None:
+    s = make(chunk=8)
+    s.add(SeqState(1))
+    execute(s, s.plan())
+    ten, eleven = SeqState(10), SeqState(11)
+    s.add(ten)
+    plan = s.plan()
+    assert [c.length for call in plan.prefill for c in call.chunks] == [10]   # 10 <= 8 + 2: whole
+    execute(s, plan)
+    s.add(eleven)
+    assert [c.length for call in s.plan().prefill for c in call.chunks] == [8]   # 11 > 10: cut
+
+
 def test_a_lone_prompt_uses_the_large_budget() -> None:
     s = make(chunk=8, max_prefill=64)
     q = SeqState(50)

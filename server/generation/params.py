@@ -147,7 +147,8 @@ class GenerationConfig:
     max_waiting: int = 64            # admitted requests not yet prefilled
     max_tokens_in_flight: int = 65536  # sum of (prompt + max_new_tokens) over waiting and active requests
     max_prefill_tokens: int = 1024   # padded prompt tokens (rows x longest chunk) per iteration when none decodes
-    prefill_chunk_tokens: int = 32   # prompt tokens per iteration while others decode (in-place-cache models)
+    prefill_chunk_tokens: int = 28   # prompt tokens per iteration while others decode (in-place-cache models)
+    arrival_window_ms: float = 5.0   # waking from idle: longest wait for simultaneous arrivals (0 = none)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",
@@ -155,3 +156,6 @@ class GenerationConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")
+        if isinstance(self.arrival_window_ms, bool) or not isinstance(self.arrival_window_ms, (int, float)) \
+                or not 0 <= self.arrival_window_ms <= 1000:
+            raise ValueError(f"generation.arrival_window_ms: must be in [0, 1000], got {self.arrival_window_ms!r}")

@@ -9,7 +9,8 @@ A sequence owns one cache slot from admission to finish. Each iteration the sche
         past only at batch 1 when more than one token is new).
 The prefill budget is `chunk_tokens` while anyone decodes (so a long prompt is cut into chunks that
 interleave with the running streams) and `max_prefill_tokens` otherwise (a lone prompt goes at once).
-Padded positions count against the budget: they cost compute like real ones.
+Padded positions count against the budget: they cost compute like real ones. A prompt whose rest exceeds
+the budget by at most a quarter goes whole rather than leaving a tiny tail for another iteration.
 
 The executor runs the plan; a sequence's status moves WAITING → PREFILLING → DECODING → FINISHED
 through the methods below, which the engine calls as results come back.
@@ -163,7 +164,7 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.status is Status.PREFILLING:
-                n = min(seq.remaining_prompt, budget)
+                n = _chunk(seq.remaining_prompt, budget)
                 calls.append(PrefillCall((Chunk(seq, seq.computed, n),), first_prompt=False))
                 budget -= n
         # 2. New arrivals into free slots, as many as the budget (counting padding) allows.
@@ -171,7 +172,7 @@ class Scheduler:
         width = 0
         while self.waiting and self._free and budget > 0:
             seq = self.waiting[0]
-            n = min(seq.prompt_len, budget)
+            n = _chunk(seq.prompt_len, budget)
             new_width = max(width, n)
             if admitted and new_width * (len(admitted) + 1) > budget:
                 break
@@ -198,6 +199,12 @@ class Scheduler:
             return
         self._free.append(slot)
         self._free.sort()
+
+
+def _chunk(remaining: int, budget: int) -> int:
+    """Tokens to prefill now: the budget, or all that remain when they exceed it by at most a quarter (one
+    slightly longer run costs less than a tiny extra one, which pays a whole pass over the weights)."""
+    return remaining if remaining <= budget + budget // 4 else min(remaining, budget)
 
 
 def _contiguous_groups(chunks: Iterable[Chunk]) -> list[PrefillCall]:

@@ -158,17 +158,23 @@ class SlotEngine(GenerationEngine):
     # ------------------------------------------------------------------ warm-up
 
     def warmup(self) -> None:
-        """A two-row first prompt, a continuation chunk, and a decode step with a hole; raises on any failure."""
+        """Every kind of run serving will make, at full width (so onnxruntime sizes its buffers now, not during
+        the first requests): a two-row first prompt, a continuation chunk, a decode step over every slot with
+        a hole, and the mixed graph's decode + chunk. Raises on any failure; the slots' contents do not matter
+        afterwards (every position is written before it is read)."""
         start = next((t for t in (self.spec.bos_id, self.spec.eos_id) if t is not None), 0)
-        r = self._runner
-        pair = [PrefillRow(0, [start, start], 0)] + ([PrefillRow(1, [start], 0)] if r.num_slots > 1 else [])
-        first = r.prefill(pair, first_prompt=True)
-        self._check_logits(first, len(pair), "prefill")
-        more = r.prefill([PrefillRow(0, [start, start], 2)], first_prompt=False)
+        r, n = self._runner, self._runner.num_slots
+        chunk = max(1, min(self.config.prefill_chunk_tokens, self.spec.max_length // 2))
+        pair = [PrefillRow(0, [start] * chunk, 0)] + ([PrefillRow(1, [start], 0)] if n > 1 else [])
+        self._check_logits(r.prefill(pair, first_prompt=True), len(pair), "prefill")
+        more = r.prefill([PrefillRow(0, [start] * 2, chunk)], first_prompt=False)
         self._check_logits(more, 1, "prefill chunk")
-        rows = [DecodeRow(0, start, 4)] + ([DecodeRow(2, start, 0)] if r.num_slots > 2 else [])
-        step = r.decode(rows, {1: 1})    # slot 1 sits in the range without decoding
-        self._check_logits(step, len(rows), "step")
+        rows = [DecodeRow(slot, start, 1) for slot in range(n) if slot != 1 or n == 1]
+        self._check_logits(r.decode(rows, {1: 1}), len(rows), "step")   # slot 1 sits in the range, idle
+        if r.mixed_session is not None:
+            dec, pre = r.decode_and_prefill(rows, {}, [PrefillRow(1 if n > 1 else 0, [start] * chunk, 0)], True)
+            self._check_logits(dec, len(rows), "mixed step")
+            self._check_logits(pre, 1, "mixed chunk")
 
     # ------------------------------------------------------------------ metrics
 

@@ -10,6 +10,12 @@ new tokens land at [lens[b] - sequence, lens[b]). A decode call covers slots [0,
 that are not decoding get a throw-away token written where their owner will write next anyway (position
 0 of a free slot, the next prompt position of a prefilling one), so the call never disturbs them.
 
+With the package's mixed graph (two groups of rows sharing every weight multiplication), EVERY call goes
+through that one session: a decode step with a prompt chunk, or either alone beside a one-token throw-away
+row in a scratch slot (one slot past the last real one). One session, not two, because two sessions have
+two intra-op thread pools: right after a run of one, its threads still spin, and the first runs of the
+other were measured 1.5-3x slower (bench/generation.py "arrival"); the throw-away row costs ~3%.
+
 Synchronous on purpose: the engine runs these in its own thread (onnxruntime releases the GIL).
 """
 from __future__ import annotations
@@ -43,7 +49,8 @@ class SlotRunner:
         self.mixed_session = mixed   # the package's two-group graph (decode rows + one prompt chunk), if any
         self.spec = spec
         self.num_slots = num_slots
-        shape = (num_slots, spec.num_kv_heads, spec.max_length, spec.head_dim)
+        self.scratch = num_slots          # the throw-away slot of the mixed graph's filler rows
+        shape = (num_slots + (1 if mixed is not None else 0), spec.num_kv_heads, spec.max_length, spec.head_dim)
         # np.ones then zero: every page is touched now, not during the first steps that reach it.
         self.buffers: dict[str, np.ndarray] = {}
         for name in spec.past_names:
@@ -65,7 +72,10 @@ class SlotRunner:
         idle_positions: for slots below the highest decoding slot that are not decoding, where a
         throw-away write is harmless (missing = 0, a free slot)."""
         hi, feeds = self._decode_feeds(rows, idle_positions)
-        logits = self._run([(self.session, "", 0, hi, *feeds)])[0]
+        if self.mixed_session is not None:
+            logits = self._run([(self.mixed_session, "", 0, hi, *feeds), self._filler("chunk.")])[0]
+        else:
+            logits = self._run([(self.session, "", 0, hi, *feeds)])[0]
         return logits[[r.slot for r in rows], 0, :]
 
     def decode_and_prefill(self, rows: list[DecodeRow], idle_positions: dict[int, int], chunk: list[PrefillRow],
@@ -84,8 +94,17 @@ class SlotRunner:
         first_prompt: every row starts at 0 (rows may differ in length: right padding). Otherwise exactly
         one row, which continues its own prompt at `start`."""
         lo, n, feeds, last = self._prefill_feeds(rows, first_prompt)
-        logits = self._run([(self.session, "", lo, lo + n, *feeds)])[0]
+        if self.mixed_session is not None:
+            logits = self._run([self._filler(""), (self.mixed_session, "chunk.", lo, lo + n, *feeds)])[1]
+        else:
+            logits = self._run([(self.session, "", lo, lo + n, *feeds)])[0]
         return logits[np.arange(n), last, :]
+
+    def _filler(self, prefix: str) -> tuple:
+        """One throw-away token at position 0 of the scratch slot, for the mixed graph's idle group."""
+        one = np.full((1, 1), self.spec.pad_id, dtype=np.int64)
+        return (self.mixed_session, prefix, self.scratch, self.scratch + 1, one, np.ones(1, np.int64),
+                np.zeros((1, 1), np.int64))
 
     # ------------------------------------------------------------------ inputs
 
