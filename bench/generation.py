@@ -52,7 +52,7 @@ class Config:
     prompt_tokens: int = 32
     new_tokens: int = 128
     repeats: int = 2
-    chunk_sizes: tuple[int, ...] = (16, 32, 64)
+    chunk_sizes: tuple[int, ...] = (16, 28, 40)   # 28 = the server's default
     long_prompt: int = 900
     threads: int = 2
     work: Path = ROOT / "bench" / "results" / "generation-work"
@@ -60,7 +60,7 @@ class Config:
 
     @classmethod
     def quick(cls) -> "Config":
-        return cls(concurrency=(1, 4), new_tokens=32, repeats=1, chunk_sizes=(32,), long_prompt=300)
+        return cls(concurrency=(1, 4), new_tokens=32, repeats=1, chunk_sizes=(28,), long_prompt=300)
 
 
 # ----------------------------------------------------------------------------- material
@@ -193,10 +193,13 @@ def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagg
 # ----------------------------------------------------------------------------- servers
 
 
-def start_ortserve(repo: Path, cfg: Config, chunk: int = 32, slots: int = 32, spinning: str = "auto") -> ServerProcess:
+def start_ortserve(repo: Path, cfg: Config, chunk: int | None = None, slots: int = 32,
+                   spinning: str = "auto") -> ServerProcess:
+    """The server with its defaults except: 2 threads, 32 slots (the peers' --max-num-seqs), no polling."""
+    extra = ["--prefill-chunk-tokens", str(chunk)] if chunk is not None else []
     return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
-                                "--max-sequences", str(slots), "--prefill-chunk-tokens", str(chunk),
-                                "--poll-interval", "0", "--intra-op-spinning", spinning])
+                                "--max-sequences", str(slots), "--poll-interval", "0",
+                                "--intra-op-spinning", spinning, *extra])
 
 
 def start_vllm(ckpt: Path, cfg: Config) -> tuple[Process, int]:
