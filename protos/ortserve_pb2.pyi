@@ -70,6 +70,40 @@ class ClassifyResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[Classification]
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ...) -> None: ...
 
+class EmbedRequest(_message.Message):
+    __slots__ = ("model", "version", "texts", "truncate")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    truncate: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., texts: _Optional[_Iterable[str]] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("values", "tokens")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    tokens: int
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("model", "version", "embeddings", "dimension", "normalized")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
+    dimension: int
+    normalized: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., dimension: _Optional[int] = ..., normalized: _Optional[bool] = ...) -> None: ...
+
 class FillMaskRequest(_message.Message):
     __slots__ = ("model", "version", "texts", "top_k", "truncate")
     MODEL_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class TaskServiceStub:
                 request_serializer=protos_dot_ortserve__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=protos_dot_ortserve__pb2.GenerateStreamResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/ortserve.v1.TaskService/Embed',
+                request_serializer=protos_dot_ortserve__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=protos_dot_ortserve__pb2.EmbedResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/ortserve.v1.TaskService/ListModels',
                 request_serializer=protos_dot_ortserve__pb2.ListModelsRequest.SerializeToString,
@@ -97,6 +102,13 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """One vector per text from an embedding model (task "embed").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -131,6 +143,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=protos_dot_ortserve__pb2.GenerateRequest.FromString,
                     response_serializer=protos_dot_ortserve__pb2.GenerateStreamResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=protos_dot_ortserve__pb2.EmbedRequest.FromString,
+                    response_serializer=protos_dot_ortserve__pb2.EmbedResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -251,6 +268,33 @@ class TaskService:
             '/ortserve.v1.TaskService/GenerateStream',
             protos_dot_ortserve__pb2.GenerateRequest.SerializeToString,
             protos_dot_ortserve__pb2.GenerateStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.TaskService/Embed',
+            protos_dot_ortserve__pb2.EmbedRequest.SerializeToString,
+            protos_dot_ortserve__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

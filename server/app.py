@@ -1,8 +1,11 @@
-"""The server process: one grpc.aio server (task API, KServe v2, health, reflection) + a metrics endpoint.
+"""The server process: one grpc.aio server (task API, KServe v2, health, reflection), the HTTP front door
+(KServe v2 REST, OpenAI-compatible API; server/http/) on the same event loop and data plane, and a metrics
+endpoint.
 
-Start-up order: bind and start gRPC (health answers NOT_SERVING meanwhile), start the metrics endpoint,
-load the repository, then SERVING. SIGTERM / SIGINT: health NOT_SERVING and new work refused with
-UNAVAILABLE, admitted requests finish within grace_period, then the process exits 0.
+Start-up order: bind and start gRPC (health answers NOT_SERVING meanwhile), then HTTP, start the metrics
+endpoint, load the repository, then SERVING. SIGTERM / SIGINT: health NOT_SERVING and new work refused with
+UNAVAILABLE (HTTP 503), admitted requests on either protocol finish within grace_period, then the process
+exits 0.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from prometheus_client import start_http_server
 from protos import grpc_service_pb2, grpc_service_pb2_grpc, ortserve_pb2, ortserve_pb2_grpc
 from server.auth import BearerTokenInterceptor
 from server.dataplane import DataPlane
+from server.http.app import build_app
+from server.http.serve import HttpServer
 from server.metrics import Metrics
 from server.servicers.health import HealthServicer
 from server.servicers.kserve import KServeServicer
@@ -45,6 +50,7 @@ class StartupError(Exception):
 class Endpoints:
     grpc_port: int
     metrics_port: int | None
+    http_port: int | None = None
 
 
 def reflection_pool() -> descriptor_pool.DescriptorPool:
@@ -62,6 +68,7 @@ class OrtServer:
         self.plane = DataPlane(settings, self.metrics)
         self._grpc: grpc.aio.Server | None = None
         self._metrics_httpd: Any = None
+        self._http: HttpServer | None = None
         self.endpoints: Endpoints | None = None
 
     async def start(self) -> Endpoints:
@@ -88,21 +95,45 @@ class OrtServer:
         self._grpc = server
         scheme = "TLS" if s.tls_cert else "plaintext"
         log.info("listening on %s:%d (%s)", s.host, port, scheme, extra={"port": port})
+        http_port = None
+        if s.http_port >= 0:
+            http_port = await self._start_http(scheme)
         metrics_port = None
         if s.metrics_port >= 0:
             try:
                 self._metrics_httpd, _ = start_http_server(s.metrics_port, addr=s.host,
                                                            registry=self.metrics.registry)
             except OSError as exc:
-                await server.stop(None)
+                await self._stop_servers()
                 raise StartupError(f"--metrics-port: cannot serve on {s.host}:{s.metrics_port}: {exc}") from None
             metrics_port = self._metrics_httpd.server_port
             log.info("metrics on %s:%d", s.host, metrics_port, extra={"metrics_port": metrics_port})
-        self.endpoints = Endpoints(port, metrics_port)
+        self.endpoints = Endpoints(port, metrics_port, http_port)
         await self.plane.open(poll=True)
         log.info("ready: %d model version(s) SERVING",
                  sum(1 for m in self.plane.list_models() if m.state.value == "SERVING"))
         return self.endpoints
+
+    async def _start_http(self, scheme: str) -> int:
+        s = self.settings
+        app = build_app(self.plane, s.max_message_bytes, s.auth_token)
+        http = HttpServer(app, s.host, s.http_port, s.tls_cert, s.tls_key, grace=1.0)
+        try:
+            port = await http.start()
+        except Exception as exc:  # bind (OSError) or TLS context (ssl.SSLError) problems
+            await self._stop_servers()
+            raise StartupError(f"--http-port: cannot serve on {s.host}:{s.http_port}: {exc}") from None
+        self._http = http
+        log.info("http listening on %s:%d (%s)", s.host, port, scheme, extra={"http_port": port})
+        return port
+
+    async def _stop_servers(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
+        if self._grpc is not None:
+            await self._grpc.stop(None)
+            self._grpc = None
 
     async def shutdown(self) -> None:
         """Drain: refuse new work, let admitted requests finish (up to grace_period), stop."""
@@ -111,6 +142,8 @@ class OrtServer:
         log.info("draining: %d request(s) in flight, grace period %.1fs", self.plane.inflight, grace)
         if not await self.plane.wait_idle(grace):
             log.warning("grace period over with %d request(s) still running; cancelling them", self.plane.inflight)
+        if self._http is not None:
+            await self._http.stop()  # lets the last responses flush, closes idle keep-alive connections
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)  # lets the last responses flush
         await self.plane.close()

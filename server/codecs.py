@@ -22,6 +22,8 @@ _TO_NUMPY: dict[str, np.dtype] = {
     "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
     "BYTES": np.dtype(object),
 }
+DATATYPES = frozenset(_TO_NUMPY)
+
 # Which InferTensorContents field holds each datatype.
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",

@@ -28,7 +28,7 @@ from server.model import RuntimeConfig, ServedModel
 from server.repository import ModelRepository
 from server.sessions import SessionConfig, resolve_providers
 from server.settings import ServerSettings
-from server.types import (ClassifyResult, FillMaskResult, GenerateResult, InferResult, ModelInfo, ModelMetadata,
+from server.types import (ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo, ModelMetadata,
                           ModelState, ModelStatistics, ModelStatus, RepositoryEntry, StreamPart, TensorMetadata)
 from server.version import ModelVersion
 
@@ -186,6 +186,11 @@ class DataPlane:
         async with self.lease(model, version) as served:
             return await served.fill_mask(texts, top_k, truncate, deadline)
 
+    async def embed(self, model: str, version: int, texts: list[str], truncate: bool = False,
+                    deadline: float | None = None) -> EmbedResult:
+        async with self.lease(model, version) as served:
+            return await served.embed(texts, truncate, deadline)
+
     async def generate(self, model: str, version: int, prompt: str, params: GenerationParams,
                        deadline: float | None = None) -> GenerateResult:
         async with self.lease(model, version) as served:
@@ -202,6 +207,14 @@ class DataPlane:
                     yield StreamPart(model=served.name, version=served.version, chunk=chunk)
             finally:
                 await chunks.aclose()  # type: ignore[attr-defined]
+
+    def token_texts(self, model: str, version: int, token_ids: list[int]) -> list[str]:
+        """Tokens of a generation model, each decoded alone (for logprobs)."""
+        return self.repository.resolve(model, version).model.token_texts(token_ids)
+
+    def chat_template(self, model: str, version: int = 0) -> ChatTemplate | None:
+        """The chat template of the version a request would reach; None when its package has none."""
+        return self.repository.resolve(model, version).model.chat_template()
 
     # ------------------------------------------------------------------ raw tensors
 

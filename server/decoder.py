@@ -20,6 +20,7 @@ from server.generation import (EngineStoppedError, GenerationEngine, GenerationP
 from server.model import Feeds, Loaded, ServedModel
 from server.sessions import create_session, run_failure
 from server.tokenization import load_tokenizer
+from server.types import ChatTemplate
 
 
 @contextlib.contextmanager
@@ -42,7 +43,7 @@ def engine_errors() -> Iterator[None]:
 class DecoderModel(ServedModel):
     def __init__(self, parts: Loaded) -> None:
         super().__init__(parts)
-        tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
+        tokenizer = self.tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
         # An in-place package may carry a mixed graph (decode rows + a prompt chunk in one run): same weights,
         # so it goes with the fp32 variant only.
         mixed_file = (self.manifest.cache.extra.get("mixed_graph") if self.manifest.cache is not None else None)
@@ -65,6 +66,22 @@ class DecoderModel(ServedModel):
 
     async def close(self) -> None:
         await self.engine.stop()
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in token_ids]
+
+    def chat_template(self) -> ChatTemplate | None:
+        found = super().chat_template()
+        if found is None:
+            return None
+        variables = {}
+        for name in ("bos_token", "eos_token"):
+            token_id = self.manifest.special_tokens.get(name.removesuffix("_token"), None)
+            token_id = self.manifest.special_tokens.get(name, token_id)
+            text = self.tokenizer.id_to_token(token_id) if isinstance(token_id, int) else None
+            if text is not None:
+                variables[name] = text
+        return ChatTemplate(found.template, variables)
 
     async def generate(self, prompt: str, params: GenerationParams, deadline: float | None) -> GenerationResult:
         with engine_errors():

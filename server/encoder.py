@@ -1,4 +1,4 @@
-"""A served encoder (classify or fill-mask): text or raw tensors in, one dynamic batcher, onnxruntime.
+"""A served encoder (classify, fill-mask or embed): text or raw tensors in, one dynamic batcher, onnxruntime.
 
 Task calls tokenize, then submit their rows to the batcher; raw KServe ModelInfer submits the caller's
 tensors to the same batcher, so both kinds of request share batches.
@@ -15,7 +15,7 @@ from server.errors import ServingError
 from server.model import Feeds, Loaded, ServedModel
 from server.sessions import run_failure, warm_up_encoder
 from server.tokenization import TextEncoder, pad_batch
-from server.types import (Classification, ClassifyResult, FillMaskResult, LabelScore, MaskPrediction,
+from server.types import (Classification, ClassifyResult, EmbedResult, FillMaskResult, LabelScore, MaskPrediction,
                           TokenCandidate)
 
 DEFAULT_FILL_MASK_TOP_K = 5
@@ -113,6 +113,19 @@ class EncoderModel(ServedModel):
             scores = [LabelScore(labels[i], float(probs[i])) for i in keep]
             results.append(Classification(label=labels[order[0]], score=float(probs[order[0]]), scores=scores))
         return ClassifyResult(model=self.name, version=self.version, results=results, labels=labels)
+
+    async def embed(self, texts: list[str], truncate: bool, deadline: float | None) -> EmbedResult:
+        """One vector per text: the graph pools (and normalizes) inside, so padding in a batch changes nothing."""
+        if self.task != "embed":
+            raise self._not("embed")
+        if not texts:
+            raise ServingError.invalid("texts", "at least one text is required")
+        rows = self.encoder.encode([(t, None) for t in texts], truncate, field="texts", text_attr="")
+        feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
+        vectors = (await self.run_batched(feeds, deadline))["embeddings"]
+        pooling = self.manifest.extra.get("embedding") or {}
+        return EmbedResult(model=self.name, version=self.version, embeddings=np.asarray(vectors, dtype=np.float32),
+                           token_counts=[len(r.ids) for r in rows], normalized=bool(pooling.get("normalize")))
 
     def mask_token_id(self) -> int:
         mask = self.manifest.special_token("mask")

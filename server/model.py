@@ -25,7 +25,7 @@ from server.package import Package
 from server.sessions import SessionConfig, SessionRunner
 from server.signature import TensorSpec, check_inputs, specs_from_manifest
 from server.stats import ModelStats
-from server.types import ClassifyResult, FillMaskResult
+from server.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult
 
 Feeds = dict[str, np.ndarray]
 
@@ -107,11 +107,23 @@ class ServedModel(ABC):
                         deadline: float | None) -> FillMaskResult:
         raise self._not("fill-mask")
 
+    async def embed(self, texts: list[str], truncate: bool, deadline: float | None) -> EmbedResult:
+        raise self._not("embed")
+
     async def generate(self, prompt: str, params: GenerationParams, deadline: float | None) -> GenerationResult:
         raise self._not("generate")
 
     def stream(self, prompt: str, params: GenerationParams, deadline: float | None) -> AsyncIterator[StreamChunk]:
         raise self._not("generate")
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token decoded alone (OpenAI logprobs name tokens by their text)."""
+        raise self._not("generate")
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The package's chat template (model.json `chat_template`), None when it carries none."""
+        template = self.manifest.extra.get("chat_template")
+        return ChatTemplate(template) if isinstance(template, str) and template else None
 
     def _not(self, task: str) -> ServingError:
         return ServingError.invalid("model", f"{self.name!r} is a {self.task} model, not {task}")

@@ -126,6 +126,12 @@ def warm_up_encoder(runner: SessionRunner, manifest: Manifest, max_batch_size: i
 
 
 def _check_encoder_output(out: dict[str, np.ndarray], manifest: Manifest, batch: int, seq: int) -> None:
+    if manifest.task == "embed":
+        vectors = out.get("embeddings")
+        if vectors is None or vectors.ndim != 2 or vectors.shape[0] != batch:
+            raise PackageError("warm-up: an embedding graph answers 'embeddings' [batch, dimension], got "
+                               f"{None if vectors is None else list(vectors.shape)}")
+        return
     logits = out.get("logits")
     if logits is None:
         raise PackageError("warm-up: the graph has no 'logits' output")

@@ -35,6 +35,8 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8001                      # 0 = pick a free port (logged as "listening on HOST:PORT")
     metrics_port: int = 8002              # 0 = pick a free port, -1 = no metrics endpoint
+    http_port: int = 8000                 # HTTP front door (KServe v2 REST + OpenAI API); 0 = pick one
+    #                                     (logged as "http listening on HOST:PORT"), -1 = no HTTP server
     poll_interval: float = 5.0            # seconds between repository scans; 0 = no polling
     providers: list[str] = field(default_factory=list)  # [] = CUDA when available, then CPU
     intra_op_threads: int = 0             # 0 = onnxruntime's default
@@ -56,7 +58,7 @@ class ServerSettings:
     max_prefill_tokens: int = _ENGINE.max_prefill_tokens  # padded prompt tokens (rows x longest chunk) per step
     #                                     when no sequence decodes
     grace_period: float = 20.0            # SIGTERM: seconds to let in-flight requests finish
-    max_message_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = 64 * 1024 * 1024  # gRPC messages both ways, and HTTP request bodies
     tls_cert: Path | None = None
     tls_key: Path | None = None
     auth_token: str | None = None
@@ -73,8 +75,9 @@ class ServerSettings:
             raise bad("repository", f"{self.repository} is not a directory")
         if not 0 <= self.port <= 65535:
             raise bad("port", f"must be in 0..65535, got {self.port}")
-        if not -1 <= self.metrics_port <= 65535:
-            raise bad("metrics_port", f"must be in -1..65535, got {self.metrics_port}")
+        for name in ("metrics_port", "http_port"):
+            if not -1 <= getattr(self, name) <= 65535:
+                raise bad(name, f"must be in -1..65535, got {getattr(self, name)}")
         for name in ("poll_interval", "max_queue_delay_ms", "grace_period"):
             if getattr(self, name) < 0:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
@@ -171,6 +174,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--host", help="address to bind (default 127.0.0.1; 0.0.0.0 in a container)")
     p.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (default 8001)")
     p.add_argument("--metrics-port", type=int, help="Prometheus HTTP port; 0 picks one, -1 disables (default 8002)")
+    p.add_argument("--http-port", type=int,
+                   help="HTTP port (KServe v2 REST, OpenAI-compatible API); 0 picks one, -1 disables (default 8000)")
     p.add_argument("--poll-interval", type=float, help="seconds between repository scans, 0 = off (default 5)")
     p.add_argument("--providers", help="comma-separated onnxruntime providers (default: CUDA if available, CPU)")
     p.add_argument("--intra-op-threads", type=int, help="onnxruntime intra-op threads (0 = its default)")
@@ -194,7 +199,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--intra-op-spinning", choices=SPINNING,
                    help="onnxruntime intra-op threads spin between runs: auto = decoders only (default)")
     p.add_argument("--grace-period", type=float, help=f"SIGTERM drain time in seconds (default {d.grace_period:g})")
-    p.add_argument("--max-message-bytes", type=int, help="max gRPC message size, both ways (default 64 MiB)")
+    p.add_argument("--max-message-bytes", type=int, help="max gRPC message size, both ways, and max HTTP request body (default 64 MiB)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (with --tls-key: serve TLS)")
     p.add_argument("--tls-key", type=Path, help="PEM private key")
     p.add_argument("--auth-token", help="require 'authorization: Bearer TOKEN' (or set ORTSERVE_AUTH_TOKEN)")

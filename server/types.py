@@ -62,6 +62,15 @@ class FillMaskResult:
 
 
 @dataclass(frozen=True)
+class EmbedResult:
+    model: str
+    version: int
+    embeddings: np.ndarray       # [texts, dimension] float32, one row per text in order
+    token_counts: list[int]      # tokens of each text as the model saw them (special tokens included)
+    normalized: bool = False     # rows have unit L2 norm (the package's pooling config says so)
+
+
+@dataclass(frozen=True)
 class ModelStatus:
     name: str
     version: int
@@ -153,6 +162,14 @@ class GenerateResult:
     model: str
     version: int
     output: GenerationResult
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A generation model's chat template (Jinja) and the special-token variables it may use."""
+
+    template: str
+    variables: dict[str, str] = field(default_factory=dict)   # bos_token, eos_token
 
 
 @dataclass(frozen=True)

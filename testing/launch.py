@@ -1,7 +1,8 @@
 """Start `python -m server` as a child process and wait until it serves: the one launcher that the tests,
 the benchmarks and the soak script use.
 
-The port is read from the server's "listening on HOST:PORT" log line (so `--port 0` works), then
+The port is read from the server's "listening on HOST:PORT" log line (so `--port 0` works; the HTTP port,
+when `--http-port` is given in extra_args, from "http listening on HOST:PORT"), then
 grpc.health.v1 is polled until the server says SERVING (it listens before its models are loaded).
 The child's output is pumped by a thread, so a full pipe never blocks it, and kept for failure reports.
 """
@@ -21,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (python -m server runs there)
-_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_LISTENING = re.compile(r"(?<!http )listening on (\S+):(\d+)")
+_HTTP_LISTENING = re.compile(r"http listening on (\S+):(\d+)")
 _METRICS = re.compile(r"metrics on (\S+):(\d+)")
 
 
@@ -47,9 +49,10 @@ class ServerProcess:
                  startup_timeout: float = 60.0, root_cert: Path | None = None,
                  env: Mapping[str, str] | None = None, profile_to: Path | None = None) -> None:
         self.repository = repository
+        self.tls = root_cert is not None
         prefix = [sys.executable] + (["-m", "cProfile", "-o", str(profile_to)] if profile_to else [])
         cmd = [*prefix, "-m", "server", "--repository", str(repository), "--port", str(port),
-               "--metrics-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args]
+               "--metrics-port", "-1", "--http-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         self.lines: list[str] = []
@@ -65,6 +68,19 @@ class ServerProcess:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def http_port(self) -> int:
+        """The HTTP front door's port (start with extra_args ["--http-port", "0"])."""
+        found = [m for m in (_HTTP_LISTENING.search(line) for line in self.lines) if m]
+        if not found:
+            raise RuntimeError("the server has no HTTP endpoint (pass --http-port 0)")
+        return int(found[-1].group(2))
+
+    @property
+    def http_url(self) -> str:
+        """http(s)://HOST:PORT of the HTTP front door."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
 
     @property
     def pid(self) -> int:

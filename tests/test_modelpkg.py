@@ -64,7 +64,7 @@ def test_cache_layout_and_kv_heads_default_when_absent() -> None:
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"format": "other/1"}, "format"), ({"task": "embed"}, "task"), ({"max_length": 0}, "max_length"),
+    ({"format": "other/1"}, "format"), ({"task": "summarize"}, "task"), ({"max_length": 0}, "max_length"),
     ({"inputs": []}, "inputs"), ({"variants": {"fp32": "../x.onnx"}}, "variants"),
     ({"cache": {"num_layers": 2, "num_heads": 4}}, "cache.head_dim"),
     ({"cache": {"num_layers": 2, "num_heads": 4, "head_dim": 8, "layout": "paged"}}, "cache.layout"),

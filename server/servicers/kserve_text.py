@@ -7,6 +7,7 @@ for generate the GenerationParameters by name, and `stop` as a JSON list of stri
     classify   text [, text_pair]  ->  label (BYTES), score (FP32), probabilities (FP32 [n, labels])
     fill-mask  text                ->  sequence (BYTES: every mask filled with its best candidate)
     generate   prompt              ->  text, finish_reason (BYTES)
+    embed      text                ->  embedding (FP32 [n, dimension])
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from server.errors import Code, ServingError
 from server.generation import GenerationParams
 from server.types import FillMaskResult, InferResult, MaskPrediction
 
-TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}}
+TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}, "embed": {"text"}}
 _PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "truncate_prompt",
                "ignore_eos")
 
@@ -41,6 +42,8 @@ async def infer(plane: DataPlane, model: str, version: int, inputs: dict[str, np
         result = await _generate(plane, model, version, inputs, parameters, deadline)
     elif task == "classify":
         result = await _classify(plane, model, version, inputs, parameters, deadline)
+    elif task == "embed":
+        result = await _embed(plane, model, version, inputs, parameters, deadline)
     else:
         result = await _fill_mask(plane, model, version, inputs, parameters, deadline)
     return InferResult(model=result.model, version=result.version, outputs=select_outputs(result.outputs, outputs))
@@ -74,6 +77,13 @@ async def _classify(plane: DataPlane, model: str, version: int, inputs: dict[str
     return InferResult(model=result.model, version=result.version, outputs={
         "label": _bytes_array([r.label for r in result.results]),
         "score": np.array([r.score for r in result.results], dtype=np.float32), "probabilities": probs})
+
+
+async def _embed(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
+                 parameters: dict[str, Any], deadline: float | None) -> InferResult:
+    result = await plane.embed(model, version, _texts(inputs, "text"), bool(parameters.get("truncate", False)),
+                               deadline)
+    return InferResult(model=result.model, version=result.version, outputs={"embedding": result.embeddings})
 
 
 async def _fill_mask(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],

@@ -102,6 +102,16 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
         finally:
             await stream.aclose()  # a cancelled call frees the sequence's slot now, not at garbage collection
 
+    @unary("Embed")
+    async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+        result = await self.plane.embed(request.model, request.version, list(request.texts), request.truncate,
+                                        deadline_of(context))
+        return pb.EmbedResponse(
+            model=request.model, version=result.version, dimension=int(result.embeddings.shape[1]),
+            normalized=result.normalized,
+            embeddings=[pb.Embedding(values=row.tolist(), tokens=n)
+                        for row, n in zip(result.embeddings, result.token_counts)])
+
     @unary("ListModels", model_field="")
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:

@@ -1,0 +1,10 @@
+"""The HTTP front door: KServe v2 REST and an OpenAI-compatible API over the same data plane as gRPC.
+
+    app.py      the Starlette application: routes, the per-route guard (auth, errors, metrics)
+    serve.py    uvicorn on the server's event loop: bind, TLS, graceful stop
+    errors.py   THE data-plane error -> HTTP status mapping, error bodies (KServe and OpenAI shapes)
+    body.py     request bodies: size limit, content type, JSON, typed fields, deadlines
+    tensors.py  KServe REST tensors (JSON data and Triton's binary extension) <-> numpy
+    kserve.py   /v2 routes
+    openai.py   /v1 routes (models, completions, chat completions, embeddings)
+"""

@@ -1,0 +1,112 @@
+"""The Starlette application of the HTTP front door, and the guard every route runs in.
+
+A route is a converter: request -> one data-plane call -> response. The guard around it checks the bearer
+token (health routes stay open, as grpc.health.v1 does), turns any exception into the route family's error
+body with errors.py's status, and records the same per-model request metrics as the gRPC servicers.
+"""
+from __future__ import annotations
+
+import functools
+import hmac
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from server.dataplane import DataPlane
+from server.http.errors import HttpError, classify_error, kserve_body, openai_body
+
+log = logging.getLogger(__name__)
+
+KSERVE = "kserve"
+OPENAI = "openai"
+Handler = Callable[["Door", Request], Awaitable[Response]]
+
+
+class Door:
+    """What the routes share: the data plane, the body limit, the token, the request metrics."""
+
+    def __init__(self, plane: DataPlane, max_body_bytes: int, auth_token: str | None) -> None:
+        self.plane = plane
+        self.max_body_bytes = max_body_bytes
+        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+
+    def authorize(self, request: Request) -> None:
+        if self._expected is None:
+            return
+        given = request.headers.get("authorization")
+        if given is None:
+            raise HttpError(401, "authorization: missing 'Authorization: Bearer <token>' header")
+        if not hmac.compare_digest(given.encode("latin-1", errors="replace"), self._expected):
+            raise HttpError(401, "authorization: invalid bearer token")
+
+    def record(self, model: str, method: str, code: str, started: float) -> None:
+        label = model if model in self.plane.model_names() else ""  # no client strings as label values
+        self.plane.metrics.requests.labels(label, method, code).inc()
+        self.plane.metrics.request_latency.labels(label, method).observe(time.perf_counter() - started)
+
+
+def error_response(flavor: str, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = openai_body(status, message) if flavor == OPENAI else kserve_body(message)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handler], Callable[[Request], Any]]:
+    """Wraps a handler: auth, the error mapping, metrics. `request.state.model` names the model for metrics
+    when the path does not."""
+    def wrap(fn: Handler) -> Callable[[Request], Any]:
+        @functools.wraps(fn)
+        async def endpoint(request: Request) -> Response:
+            door: Door = request.app.state.door
+            started = time.perf_counter()
+            code = "CANCELLED"
+            try:
+                if not open_route:
+                    door.authorize(request)
+                response = await fn(door, request)
+                code = "OK"
+                return response
+            except Exception as exc:
+                status, message, code = classify_error(exc, f"http {method}")
+                headers = {"www-authenticate": "Bearer"} if status == 401 else None
+                return error_response(flavor, status, message, headers)
+            finally:
+                model = getattr(request.state, "model", None) or request.path_params.get("model", "")
+                door.record(model, f"http.{method}", code, started)
+        return endpoint
+    return wrap
+
+
+def _flavor(path: str) -> str:
+    return OPENAI if path.startswith("/v1/") or path == "/v1" else KSERVE
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (unknown route 404, wrong method 405) in the route family's error shape."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"path: no route {request.url.path!r} (see docs/protocol.md, HTTP)"
+    elif exc.status_code == 405:
+        message = f"method: {request.method} is not allowed on {request.url.path!r}"
+    else:
+        message = str(exc.detail)
+    return error_response(_flavor(request.url.path), exc.status_code, message, dict(exc.headers or {}))
+
+
+async def _internal(request: Request, exc: Exception) -> Response:
+    log.error("http %s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(_flavor(request.url.path), 500, "internal error")
+
+
+def build_app(plane: DataPlane, max_body_bytes: int, auth_token: str | None) -> Starlette:
+    from server.http import kserve, openai
+
+    routes: list[Route] = [*kserve.routes(), *openai.routes()]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception, Exception: _internal})
+    app.state.door = Door(plane, max_body_bytes, auth_token)
+    return app

@@ -1,0 +1,395 @@
+"""The OpenAI-compatible API (what the `openai` client, vLLM and TGI speak), converters over the data plane.
+
+    GET  /v1/models, /v1/models/{model}
+    POST /v1/completions         prompt (string or list of strings), max_tokens, temperature, top_p, stop, seed,
+                                 logprobs, echo (without logprobs), stream (server-sent events, `data: [DONE]`)
+    POST /v1/chat/completions    models whose package carries a chat template; 400 otherwise
+    POST /v1/embeddings          embedding models (task "embed")
+
+Errors: OpenAI's JSON error shape, status from errors.py (400 / 401 / 404 / 429 / 503 ...).
+Extra sampling fields beyond OpenAI's, as vLLM accepts them: top_k, repetition_penalty, ignore_eos.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from server.errors import Code, ServingError
+from server.generation import GeneratedToken, GenerationParams
+from server.http.app import OPENAI, Door, route
+from server.http.body import deadline_from_headers, field, json_object
+from server.http.chat import render_chat
+from server.http.errors import classify_error, openai_body
+from server.types import GenerateResult, ModelState, StreamPart
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+DEFAULT_MAX_TOKENS = 16           # OpenAI's default for /v1/completions
+MAX_LOGPROBS = 5                  # OpenAI's limit for completions' logprobs
+# GenerationParams names its fields "parameters.<name>"; OpenAI's names for them:
+_RENAMED = {"parameters.max_new_tokens": "max_tokens", "parameters.top_logprobs": "logprobs",
+            "parameters.stop": "stop", "parameters.": ""}
+
+
+def _invalid(exc: ValueError) -> ServingError:
+    message = str(exc)
+    for ours, theirs in _RENAMED.items():
+        if message.startswith(ours):
+            message = theirs + message[len(ours):]
+            break
+    return ServingError(Code.INVALID_ARGUMENT, message)
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    """Fields we do not implement are refused when they would change the answer, never ignored."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if field(body, name, float, 0.0) != 0.0:
+            raise ServingError.invalid(name, "is not supported (only 0)")
+    for name in ("n", "best_of"):
+        if field(body, name, int, 1) != 1:
+            raise ServingError.invalid(name, "only 1 is supported")
+    if field(body, "logit_bias", dict, {}):
+        raise ServingError.invalid("logit_bias", "is not supported")
+    if field(body, "suffix", str, ""):
+        raise ServingError.invalid("suffix", "is not supported")
+
+
+def _stop(body: dict[str, Any]) -> list[str]:
+    stop = field(body, "stop", (str, list), [])
+    if isinstance(stop, str):
+        return [stop]
+    if not all(isinstance(s, str) for s in stop):
+        raise ServingError.invalid("stop", "must be a string or a list of strings")
+    return stop
+
+
+def _params(body: dict[str, Any], max_tokens_field: str, logprobs: int | None) -> GenerationParams:
+    try:
+        return GenerationParams.validate(
+            max_new_tokens=field(body, max_tokens_field, int, DEFAULT_MAX_TOKENS),
+            temperature=field(body, "temperature", float, 1.0), top_p=field(body, "top_p", float, 1.0),
+            top_k=field(body, "top_k", int, 0), repetition_penalty=field(body, "repetition_penalty", float, 1.0),
+            stop=_stop(body), seed=field(body, "seed", int, None), logprobs=logprobs is not None,
+            top_logprobs=logprobs or 0, ignore_eos=field(body, "ignore_eos", bool, False))
+    except ValueError as exc:
+        raise _invalid(exc) from None
+
+
+def _stream_options(body: dict[str, Any]) -> bool:
+    options = field(body, "stream_options", dict, {})
+    return bool(field(options, "include_usage", bool, False, prefix="stream_options."))
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _sse(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+# ---------------------------------------------------------------------- models
+
+
+def _serving(door: Door) -> dict[str, str]:
+    """name -> task of every model with a SERVING version."""
+    return {s.name: s.task for s in door.plane.list_models() if s.state is ModelState.SERVING}
+
+
+def _model_json(name: str, task: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "ortserve", "task": task}
+
+
+@route("ListModels", OPENAI)
+async def list_models(door: Door, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_json(n, t) for n, t in sorted(_serving(door).items())]})
+
+
+@route("ModelInfo", OPENAI)
+async def get_model(door: Door, request: Request) -> Response:
+    name = request.path_params["model"]
+    task = _serving(door).get(name)
+    if task is None:
+        raise ServingError(Code.NOT_FOUND, f"model: no SERVING model {name!r}")
+    return JSONResponse(_model_json(name, task))
+
+
+# ---------------------------------------------------------------------- completions
+
+
+class Logprobs:
+    """OpenAI's completion logprobs object, built token by token (texts from the model's tokenizer)."""
+
+    def __init__(self, door: Door, model: str, version: int, offset: int = 0) -> None:
+        self.door, self.model, self.version, self.offset = door, model, version, offset
+
+    def of(self, tokens: list[GeneratedToken]) -> dict[str, Any]:
+        texts = self.door.plane.token_texts(self.model, self.version, [t.token_id for t in tokens])
+        offsets = []
+        for text in texts:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": texts, "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [{a.token: a.logprob for a in t.top_logprobs} for t in tokens],
+                "text_offset": offsets}
+
+
+def _prompts(body: dict[str, Any]) -> list[str]:
+    prompt = field(body, "prompt", (str, list))
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise ServingError.invalid("prompt", "must not be an empty list")
+    if not all(isinstance(p, str) for p in prompt):
+        raise ServingError.invalid("prompt", "token-id prompts are not supported: send text (a string or a list "
+                                             "of strings)")
+    return prompt
+
+
+@route("Completions", OPENAI)
+async def completions(door: Door, request: Request) -> Response:
+    body = await json_object(request, door.max_body_bytes)
+    model = request.state.model = field(body, "model", str)
+    prompts = _prompts(body)
+    _refuse_unsupported(body)
+    logprobs = field(body, "logprobs", int, None)
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise ServingError.invalid("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {logprobs}")
+    echo = field(body, "echo", bool, False)
+    if echo and logprobs is not None:
+        raise ServingError.invalid("echo", "is not supported together with logprobs (no prompt logprobs)")
+    params = _params(body, "max_tokens", logprobs)
+    deadline = deadline_from_headers(request)
+    ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if field(body, "stream", bool, False):
+        if len(prompts) != 1:
+            raise ServingError.invalid("prompt", "stream=true takes one prompt")
+        stream = door.plane.generate_stream(model, 0, prompts[0], params, deadline)
+        first = await _first(stream)  # admission and parameter errors answer with their status, not a 200 stream
+        return _event_stream(_completion_events(door, stream, first, ident, created, prompts[0] if echo else "",
+                                                logprobs is not None, _stream_options(body)))
+    results = await asyncio.gather(*(door.plane.generate(model, 0, p, params, deadline) for p in prompts))
+    choices = [_completion_choice(door, i, r, prompts[i] if echo else "", logprobs is not None)
+               for i, r in enumerate(results)]
+    usage = _usage(sum(r.output.usage.prompt_tokens for r in results),
+                   sum(r.output.usage.completion_tokens for r in results))
+    return JSONResponse({"id": ident, "object": "text_completion", "created": created, "model": model,
+                         "choices": choices, "usage": usage})
+
+
+def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str, logprobs: bool) -> dict[str, Any]:
+    out = result.output
+    return {"index": index, "text": echo + out.text, "finish_reason": FINISH[out.finish_reason],
+            "logprobs": Logprobs(door, result.model, result.version).of(out.tokens) if logprobs else None}
+
+
+async def _first(stream: AsyncIterator[StreamPart]) -> StreamPart | None:
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+    except BaseException:
+        await stream.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+def _event_stream(events: AsyncIterator[bytes]) -> Response:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+async def _parts(first: StreamPart | None, stream: AsyncIterator[StreamPart]) -> AsyncIterator[StreamPart]:
+    if first is None:
+        return
+    yield first
+    async for part in stream:
+        yield part
+
+
+async def _completion_events(door: Door, stream: AsyncIterator[StreamPart], first: StreamPart | None, ident: str,
+                             created: int, echo: str, logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    model = first.model if first is not None else ""
+    lp = Logprobs(door, model, first.version) if first is not None else None
+    usage = None
+    try:
+        if echo:
+            yield _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
+                        "choices": [{"index": 0, "text": echo, "logprobs": None, "finish_reason": None}]})
+        async for part in _parts(first, stream):
+            chunk = part.chunk
+            if not chunk.text and not chunk.final and not (logprobs and chunk.tokens):
+                continue
+            choice = {"index": 0, "text": chunk.text,
+                      "logprobs": lp.of(chunk.tokens) if logprobs and lp is not None else None,
+                      "finish_reason": FINISH[chunk.finish_reason or "length"] if chunk.final else None}
+            yield _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
+                        "choices": [choice]})
+            if chunk.final and chunk.usage is not None:
+                usage = _usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+        if include_usage and usage is not None:
+            yield _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
+                        "choices": [], "usage": usage})
+    except Exception as exc:  # the status line is gone: the error travels as an event (the openai client raises it)
+        status, message, _ = classify_error(exc, "http Completions stream")
+        yield _sse(openai_body(status, message))
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    yield DONE
+
+
+# ---------------------------------------------------------------------- chat
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = field(body, "messages", list)
+    if not messages:
+        raise ServingError.invalid("messages", "must not be empty")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ServingError.invalid(f"messages[{i}]", "must be an object")
+        role = field(m, "role", str, prefix=f"messages[{i}].")
+        content = field(m, "content", (str, list), "", prefix=f"messages[{i}].")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts = []
+            for j, p in enumerate(content):
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise ServingError.invalid(f"messages[{i}].content[{j}]", "only text parts are supported")
+                parts.append(p["text"])
+            content = "".join(parts)
+        out.append({"role": role, "content": content})
+    return out
+
+
+@route("ChatCompletions", OPENAI)
+async def chat_completions(door: Door, request: Request) -> Response:
+    body = await json_object(request, door.max_body_bytes)
+    model = request.state.model = field(body, "model", str)
+    messages = _messages(body)
+    _refuse_unsupported(body)
+    top = field(body, "top_logprobs", int, None)
+    logprobs = (top or 0) if field(body, "logprobs", bool, False) else None
+    if logprobs is None and top:
+        raise ServingError.invalid("top_logprobs", "needs logprobs: true")
+    max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    params = _params(body, max_field, logprobs)
+    template = door.plane.chat_template(model)
+    if template is None:
+        raise ServingError.invalid("model", f"{model!r} has no chat template (its package's tokenizer carries "
+                                            f"none): use /v1/completions with a prompt")
+    prompt = render_chat(template.template, messages, template.variables)
+    deadline = deadline_from_headers(request)
+    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if field(body, "stream", bool, False):
+        stream = door.plane.generate_stream(model, 0, prompt, params, deadline)
+        first = await _first(stream)
+        return _event_stream(_chat_events(door, stream, first, ident, created, logprobs is not None,
+                                          _stream_options(body)))
+    result = await door.plane.generate(model, 0, prompt, params, deadline)
+    out = result.output
+    choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
+              "finish_reason": FINISH[out.finish_reason],
+              "logprobs": _chat_logprobs(door, result.model, result.version, out.tokens) if logprobs is not None
+              else None}
+    return JSONResponse({"id": ident, "object": "chat.completion", "created": created, "model": model,
+                         "choices": [choice],
+                         "usage": _usage(out.usage.prompt_tokens, out.usage.completion_tokens)})
+
+
+def _chat_logprobs(door: Door, model: str, version: int, tokens: list[GeneratedToken]) -> dict[str, Any]:
+    texts = door.plane.token_texts(model, version, [t.token_id for t in tokens])
+    return {"content": [{"token": text, "logprob": t.logprob, "bytes": list(text.encode()),
+                         "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
+                                          for a in t.top_logprobs]} for text, t in zip(texts, tokens)]}
+
+
+async def _chat_events(door: Door, stream: AsyncIterator[StreamPart], first: StreamPart | None, ident: str,
+                       created: int, logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    model = first.model if first is not None else ""
+    version = first.version if first is not None else 0
+    usage = None
+
+    def event(delta: dict[str, Any], finish: str | None, lp: Any = None) -> bytes:
+        return _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                     "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+    try:
+        yield event({"role": "assistant", "content": ""}, None)
+        async for part in _parts(first, stream):
+            chunk = part.chunk
+            if not chunk.text and not chunk.final:
+                continue
+            lp = _chat_logprobs(door, model, version, chunk.tokens) if logprobs else None
+            yield event({"content": chunk.text} if chunk.text else {},
+                        FINISH[chunk.finish_reason or "length"] if chunk.final else None, lp)
+            if chunk.final and chunk.usage is not None:
+                usage = _usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+        if include_usage and usage is not None:
+            yield _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "choices": [], "usage": usage})
+    except Exception as exc:
+        status, message, _ = classify_error(exc, "http ChatCompletions stream")
+        yield _sse(openai_body(status, message))
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    yield DONE
+
+
+# ---------------------------------------------------------------------- embeddings
+
+
+def _embedding_inputs(body: dict[str, Any]) -> list[str]:
+    given = field(body, "input", (str, list))
+    texts = [given] if isinstance(given, str) else given
+    if not texts:
+        raise ServingError.invalid("input", "must not be an empty list")
+    if not all(isinstance(t, str) for t in texts):
+        raise ServingError.invalid("input", "token-id inputs are not supported: send text (a string or a list of "
+                                            "strings)")
+    return texts
+
+
+@route("Embeddings", OPENAI)
+async def embeddings(door: Door, request: Request) -> Response:
+    body = await json_object(request, door.max_body_bytes)
+    model = request.state.model = field(body, "model", str)
+    texts = _embedding_inputs(body)
+    encoding = field(body, "encoding_format", str, "float")
+    if encoding not in ("float", "base64"):
+        raise ServingError.invalid("encoding_format", f"must be float or base64, got {encoding!r}")
+    dimensions = field(body, "dimensions", int, None)
+    result = await door.plane.embed(model, 0, texts, field(body, "truncate", bool, False),
+                                    deadline_from_headers(request))
+    vectors = result.embeddings
+    if dimensions is not None and dimensions != vectors.shape[1]:
+        raise ServingError.invalid("dimensions", f"{model!r} answers {vectors.shape[1]}-dimensional vectors "
+                                                 f"(no shortening), got {dimensions}")
+    if encoding == "base64":
+        rows: list[Any] = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
+    else:
+        rows = vectors.tolist()
+    tokens = sum(result.token_counts)
+    return JSONResponse({"object": "list", "model": model,
+                         "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+    ]

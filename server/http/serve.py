@@ -1,0 +1,68 @@
+"""uvicorn on the server's own event loop: bind (port 0 = a free one), TLS, graceful stop.
+
+uvicorn's signal handling is switched off: the process's SIGTERM handler (server/app.py) drains the data
+plane first, then stops this server, which lets open responses finish (up to `grace` seconds).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from pathlib import Path
+from typing import Iterator
+
+import uvicorn
+from starlette.applications import Starlette
+
+log = logging.getLogger(__name__)
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves the process's signals alone."""
+
+    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+        return
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # uvicorn >= 0.29
+        yield
+
+
+class HttpServer:
+    def __init__(self, app: Starlette, host: str, port: int, tls_cert: Path | None = None,
+                 tls_key: Path | None = None, grace: float = 1.0) -> None:
+        self.host = host
+        self.requested_port = port
+        self.tls = tls_cert is not None
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", server_header=False,
+                                ssl_certfile=str(tls_cert) if tls_cert else None,
+                                ssl_keyfile=str(tls_key) if tls_key else None,
+                                timeout_graceful_shutdown=max(grace, 0.1))
+        self._server = _EmbeddedServer(config)
+        self._task: asyncio.Task[None] | None = None
+        self.port = 0
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # its "Started server process" lines
+
+    async def start(self) -> int:
+        """Binds and serves; the bound port (OSError when the address is taken)."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.create_server((self.host, self.requested_port), family=family, backlog=2048)
+        self.port = sock.getsockname()[1]
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]), name="http-server")
+        while not self._server.started:
+            if self._task.done():
+                sock.close()
+                self._task.result()  # raises what stopped it
+                raise OSError("the HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+        return self.port
+
+    async def stop(self) -> None:
+        """Closes the listener and idle connections; open responses get the grace period."""
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None

@@ -1,0 +1,554 @@
+"""The HTTP front door end to end: KServe v2 REST with the real tritonclient.http, the OpenAI API with the real
+`openai` client, and plain HTTP for what clients never send (malformed JSON, wrong content types, oversize
+bodies, unknown routes, bad tokens): each a clear 4xx, the server healthy afterwards.
+
+Real server processes on free localhost ports; gRPC answers (tritonclient.grpc, the task API) are the reference
+for HTTP answers: one data plane behind both.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import shutil
+import ssl
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import httpx2 as httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from server_process import ServerProcess, repository_with
+from tritonclient.utils import InferenceServerException
+
+from modelpkg import sha256_file
+from protos import ortserve_pb2 as pb
+from protos import ortserve_pb2_grpc as pb_grpc
+from testing.tls import self_signed
+
+CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
+TOKEN = "s3cret-token"
+SMALL_BODY = 65536
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repository: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tiny_repository, ["--http-port", "0"])
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def http_client(server: ServerProcess) -> Iterator[thttp.InferenceServerClient]:
+    client = thttp.InferenceServerClient(f"{server.host}:{server.http_port}")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def grpc_client(server: ServerProcess) -> tgrpc.InferenceServerClient:
+    return tgrpc.InferenceServerClient(server.address)
+
+
+@pytest.fixture(scope="module")
+def tasks(server: ServerProcess) -> Iterator[pb_grpc.TaskServiceStub]:
+    with grpc.insecure_channel(server.address) as channel:
+        yield pb_grpc.TaskServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def oai(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def strict(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """TLS, a bearer token, a 64 KiB body limit, 64 generation tokens in flight per decoder."""
+    root = tmp_path_factory.mktemp("strict")
+    cert, key = self_signed(root, "server")
+    repo = repository_with(tiny_repository, root / "repo", CLASSIFIER, GPT)
+    proc = ServerProcess(repo, ["--http-port", "0", "--tls-cert", str(cert), "--tls-key", str(key),
+                                "--max-message-bytes", str(SMALL_BODY), "--max-tokens-in-flight", "64"],
+                         root_cert=cert, env={"ORTSERVE_AUTH_TOKEN": TOKEN})
+    proc.cert = cert  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _request(url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None,
+             cafile: Path | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One plain HTTP request (http.client: sends exactly what it is given)."""
+    scheme, _, rest = url.partition("://")
+    hostport, _, path = rest.partition("/")
+    host, _, port = hostport.rpartition(":")
+    if scheme == "https":
+        context = ssl.create_default_context(cafile=str(cafile)) if cafile else None
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(host, int(port), timeout=60, context=context)
+    else:
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, "/" + path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def _json(url: str, payload: Any, headers: dict[str, str] | None = None, method: str = "POST",
+          cafile: Path | None = None) -> tuple[int, Any]:
+    status, _, body = _request(url, method, json.dumps(payload).encode(),
+                               {"content-type": "application/json", **(headers or {})}, cafile)
+    return status, json.loads(body)
+
+
+def _feeds(text_ids: list[list[int]]) -> dict[str, np.ndarray]:
+    ids = np.array(text_ids, dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def _inputs(module: Any, feeds: dict[str, np.ndarray], binary: bool = True) -> list[Any]:
+    inputs = []
+    for name, array in feeds.items():
+        datatype = "BYTES" if array.dtype == object else "INT64"
+        tensor = module.InferInput(name, list(array.shape), datatype)
+        if module is thttp:
+            tensor.set_data_from_numpy(array, binary_data=binary)
+        else:
+            tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+# ---------------------------------------------------------------- KServe v2 REST with tritonclient.http
+
+
+def test_kserve_http_health_and_metadata_equal_grpc(http_client: thttp.InferenceServerClient,
+                                                    grpc_client: tgrpc.InferenceServerClient) -> None:
+    assert http_client.is_server_live() and http_client.is_server_ready()
+    for name in (CLASSIFIER, FILL_MASK, GPT):
+        assert http_client.is_model_ready(name) and http_client.is_model_ready(name, "1")
+    assert not http_client.is_model_ready("no-such-model")
+    meta = http_client.get_server_metadata()
+    assert meta["name"] == "ortserve" and meta["extensions"] == list(grpc_client.get_server_metadata().extensions)
+    for name in (CLASSIFIER, GPT):
+        rest = http_client.get_model_metadata(name, "1")
+        ref = grpc_client.get_model_metadata(name)
+        assert rest["name"] == ref.name and rest["versions"] == list(ref.versions) and rest["platform"] == ref.platform
+        assert [(t["name"], t["datatype"], t["shape"]) for t in rest["inputs"]] == [
+            (t.name, t.datatype, list(t.shape)) for t in ref.inputs]
+        assert [(t["name"], t["datatype"], t["shape"]) for t in rest["outputs"]] == [
+            (t.name, t.datatype, list(t.shape)) for t in ref.outputs]
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'") as info:
+        http_client.get_model_metadata("nope")
+    assert info.value.status() == "404"
+
+
+@pytest.mark.parametrize("binary_in, binary_out", [(True, True), (False, False), (True, False), (False, True)])
+def test_kserve_http_infer_equals_grpc(http_client: thttp.InferenceServerClient,
+                                       grpc_client: tgrpc.InferenceServerClient, binary_in: bool,
+                                       binary_out: bool) -> None:
+    feeds = _feeds([[2, 45, 17, 33, 3], [2, 8, 9, 3, 0]])
+    feeds["attention_mask"][1, 4] = 0
+    rest = http_client.infer(CLASSIFIER, _inputs(thttp, feeds, binary_in), request_id="h-1",
+                             outputs=[thttp.InferRequestedOutput("logits", binary_data=binary_out)])
+    ref = grpc_client.infer(CLASSIFIER, _inputs(tgrpc, feeds)).as_numpy("logits")
+    got = rest.as_numpy("logits")
+    assert got.dtype == np.float32 and got.shape == ref.shape == (2, 3)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+    response = rest.get_response()
+    assert response["id"] == "h-1" and response["model_version"] == "1"
+    assert ("parameters" in response["outputs"][0]) == binary_out
+
+
+def test_kserve_http_all_outputs_binary_by_default(http_client: thttp.InferenceServerClient) -> None:
+    """No outputs listed: tritonclient asks binary_data_output, the answer carries the binary extension."""
+    result = http_client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 45, 3]])))
+    assert result.as_numpy("logits").shape == (1, 3)
+    assert result.get_response()["outputs"][0]["parameters"]["binary_data_size"] == 12
+
+
+def test_kserve_http_text_mode_equals_grpc(http_client: thttp.InferenceServerClient,
+                                           grpc_client: tgrpc.InferenceServerClient) -> None:
+    texts = np.array(["Roses bloom in the garden.".encode(), "The king's banner — ünïcode!".encode()], dtype=object)
+    for binary in (True, False):
+        rest = http_client.infer(CLASSIFIER, _inputs(thttp, {"text": texts}, binary))
+        ref = grpc_client.infer(CLASSIFIER, _inputs(tgrpc, {"text": texts}))
+        assert list(rest.as_numpy("label")) == list(ref.as_numpy("label"))
+        np.testing.assert_allclose(rest.as_numpy("probabilities"), ref.as_numpy("probabilities"), rtol=1e-6)
+    masked = np.array([b"the [MASK] walked to the [MASK] ."], dtype=object)
+    assert (http_client.infer(FILL_MASK, _inputs(thttp, {"text": masked})).as_numpy("sequence")[0]
+            == grpc_client.infer(FILL_MASK, _inputs(tgrpc, {"text": masked})).as_numpy("sequence")[0])
+    prompt = np.array([b"To be or not"], dtype=object)
+    params = {"max_new_tokens": 6, "ignore_eos": True}
+    rest = http_client.infer(GPT, _inputs(thttp, {"prompt": prompt}), parameters=params)
+    ref = grpc_client.infer(GPT, _inputs(tgrpc, {"prompt": prompt}), parameters=params)
+    assert rest.as_numpy("text")[0] == ref.as_numpy("text")[0]
+    assert rest.as_numpy("finish_reason")[0] == b"length"
+
+
+def test_kserve_http_statistics_and_repository(http_client: thttp.InferenceServerClient) -> None:
+    before = http_client.get_inference_statistics(CLASSIFIER)["model_stats"][0]["inference_count"]
+    http_client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 5, 3]])))
+    after = http_client.get_inference_statistics(CLASSIFIER, "1")["model_stats"][0]
+    assert after["inference_count"] == before + 1 and after["version"] == "1"
+    index = http_client.get_model_repository_index()
+    assert {(m["name"], m["state"]) for m in index} == {(CLASSIFIER, "SERVING"), (FILL_MASK, "SERVING"),
+                                                        (GPT, "SERVING")}
+    http_client.unload_model(FILL_MASK)
+    try:
+        assert not http_client.is_model_ready(FILL_MASK)
+    finally:
+        http_client.load_model(FILL_MASK)
+    assert http_client.is_model_ready(FILL_MASK)
+
+
+@pytest.mark.parametrize("header, field", [
+    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 3], "data": [1, 2]}]}, "inputs[0].data"),
+    ({"inputs": [{"name": "input_ids", "datatype": "INT99", "shape": [1], "data": [1]}]}, "inputs[0].datatype"),
+    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1], "data": ["x"]}]}, "inputs[0].data"),
+    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1], "data": []}]}, "inputs[0].shape"),
+    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [2],
+                  "parameters": {"binary_data_size": 999}}]}, "inputs[0].parameters.binary_data_size"),
+    ({"inputs": []}, "inputs"),
+    ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+      "outputs": [{"name": "nope"}]}, "outputs[0].name"),
+])
+def test_kserve_http_bad_tensors_are_400_naming_the_field(server: ServerProcess, header: dict[str, Any],
+                                                          field: str) -> None:
+    status, body = _json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", header)
+    assert status == 400 and body["error"].startswith(field), body
+
+
+def test_kserve_http_binary_tail_with_raw_http(server: ServerProcess) -> None:
+    """The binary extension by hand: a JSON header of Inference-Header-Content-Length bytes, then raw tensors."""
+    ids = np.array([[2, 45, 17, 3]], dtype=np.int64)
+    tensors = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    header = json.dumps({"inputs": [{"name": n, "datatype": "INT64", "shape": list(a.shape),
+                                     "parameters": {"binary_data_size": a.nbytes}} for n, a in tensors.items()],
+                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]}).encode()
+    body = header + b"".join(a.tobytes() for a in tensors.values())
+    status, headers, content = _request(f"{server.http_url}/v2/models/{CLASSIFIER}/versions/1/infer", "POST", body,
+                                        {"Inference-Header-Content-Length": str(len(header)),
+                                         "content-type": "application/octet-stream"})
+    assert status == 200 and headers["content-type"] == "application/octet-stream"
+    n = int(headers["inference-header-content-length"])
+    answer = json.loads(content[:n])
+    assert answer["outputs"][0]["parameters"]["binary_data_size"] == 12 == len(content) - n
+    assert np.frombuffer(content[n:], dtype="<f4").shape == (3,)
+    status, _, content = _request(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", "POST", body,
+                                  {"Inference-Header-Content-Length": str(len(body) + 1)})
+    assert status == 400 and b"inference-header-content-length" in content
+
+
+# ---------------------------------------------------------------- malformed requests: 4xx, never 500
+
+
+@pytest.mark.parametrize("method, path, body, headers, status, needle", [
+    ("POST", f"/v2/models/{CLASSIFIER}/infer", b'{"inputs": [', {"content-type": "application/json"}, 400,
+     "malformed JSON"),
+    ("POST", f"/v2/models/{CLASSIFIER}/infer", b'{"a": "\xff"}', {}, 400, "not UTF-8"),
+    ("POST", f"/v2/models/{CLASSIFIER}/infer", b"[1, 2]", {}, 400, "body: must be a JSON object"),
+    ("POST", f"/v2/models/{CLASSIFIER}/infer", b"{}", {"content-type": "text/plain"}, 415, "content-type"),
+    ("POST", f"/v2/models/{CLASSIFIER}/infer", b"{}", {"content-encoding": "br"}, 415, "content-encoding"),
+    ("POST", "/v1/completions", b'{"model": "tiny-gpt", "prompt": "a"}', {"content-type": "text/plain"}, 415,
+     "content-type"),
+    ("POST", "/v1/completions", b'{"model": ', {"content-type": "application/json"}, 400, "malformed JSON"),
+    ("POST", "/v1/completions", b"[]", {"content-type": "application/json"}, 400, "body: must be a JSON object"),
+    ("POST", "/v1/completions", b'{"prompt": "a"}', {"content-type": "application/json"}, 400, "model: is required"),
+    ("GET", "/v2/nowhere", None, {}, 404, "no route"),
+    ("GET", "/v1/nowhere", None, {}, 404, "no route"),
+    ("GET", "/v2/models/nope/ready", None, {}, 404, "nope"),
+    ("POST", "/v2/models/nope/infer", b'{"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": [1]}]}',
+     {}, 404, "unknown model 'nope'"),
+    ("GET", f"/v2/models/{CLASSIFIER}/versions/007", None, {}, 400, "version"),
+    ("GET", "/v1/completions", None, {}, 405, "GET is not allowed"),
+    ("POST", f"/v2/models/{CLASSIFIER}/infer", b"{}", {"content-length": "99999999999"}, 413, "body"),
+])
+def test_malformed_requests_are_clear_4xx(server: ServerProcess, method: str, path: str, body: bytes | None,
+                                          headers: dict[str, str], status: int, needle: str) -> None:
+    got, response_headers, content = _request(server.http_url + path, method, body, headers)
+    assert got == status, content
+    assert response_headers["content-type"] == "application/json"
+    error = json.loads(content)["error"]
+    message = error["message"] if path.startswith("/v1") else error
+    assert needle in message, message
+    if path.startswith("/v1"):
+        assert error["type"] and error["code"] == status
+    assert _request(server.http_url + "/v2/health/ready")[0] == 200  # still healthy
+
+
+def test_oversize_bodies_are_413_declared_or_chunked(strict: ServerProcess) -> None:
+    cafile = strict.cert  # type: ignore[attr-defined]
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    big = json.dumps({"model": GPT, "prompt": "x" * (SMALL_BODY + 10)}).encode()
+    status, _, content = _request(f"{strict.http_url}/v1/completions", "POST", big,
+                                  {**auth, "content-type": "application/json"}, cafile)
+    assert status == 413 and b"--max-message-bytes" in content
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(20):
+            yield b"x" * 8192
+
+    conn = http.client.HTTPSConnection(strict.host, strict.http_port, timeout=60,
+                                       context=ssl.create_default_context(cafile=str(cafile)))
+    try:
+        conn.request("POST", f"/v2/models/{CLASSIFIER}/infer", body=chunks(), headers=auth, encode_chunked=True)
+        response = conn.getresponse()
+        assert response.status == 413 and b"more than" in response.read()
+    finally:
+        conn.close()
+    assert _request(f"{strict.http_url}/v2/health/ready", cafile=cafile)[0] == 200
+
+
+def test_bearer_token_and_tls(strict: ServerProcess) -> None:
+    cafile = strict.cert  # type: ignore[attr-defined]
+    url = f"{strict.http_url}/v2/models/{CLASSIFIER}"
+    assert strict.http_url.startswith("https://")
+    assert _request(f"{strict.http_url}/v2/health/live", cafile=cafile)[0] == 200  # health stays open
+    status, headers, content = _request(url, cafile=cafile)
+    assert status == 401 and "missing" in json.loads(content)["error"] and headers["www-authenticate"] == "Bearer"
+    status, _, content = _request(url, headers={"authorization": "Bearer wrong"}, cafile=cafile)
+    assert status == 401 and "invalid bearer token" in json.loads(content)["error"]
+    assert _request(url, headers={"authorization": f"Bearer {TOKEN}"}, cafile=cafile)[0] == 200
+    with pytest.raises(ssl.SSLError):  # the self-signed certificate is not in the system's trust store
+        _request(url)
+
+    client = thttp.InferenceServerClient(f"{strict.host}:{strict.http_port}", ssl=True,
+                                         ssl_options={"ca_certs": str(cafile)})
+    try:
+        result = client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 9, 3]])), headers={
+            "authorization": f"Bearer {TOKEN}"})
+        assert result.as_numpy("logits").shape == (1, 3)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 9, 3]])))
+        assert info.value.status() == "401"
+    finally:
+        client.close()
+
+    tls = httpx.Client(verify=ssl.create_default_context(cafile=str(cafile)))
+    bad = openai.OpenAI(base_url=f"{strict.http_url}/v1", api_key="wrong", max_retries=0, http_client=tls)
+    with pytest.raises(openai.AuthenticationError) as auth_info:
+        bad.models.list()
+    assert auth_info.value.status_code == 401 and auth_info.value.body["type"] == "authentication_error"
+    good = openai.OpenAI(base_url=f"{strict.http_url}/v1", api_key=TOKEN, max_retries=0, http_client=tls)
+    assert {m.id for m in good.models.list()} == {CLASSIFIER, GPT}
+
+
+# ---------------------------------------------------------------- the OpenAI API with the openai client
+
+
+def test_openai_models(oai: openai.OpenAI) -> None:
+    models = {m.id: m for m in oai.models.list()}
+    assert set(models) == {CLASSIFIER, FILL_MASK, GPT}
+    assert models[GPT].owned_by == "ortserve" and models[GPT].object == "model"
+    assert oai.models.retrieve(GPT).id == GPT
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("nope")
+
+
+def test_greedy_completion_equals_grpc_generate(oai: openai.OpenAI, tasks: pb_grpc.TaskServiceStub) -> None:
+    prompt = "Shall I compare thee"
+    ref = tasks.Generate(pb.GenerateRequest(model=GPT, prompt=prompt, parameters=pb.GenerationParameters(
+        max_new_tokens=12, temperature=0.0, ignore_eos=True)))
+    done = oai.completions.create(model=GPT, prompt=prompt, max_tokens=12, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert done.choices[0].text == ref.text and done.choices[0].finish_reason == "length"
+    assert done.usage.prompt_tokens == ref.usage.prompt_tokens and done.usage.completion_tokens == 12
+    assert done.usage.total_tokens == ref.usage.prompt_tokens + 12
+    assert done.object == "text_completion" and done.model == GPT and done.id.startswith("cmpl-")
+
+    stream = oai.completions.create(model=GPT, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+    two = oai.completions.create(model=GPT, prompt=[prompt, "To be"], max_tokens=4, temperature=0,
+                                 extra_body={"ignore_eos": True})
+    assert [c.index for c in two.choices] == [0, 1]
+    assert [c.text for c in two.choices] == [_grpc_text(tasks, prompt, 4), _grpc_text(tasks, "To be", 4)]
+    assert two.usage.completion_tokens == 8
+    echoed = oai.completions.create(model=GPT, prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                                    extra_body={"ignore_eos": True})
+    assert echoed.choices[0].text == prompt + _grpc_text(tasks, prompt, 3)
+
+
+def _grpc_text(tasks: pb_grpc.TaskServiceStub, prompt: str, n: int) -> str:
+    return tasks.Generate(pb.GenerateRequest(model=GPT, prompt=prompt, parameters=pb.GenerationParameters(
+        max_new_tokens=n, temperature=0.0, ignore_eos=True))).text
+
+
+def test_stream_ends_with_done_event(server: ServerProcess) -> None:
+    body = {"model": GPT, "prompt": "To be", "max_tokens": 5, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.http_url}/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_seed_and_logprobs(oai: openai.OpenAI) -> None:
+    prompt = "Now is the winter"
+    full = oai.completions.create(model=GPT, prompt=prompt, max_tokens=16, temperature=0,
+                                  extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[5:8]
+    cut = oai.completions.create(model=GPT, prompt=prompt, max_tokens=16, temperature=0, stop=[stop],
+                                 extra_body={"ignore_eos": True}).choices[0]
+    assert cut.finish_reason == "stop" and cut.text == full[:full.index(stop)]
+
+    sampled = [oai.completions.create(model=GPT, prompt=prompt, max_tokens=10, temperature=1.0, seed=7,
+                                      extra_body={"ignore_eos": True}).choices[0].text for _ in range(2)]
+    assert sampled[0] == sampled[1]
+
+    scored = oai.completions.create(model=GPT, prompt=prompt, max_tokens=6, temperature=0, logprobs=2,
+                                    extra_body={"ignore_eos": True})
+    lp = scored.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert all(x <= 0 for x in lp.token_logprobs) and all(1 <= len(t) <= 2 for t in lp.top_logprobs)
+    # Greedy: the chosen token is the best of its top list.
+    assert all(max(top.values()) == pytest.approx(chosen, abs=1e-5)
+               for top, chosen in zip(lp.top_logprobs, lp.token_logprobs))
+
+
+def test_chat_refused_without_template(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(model=GPT, messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 400 and "no chat template" in info.value.body["message"]
+    assert info.value.body["param"] == "model"
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"temperature": -1}, "temperature"),
+    ({"max_tokens": "many"}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"top_p": 0}, "top_p"),
+    ({"n": 2}, "n"),
+    ({"logprobs": 9}, "logprobs"),
+    ({"stop": [1, 2]}, "stop"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": [[1, 2, 3]]}, "prompt"),
+])
+def test_completion_bad_parameters_are_400_naming_the_field(oai: openai.OpenAI, kwargs: dict[str, Any],
+                                                            param: str) -> None:
+    args = {"model": GPT, "prompt": "a", **kwargs}
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(**args)
+    assert info.value.body["param"] == param and info.value.body["type"] == "invalid_request_error"
+
+
+def test_completion_unknown_model_is_404(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        oai.completions.create(model="nope", prompt="a")
+    assert "nope" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as wrong_task:
+        oai.completions.create(model=CLASSIFIER, prompt="a")
+    assert "not generate" in wrong_task.value.body["message"]
+
+
+def test_overload_is_429(strict: ServerProcess) -> None:
+    """Admission control of the generation engine: more tokens than --max-tokens-in-flight -> 429."""
+    tls = httpx.Client(verify=ssl.create_default_context(cafile=str(strict.cert)))  # type: ignore[attr-defined]
+    client = openai.OpenAI(base_url=f"{strict.http_url}/v1", api_key=TOKEN, max_retries=0, http_client=tls)
+    with pytest.raises(openai.RateLimitError) as info:
+        client.completions.create(model=GPT, prompt="a", max_tokens=100)
+    assert info.value.status_code == 429 and info.value.body["type"] == "rate_limit_error"
+    assert "at capacity" in info.value.body["message"]
+    assert client.completions.create(model=GPT, prompt="a", max_tokens=8).usage.completion_tokens >= 1
+
+
+# ---------------------------------------------------------------- chat with a template, drain
+
+
+@pytest.fixture(scope="module")
+def chat_repository(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-gpt with a chat template in its manifest (re-hashed in parity.json like the exporter does)."""
+    repo = tmp_path_factory.mktemp("chat")
+    shutil.copytree(tiny_repository / GPT, repo / "chat-gpt")
+    package = repo / "chat-gpt" / "1"
+    manifest = json.loads((package / "model.json").read_text())
+    manifest["name"] = "chat-gpt"
+    manifest["chat_template"] = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                                 "{% if add_generation_prompt %}assistant:{% endif %}")
+    (package / "model.json").write_text(json.dumps(manifest, indent=2))
+    parity = json.loads((package / "parity.json").read_text())
+    parity["files"]["model.json"] = sha256_file(package / "model.json")
+    (package / "parity.json").write_text(json.dumps(parity, indent=2))
+    return repo
+
+
+def test_chat_with_template_equals_completion_of_rendered_prompt(chat_repository: Path) -> None:
+    with ServerProcess(chat_repository, ["--http-port", "0"]) as proc:
+        client = openai.OpenAI(base_url=f"{proc.http_url}/v1", api_key="x", max_retries=0)
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who art thou?"}]
+        rendered = "system: Be brief.\nuser: Who art thou?\nassistant:"
+        chat = client.chat.completions.create(model="chat-gpt", messages=messages, max_tokens=8, temperature=0,
+                                              extra_body={"ignore_eos": True})
+        ref = client.completions.create(model="chat-gpt", prompt=rendered, max_tokens=8, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert chat.choices[0].message.content == ref.choices[0].text
+        assert chat.choices[0].message.role == "assistant" and chat.object == "chat.completion"
+        assert chat.usage.prompt_tokens == ref.usage.prompt_tokens
+        stream = client.chat.completions.create(model="chat-gpt", messages=messages, max_tokens=8, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True})
+        parts = list(stream)
+        assert "".join(p.choices[0].delta.content or "" for p in parts) == ref.choices[0].text
+        assert parts[-1].choices[0].finish_reason == "length"
+
+
+def test_drain_finishes_open_streams_and_refuses_new_work(tiny_repository: Path, tmp_path: Path) -> None:
+    """SIGTERM: admitted streams (one decoding, the rest queued: one sequence at a time) run to [DONE], a new
+    request meanwhile gets 503 in OpenAI's shape, the process exits 0."""
+    repo = repository_with(tiny_repository, tmp_path / "repo", GPT)
+    proc = ServerProcess(repo, ["--http-port", "0", "--grace-period", "30", "--max-sequences", "1"])
+    url = f"{proc.http_url}/v1/completions"
+    body = {"model": GPT, "prompt": "a", "max_tokens": 120, "temperature": 0, "stream": True, "ignore_eos": True}
+
+    async def scenario() -> tuple[list[tuple[int, list[str]]], dict[str, Any] | None]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            first_event = asyncio.Event()
+
+            async def one() -> tuple[int, list[str]]:
+                async with client.stream("POST", url, json=body) as response:
+                    lines = []
+                    async for line in response.aiter_lines():
+                        if line:
+                            lines.append(line)
+                            first_event.set()
+                    return response.status_code, lines
+
+            streams = [asyncio.create_task(one()) for _ in range(12)]
+            await asyncio.wait_for(first_event.wait(), 60)
+            proc.proc.terminate()  # SIGTERM: drain
+            refused = None
+            for _ in range(200):
+                response = await client.post(url, json={**body, "stream": False, "max_tokens": 1})
+                if response.status_code == 503:
+                    refused = response.json()
+                    break
+                await asyncio.sleep(0.02)
+            return await asyncio.gather(*streams), refused
+
+    try:
+        results, refused = asyncio.run(scenario())
+        assert refused is not None and "shutting down" in refused["error"]["message"]
+        assert refused["error"]["type"] == "service_unavailable"
+        finished = [lines for status, lines in results if status == 200]
+        assert len(finished) >= 2 and all(status in (200, 503) for status, _ in results)
+        for lines in finished:
+            assert lines[-1] == "data: [DONE]"
+            assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+        assert proc.proc.wait(60) == 0
+    finally:
+        proc.stop()
