@@ -5,6 +5,7 @@ from .config import Backoff, ClientConfig, TLSConfig
 from .errors import OrtserveError
 from .types import (
     Classification,
+    Embedding,
     FillMaskResult,
     GeneratedToken,
     Generation,
@@ -20,7 +21,7 @@ from .types import (
 )
 
 __all__ = [
-    "AsyncOrtserveClient", "Backoff", "Classification", "ClientConfig", "FillMaskResult", "GeneratedToken",
+    "AsyncOrtserveClient", "Backoff", "Classification", "ClientConfig", "Embedding", "FillMaskResult", "GeneratedToken",
     "Generation", "GenerationParams", "LabelScore", "MaskPrediction", "ModelInfo", "ModelStatus",
     "OrtserveClient", "OrtserveError", "StreamChunk", "TLSConfig", "TokenCandidate", "TokenLogprob", "Usage",
 ]

@@ -31,7 +31,7 @@ from .types import to_jsonable
 
 log = logging.getLogger("clients")
 
-DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt"}
+DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=positive_int, default=5, help="candidates per mask (default: 5)")
     p.add_argument("--truncate", action="store_true")
     model_args(p, "fill-mask")
+
+    p = commands.add_parser("embed", help="embedding vectors of texts")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.add_argument("--truncate", action="store_true", help="truncate texts longer than the model's max length")
+    model_args(p, "embed")
 
     p = commands.add_parser("generate", help="complete a prompt")
     p.add_argument("prompt", metavar="PROMPT")
@@ -99,6 +104,9 @@ def run_command(client: OrtserveClient, args: argparse.Namespace) -> int:
         results = client.fill_mask(args.texts, args.model, version=args.version, top_k=args.top_k,
                                    truncate=args.truncate)
         _emit_json(results) if args.json else print(render.fill_masks(args.texts, results))
+    elif args.command == "embed":
+        vectors = client.embed(args.texts, args.model, version=args.version, truncate=args.truncate)
+        _emit_json(vectors) if args.json else print(render.embeddings(args.texts, vectors))
     elif args.command == "generate" and args.stream:
         for chunk in client.generate_stream(args.prompt, args.model, version=args.version,
                                             **_generation_params(args)):

@@ -19,6 +19,7 @@ from .errors import OrtserveError
 from .retry import Deadline, backoff_delay, deadline_error, should_retry
 from .types import (
     Classification,
+    Embedding,
     FillMaskResult,
     Generation,
     GenerationParams,
@@ -103,6 +104,11 @@ class AsyncOrtserveClient:
                         truncate: bool = False, *, timeout: float | None = _UNSET) -> list[FillMaskResult]:
         request = convert.fill_mask_request(texts, model, version, top_k, truncate)
         return convert.fill_mask_results(await self._unary("FillMask", request, timeout))
+
+    async def embed(self, texts: str | Sequence[str], model: str, version: int | None = None,
+                    truncate: bool = False, *, timeout: float | None = _UNSET) -> list[Embedding]:
+        request = convert.embed_request(texts, model, version, truncate)
+        return convert.embeddings(await self._unary("Embed", request, timeout))
 
     async def generate(self, prompt: str, model: str, version: int | None = None, *,
                        timeout: float | None = _UNSET, **params: Any) -> Generation:

@@ -37,7 +37,7 @@ from .types import GenerationParams
 
 log = logging.getLogger("clients.batch")
 
-DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt"}
+DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", type=Path, help="JSONL (.jsonl), CSV (.csv) or plain text (anything else)")
     p.add_argument("-o", "--output", type=Path, required=True, help="JSONL output (appended to when resuming)")
     p.add_argument("--format", choices=("auto",) + FORMATS, default="auto", help="input format (default: by suffix)")
-    p.add_argument("--model", default=None, help="model name (default: genre / fill-mask / gpt by task)")
+    p.add_argument("--model", default=None, help="model name (default: genre / fill-mask / gpt / minilm by task)")
     p.add_argument("--version", type=positive_int, default=None)
     p.add_argument("-c", "--concurrency", type=positive_int, default=8, help="requests in flight (default 8)")
     p.add_argument("--top-k", type=non_negative_int, default=None,

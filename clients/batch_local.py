@@ -13,7 +13,8 @@ import grpc
 import numpy as np
 
 from .batch_input import Record
-from .batch_tasks import TaskConfig, classification_payload, fill_mask_payload, generation_payload
+from .batch_tasks import (TaskConfig, classification_payload, embedding_payload, fill_mask_payload,
+                          generation_payload)
 from .errors import OrtserveError
 from .types import (
     Classification,
@@ -100,6 +101,9 @@ class LocalRunner:
                 result = await self.plane.fill_mask(c.model, version, [record.text], top_k=c.effective_top_k,
                                                     truncate=c.truncate)
                 return fill_mask_payload(_fill_mask(result.results[0]))
+            if c.task == "embed":
+                embedded = await self.plane.embed(c.model, version, [record.text], truncate=c.truncate)
+                return embedding_payload(embedded.embeddings[0].tolist(), embedded.token_counts[0])
             g = c.generation
             params = ServerParams.validate(
                 max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,

@@ -6,7 +6,7 @@ from typing import Any
 
 from .aio import AsyncOrtserveClient
 from .batch_input import Record
-from .batch_tasks import TaskConfig, classification_payload, fill_mask_payload, generation_payload
+from .batch_tasks import TaskConfig, classification_payload, embedding_payload, fill_mask_payload, generation_payload
 
 
 class ServerRunner:
@@ -25,6 +25,9 @@ class ServerRunner:
             results = await self.client.fill_mask([record.text], c.model, version=c.version,
                                                   top_k=c.effective_top_k, truncate=c.truncate)
             return fill_mask_payload(results[0])
+        if c.task == "embed":
+            vectors = await self.client.embed([record.text], c.model, version=c.version, truncate=c.truncate)
+            return embedding_payload(vectors[0].values, vectors[0].tokens)
         result = await self.client.generate(record.text, c.model, version=c.version, **self._gen_kwargs)
         return generation_payload(result, c.generation.wants_logprobs)
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from .batch_input import Record
 from .types import Classification, FillMaskResult, Generation, GenerationParams
 
-TASKS = ("classify", "fill-mask", "generate")
+TASKS = ("classify", "fill-mask", "generate", "embed")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ def classification_payload(result: Classification) -> dict[str, Any]:
 
 def fill_mask_payload(result: FillMaskResult) -> dict[str, Any]:
     return asdict(result)
+
+
+def embedding_payload(values: list[float], tokens: int) -> dict[str, Any]:
+    return {"embedding": values, "tokens": tokens}
 
 
 def generation_payload(result: Generation, with_tokens: bool) -> dict[str, Any]:

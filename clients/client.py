@@ -19,6 +19,7 @@ from .errors import OrtserveError
 from .retry import Deadline, backoff_delay, deadline_error, should_retry
 from .types import (
     Classification,
+    Embedding,
     FillMaskResult,
     Generation,
     GenerationParams,
@@ -93,6 +94,12 @@ class OrtserveClient:
                   truncate: bool = False, *, timeout: float | None = _UNSET) -> list[FillMaskResult]:
         request = convert.fill_mask_request(texts, model, version, top_k, truncate)
         return convert.fill_mask_results(self._unary(self._tasks.FillMask, request, timeout))
+
+    def embed(self, texts: str | Sequence[str], model: str, version: int | None = None, truncate: bool = False, *,
+              timeout: float | None = _UNSET) -> list[Embedding]:
+        """One Embedding per text, in order (an embedding model: task "embed")."""
+        request = convert.embed_request(texts, model, version, truncate)
+        return convert.embeddings(self._unary(self._tasks.Embed, request, timeout))
 
     def generate(self, prompt: str, model: str, version: int | None = None, *,
                  timeout: float | None = _UNSET, **params: Any) -> Generation:

@@ -9,6 +9,7 @@ from protos import ortserve_pb2 as pb
 
 from .types import (
     Classification,
+    Embedding,
     FillMaskResult,
     GeneratedToken,
     Generation,
@@ -60,6 +61,19 @@ def fill_mask_request(texts: str | Sequence[str], model: str, version: int | Non
         if not isinstance(t, str):
             raise TypeError(f"texts[{i}]: expected a str, got {type(t).__name__}")
     return pb.FillMaskRequest(model=model, version=version or 0, texts=items, top_k=top_k, truncate=truncate)
+
+
+def embed_request(texts: str | Sequence[str], model: str, version: int | None, truncate: bool) -> pb.EmbedRequest:
+    items = [texts] if isinstance(texts, str) else list(texts)
+    for i, t in enumerate(items):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}]: expected a str, got {type(t).__name__}")
+    return pb.EmbedRequest(model=model, version=version or 0, texts=items, truncate=truncate)
+
+
+def embeddings(response: pb.EmbedResponse) -> list[Embedding]:
+    return [Embedding(values=list(e.values), tokens=e.tokens, normalized=response.normalized)
+            for e in response.embeddings]
 
 
 def generation_parameters(params: GenerationParams) -> pb.GenerationParameters:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .types import Classification, FillMaskResult, Generation, ModelStatus
+from .types import Classification, Embedding, FillMaskResult, Generation, ModelStatus
 
 
 def _quote(text: str, width: int = 70) -> str:
@@ -30,6 +30,15 @@ def fill_masks(texts: Sequence[str], results: Sequence[FillMaskResult]) -> str:
             lines.append(f"    mask at token {mask.position}: {best}")
             if mask.candidates:
                 lines.append(f"    -> {mask.candidates[0].sequence}")
+    return "\n".join(lines)
+
+
+def embeddings(texts: Sequence[str], vectors: Sequence[Embedding]) -> str:
+    lines: list[str] = []
+    for text, e in zip(texts, vectors):
+        head = " ".join(f"{v:+.4f}" for v in e.values[:6])
+        norm = sum(v * v for v in e.values) ** 0.5
+        lines.append(f"{_quote(text)}\n    dim {len(e.values)}  norm {norm:.4f}  {e.tokens} tokens  [{head} …]")
     return "\n".join(lines)
 
 

@@ -39,6 +39,13 @@ class FillMaskResult:
 
 
 @dataclass(frozen=True)
+class Embedding:
+    values: list[float]      # the vector (unit L2 norm when `normalized`)
+    tokens: int = 0          # tokens of the text as the model saw them
+    normalized: bool = False
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
     token_id: int
     token: str

@@ -32,6 +32,10 @@ def _export_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-layout", default="inplace", choices=CACHE_LAYOUTS,
                    help="generate: inplace = GroupQueryAttention writing one preallocated buffer per layer "
                         "(default); concat = the traced graph that returns past + new")
+    p.add_argument("--pooling", default="auto", choices=("auto", "mean", "cls"),
+                   help="embed: auto = the checkpoint's sentence-transformers config (else mean)")
+    p.add_argument("--normalize", default="auto", choices=("auto", "on", "off"),
+                   help="embed: L2-normalize the vectors; auto = as the sentence-transformers config says")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = tuple(dict.fromkeys(v.strip() for v in ["fp32", *args.variants.split(",")] if v.strip()))
         cfg = ExportConfig(checkpoint=args.checkpoint, task=args.task, repository=args.repository, name=args.name,
                            version=args.version, variants=variants, eval_data=args.eval_data, threads=args.threads,
-                           cache_layout=args.cache_layout)
+                           cache_layout=args.cache_layout, pooling=args.pooling, normalize=args.normalize)
         result = export_checkpoint(cfg)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)

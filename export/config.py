@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TASKS = ("classify", "fill-mask", "generate")
+TASKS = ("classify", "fill-mask", "generate", "embed")
 VARIANTS = ("fp32", "optimized", "int8", "fp16")
 CACHE_LAYOUTS = ("inplace", "concat")
 # 18 is the opset both torch exporters and Optimum agree on, and every fusion/quantization tool here reads it.
@@ -50,3 +50,5 @@ class ExportConfig:
     grid: GridConfig = field(default_factory=GridConfig)
     threads: int = 1  # onnxruntime intra-op threads during the gate
     cache_layout: str = "inplace"  # generate: "inplace" (GroupQueryAttention, shared buffer) or "concat" (traced)
+    pooling: str = "auto"          # embed: auto (the checkpoint's sentence-transformers config, else mean), mean, cls
+    normalize: str = "auto"        # embed: auto (a Normalize module in modules.json), on, off

@@ -189,6 +189,10 @@ def validate_config(cfg: ExportConfig) -> None:
 
 def export_checkpoint(cfg: ExportConfig) -> ExportResult:
     """Export, gate, publish. Raises ExportError (bad input) or ParityFailure; publishes nothing on either."""
+    if cfg.task == "embed":  # its own graph and gate (export/embed.py)
+        from .embed import export_embedding
+
+        return export_embedding(cfg)
     validate_config(cfg)
     info = inspect_checkpoint(cfg.checkpoint, cfg.task)
     repo = Path(cfg.repository)

@@ -36,6 +36,9 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
                       for task in ("classify", "fill-mask", "generate")}
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
+# embed (export/embed.py): any encoder checkpoint, its own encoder and pooling; no head is used.
+TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES
+                                    if "generate" not in ARCHITECTURE_TASKS.get(a, {}))
 MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "gpt2", "llama", "qwen2", "mistral")
 LLAMA_TYPES = ("llama", "qwen2", "mistral")
 # Encoder families whose graph takes token_type_ids. RoBERTa's tokenizer never sets them (the graph embeds

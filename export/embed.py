@@ -1,0 +1,282 @@
+"""`--task embed`: an encoder checkpoint -> a sentence-embedding package (graph output `embeddings`).
+
+Pooling and normalization live inside the graph, so every consumer of the package (the server, a raw KServe
+call, another runtime) gets the same vectors:
+
+    embeddings = normalize?( pool(last_hidden_state, attention_mask) )     [batch, dimension] float32
+
+Pooling: `mean` (over non-padding tokens) or `cls` (the first token); `auto` reads the checkpoint's
+sentence-transformers files (modules.json + <pooling dir>/config.json, and a Normalize module) and falls back
+to mean without normalization. The manifest records them as `embedding: {pooling, normalize, dimension}`.
+
+The parity gate of this task: the ONNX graph against the PyTorch encoder + the same pooling on the held-out
+texts, batch 1 and a padded batch of 3; max |diff| within the fp32 tolerance and cosine >= MIN_COSINE per text.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+from . import graphs, package, variants
+from .config import OPSET, ExportConfig
+from .errors import ExportError, ParityFailure
+from .heldout import BUILTIN_TEXTS
+from .source import CheckpointInfo, inspect_checkpoint
+from .tokenizer_check import check_tokenizer, package_tokenizer
+
+log = logging.getLogger(__name__)
+
+POOLINGS = ("mean", "cls")
+MIN_COSINE = 0.99999
+# The family's classifier kind builds the encoder with `encode()`; its (freshly initialised) head never runs.
+ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "albert": "albert-classifier",
+                 "distilbert": "distilbert-classifier"}
+
+
+@dataclass(frozen=True)
+class Pooling:
+    mode: str
+    normalize: bool
+    source: str  # where the choice came from (flag, sentence-transformers config, default)
+
+
+def read_pooling(checkpoint: Path, pooling: str = "auto", normalize: str = "auto") -> Pooling:
+    """The pooling to export: flags first, then the checkpoint's sentence-transformers config, then mean."""
+    mode, norm, source = None, None, "default (mean, not normalized)"
+    modules_file = checkpoint / "modules.json"
+    if modules_file.is_file():
+        try:
+            modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ExportError(f"checkpoint: {modules_file} is not valid JSON ({exc})") from None
+        kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
+        norm = "Normalize" in kinds
+        pool = kinds.get("Pooling")
+        if pool is not None:
+            cfg_file = checkpoint / str(pool.get("path", "")) / "config.json"
+            try:
+                cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ExportError(f"checkpoint: pooling config {cfg_file} unreadable ({exc})") from None
+            chosen = [k for k in ("mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+                      if cfg.get(f"pooling_mode_{k}_tokens") or (k == "cls" and cfg.get("pooling_mode_cls_token"))]
+            if chosen != ["mean"] and chosen != ["cls"]:
+                raise ExportError(f"checkpoint: sentence-transformers pooling {chosen} is not supported "
+                                  f"(mean or cls; or pass --pooling)")
+            mode = chosen[0]
+        source = "sentence-transformers config"
+    if pooling != "auto":
+        if pooling not in POOLINGS:
+            raise ExportError(f"--pooling: must be auto, {' or '.join(POOLINGS)}, got {pooling!r}")
+        mode, source = pooling, "--pooling"
+    if normalize != "auto":
+        if normalize not in ("on", "off"):
+            raise ExportError(f"--normalize: must be auto, on or off, got {normalize!r}")
+        norm = normalize == "on"
+    return Pooling(mode or "mean", bool(norm), source)
+
+
+class EmbeddingAdapter(nn.Module):
+    """encode() -> pooling -> optional L2 normalization, as sentence-transformers computes them."""
+
+    def __init__(self, model: nn.Module, pooling: Pooling, token_types: bool) -> None:
+        super().__init__()
+        self.model, self.mode, self.normalize, self.token_types = model, pooling.mode, pooling.normalize, token_types
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.token_types:
+            hidden = self.model.encode(input_ids, attention_mask, token_type_ids)
+        else:
+            hidden = self.model.encode(input_ids, attention_mask)
+        if self.mode == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        if self.normalize:
+            pooled = nn.functional.normalize(pooled, p=2.0, dim=1)
+        return pooled
+
+
+class EmbedSpec(graphs.GraphSpec):
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        return {t.name: {i: a for i, a in enumerate(t.shape) if a in ("batch", "sequence")}
+                for t in (*self.inputs, *self.outputs)}
+
+
+def embed_spec(token_types: bool) -> EmbedSpec:
+    inputs = tuple(t for t in graphs.ENCODER_INPUTS if token_types or t.name != "token_type_ids")
+    return EmbedSpec(inputs, (graphs.TensorSpec("embeddings", "float32", ("batch", "dimension")),))
+
+
+def max_length_of(info: CheckpointInfo) -> int:
+    """The positions of the encoder, or sentence-transformers' max_seq_length when the checkpoint sets one
+    (texts beyond it are refused or, with truncate, cut: the length the model was trained to embed)."""
+    limit = info.max_positions
+    st_file = info.path / "sentence_bert_config.json"
+    if st_file.is_file():
+        try:
+            st = json.loads(st_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ExportError(f"checkpoint: {st_file} is not valid JSON ({exc})") from None
+        if isinstance(st.get("max_seq_length"), int) and 0 < st["max_seq_length"] < limit:
+            limit = st["max_seq_length"]
+    return limit
+
+
+def load_encoder(info: CheckpointInfo) -> nn.Module:
+    from training.checkpoint import CheckpointError, load_model
+
+    kind = ENCODER_KINDS.get(info.model_type)
+    if kind is None:
+        raise ExportError(f"--task embed: needs an encoder checkpoint ({', '.join(ENCODER_KINDS)}), "
+                          f"got model_type {info.model_type!r}")
+    try:
+        model, _ = load_model(info.path, kind=kind, num_labels=2)
+    except CheckpointError as exc:
+        raise ExportError(f"checkpoint: {exc}") from None
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"checkpoint: cannot load weights from {info.weights_file.name}: {first}") from None
+    return model.eval()
+
+
+@dataclass
+class EmbedParity:
+    """The gate's result for one variant (the shape parity.json's `variants` entries have)."""
+
+    passed: bool
+    max_abs_diff: dict[str, float]
+    min_cosine: float
+    failures: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "status": "passed" if self.passed else "FAILED",
+                "max_abs_diff": self.max_abs_diff, "min_cosine": self.min_cosine, "failures": self.failures}
+
+
+def _batch(tok: Tokenizer, texts: list[str], pad_id: int, token_types: bool) -> dict[str, np.ndarray]:
+    encodings = [tok.encode(t) for t in texts]
+    width = max(len(e.ids) for e in encodings)
+    ids = np.full((len(texts), width), pad_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for i, e in enumerate(encodings):
+        ids[i, :len(e.ids)] = e.ids
+        mask[i, :len(e.ids)] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if token_types:
+        feeds["token_type_ids"] = np.zeros_like(ids)
+    return feeds
+
+
+def run_embed_gate(adapter: EmbeddingAdapter, graph: Path, tok: Tokenizer, pad_id: int, token_types: bool,
+                   atol: float, threads: int) -> EmbedParity:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    texts = list(BUILTIN_TEXTS)[:12]
+    diffs: dict[str, float] = {}
+    failures: list[str] = []
+    min_cos = 1.0
+    for name, batches in (("batch1", [[t] for t in texts[:4]]), ("batch3_padded", [texts[i:i + 3]
+                                                                                   for i in range(0, 12, 3)])):
+        worst = 0.0
+        for group in batches:
+            feeds = _batch(tok, group, pad_id, token_types)
+            with torch.no_grad():
+                ref = adapter(*(torch.from_numpy(feeds[k]) for k in feeds)).numpy()
+            got = session.run(["embeddings"], feeds)[0]
+            worst = max(worst, float(np.abs(got - ref).max()))
+            cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+            min_cos = min(min_cos, float(cos.min()))
+        diffs[name] = worst
+        if worst > atol:
+            failures.append(f"{name}: max |onnx - torch| {worst:.2e} > {atol:.0e}")
+    if min_cos < MIN_COSINE:
+        failures.append(f"cosine {min_cos:.7f} < {MIN_COSINE}")
+    return EmbedParity(not failures, diffs, min_cos, failures)
+
+
+def export_embedding(cfg: ExportConfig) -> Any:
+    """export_checkpoint for task embed: graph, tokenizer, gate, atomic publication (fp32 only)."""
+    from .pipeline import ExportResult, special_tokens, tool_versions
+
+    if tuple(cfg.variants) != ("fp32",):
+        raise ExportError("--variants: an embedding package ships fp32 only")
+    package.validate_name(cfg.name)
+    info = inspect_checkpoint(cfg.checkpoint, "embed")
+    pooling = read_pooling(info.path, cfg.pooling, cfg.normalize)
+    repo = Path(cfg.repository)
+    if repo.exists() and not repo.is_dir():
+        raise ExportError(f"--repository: {repo} is not a directory")
+    name_dir = repo / cfg.name
+    version = package.choose_version(name_dir, cfg.version)
+    adapter = EmbeddingAdapter(load_encoder(info), pooling, info.token_types).eval()
+    created = not name_dir.exists()
+    staging = package.staging_dir(name_dir)
+    try:
+        t0 = time.perf_counter()
+        spec = embed_spec(info.token_types)
+        fp32 = staging / variants.FILES["fp32"]
+        example = graphs.encoder_example(int(info.config["vocab_size"]))
+        with torch.no_grad():
+            graphs._export(adapter, example if info.token_types else example[:2], spec, fp32)
+        export_s = time.perf_counter() - t0
+        max_length = max_length_of(info)
+        removed = package_tokenizer(info.path, staging, max_length)
+        tok = Tokenizer.from_file(str(staging / "tokenizer.json"))
+        ids, _ = special_tokens(info, tok)
+        tok_report = check_tokenizer(info.path, staging, list(BUILTIN_TEXTS), None, max_length, removed)
+        serving_tok = Tokenizer.from_file(str(staging / "tokenizer.json"))
+        serving_tok.no_padding()
+        serving_tok.no_truncation()
+        t1 = time.perf_counter()
+        result = run_embed_gate(adapter, fp32, serving_tok, ids.get("pad") or 0, info.token_types,
+                                cfg.tolerances.fp32_atol, cfg.threads)
+        gate_s = time.perf_counter() - t1
+        dimension = int(info.hidden_size)
+        report = {"passed": result.passed and tok_report.passed, "tool_versions": tool_versions(), "opset": OPSET,
+                  "variants": {"fp32": result.as_json()}, "tokenizer": tok_report.as_json(),
+                  "timings_s": {"export": round(export_s, 3), "gate": round(gate_s, 3)}}
+        if not report["passed"]:
+            raise ParityFailure(f"parity gate failed for {cfg.name}; nothing published\n  "
+                                + "\n  ".join(result.failures + tok_report.failures), report)
+        manifest = {
+            "format": package.FORMAT, "name": cfg.name, "version": None, "task": "embed",
+            "architecture": info.model_type, "labels": [], "max_length": max_length,
+            "vocab_size": int(info.config["vocab_size"]), "special_tokens": ids, "mask_token": None,
+            "inputs": [t.as_json() for t in spec.inputs],
+            "outputs": [{"name": "embeddings", "dtype": "float32", "shape": ["batch", dimension]}],
+            "cache": None, "variants": {"fp32": fp32.name}, "default_variant": {"cpu": "fp32", "cuda": "fp32"},
+            "opset": OPSET,
+            "source": {"checkpoint": str(info.path), "architecture": info.architecture,
+                       "config_sha256": info.config_sha256, "checkpoint_sha256": info.weights_sha256},
+            "created_at": package.utc_now(),
+            "embedding": {"pooling": pooling.mode, "normalize": pooling.normalize, "dimension": dimension,
+                          "pooling_source": pooling.source},
+        }
+
+        def finalize(v: int) -> None:
+            manifest["version"] = v
+            package.write_json(staging / package.MANIFEST, manifest)
+            package.write_json(staging / package.PARITY, {**report, "files": package.file_hashes(staging)})
+
+        version = package.publish(staging, name_dir, version, cfg.version is None, finalize)
+    except BaseException:
+        package.discard(staging, name_dir, created)
+        raise
+    final = name_dir / str(version)
+    log.info("embedding package %s: pooling %s (%s), normalize %s", final, pooling.mode, pooling.source,
+             pooling.normalize)
+    return ExportResult(final, version, json.loads((final / package.PARITY).read_text()))
