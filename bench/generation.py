@@ -34,6 +34,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from modelpkg import past_names, present_names
+
 from .machine import describe
 from .material import bpe_tokenizer_dir, random_gpt
 from .serverproc import Process, ServerProcess, free_port
@@ -360,7 +362,7 @@ def step_piece(cfg: Config, repo: Path) -> dict[str, Any]:
     sess = ort.InferenceSession(str(pkg / "model.onnx"), opts, providers=["CPUExecutionProvider"])
     b, max_len = 8, manifest["max_length"]
     rng = np.random.default_rng(0)
-    names = [(f"past_key_values.{i}.{k}", f"present.{i}.{k}") for i in range(c["num_layers"]) for k in ("key", "value")]
+    names = list(zip(past_names(c["num_layers"]), present_names(c["num_layers"])))
     bufs = {p: rng.standard_normal((b, c["num_kv_heads"], max_len, c["head_dim"]), dtype=np.float32) for p, _ in names}
     io = sess.io_binding()
     for p, q in names:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from modelpkg import past_name
+
 
 class BatchCache:
     def __init__(self, keys: list[np.ndarray], values: list[np.ndarray], mask: np.ndarray) -> None:
@@ -33,8 +35,8 @@ class BatchCache:
     def feeds(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for i, (k, v) in enumerate(zip(self.keys, self.values)):
-            out[f"past_key_values.{i}.key"] = k
-            out[f"past_key_values.{i}.value"] = v
+            out[past_name(i, "key")] = k
+            out[past_name(i, "value")] = v
         return out
 
     def select(self, rows: list[int]) -> "BatchCache":

@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from modelpkg import past_names, present_names
+
 LAYOUTS = ("concat", "inplace")
 _ORT_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -28,11 +30,11 @@ class DecoderSpec:
 
     @property
     def past_names(self) -> list[str]:
-        return [f"past_key_values.{i}.{kind}" for i in range(self.num_layers) for kind in ("key", "value")]
+        return past_names(self.num_layers)
 
     @property
     def present_names(self) -> list[str]:
-        return [f"present.{i}.{kind}" for i in range(self.num_layers) for kind in ("key", "value")]
+        return present_names(self.num_layers)
 
     @classmethod
     def from_package(cls, manifest: dict[str, Any], session: ort.InferenceSession) -> "DecoderSpec":
@@ -47,12 +49,12 @@ class DecoderSpec:
         eos, bos, pad = (_token(f"special_tokens.{k}", special.get(k), vocab) for k in ("eos", "bos", "pad"))
         spec_inputs = {i.name: i for i in session.get_inputs()}
         spec_outputs = {o.name for o in session.get_outputs()}
-        past = [f"past_key_values.{i}.{kind}" for i in range(sizes["num_layers"]) for kind in ("key", "value")]
+        past = past_names(sizes["num_layers"])
         for name in ["input_ids", "attention_mask", *past]:
             if name not in spec_inputs:
                 raise ValueError(f"model graph: input {name!r} missing (manifest cache.num_layers="
                                  f"{sizes['num_layers']}); inputs are {sorted(spec_inputs)}")
-        present = [p.replace("past_key_values.", "present.", 1) for p in past]
+        present = present_names(sizes["num_layers"])
         for name in ["logits", *present]:
             if name not in spec_outputs:
                 raise ValueError(f"model graph: output {name!r} missing; outputs are {sorted(spec_outputs)}")
