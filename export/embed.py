@@ -280,3 +280,28 @@ def export_embedding(cfg: ExportConfig) -> Any:
     log.info("embedding package %s: pooling %s (%s), normalize %s", final, pooling.mode, pooling.source,
              pooling.normalize)
     return ExportResult(final, version, json.loads((final / package.PARITY).read_text()))
+
+
+def validate_embedding(pkg: Path, manifest: dict[str, Any], problems: list[str], threads: int = 1
+                       ) -> tuple[bool, str]:
+    """`python -m export validate` for an embedding package: the gate again, from the recorded checkpoint."""
+    info = inspect_checkpoint(Path(manifest.get("source", {}).get("checkpoint", "")), "embed")
+    if info.weights_sha256 != manifest["source"].get("checkpoint_sha256"):
+        problems.append("source checkpoint weights changed since export (sha256 differs)")
+    recorded = manifest.get("embedding") or {}
+    pooling = Pooling(str(recorded.get("pooling", "mean")), bool(recorded.get("normalize")), "model.json")
+    adapter = EmbeddingAdapter(load_encoder(info), pooling, info.token_types).eval()
+    tok_report = check_tokenizer(info.path, pkg, list(BUILTIN_TEXTS), None, manifest["max_length"], [])
+    tok = Tokenizer.from_file(str(pkg / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    token_types = "token_type_ids" in [t.get("name") for t in manifest.get("inputs", [])]
+    result = run_embed_gate(adapter, pkg / manifest["variants"]["fp32"], tok,
+                            manifest.get("special_tokens", {}).get("pad") or 0, token_types,
+                            ExportConfig(checkpoint=info.path, task="embed", repository=pkg.parent.parent,
+                                         name="x").tolerances.fp32_atol, threads)
+    lines = [f"fp32       {name:<14} max |diff| {diff:.2e}" for name, diff in result.max_abs_diff.items()]
+    lines.append(f"fp32       min cosine {result.min_cosine:.7f} (>= {MIN_COSINE})")
+    lines += [f"FAILED     {f}" for f in result.failures + tok_report.failures]
+    lines += [f"package    {p}" for p in problems]
+    return result.passed and tok_report.passed and not problems, "\n".join(lines)

@@ -48,6 +48,10 @@ def validate_package(pkg: Path, threads: int = 1, eval_data: Path | None = None)
     problems = hash_mismatches(pkg, parity)
     src = Path(manifest.get("source", {}).get("checkpoint", ""))
     task = manifest.get("task")
+    if task == "embed":  # its own gate (export/embed.py)
+        from .embed import validate_embedding
+
+        return validate_embedding(pkg, manifest, problems, threads)
     cfg = ExportConfig(checkpoint=src, task=task, repository=pkg.parent.parent, name=manifest.get("name", ""),
                        variants=tuple(manifest.get("variants", {})), threads=threads)
     info = inspect_checkpoint(src, task)

@@ -191,6 +191,13 @@ def test_cli_and_batch_embed(server: ServerProcess, embed_repository: Path, tmp_
         assert cosine(np.array(a["embedding"]), np.array(b["embedding"])) >= 0.99999
 
 
+def test_export_validate_reruns_the_embedding_gate(embed_repository: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "export", "validate", str(embed_repository / MINILM / "1")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "parity OK" in done.stdout and "min cosine" in done.stdout
+
+
 def test_export_embed_refuses_a_decoder(tiny_checkpoints, tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "export", str(tiny_checkpoints.gpt), "--task", "embed",
                            "--repository", str(tmp_path), "--name", "x"], cwd=ROOT, capture_output=True, text=True,

@@ -39,7 +39,7 @@ SMALL_BODY = 65536
 
 @pytest.fixture(scope="module")
 def server(tiny_repository: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tiny_repository, ["--http-port", "0"])
+    proc = ServerProcess(tiny_repository, ["--http-port", "0", "--metrics-port", "0"])
     try:
         yield proc
     finally:
@@ -466,6 +466,22 @@ def test_overload_is_429(strict: ServerProcess) -> None:
     assert info.value.status_code == 429 and info.value.body["type"] == "rate_limit_error"
     assert "at capacity" in info.value.body["message"]
     assert client.completions.create(model=GPT, prompt="a", max_tokens=8).usage.completion_tokens >= 1
+
+
+def test_deadlines_and_request_metrics(server: ServerProcess, oai: openai.OpenAI) -> None:
+    """HTTP requests count in the same Prometheus series as gRPC ones; a timeout header is a deadline."""
+    def count(code: str) -> float:
+        return server.metric("ortserve_requests_total", model=GPT, method="http.Completions", code=code)
+
+    ok, late = count("OK"), count("DEADLINE_EXCEEDED")
+    oai.completions.create(model=GPT, prompt="a", max_tokens=2)
+    url = f"{server.http_url}/v1/completions"
+    status, body = _json(url, {"model": GPT, "prompt": "a", "max_tokens": 2},
+                         headers={"x-request-timeout": "0.000001"})
+    assert status == 504 and body["error"]["type"] == "timeout"
+    status, body = _json(url, {"model": GPT, "prompt": "a"}, headers={"x-request-timeout": "soon"})
+    assert status == 400 and body["error"]["param"] == "x-request-timeout"
+    assert count("OK") == ok + 1 and count("DEADLINE_EXCEEDED") == late + 1
 
 
 # ---------------------------------------------------------------- chat with a template, drain
