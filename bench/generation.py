@@ -439,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", type=Path, default=None,
                     help="write the section into this report (e.g. docs/BENCHMARKS.md); also `--render-only`")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
+    ap.add_argument("--merge", action="store_true", help="keep the pieces already in --out (re-measure only --pieces)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if a.render_only:
@@ -450,12 +451,22 @@ def main(argv: list[str] | None = None) -> int:
 
     ckpt, repo, pool = material(cfg)
     tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
-    report: dict[str, Any] = {"machine": describe(ROOT), "config": {k: str(v) for k, v in cfg.__dict__.items()},
-                              "command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]),
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report: dict[str, Any] = json.loads(a.out.read_text()) if a.merge and a.out.is_file() else {}
+    runs = report.get("runs", [])
+    runs.append({"command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]), "pieces": list(pieces),
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    report.update({"machine": describe(ROOT), "config": {k: str(v) for k, v in cfg.__dict__.items()}, "runs": runs,
+                   "command": runs[0]["command"], "started": runs[0]["started"]})
+
+    def save() -> None:     # after every piece: a later failure keeps what was measured
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = a.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        os.replace(tmp, a.out)
     if "step" in pieces:
         report["step"] = step_piece(cfg, repo)
         log.info("step: %s", report["step"])
+        save()
     vllm_proc = None
     vllm = None
     if not a.no_vllm and {"streams", "arrival"} & set(pieces):
@@ -469,13 +480,16 @@ def main(argv: list[str] | None = None) -> int:
                 if "streams" in pieces:
                     clients = {"ortserve": ours, **({"vllm": vllm} if vllm else {})}
                     report["streams"] = streams_piece(cfg, clients, pool, tok)
+                    save()
                 if "leave" in pieces:
                     report["leave"] = leave_piece(cfg, ours, pool, tok)
+                    save()
                 if "genai" in pieces:
                     if vllm_proc is not None:      # the idle peer must not share the CPU with this piece
                         vllm_proc.stop()
-                        vllm_proc = None
+                        vllm_proc, vllm = None, None
                     report["genai"] = genai_piece(cfg, repo, ours, pool, tok)
+                    save()
             finally:
                 ours.close()
                 server.stop()
@@ -484,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                 vllm_proc.stop()
                 vllm_proc, vllm = None, None
             report["spinning"] = spinning_piece(cfg, repo, pool, tok)
+            save()
         if "arrival" in pieces:
             if vllm is None and not a.no_vllm:
                 vllm_proc, port = start_vllm(ckpt, cfg)
@@ -492,10 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if vllm_proc is not None:
             vllm_proc.stop()
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, a.out)
+    save()
     if a.docs is not None:
         write_docs(report, a.docs)
     print(json.dumps({k: v for k, v in report.items() if k not in ("machine", "config")}, indent=1)[:6000])
@@ -518,9 +530,12 @@ def _f(x: float, d: int = 1) -> str:
 def render_section(r: dict[str, Any]) -> list[str]:
     """Markdown for docs/BENCHMARKS.md (between the generation markers; `python -m bench report` keeps it)."""
     m = r.get("machine", {})
+    runs = r.get("runs") or [{"command": r.get("command"), "started": r.get("started"), "pieces": []}]
     lines = [BEGIN, "## Generation vs peers (bench/generation.py)", "",
-             f"- Command: `{r.get('command', 'python -m bench.generation')}`; run at {r.get('started')}",
-             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu', '?')}; git {m.get('git_commit', '?')}",
+             *[f"- Command: `{x['command']}` at {x['started']}" + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else "")
+               for x in runs],
+             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
+             f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
              "- Checkpoint: GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, "
              "fp32) saved in HF layout; ortserve serves its `python -m export` package (in-place cache + mixed graph), "
              "vLLM 0.32.0 CPU loads the checkpoint directory (`--dtype float32`, OpenAI server), onnxruntime-genai "
