@@ -250,6 +250,23 @@ def test_kserve_http_binary_tail_with_raw_http(server: ServerProcess) -> None:
     assert status == 400 and b"inference-header-content-length" in content
 
 
+def test_small_responses_are_not_held_by_nagle(server: ServerProcess) -> None:
+    """TCP_NODELAY on the server's connections: with Nagle on, each keep-alive answer waited ~40 ms for the
+    client's delayed ACK (the listening socket must be created with IPPROTO_TCP for asyncio to switch it off)."""
+    conn = http.client.HTTPConnection(server.host, server.http_port, timeout=30)
+    times = []
+    try:
+        for _ in range(31):
+            started = time.perf_counter()
+            conn.request("GET", "/v2/health/live")
+            response = conn.getresponse()
+            assert response.status == 200 and response.read()
+            times.append(time.perf_counter() - started)
+    finally:
+        conn.close()
+    assert sorted(times)[15] < 0.030, sorted(times)
+
+
 # ---------------------------------------------------------------- malformed requests: 4xx, never 500
 
 
@@ -285,6 +302,7 @@ def test_malformed_requests_are_clear_4xx(server: ServerProcess, method: str, pa
     if path.startswith("/v1"):
         assert error["type"] and error["code"] == status
     assert _request(server.http_url + "/v2/health/ready")[0] == 200  # still healthy
+    assert "Traceback" not in "".join(server.lines)  # nothing reached the 500 path
 
 
 def test_oversize_bodies_are_413_declared_or_chunked(strict: ServerProcess) -> None:
