@@ -142,6 +142,9 @@ def load_encoder(info: CheckpointInfo) -> nn.Module:
     if kind is None:
         raise ExportError(f"--task embed: needs an encoder checkpoint ({', '.join(ENCODER_KINDS)}), "
                           f"got model_type {info.model_type!r}")
+    checkpoint_log = logging.getLogger("training.checkpoint")
+    level = checkpoint_log.level
+    checkpoint_log.setLevel(logging.ERROR)  # "newly initialised: classifier.*": that head never runs here
     try:
         model, _ = load_model(info.path, kind=kind, num_labels=2)
     except CheckpointError as exc:
@@ -149,6 +152,8 @@ def load_encoder(info: CheckpointInfo) -> nn.Module:
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"checkpoint: cannot load weights from {info.weights_file.name}: {first}") from None
+    finally:
+        checkpoint_log.setLevel(level)
     return model.eval()
 
 

@@ -1,0 +1,208 @@
+"""HTTP front door vs gRPC: per-request overhead, throughput, and /v1/completions streaming vs vLLM.
+
+    python -m bench.http --repository model_repository --classifier genre --embedder minilm \
+        --out bench/results/http.json
+    python -m bench.http --streams-only              # the streaming piece alone (needs bash bench/setup_vllm.sh)
+
+Pieces (one ortserve process serving both ports, so both protocols reach the same data plane):
+  overhead    batch 1, sequential, interleaved: p50 / p90 latency of the same request over gRPC (task API) and
+              HTTP (KServe v2 REST text mode; and POST /v1/embeddings), for classify and embed
+  throughput  16 client threads, each with its own connection: requests/s over gRPC and over HTTP
+  streams     POST /v1/completions stream=true, driven by the same `openai`-client load script against
+              ortserve and vLLM's OpenAI server on the same random GPT-2 124M checkpoint (bench/generation.py's
+              material): tokens/s summed over 1 / 8 / 16 concurrent streams and time to first token
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("bench.http")
+TEXTS = ["Once more unto the breach, dear friends, once more;",
+         "Now is the winter of our discontent made glorious summer by this sun of York.",
+         "A man is eating food.", "The quality of mercy is not strained."]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def _grpc_call(address: str, task: str, model: str) -> Callable[[int], Any]:
+    import grpc
+
+    from protos import ortserve_pb2 as pb
+    from protos import ortserve_pb2_grpc as pb_grpc
+
+    stub = pb_grpc.TaskServiceStub(grpc.insecure_channel(address))
+    if task == "classify":
+        return lambda i: stub.Classify(pb.ClassifyRequest(model=model, inputs=[pb.TextInput(text=TEXTS[i % 4])]))
+    return lambda i: stub.Embed(pb.EmbedRequest(model=model, texts=[TEXTS[i % 4]]))
+
+
+def _http_call(url: str, task: str, model: str, route: str) -> Callable[[int], Any]:
+    import httpx2 as httpx
+
+    client = httpx.Client(timeout=60)
+    if route == "openai":
+        return lambda i: client.post(f"{url}/v1/embeddings", json={"model": model, "input": TEXTS[i % 4],
+                                                                    "encoding_format": "float"}).raise_for_status()
+    return lambda i: client.post(f"{url}/v2/models/{model}/infer", json={"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [1], "data": [TEXTS[i % 4]]}]}).raise_for_status()
+
+
+def overhead(calls: dict[str, Callable[[int], Any]], requests: int) -> dict[str, Any]:
+    """Sequential batch-1 calls, interleaved round-robin so drift hits every protocol alike."""
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for i in range(10):
+        for call in calls.values():
+            call(i)
+    for i in range(requests):
+        for name, call in calls.items():
+            t = time.perf_counter()
+            call(i)
+            times[name].append((time.perf_counter() - t) * 1e3)
+    return {k: {"p50_ms": _pct(v, 50), "p90_ms": _pct(v, 90), "n": len(v)} for k, v in times.items()}
+
+
+def throughput(make: Callable[[], Callable[[int], Any]], clients: int, requests: int) -> dict[str, float]:
+    """`clients` threads, each with its own client, `requests` calls in all."""
+    per = [make() for _ in range(clients)]
+    for call in per:
+        call(0)
+    counter = iter(range(requests))
+    lock = threading.Lock()
+
+    def worker(call: Callable[[int], Any]) -> None:
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            call(i)
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(worker, per))
+    seconds = time.perf_counter() - t
+    return {"requests_per_s": requests / seconds, "seconds": seconds, "clients": clients}
+
+
+def stream_load(base_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, Any]:
+    """The openai-client load script: `concurrency` streams at once; tokens/s summed, TTFT per stream."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=600)
+
+    def one(prompt: str) -> tuple[float, float, int]:
+        started = time.perf_counter()
+        first = None
+        tokens = 0
+        stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body={"ignore_eos": True})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text and first is None:
+                first = time.perf_counter() - started
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return first or float("nan"), time.perf_counter() - started, tokens
+
+    one(prompts[-1])  # warm-up: the first stream of a fresh server pays for lazy initialisation
+    t = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, prompts[:concurrency]))
+    wall = time.perf_counter() - t
+    ttft = [r[0] * 1e3 for r in results]
+    return {"concurrency": concurrency, "tokens_per_s": sum(r[2] for r in results) / wall,
+            "ttft_p50_ms": statistics.median(ttft), "ttft_max_ms": max(ttft), "wall_s": wall}
+
+
+def streams_piece(threads: int, levels: tuple[int, ...], max_tokens: int, with_vllm: bool) -> dict[str, Any]:
+    from bench.generation import Config, material, prompts, start_vllm
+    from tokenizers import Tokenizer
+    from testing.launch import ServerProcess
+
+    cfg = Config(threads=threads)
+    ckpt, repo, pool = material(cfg)
+    tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
+    texts = [tok.decode(p) for p in prompts(pool, max(levels) + 1, cfg.prompt_tokens, salt=7)]
+    out: dict[str, Any] = {}
+    server = ServerProcess(repo, ["--http-port", "0", "--intra-op-threads", str(threads), "--max-sequences", "32"],
+                           startup_timeout=600)
+    try:
+        out["ortserve"] = [stream_load(f"{server.http_url}/v1", "gpt", texts, n, max_tokens) for n in levels]
+    finally:
+        server.stop()
+    if with_vllm:
+        proc, port = start_vllm(ckpt, cfg)
+        try:
+            out["vllm"] = [stream_load(f"http://127.0.0.1:{port}/v1", "gpt", texts, n, max_tokens) for n in levels]
+        finally:
+            proc.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__.split("\n")[0])
+    ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    ap.add_argument("--classifier", default="genre")
+    ap.add_argument("--embedder", default="minilm")
+    ap.add_argument("--requests", type=int, default=300, help="sequential requests per protocol (overhead)")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--throughput-requests", type=int, default=1600)
+    ap.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads of the servers")
+    ap.add_argument("--stream-levels", default="1,8,16")
+    ap.add_argument("--stream-tokens", type=int, default=128)
+    ap.add_argument("--streams-only", action="store_true")
+    ap.add_argument("--no-streams", action="store_true")
+    ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "http.json")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    for noisy in ("httpx", "httpx2", "openai"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    report: dict[str, Any] = {"command": " ".join(["python -m bench.http", *(argv or sys.argv[1:])]),
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not a.streams_only:
+        from testing.launch import ServerProcess
+
+        server = ServerProcess(a.repository, ["--http-port", "0", "--intra-op-threads", str(a.threads)],
+                               startup_timeout=600)
+        try:
+            for task, model in (("classify", a.classifier), ("embed", a.embedder)):
+                calls = {"grpc": _grpc_call(server.address, task, model),
+                         "http_kserve": _http_call(server.http_url, task, model, "kserve")}
+                if task == "embed":
+                    calls["http_openai"] = _http_call(server.http_url, task, model, "openai")
+                report[f"overhead_{task}"] = overhead(calls, a.requests)
+                report[f"throughput_{task}"] = {
+                    "grpc": throughput(lambda: _grpc_call(server.address, task, model), a.clients,
+                                       a.throughput_requests),
+                    "http_kserve": throughput(lambda: _http_call(server.http_url, task, model, "kserve"), a.clients,
+                                              a.throughput_requests)}
+                log.info("%s: %s %s", task, report[f"overhead_{task}"], report[f"throughput_{task}"])
+        finally:
+            server.stop()
+    if not a.no_streams:
+        levels = tuple(int(x) for x in a.stream_levels.split(","))
+        report["streams"] = streams_piece(a.threads, levels, a.stream_tokens, not a.no_vllm)
+        log.info("streams: %s", report["streams"])
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
