@@ -203,3 +203,15 @@ def test_export_embed_refuses_a_decoder(tiny_checkpoints, tmp_path: Path) -> Non
                            "--repository", str(tmp_path), "--name", "x"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and "--task embed" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_pipeline_embed_minilm_publishes_once(tmp_path: Path) -> None:
+    """`python -m pipeline --embed minilm` (what scripts/serve.sh runs): the MiniLM package, skipped once held."""
+    from pipeline.cli import parse_args
+    from pipeline.publish import publish
+
+    cfg = parse_args(["--workdir", str(tmp_path / "work"), "--repository", str(tmp_path / "repo"),
+                      "--embed", "minilm"])
+    assert cfg.embed_checkpoint == minilm_dir() and cfg.names["embed"] == MINILM
+    assert publish(cfg.repository, MINILM, "embed", cfg.embed_checkpoint, cfg.variants["embed"]) == 1
+    assert publish(cfg.repository, MINILM, "embed", cfg.embed_checkpoint, cfg.variants["embed"]) is None
