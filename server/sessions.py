@@ -24,7 +24,7 @@ class SessionConfig:
     intra_op_threads: int = 0
     inter_op_threads: int = 0
     variant: str = VARIANT_AUTO
-    spinning: str = "auto"   # intra-op threads spin between runs: "on", "off", "auto" = on for decoders only
+    spinning: str = "off"    # intra-op threads spin: "on", "off", "auto" = on for decoders only
 
     @property
     def device(self) -> str:
@@ -63,8 +63,9 @@ def create_session(package: Package, variant: str, config: SessionConfig, file: 
     options.intra_op_num_threads = config.intra_op_threads
     options.inter_op_num_threads = config.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning keeps intra-op threads hot between runs: a decoder's step loop runs back to back and gains
-    # 11-16% from it (docs/BENCHMARKS.md); an encoder's idle threads would only steal CPU from other sessions.
+    # Spinning keeps intra-op threads hot: a decoder's back-to-back steps gain 5-9% on dedicated cores, but on
+    # shared cores the spinning threads take the CPU the event loop and other processes need (measured up to 2x
+    # slower; docs/BENCHMARKS.md). Off unless asked.
     spin = config.spinning == "on" or (config.spinning == "auto" and package.manifest.task == "generate")
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     path = package.file(file or package.manifest.variant_file(variant))
