@@ -30,6 +30,7 @@ class ConcatEngine(GenerationEngine):
         self._runner = DecoderRunner(self.session, self.spec)
         self._waiting: deque[Sequence] = deque()
         self._active: list[Sequence] = []    # same order as the cache rows
+        self._prefilling: list[Sequence] = []  # admitted, prefill running: still counted against the budget
         self._cache: BatchCache | None = None
 
     @property
@@ -50,7 +51,7 @@ class ConcatEngine(GenerationEngine):
             self._check_logits(logits, len(prompts), "step")
 
     def _sequences(self) -> Iterable[Sequence]:
-        return chain(self._waiting, self._active)
+        return chain(self._waiting, self._prefilling, self._active)
 
     def _enqueue(self, seq: Sequence) -> None:
         self._waiting.append(seq)
@@ -67,13 +68,18 @@ class ConcatEngine(GenerationEngine):
 
     def _clear(self) -> None:
         self._waiting.clear()
+        self._prefilling = []
         self._active.clear()
         self._cache = None
 
     async def _iterate(self) -> None:
         admitted = self._admit()
         if admitted:
-            await self._prefill(admitted)
+            self._prefilling = admitted
+            try:
+                await self._prefill(admitted)
+            finally:
+                self._prefilling = []
         if self._active:
             await self._step()
 
