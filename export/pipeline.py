@@ -63,6 +63,25 @@ def special_tokens(info: CheckpointInfo, tok: Tokenizer) -> tuple[dict[str, int 
     return ids, tokens["mask"]
 
 
+def chat_template(info: CheckpointInfo) -> str | None:
+    """The checkpoint tokenizer's chat template (tokenizer_config.json `chat_template`, or its `default` entry
+    when it lists named templates; else a chat_template.jinja file), None when it has none."""
+    cfg_file = info.path / "tokenizer_config.json"
+    found = None
+    if cfg_file.is_file():
+        try:
+            found = json.loads(cfg_file.read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            found = None
+    if isinstance(found, list):
+        named = {t.get("name"): t.get("template") for t in found if isinstance(t, dict)}
+        found = named.get("default") or next(iter(named.values()), None)
+    jinja = info.path / "chat_template.jinja"
+    if not found and jinja.is_file():
+        found = jinja.read_text(encoding="utf-8")
+    return found if isinstance(found, str) and found.strip() else None
+
+
 def _perturb(path: Path) -> None:
     model = onnx.load(str(path))
     biggest = max((t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT),
@@ -136,6 +155,9 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
                    "config_sha256": info.config_sha256, "checkpoint_sha256": info.weights_sha256},
         "created_at": package.utc_now(),
     }
+    template = chat_template(info) if cfg.task == "generate" else None
+    if template:
+        manifest["chat_template"] = template  # /v1/chat/completions renders it (docs/protocol.md)
     return {"manifest": manifest, "builds": builds, "removed": removed, "export_s": export_s,
             "tokenizer": tok, "mask_token": mask_token}
 

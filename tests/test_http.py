@@ -27,7 +27,6 @@ import tritonclient.http as thttp
 from server_process import ServerProcess, repository_with
 from tritonclient.utils import InferenceServerException
 
-from modelpkg import sha256_file
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 from testing.tls import self_signed
@@ -506,20 +505,27 @@ def test_deadlines_and_request_metrics(server: ServerProcess, oai: openai.OpenAI
 
 
 @pytest.fixture(scope="module")
-def chat_repository(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny-gpt with a chat template in its manifest (re-hashed in parity.json like the exporter does)."""
-    repo = tmp_path_factory.mktemp("chat")
-    shutil.copytree(tiny_repository / GPT, repo / "chat-gpt")
-    package = repo / "chat-gpt" / "1"
-    manifest = json.loads((package / "model.json").read_text())
-    manifest["name"] = "chat-gpt"
-    manifest["chat_template"] = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                                 "{% if add_generation_prompt %}assistant:{% endif %}")
-    (package / "model.json").write_text(json.dumps(manifest, indent=2))
-    parity = json.loads((package / "parity.json").read_text())
-    parity["files"]["model.json"] = sha256_file(package / "model.json")
-    (package / "parity.json").write_text(json.dumps(parity, indent=2))
-    return repo
+def chat_repository(tiny_checkpoints: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny GPT checkpoint with a chat template in its tokenizer_config.json, exported (the exporter copies
+    the template into model.json)."""
+    from conftest import one_torch_thread
+
+    from export import ExportConfig, export_checkpoint
+
+    root = tmp_path_factory.mktemp("chat")
+    checkpoint = root / "checkpoint"
+    shutil.copytree(tiny_checkpoints.gpt, checkpoint)
+    config_file = checkpoint / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    config_file.write_text(json.dumps(config))
+    with one_torch_thread():
+        export_checkpoint(ExportConfig(checkpoint=checkpoint, task="generate", repository=root / "repo",
+                                       name="chat-gpt"))
+    manifest = json.loads((root / "repo" / "chat-gpt" / "1" / "model.json").read_text())
+    assert manifest["chat_template"] == config["chat_template"]
+    return root / "repo"
 
 
 def test_chat_with_template_equals_completion_of_rendered_prompt(chat_repository: Path) -> None:
