@@ -556,15 +556,14 @@ def render_section(r: dict[str, Any]) -> list[str]:
         lines += ["### A 900-token prompt arrives while 4 streams decode", "",
                   "| server | prefill chunk | largest gap ms | median ITL ms | gap / ITL | long prompt TTFT ms | lone prefill ms | TTFT / lone |",
                   "|---|---|---|---|---|---|---|---|"]
-        for chunk, v in ar.get("ortserve", {}).items():
-            lines.append(f"| ortserve | {chunk} | {_f(v['largest_gap_ms'], 0)} | {_f(v['median_itl_ms'])} | "
-                         f"{_f(v['gap_over_itl'], 2)} | {_f(v['long_ttft_ms'], 0)} | "
-                         f"{_f(statistics.median(v['lone_prefill_ms']), 0)} | {_f(v['ttft_over_lone'], 2)} |")
+        def row(server: str, chunk: str, v: dict[str, Any]) -> str:
+            return (f"| {server} | {chunk} | {_f(v['largest_gap_ms'], 0)} | {_f(v['median_itl_ms'])} | "
+                    f"{_f(v['gap_over_itl'], 2)} | {_f(v['long_ttft_ms'], 0)} | "
+                    f"{_f(statistics.median(v['lone_prefill_ms']), 0)} | {_f(v['ttft_over_lone'], 2)} |")
+
+        lines += [row("ortserve", chunk, v) for chunk, v in ar.get("ortserve", {}).items()]
         if "vllm" in ar:
-            v = ar["vllm"]
-            lines.append(f"| vLLM | (its own) | {_f(v['largest_gap_ms'], 0)} | {_f(v['median_itl_ms'])} | "
-                         f"{_f(v['gap_over_itl'], 2)} | {_f(v['long_ttft_ms'], 0)} | "
-                         f"{_f(statistics.median(v['lone_prefill_ms']), 0)} | {_f(v['ttft_over_lone'], 2)} |")
+            lines.append(row("vLLM", "(its own)", ar["vllm"]))
         lines.append("")
     lv = r.get("leave")
     if lv:

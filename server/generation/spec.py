@@ -7,9 +7,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from modelpkg import past_names, present_names
+from modelpkg import CacheSpec, past_names, present_names
 
-LAYOUTS = ("concat", "inplace")
 _ORT_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -39,10 +38,8 @@ class DecoderSpec:
     @classmethod
     def from_package(cls, manifest: dict[str, Any], session: ort.InferenceSession) -> "DecoderSpec":
         """Raises ValueError naming the manifest field or graph input/output that does not fit."""
-        cache = manifest.get("cache")
-        if not isinstance(cache, dict):
-            raise ValueError("model.json cache: a generate package needs {num_layers, num_heads, head_dim}")
-        sizes = {k: _positive(f"cache.{k}", cache.get(k)) for k in ("num_layers", "num_heads", "head_dim")}
+        cache = CacheSpec.from_dict(manifest.get("cache"))   # the package contract's rules (ValueError naming the field)
+        sizes = {"num_layers": cache.num_layers, "num_heads": cache.num_heads, "head_dim": cache.head_dim}
         max_length = _positive("max_length", manifest.get("max_length"))
         vocab = _positive("vocab_size", manifest.get("vocab_size"))
         special = manifest.get("special_tokens") or {}
@@ -58,12 +55,7 @@ class DecoderSpec:
         for name in ["logits", *present]:
             if name not in spec_outputs:
                 raise ValueError(f"model graph: output {name!r} missing; outputs are {sorted(spec_outputs)}")
-        layout = cache.get("layout", "concat")
-        if layout not in LAYOUTS:
-            raise ValueError(f"model.json cache.layout: must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        kv_heads = _positive("cache.num_kv_heads", cache.get("num_kv_heads", sizes["num_heads"]))
-        if sizes["num_heads"] % kv_heads:
-            raise ValueError(f"model.json cache.num_kv_heads: {kv_heads} does not divide num_heads {sizes['num_heads']}")
+        layout, kv_heads = cache.layout, cache.kv_heads
         if layout == "inplace":
             dims = spec_inputs[past[0]].shape
             if len(dims) != 4 or dims[1] != kv_heads or dims[3] != sizes["head_dim"]:
