@@ -1,0 +1,108 @@
+"""Property-based fuzzing (hypothesis) of the HTTP front door's JSON bodies against a real server process.
+
+Every generated body gets a documented answer: 200, or a 4xx / 503 / 504 in the route family's error shape
+(never 500, never a hang), and afterwards the process is alive and answers a normal request. Cases per route:
+ORTSERVE_FUZZ_EXAMPLES (default 60), as tests/test_fuzz_rpc.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx2 as httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from server_process import ServerProcess, repository_with
+
+CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
+EXAMPLES = int(os.environ.get("ORTSERVE_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
+                derandomize=EXAMPLES <= 100,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+DOCUMENTED = {200, 400, 404, 413, 415, 429, 503, 504}
+
+scalars = (st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.integers(-3, 40)
+           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                      | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=10)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = repository_with(tiny_repository, tmp_path_factory.mktemp("fuzz-http") / "repo", CLASSIFIER, FILL_MASK,
+                           GPT)
+    proc = ServerProcess(repo, ["--http-port", "0", "--max-message-bytes", str(2 ** 20)])
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=60) as c:
+        yield c
+
+
+def _check(response: httpx.Response, openai_shape: bool) -> None:
+    assert response.status_code in DOCUMENTED, (response.status_code, response.text[:500])
+    if response.status_code == 200:
+        return
+    error = response.json()["error"]
+    if openai_shape:
+        assert isinstance(error["message"], str) and error["type"] and error["code"] == response.status_code
+    else:
+        assert isinstance(error, str) and error
+
+
+def _alive(server: ServerProcess, client: httpx.Client) -> None:
+    assert server.proc.poll() is None, server.output(50)
+    assert client.get(f"{server.http_url}/v2/health/ready").status_code == 200
+    body = {"model": GPT, "prompt": "a", "max_tokens": 2}
+    assert client.post(f"{server.http_url}/v1/completions", json=body).status_code == 200
+
+
+completion_bodies = st.fixed_dictionaries(
+    {"model": st.sampled_from([GPT, CLASSIFIER, "nope", "../x"]) | scalars},
+    optional={"prompt": st.text(max_size=40) | st.lists(st.text(max_size=10), max_size=3) | values,
+              "max_tokens": st.integers(-2, 24) | values, "temperature": st.floats(-1, 3) | values,
+              "top_p": st.floats(-0.5, 1.5) | values, "top_k": values, "stop": values, "seed": values,
+              "logprobs": st.integers(-1, 7) | values, "echo": values, "n": values, "stream": st.booleans(),
+              "stream_options": values, "presence_penalty": values, "ignore_eos": st.booleans(),
+              "messages": values})
+
+
+@FUZZ
+@given(body=completion_bodies, chat=st.booleans())
+def test_fuzzed_completion_bodies(server: ServerProcess, client: httpx.Client, body: dict[str, Any],
+                                  chat: bool) -> None:
+    url = f"{server.http_url}/v1/{'chat/completions' if chat else 'completions'}"
+    response = client.post(url, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    _check(response, openai_shape=True)
+    if response.status_code == 200 and body.get("stream"):
+        assert response.text.rstrip().endswith("data: [DONE]")
+
+
+tensors = st.fixed_dictionaries(
+    {"name": st.sampled_from(["input_ids", "attention_mask", "token_type_ids", "text", "prompt"]) | values,
+     "datatype": st.sampled_from(["INT64", "BYTES", "FP32", "BOOL", "INT32"]) | values,
+     "shape": st.lists(st.integers(-1, 4), max_size=3) | values},
+    optional={"data": st.lists(st.integers(0, 500), max_size=12) | st.lists(st.text(max_size=8), max_size=4) | values,
+              "parameters": values})
+infer_bodies = st.fixed_dictionaries({"inputs": st.lists(tensors, max_size=3) | values},
+                                     optional={"outputs": values, "parameters": values, "id": values})
+
+
+@FUZZ
+@given(body=infer_bodies, model=st.sampled_from([CLASSIFIER, FILL_MASK, GPT, "nope"]))
+def test_fuzzed_infer_bodies(server: ServerProcess, client: httpx.Client, body: dict[str, Any], model: str) -> None:
+    response = client.post(f"{server.http_url}/v2/models/{model}/infer", content=json.dumps(body).encode())
+    _check(response, openai_shape=False)
+
+
+def test_server_alive_after_fuzzing(server: ServerProcess, client: httpx.Client) -> None:
+    _alive(server, client)
+    assert "Traceback" not in "".join(server.lines), server.output(80)
