@@ -19,6 +19,7 @@ Peers live in their own environments: bench/setup_vllm.sh, bench/setup_genai.sh.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -59,6 +60,7 @@ class Config:
     threads: int = 2
     work: Path = ROOT / "bench" / "results" / "generation-work"
     pieces: tuple[str, ...] = ("step", "streams", "arrival", "leave", "genai", "spinning")
+    model: str = "gpt2"             # "gpt2" or "llama" (grouped-query attention)
 
     @classmethod
     def quick(cls) -> "Config":
@@ -68,14 +70,43 @@ class Config:
 # ----------------------------------------------------------------------------- material
 
 
+def random_llama(work: Path) -> Path:
+    """A Llama of the same budget with grouped-query attention (12 layers, 768 wide, 12 heads / 4 kv heads,
+    SwiGLU 2048, vocab 8000, 1024 positions), random init, HF layout with the bench tokenizer."""
+    out = work / "llama-124m-gqa-random"
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from tokenizers import Tokenizer
+
+    from training.checkpoint import save_model
+    from training.llama import LlamaConfig, LlamaForCausalLM
+
+    tok_dir = bpe_tokenizer_dir(work)
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    eot = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                      num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024,
+                      tie_word_embeddings=True, bos_token_id=eot, eos_token_id=eot)
+    save_model(LlamaForCausalLM(cfg).eval(), out, tokenizer_files={p.name: p for p in tok_dir.iterdir() if p.is_file()})
+    return out
+
+
 def material(cfg: Config) -> tuple[Path, Path, list[int]]:
     """(checkpoint dir, model repository with the in-place and concat exports, token ids to draw prompts from)."""
     from tokenizers import Tokenizer
 
     cfg.work.mkdir(parents=True, exist_ok=True)
-    ckpt = random_gpt(cfg.work, "gpt2-124m-random", overrides_from=SHAPE).path
-    repo = cfg.work / "repository"
-    for name, layout in (("gpt", "inplace"), ("gpt-concat", "concat")):
+    if cfg.model == "llama":
+        ckpt = random_llama(cfg.work)
+        exports: tuple[tuple[str, str], ...] = (("gpt", "inplace"),)
+        repo = cfg.work / "repository-llama"
+    else:
+        ckpt = random_gpt(cfg.work, "gpt2-124m-random", overrides_from=SHAPE).path
+        exports = (("gpt", "inplace"), ("gpt-concat", "concat"))
+        repo = cfg.work / "repository"
+    for name, layout in exports:
         if not (repo / name / "1" / "parity.json").is_file():
             subprocess.run([sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
                             "--name", name, "--version", "1", "--cache-layout", layout, "--threads", str(cfg.threads)],
@@ -435,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--pieces", default=None, help="comma list of step,streams,arrival,leave,genai")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
+    ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2", help="which 124M-shaped decoder")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generation.json")
     ap.add_argument("--docs", type=Path, default=None,
                     help="write the section into this report (e.g. docs/BENCHMARKS.md); also `--render-only`")
@@ -445,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.render_only:
         write_docs(json.loads(a.out.read_text()), a.docs or ROOT / "docs" / "BENCHMARKS.md")
         return 0
-    cfg = Config.quick() if a.quick else Config()
+    cfg = dataclasses.replace(Config.quick() if a.quick else Config(), model=a.model)
     pieces = tuple(a.pieces.split(",")) if a.pieces else cfg.pieces
     from tokenizers import Tokenizer
 
@@ -520,7 +552,8 @@ if __name__ == "__main__":
 
 # ----------------------------------------------------------------------------- report
 
-BEGIN, END = "<!-- generation:begin -->", "<!-- generation:end -->"
+def _markers(model: str) -> tuple[str, str]:
+    return f"<!-- generation:{model}:begin -->", f"<!-- generation:{model}:end -->"
 
 
 def _f(x: float, d: int = 1) -> str:
@@ -530,14 +563,19 @@ def _f(x: float, d: int = 1) -> str:
 def render_section(r: dict[str, Any]) -> list[str]:
     """Markdown for docs/BENCHMARKS.md (between the generation markers; `python -m bench report` keeps it)."""
     m = r.get("machine", {})
+    model = r.get("config", {}).get("model", "gpt2")
+    begin, end = _markers(model)
     runs = r.get("runs") or [{"command": r.get("command"), "started": r.get("started"), "pieces": []}]
-    lines = [BEGIN, "## Generation vs peers (bench/generation.py)", "",
+    shape = ("GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, fp32)"
+             if model == "gpt2" else "Llama ~124M shape with grouped-query attention (12 layers, 768 wide, 12 heads / "
+             "4 kv heads, SwiGLU 2048, tied head, vocab 8000, 1024 positions, random init, fp32)")
+    lines = [begin, f"## Generation vs peers: {model} (bench/generation.py --model {model})", "",
              *[f"- Command: `{x['command']}` at {x['started']}" + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else "")
                for x in runs],
              f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
              f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
-             "- Checkpoint: GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, "
-             "fp32) saved in HF layout; ortserve serves its `python -m export` package (in-place cache + mixed graph), "
+             f"- Checkpoint: {shape} saved in HF layout; ortserve serves its `python -m export` package (in-place cache "
+             "+ mixed graph), "
              "vLLM 0.32.0 CPU loads the checkpoint directory (`--dtype float32`, OpenAI server), onnxruntime-genai "
              "0.18.0 runs the same model.onnx in-process. 2 threads each; one side under load at a time.", ""]
     st = r.get("streams")
@@ -595,16 +633,17 @@ def render_section(r: dict[str, Any]) -> list[str]:
         lines.append("")
     if r.get("findings"):
         lines += ["### Findings", "", *r["findings"], ""]
-    return lines + [END]
+    return lines + [end]
 
 
 def write_docs(r: dict[str, Any], path: Path) -> None:
-    """Replace (or append) the generation block of docs/BENCHMARKS.md; temp file, then rename."""
+    """Replace (or append) this model's generation block of docs/BENCHMARKS.md; temp file, then rename."""
+    begin, end = _markers(r.get("config", {}).get("model", "gpt2"))
     text = path.read_text(encoding="utf-8") if path.is_file() else "# Benchmarks\n"
     block = "\n".join(render_section(r))
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     tmp = path.with_suffix(".tmp")
@@ -613,10 +652,13 @@ def write_docs(r: dict[str, Any], path: Path) -> None:
 
 
 def existing_block(path: Path) -> str:
-    """The generation block of an existing report (kept when `python -m bench report` rewrites the rest)."""
+    """The generation blocks of an existing report (kept when `python -m bench report` rewrites the rest)."""
     if not path.is_file():
         return ""
     text = path.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        return ""
-    return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END
+    blocks = []
+    for model in ("gpt2", "llama"):
+        begin, end = _markers(model)
+        if begin in text and end in text:
+            blocks.append(begin + text.split(begin, 1)[1].split(end, 1)[0] + end)
+    return "\n\n".join(blocks)
