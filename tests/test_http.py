@@ -195,6 +195,17 @@ def test_kserve_http_text_mode_equals_grpc(http_client: thttp.InferenceServerCli
     assert rest.as_numpy("finish_reason")[0] == b"length"
 
 
+def test_kserve_http_text_mode_stop_as_a_json_list(server: ServerProcess, tasks: pb_grpc.TaskServiceStub) -> None:
+    full = _grpc_text(tasks, "Now is the winter", 12)
+    stop = full[4:7]
+    status, body = _json(f"{server.http_url}/v2/models/{GPT}/infer", {
+        "inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["Now is the winter"]}],
+        "parameters": {"max_new_tokens": 12, "ignore_eos": True, "stop": [stop]}})
+    assert status == 200, body
+    outputs = {o["name"]: o["data"][0] for o in body["outputs"]}
+    assert outputs == {"text": full[:full.index(stop)], "finish_reason": "stop"}
+
+
 def test_kserve_http_statistics_and_repository(http_client: thttp.InferenceServerClient) -> None:
     before = http_client.get_inference_statistics(CLASSIFIER)["model_stats"][0]["inference_count"]
     http_client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 5, 3]])))

@@ -13,6 +13,7 @@ The same text mode as gRPC (server/servicers/kserve_text.py): BYTES `text` / `pr
 """
 from __future__ import annotations
 
+import json
 import time
 import zlib
 from typing import Any
@@ -120,8 +121,11 @@ async def infer(door: Door, request: Request) -> Response:
     header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
     parsed = decode_request(parse_json(header, "inference header"), binary)
     model = request.path_params["model"]
+    parameters = dict(parsed.parameters)
+    if isinstance(parameters.get("stop"), list):  # JSON carries the list itself; gRPC parameters carry it as text
+        parameters["stop"] = json.dumps(parameters["stop"])
     result = await kserve_text.infer(door.plane, model, _version(request), parsed.inputs, parsed.outputs,
-                                     parsed.parameters, _deadline(request, parsed.parameters))
+                                     parameters, _deadline(request, parameters))
     content, header_length = encode_response(parsed, model, result.version, result.outputs)
     if header_length is None:
         return Response(content, media_type="application/json")
