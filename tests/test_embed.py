@@ -127,6 +127,22 @@ def test_openai_embeddings_equal_grpc(server: ServerProcess, reference: np.ndarr
     assert tokens.value.body["param"] == "input"
 
 
+def test_async_client_embed_equals_sync(server: ServerProcess) -> None:
+    import asyncio
+
+    from clients import AsyncOrtserveClient
+
+    async def run() -> list:
+        async with AsyncOrtserveClient(server.address, timeout=30) as client:
+            return await client.embed(TEXTS, MINILM)
+
+    got = asyncio.run(run())
+    with OrtserveClient(server.address, timeout=30) as client:
+        ref = client.embed(TEXTS, MINILM)
+    assert [v.tokens for v in got] == [v.tokens for v in ref] and all(v.normalized for v in got)
+    np.testing.assert_allclose(np.array([v.values for v in got]), np.array([v.values for v in ref]), atol=1e-6)
+
+
 def test_kserve_text_mode_grpc_and_http(server: ServerProcess, reference: np.ndarray) -> None:
     texts = np.array([t.encode() for t in TEXTS], dtype=object)
     g = tgrpc.InferInput("text", [len(TEXTS)], "BYTES")
