@@ -418,6 +418,23 @@ def _grpc_text(tasks: pb_grpc.TaskServiceStub, prompt: str, n: int) -> str:
         max_new_tokens=n, temperature=0.0, ignore_eos=True))).text
 
 
+def test_streaming_several_prompts_interleaves_choices(oai: openai.OpenAI, tasks: pb_grpc.TaskServiceStub) -> None:
+    prompts = ["Shall I compare thee", "To be", "Now is the winter"]
+    stream = oai.completions.create(model=GPT, prompt=prompts, max_tokens=6, temperature=0, stream=True,
+                                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    texts = ["", "", ""]
+    finished = []
+    usage = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason:
+                finished.append(choice.index)
+        usage = chunk.usage or usage
+    assert texts == [_grpc_text(tasks, p, 6) for p in prompts]
+    assert sorted(finished) == [0, 1, 2] and usage.completion_tokens == 18
+
+
 def test_stream_ends_with_done_event(server: ServerProcess) -> None:
     body = {"model": GPT, "prompt": "To be", "max_tokens": 5, "temperature": 0, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{server.http_url}/v1/completions", json=body, timeout=60) as response:

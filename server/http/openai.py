@@ -174,12 +174,16 @@ async def completions(door: Door, request: Request) -> Response:
     deadline = deadline_from_headers(request)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if field(body, "stream", bool, False):
-        if len(prompts) != 1:
-            raise ServingError.invalid("prompt", "stream=true takes one prompt")
-        stream = door.plane.generate_stream(model, 0, prompts[0], params, deadline)
-        first = await _first(stream)  # admission and parameter errors answer with their status, not a 200 stream
-        return _event_stream(_completion_events(door, stream, first, ident, created, prompts[0] if echo else "",
-                                                logprobs is not None, _stream_options(body)))
+        streams = [door.plane.generate_stream(model, 0, p, params, deadline) for p in prompts]
+        # Admission and parameter errors answer with their status, not a 200 stream: wait for every first part.
+        firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
+        failed = [f for f in firsts if isinstance(f, BaseException)]
+        if failed:
+            for st in streams:
+                await st.aclose()  # type: ignore[attr-defined]
+            raise failed[0]
+        return _event_stream(_completion_events(door, streams, firsts, ident, created,  # type: ignore[arg-type]
+                                                prompts if echo else [], logprobs is not None, _stream_options(body)))
     results = await asyncio.gather(*(door.plane.generate(model, 0, p, params, deadline) for p in prompts))
     choices = [_completion_choice(door, i, r, prompts[i] if echo else "", logprobs is not None)
                for i, r in enumerate(results)]
@@ -218,34 +222,73 @@ async def _parts(first: StreamPart | None, stream: AsyncIterator[StreamPart]) ->
         yield part
 
 
-async def _completion_events(door: Door, stream: AsyncIterator[StreamPart], first: StreamPart | None, ident: str,
-                             created: int, echo: str, logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    model = first.model if first is not None else ""
-    lp = Logprobs(door, model, first.version) if first is not None else None
-    usage = None
+async def _merge(sources: list[AsyncIterator[StreamPart]]) -> AsyncIterator[tuple[int, StreamPart]]:
+    """The parts of several streams as they come, each with its stream's index (one stream: no task, no queue)."""
+    if len(sources) == 1:
+        async for part in sources[0]:
+            yield 0, part
+        return
+    queue: asyncio.Queue[tuple[int, StreamPart | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, source: AsyncIterator[StreamPart]) -> None:
+        try:
+            async for part in source:
+                await queue.put((i, part))
+            await queue.put((i, None))
+        except Exception as exc:
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, source)) for i, source in enumerate(sources)]
     try:
-        if echo:
-            yield _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
-                        "choices": [{"index": 0, "text": echo, "logprobs": None, "finish_reason": None}]})
-        async for part in _parts(first, stream):
+        running = len(tasks)
+        while running:
+            i, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _completion_events(door: Door, streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None],
+                             ident: str, created: int, echo: list[str], logprobs: bool,
+                             include_usage: bool) -> AsyncIterator[bytes]:
+    """One `text_completion` chunk per text delta of each prompt (choices[0].index = the prompt's index)."""
+    model = next((f.model for f in firsts if f is not None), "")
+    lps = [Logprobs(door, f.model, f.version) if f is not None else None for f in firsts]
+    prompt_tokens = completion_tokens = finished = 0
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
+                     "choices": choices, **extra})
+    try:
+        for i, text in enumerate(echo):
+            yield event([{"index": i, "text": text, "logprobs": None, "finish_reason": None}])
+        async for i, part in _merge([_parts(f, st) for f, st in zip(firsts, streams)]):
             chunk = part.chunk
             if not chunk.text and not chunk.final and not (logprobs and chunk.tokens):
                 continue
-            choice = {"index": 0, "text": chunk.text,
-                      "logprobs": lp.of(chunk.tokens) if logprobs and lp is not None else None,
-                      "finish_reason": FINISH[chunk.finish_reason or "length"] if chunk.final else None}
-            yield _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
-                        "choices": [choice]})
+            lp = lps[i]
+            yield event([{"index": i, "text": chunk.text,
+                          "logprobs": lp.of(chunk.tokens) if logprobs and lp is not None else None,
+                          "finish_reason": FINISH[chunk.finish_reason or "length"] if chunk.final else None}])
             if chunk.final and chunk.usage is not None:
-                usage = _usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-        if include_usage and usage is not None:
-            yield _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
-                        "choices": [], "usage": usage})
+                prompt_tokens += chunk.usage.prompt_tokens
+                completion_tokens += chunk.usage.completion_tokens
+                finished += 1
+        if include_usage and finished:
+            yield event([], usage=_usage(prompt_tokens, completion_tokens))
     except Exception as exc:  # the status line is gone: the error travels as an event (the openai client raises it)
         status, message, _ = classify_error(exc, "http Completions stream")
         yield _sse(openai_body(status, message))
     finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+        for st in streams:
+            await st.aclose()  # type: ignore[attr-defined]
     yield DONE
 
 
