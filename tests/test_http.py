@@ -128,6 +128,27 @@ def _inputs(module: Any, feeds: dict[str, np.ndarray], binary: bool = True) -> l
     return inputs
 
 
+def test_http_port_flag_errors_are_one_line_exit_2(tiny_repository: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from server_process import ROOT
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        for args, needle in ((["--http-port", "70000"], "--http-port: must be in -1..65535"),
+                             (["--http-port", str(busy.getsockname()[1])], "--http-port: cannot serve on")):
+            done = subprocess.run([sys.executable, "-m", "server", "--repository", str(tiny_repository), "--port", "0",
+                                   "--metrics-port", "-1", "--poll-interval", "0", *args], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr
+    finally:
+        busy.close()
+
+
 # ---------------------------------------------------------------- KServe v2 REST with tritonclient.http
 
 
