@@ -12,7 +12,6 @@ import http.client
 import json
 import shutil
 import ssl
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
