@@ -547,6 +547,11 @@ def test_deadlines_and_request_metrics(server: ServerProcess, oai: openai.OpenAI
     status, body = _json(url, {"model": GPT, "prompt": "a"}, headers={"x-request-timeout": "soon"})
     assert status == 400 and body["error"]["param"] == "x-request-timeout"
     assert count("OK") == ok + 1 and count("DEADLINE_EXCEEDED") == late + 1
+    text = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a b c"]}]}
+    status, body = _json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", {**text, "parameters": {"timeout": 1}})
+    assert status == 504 and "deadline" in body["error"]  # Triton's timeout parameter: microseconds
+    status, _ = _json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", {**text, "parameters": {"timeout": 10 ** 7}})
+    assert status == 200
 
 
 # ---------------------------------------------------------------- chat with a template, drain
