@@ -547,6 +547,12 @@ def test_deadlines_and_request_metrics(server: ServerProcess, oai: openai.OpenAI
     status, body = _json(url, {"model": GPT, "prompt": "a"}, headers={"x-request-timeout": "soon"})
     assert status == 400 and body["error"]["param"] == "x-request-timeout"
     assert count("OK") == ok + 1 and count("DEADLINE_EXCEEDED") == late + 1
+    for _ in oai.completions.create(model=GPT, prompt="a", max_tokens=2, stream=True):
+        pass
+    deadline = time.monotonic() + 5
+    while count("OK") < ok + 2 and time.monotonic() < deadline:  # counted after its last event is sent
+        time.sleep(0.02)
+    assert count("OK") == ok + 2  # a stream counts once
     text = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a b c"]}]}
     status, body = _json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", {**text, "parameters": {"timeout": 1}})
     assert status == 504 and "deadline" in body["error"]  # Triton's timeout parameter: microseconds

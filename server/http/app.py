@@ -10,12 +10,12 @@ import functools
 import hmac
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from server.dataplane import DataPlane
@@ -65,21 +65,41 @@ def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handl
             door: Door = request.app.state.door
             started = time.perf_counter()
             code = "CANCELLED"
+            streaming = False
             try:
                 if not open_route:
                     door.authorize(request)
                 response = await fn(door, request)
                 code = "OK"
+                if isinstance(response, StreamingResponse):  # recorded when its last event is sent, as gRPC streams
+                    streaming = True
+                    response.body_iterator = _recorded(response.body_iterator, door, request, method, started)
                 return response
             except Exception as exc:
                 status, message, code = classify_error(exc, f"http {method}")
                 headers = {"www-authenticate": "Bearer"} if status == 401 else None
                 return error_response(flavor, status, message, headers)
             finally:
-                model = getattr(request.state, "model", None) or request.path_params.get("model", "")
-                door.record(model, f"http.{method}", code, started)
+                if not streaming:
+                    door.record(_model_of(request), f"http.{method}", code, started)
         return endpoint
     return wrap
+
+
+def _model_of(request: Request) -> str:
+    return getattr(request.state, "model", None) or request.path_params.get("model", "")
+
+
+async def _recorded(events: AsyncIterator[Any], door: Door, request: Request, method: str,
+                    started: float) -> AsyncIterator[Any]:
+    """A stream's events; its request is counted once they are all sent (CANCELLED when the client left)."""
+    code = "CANCELLED"
+    try:
+        async for event in events:
+            yield event
+        code = "OK"
+    finally:
+        door.record(_model_of(request), f"http.{method}", code, started)
 
 
 def _flavor(path: str) -> str:
