@@ -128,12 +128,13 @@ def stream_load(base_url: str, model: str, prompts: list[str], concurrency: int,
             "ttft_p50_ms": statistics.median(ttft), "ttft_max_ms": max(ttft), "wall_s": wall}
 
 
-def streams_piece(threads: int, levels: tuple[int, ...], max_tokens: int, with_vllm: bool) -> dict[str, Any]:
+def streams_piece(threads: int, levels: tuple[int, ...], max_tokens: int, with_vllm: bool,
+                  model: str = "gpt2") -> dict[str, Any]:
     from bench.generation import Config, material, prompts, start_vllm
     from tokenizers import Tokenizer
     from testing.launch import ServerProcess
 
-    cfg = Config(threads=threads)
+    cfg = Config(threads=threads, model=model)
     ckpt, repo, pool = material(cfg)
     tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
     texts = [tok.decode(p) for p in prompts(pool, max(levels) + 1, cfg.prompt_tokens, salt=7)]
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads of the servers")
     ap.add_argument("--stream-levels", default="1,8,16")
     ap.add_argument("--stream-tokens", type=int, default=128)
+    ap.add_argument("--stream-model", default="gpt2", choices=("gpt2", "llama"),
+                    help="the random 124M-shaped checkpoint of bench/generation.py to stream from")
     ap.add_argument("--streams-only", action="store_true")
     ap.add_argument("--no-streams", action="store_true")
     ap.add_argument("--no-vllm", action="store_true")
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     if not a.no_streams:
         levels = tuple(int(x) for x in a.stream_levels.split(","))
-        report["streams"] = streams_piece(a.threads, levels, a.stream_tokens, not a.no_vllm)
+        report["streams"] = streams_piece(a.threads, levels, a.stream_tokens, not a.no_vllm, a.stream_model)
         log.info("streams: %s", report["streams"])
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=2) + "\n")
