@@ -264,6 +264,7 @@ def streams_piece(cfg: Config, clients: dict[str, Any], pool: list[int], tok) ->
         rows: dict[str, list[dict[str, float]]] = {k: [] for k in clients}
         for rep in range(cfg.repeats):
             for name, client in clients.items():        # interleaved: ortserve, vllm, ortserve, vllm, ...
+                time.sleep(1.0)   # the other side's threads stop spinning (OpenMP spins ~100s of ms after work)
                 batch = prompts(pool, n, cfg.prompt_tokens, salt=1000 * n + 10 * rep + len(rows[name]))
                 wall, recs = run_streams(client, batch, cfg.new_tokens, tok)
                 tokens = sum(r.tokens for r in recs)
