@@ -275,6 +275,9 @@ def streams_piece(cfg: Config, clients: dict[str, Any], pool: list[int], tok) ->
                               "ttft_p50_ms": statistics.median(x["ttft_p50_ms"] for x in r)} for name, r in rows.items()}
         if "vllm" in out[str(n)]:
             out[str(n)]["ratio_tokens_per_s"] = out[str(n)]["ortserve"]["tokens_per_s"] / out[str(n)]["vllm"]["tokens_per_s"]
+        if "ortserve_concat_engine" in out[str(n)]:
+            out[str(n)]["ratio_vs_concat_engine"] = (out[str(n)]["ortserve"]["tokens_per_s"]
+                                                     / out[str(n)]["ortserve_concat_engine"]["tokens_per_s"])
     return out
 
 
@@ -511,7 +514,10 @@ def main(argv: list[str] | None = None) -> int:
             ours = OrtserveStreams(server.address, "gpt")
             try:
                 if "streams" in pieces:
-                    clients = {"ortserve": ours, **({"vllm": vllm} if vllm else {})}
+                    # The previous engine on the same weights (concat package), when the repository has it.
+                    concat = OrtserveStreams(server.address, "gpt-concat") if (repo / "gpt-concat").is_dir() else None
+                    clients = {"ortserve": ours, **({"vllm": vllm} if vllm else {}),
+                               **({"ortserve_concat_engine": concat} if concat else {})}
                     report["streams"] = streams_piece(cfg, clients, pool, tok)
                     save()
                 if "leave" in pieces:
@@ -582,13 +588,15 @@ def render_section(r: dict[str, Any]) -> list[str]:
     st = r.get("streams")
     if st:
         lines += ["### Aggregate tokens/s and time to first token (32-token prompts, 128 new tokens, greedy, ignore eos)", "",
-                  "| streams | ortserve tok/s | vLLM tok/s | ratio | ortserve TTFT p50 ms | vLLM TTFT p50 ms |",
-                  "|---|---|---|---|---|---|"]
+                  "Each cell: median of the runs; the sides take turns run by run, a second apart. \"previous engine\" "
+                  "is the concat-cache package of the same weights in the same server.", "",
+                  "| streams | ortserve tok/s | vLLM tok/s | ortserve / vLLM | ortserve TTFT p50 ms | vLLM TTFT p50 ms "
+                  "| previous engine tok/s |", "|---|---|---|---|---|---|---|"]
         for n, v in st.items():
-            o, p = v["ortserve"], v.get("vllm")
+            o, p, c = v["ortserve"], v.get("vllm"), v.get("ortserve_concat_engine")
             lines.append(f"| {n} | {_f(o['tokens_per_s'])} | {_f(p['tokens_per_s']) if p else '-'} | "
                          f"{_f(v['ratio_tokens_per_s'], 2) if p else '-'} | {_f(o['ttft_p50_ms'], 0)} | "
-                         f"{_f(p['ttft_p50_ms'], 0) if p else '-'} |")
+                         f"{_f(p['ttft_p50_ms'], 0) if p else '-'} | {_f(c['tokens_per_s']) if c else '-'} |")
         lines.append("")
     ar = r.get("arrival")
     if ar:
