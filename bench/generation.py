@@ -553,9 +553,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 # ----------------------------------------------------------------------------- report
 
@@ -671,3 +668,7 @@ def existing_block(path: Path) -> str:
         if begin in text and end in text:
             blocks.append(begin + text.split(begin, 1)[1].split(end, 1)[0] + end)
     return "\n\n".join(blocks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
