@@ -136,3 +136,17 @@ def test_a_request_cut_by_its_deadline_frees_its_slot(server: ServerProcess, rep
                                  PROMPTS[:3]))
         for prompt, g in zip(PROMPTS[:3], got):
             assert [t.token_id for t in g.tokens] == _offline(repository, INPLACE, tok.encode(prompt).ids, 6)
+
+
+def test_spinning_sessions_run_everything_through_the_mixed_graph(repository: Path) -> None:
+    """With spinning threads every call goes through the one mixed session (filler rows in a scratch slot):
+    the same ids as offline greedy, a long prompt chunked beside decoding streams."""
+    tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
+    args = ["--max-sequences", "3", "--prefill-chunk-tokens", "4", "--intra-op-spinning", "on"]
+    with ServerProcess(repository, args) as server, OrtserveClient(server.address, timeout=60) as client:
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(lambda i: client.generate(PROMPTS[i], INPLACE, max_new_tokens=NEW_TOKENS[i],
+                                                          ignore_eos=True), (0, 3, 5)))
+    for i, g in zip((0, 3, 5), got):
+        want = _offline(repository, INPLACE, tok.encode(PROMPTS[i]).ids, NEW_TOKENS[i])
+        assert [t.token_id for t in g.tokens] == want

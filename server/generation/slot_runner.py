@@ -10,11 +10,12 @@ new tokens land at [lens[b] - sequence, lens[b]). A decode call covers slots [0,
 that are not decoding get a throw-away token written where their owner will write next anyway (position
 0 of a free slot, the next prompt position of a prefilling one), so the call never disturbs them.
 
-With the package's mixed graph (two groups of rows sharing every weight multiplication), EVERY call goes
-through that one session: a decode step with a prompt chunk, or either alone beside a one-token throw-away
-row in a scratch slot (one slot past the last real one). One session, not two, because two sessions have
-two intra-op thread pools: right after a run of one, its threads still spin, and the first runs of the
-other were measured 1.5-3x slower (bench/generation.py "arrival"); the throw-away row costs ~3%.
+With the package's mixed graph (two groups of rows sharing every weight multiplication), a decode step and a
+prompt chunk of the same iteration are one run. Alone, each runs on the plain graph — it has fewer nodes, and
+with threads that sleep between ops every node costs a wake-up: measured 14% faster at batch 8. Except when
+the sessions spin: two sessions have two thread pools, and right after a run of one, its threads still spin
+while the other's first runs were measured 1.5-3x slower; then every call goes through the mixed session, the
+idle group filled by a one-token throw-away row in a scratch slot (one slot past the last real one).
 
 Synchronous on purpose: the engine runs these in its own thread (onnxruntime releases the GIL).
 """
@@ -50,6 +51,7 @@ class SlotRunner:
         self.spec = spec
         self.num_slots = num_slots
         self.scratch = num_slots          # the throw-away slot of the mixed graph's filler rows
+        self.mixed_only = mixed is not None and _spins(mixed)
         shape = (num_slots + (1 if mixed is not None else 0), spec.num_kv_heads, spec.max_length, spec.head_dim)
         # np.ones then zero: every page is touched now, not during the first steps that reach it.
         self.buffers: dict[str, np.ndarray] = {}
@@ -72,7 +74,7 @@ class SlotRunner:
         idle_positions: for slots below the highest decoding slot that are not decoding, where a
         throw-away write is harmless (missing = 0, a free slot)."""
         hi, feeds = self._decode_feeds(rows, idle_positions)
-        if self.mixed_session is not None:
+        if self.mixed_only:
             logits = self._run([(self.mixed_session, "", 0, hi, *feeds), self._filler("chunk.")])[0]
         else:
             logits = self._run([(self.session, "", 0, hi, *feeds)])[0]
@@ -94,7 +96,7 @@ class SlotRunner:
         first_prompt: every row starts at 0 (rows may differ in length: right padding). Otherwise exactly
         one row, which continues its own prompt at `start`."""
         lo, n, feeds, last = self._prefill_feeds(rows, first_prompt)
-        if self.mixed_session is not None:
+        if self.mixed_only:
             logits = self._run([self._filler(""), (self.mixed_session, "chunk.", lo, lo + n, *feeds)])[1]
         else:
             logits = self._run([(self.session, "", lo, lo + n, *feeds)])[0]
@@ -173,3 +175,12 @@ class SlotRunner:
         session.run_with_iobinding(io)
         outputs = io.get_outputs()
         return [o.numpy() for o in outputs[-len(groups):]]
+
+
+def _spins(session: ort.InferenceSession) -> bool:
+    """Whether the session's intra-op threads spin (onnxruntime's default when the entry is unset)."""
+    try:
+        value = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+    except RuntimeError:    # unset
+        return True
+    return value != "0"
