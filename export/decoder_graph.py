@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from modelpkg import past_name, present_name
+from modelpkg import MIXED_PREFIX, past_name, present_name
 
 MS = "com.microsoft"
 LAYOUT = "inplace"   # model.json cache.layout of graphs made here ("concat" = the traced graph)
@@ -105,7 +105,7 @@ def _rope_caches(w: DecoderWeights) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-CHUNK = "chunk."   # name prefix of the second token group of the mixed graph
+CHUNK = MIXED_PREFIX
 
 
 def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False) -> onnx.ModelProto:

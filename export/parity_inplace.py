@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from modelpkg import past_name, present_name
+from modelpkg import MIXED_PREFIX, past_name, present_name
 
 Check = tuple[str, bool, float, str, str]   # name, passed, max_abs_diff, worst output, detail
 
@@ -253,7 +253,7 @@ class MixedDriver:
         for slot, t, p in rows:
             tokens[slot, 0], pos[slot] = t, p
         io = self.sess.io_binding()
-        groups = [("", 0, hi, tokens, pos + 1, pos), ("chunk.", chunk_slot, chunk_slot + 1, np.array([chunk]),
+        groups = [("", 0, hi, tokens, pos + 1, pos), (MIXED_PREFIX, chunk_slot, chunk_slot + 1, np.array([chunk]),
                                                        np.array([start + len(chunk)]), np.array([start]))]
         for prefix, lo, top, *_ in groups:       # caches first: the two logits are then the last outputs
             for past, present in d.names:

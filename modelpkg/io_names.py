@@ -4,6 +4,8 @@ from __future__ import annotations
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DECODER_INPUTS = ("input_ids", "attention_mask", "position_ids")
 KV_KINDS = ("key", "value")
+# The in-place decoder's mixed graph: its second group of rows has every I/O name with this prefix.
+MIXED_PREFIX = "chunk."
 
 
 def past_name(layer: int, kind: str) -> str:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from modelpkg import MIXED_PREFIX
+
 from .spec import DecoderSpec
 
 
@@ -75,7 +77,7 @@ class SlotRunner:
         throw-away write is harmless (missing = 0, a free slot)."""
         hi, feeds = self._decode_feeds(rows, idle_positions)
         if self.mixed_only:
-            logits = self._run([(self.mixed_session, "", 0, hi, *feeds), self._filler("chunk.")])[0]
+            logits = self._run([(self.mixed_session, "", 0, hi, *feeds), self._filler(MIXED_PREFIX)])[0]
         else:
             logits = self._run([(self.session, "", 0, hi, *feeds)])[0]
         return logits[[r.slot for r in rows], 0, :]
@@ -87,7 +89,7 @@ class SlotRunner:
             raise RuntimeError("this package has no mixed graph")
         hi, dfeeds = self._decode_feeds(rows, idle_positions)
         lo, n, pfeeds, last = self._prefill_feeds(chunk, first_prompt)
-        dl, pl = self._run([(self.mixed_session, "", 0, hi, *dfeeds), (self.mixed_session, "chunk.", lo, lo + n, *pfeeds)])
+        dl, pl = self._run([(self.mixed_session, "", 0, hi, *dfeeds), (self.mixed_session, MIXED_PREFIX, lo, lo + n, *pfeeds)])
         return dl[[r.slot for r in rows], 0, :], pl[np.arange(n), last, :]
 
     def prefill(self, rows: list[PrefillRow], first_prompt: bool) -> np.ndarray:
@@ -97,7 +99,7 @@ class SlotRunner:
         one row, which continues its own prompt at `start`."""
         lo, n, feeds, last = self._prefill_feeds(rows, first_prompt)
         if self.mixed_only:
-            logits = self._run([self._filler(""), (self.mixed_session, "chunk.", lo, lo + n, *feeds)])[1]
+            logits = self._run([self._filler(""), (self.mixed_session, MIXED_PREFIX, lo, lo + n, *feeds)])[1]
         else:
             logits = self._run([(self.session, "", lo, lo + n, *feeds)])[0]
         return logits[np.arange(n), last, :]
