@@ -86,6 +86,21 @@ class GPTConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def cache_inputs(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, b: int, s: int, p: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(position_ids [B, S], allowed [B, 1, S, P+S]) for S new tokens after a past of P: positions count only
+    real tokens (left padding starts every row at 0); a query sees keys at absolute positions up to its own,
+    never padding. Shared by every decoder family here."""
+    if attention_mask is None:
+        attention_mask = torch.ones(b, p + s, dtype=torch.long, device=device)
+    if position_ids is None:
+        position_ids = (torch.cumsum(attention_mask.long(), dim=-1) - 1).clamp(min=0)[:, -s:]
+    q_pos = torch.arange(s, device=device) + p
+    k_pos = torch.arange(p + s, device=device)
+    causal = k_pos[None, :] <= q_pos[:, None]                                  # [S, P+S]
+    return position_ids, causal[None, None] & attention_mask[:, None, None, :].bool()
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -185,17 +200,7 @@ class GPT2LMHeadModel(nn.Module):
         if past_key_values is None:
             past_key_values = self.empty_past(b, input_ids.device, tr.wte.weight.dtype)
         p = past_key_values[0][0].shape[2]
-        if attention_mask is None:
-            attention_mask = torch.ones(b, p + s, dtype=torch.long, device=input_ids.device)
-        if position_ids is None:
-            # Count real tokens so left padding starts every row at position 0.
-            pos = (torch.cumsum(attention_mask.long(), dim=-1) - 1).clamp(min=0)
-            position_ids = pos[:, -s:]
-        # Causal over absolute positions: query i of the new chunk sees keys 0..P+i; and no padding keys.
-        q_pos = torch.arange(s, device=input_ids.device) + p
-        k_pos = torch.arange(p + s, device=input_ids.device)
-        causal = k_pos[None, :] <= q_pos[:, None]                      # [S, P+S]
-        allowed = causal[None, None] & attention_mask[:, None, None, :].bool()  # [B, 1, S, P+S]
+        position_ids, allowed = cache_inputs(attention_mask, position_ids, b, s, p, input_ids.device)
 
         x = tr.drop(tr.wte(input_ids) + tr.wpe(position_ids))
         presents: list[KV] = []

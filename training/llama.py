@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.gpt import generate_greedy  # noqa: F401  (model-agnostic: works with this forward)
+from training.gpt import cache_inputs, generate_greedy  # noqa: F401  (generate_greedy: model-agnostic)
 
 log = logging.getLogger(__name__)
 
@@ -327,16 +327,7 @@ class LlamaForCausalLM(nn.Module):
         if past_key_values is None:
             past_key_values = self.empty_past(b, input_ids.device, m.embed_tokens.weight.dtype)
         p = past_key_values[0][0].shape[2]
-        if attention_mask is None:
-            attention_mask = torch.ones(b, p + s, dtype=torch.long, device=input_ids.device)
-        if position_ids is None:
-            # Count real tokens so left padding starts every row at position 0.
-            pos = (torch.cumsum(attention_mask.long(), dim=-1) - 1).clamp(min=0)
-            position_ids = pos[:, -s:]
-        q_pos = torch.arange(s, device=input_ids.device) + p
-        k_pos = torch.arange(p + s, device=input_ids.device)
-        causal = k_pos[None, :] <= q_pos[:, None]                                  # [S, P+S]
-        allowed = causal[None, None] & attention_mask[:, None, None, :].bool()     # [B, 1, S, P+S]
+        position_ids, allowed = cache_inputs(attention_mask, position_ids, b, s, p, input_ids.device)
 
         x = m.embed_tokens(input_ids)
         cos, sin = m.rotary_emb(position_ids, x.dtype)
