@@ -272,12 +272,7 @@ def export_embedding(cfg: ExportConfig) -> Any:
                           "pooling_source": pooling.source},
         }
 
-        def finalize(v: int) -> None:
-            manifest["version"] = v
-            package.write_json(staging / package.MANIFEST, manifest)
-            package.write_json(staging / package.PARITY, {**report, "files": package.file_hashes(staging)})
-
-        version = package.publish(staging, name_dir, version, cfg.version is None, finalize)
+        version = package.publish_package(staging, name_dir, version, cfg.version is None, manifest, report)
     except BaseException:
         package.discard(staging, name_dir, created)
         raise

@@ -19,6 +19,7 @@ from .errors import ExportError
 log = logging.getLogger(__name__)
 
 __all__ = ["FORMAT", "MANIFEST", "PARITY", "choose_version", "default_variants", "discard", "existing_versions",
+           "publish_package",
            "file_hashes", "publish", "staging_dir", "utc_now", "validate_name", "write_json"]
 
 
@@ -93,3 +94,13 @@ def publish(staging: Path, name_dir: Path, version: int, auto: bool, finalize) -
             raise ExportError(f"--version: {target} already exists (published versions are immutable)")
         version += 1
     raise ExportError(f"--version: could not find a free version under {name_dir}")
+
+
+def publish_package(staging: Path, name_dir: Path, version: int, auto: bool, manifest: dict, report: dict) -> int:
+    """publish() with the usual last step: model.json with its version, then parity.json hashing every file."""
+    def finalize(v: int) -> None:
+        manifest["version"] = v
+        write_json(staging / MANIFEST, manifest)
+        write_json(staging / PARITY, {**report, "files": file_hashes(staging)})
+
+    return publish(staging, name_dir, version, auto, finalize)

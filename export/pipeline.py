@@ -241,12 +241,7 @@ def export_checkpoint(cfg: ExportConfig) -> ExportResult:
                                 + failure_table(results, report["tokenizer"]), report)
         manifest["default_variant"] = package.default_variants(manifest["variants"], report["variants"])
 
-        def finalize(v: int) -> None:
-            manifest["version"] = v
-            package.write_json(staging / package.MANIFEST, manifest)
-            package.write_json(staging / package.PARITY, {**report, "files": package.file_hashes(staging)})
-
-        version = package.publish(staging, name_dir, version, cfg.version is None, finalize)
+        version = package.publish_package(staging, name_dir, version, cfg.version is None, manifest, report)
     except BaseException:
         package.discard(staging, name_dir, created)
         raise
