@@ -105,9 +105,6 @@ def _rope_caches(w: DecoderWeights) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-CHUNK = MIXED_PREFIX
-
-
 def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False) -> onnx.ModelProto:
     """The in-place decoder. mixed=True adds a second group of rows (inputs and outputs prefixed "chunk.")
     that shares every weight multiplication with the first but has its own attention call: one run then
@@ -116,7 +113,7 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False)
     gpt2 = w.family == "gpt2"
     f32 = TensorProto.FLOAT
     cache_shape = ["batch", w.num_kv_heads, "max_sequence", w.head_dim]
-    groups = ["", CHUNK] if mixed else [""]
+    groups = ["", MIXED_PREFIX] if mixed else [""]
     inputs, outputs = [], []
     for pre in groups:
         b, s = f"{pre}batch", f"{pre}sequence"

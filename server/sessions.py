@@ -63,8 +63,8 @@ def create_session(package: Package, variant: str, config: SessionConfig, file: 
     options.intra_op_num_threads = config.intra_op_threads
     options.inter_op_num_threads = config.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning keeps intra-op threads hot: a decoder's back-to-back steps gain 5-9% on dedicated cores, but on
-    # shared cores the spinning threads take the CPU the event loop and other processes need (measured up to 2x
+    # Spinning keeps intra-op threads hot: a decoder's back-to-back steps gain 3-12% on dedicated cores, but on
+    # shared cores the spinning threads take the CPU the event loop and other processes need (measured 1.8x
     # slower; docs/BENCHMARKS.md). Off unless asked.
     spin = config.spinning == "on" or (config.spinning == "auto" and package.manifest.task == "generate")
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")

@@ -42,7 +42,7 @@ class ServerSettings:
     intra_op_threads: int = 0             # 0 = onnxruntime's default
     inter_op_threads: int = 0
     intra_op_spinning: str = "off"        # onnxruntime intra-op threads spin: off / on / auto (= decoders only);
-    #                                     on gains 5-9% on dedicated cores, loses up to 2x when cores are shared
+    #                                     on gains 3-12% on dedicated cores, loses up to 1.8x when cores are shared
     # Encoders (one dynamic batcher per loaded version; task calls and raw ModelInfer share it):
     max_batch_size: int = 16              # rows (texts, or rows of a raw tensor) per onnxruntime run
     max_queue_delay_ms: float = 0.0       # extra wait for more rows when the model is idle (0: none)
@@ -198,7 +198,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--max-prefill-tokens", type=int,
                    help=f"generation: padded prompt tokens per step when no sequence decodes (default {d.max_prefill_tokens})")
     p.add_argument("--intra-op-spinning", choices=SPINNING,
-                   help="onnxruntime intra-op threads spin: off (default), on (dedicated cores: +5-9%% for "
+                   help="onnxruntime intra-op threads spin: off (default), on (dedicated cores: +3-12%% for "
                         "decoders), auto (on for decoders only)")
     p.add_argument("--grace-period", type=float, help=f"SIGTERM drain time in seconds (default {d.grace_period:g})")
     p.add_argument("--max-message-bytes", type=int, help="max gRPC message size, both ways, and max HTTP request body (default 64 MiB)")
