@@ -264,15 +264,33 @@ def test_int8_classifier_rules_with_labelled_data(full_repository: Path, tiny_ch
     assert acc["value"] == pytest.approx(hits_int8 / len(rows))
 
 
-def test_int8_on_random_mlm_is_refused(tiny_checkpoints, tmp_path: Path) -> None:
-    # An untrained MLM has near-tied logits: int8 flips more than 1% of top-1 predictions, and the gate says so.
+def _outlier_mlm(src: Path, dst: Path) -> Path:
+    """An MLM that int8 cannot represent: one hidden unit of the MLM head is 1000x the others, so dynamic
+    activation quantization rounds every other unit to zero. That unit's decoder weights are one constant
+    (a shift every token shares, which fp32 ignores when ranking); int8 sees only that unit, so every logit
+    ties. Built on purpose so the refusal does not hang on a random draw."""
+    from training.checkpoint import save_model
+
+    model, _ = load_model(src)
+    with torch.no_grad():
+        model.cls.predictions.transform.LayerNorm.weight[0] = 1000.0
+        model.bert.embeddings.word_embeddings.weight[:, 0] = 0.02   # tied: also the decoder's row for unit 0
+        model.cls.predictions.bias.zero_()
+    return save_model(model, dst, tokenizer_files={p.name: p for p in src.iterdir() if p.name.startswith("tok")
+                                                   or p.name.startswith("special")})
+
+
+def test_int8_on_outlier_mlm_is_refused(tiny_checkpoints, tmp_path: Path) -> None:
+    # int8 flips more than 1% of top-1 predictions, and the gate says so.
+    checkpoint = _outlier_mlm(tiny_checkpoints.mlm, tmp_path / "ckpt")
+    repo = tmp_path / "repo"
     with pytest.raises(ParityFailure) as exc:
-        export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.mlm, task="fill-mask", repository=tmp_path,
+        export_checkpoint(ExportConfig(checkpoint=checkpoint, task="fill-mask", repository=repo,
                                        name="m", variants=("fp32", "int8")))
     report = exc.value.report
     assert report["variants"]["fp32"]["passed"] is True and report["variants"]["int8"]["passed"] is False
     assert "top-1 agreement" in str(exc.value)
-    assert list(tmp_path.iterdir()) == []
+    assert not repo.exists() or list(repo.iterdir()) == []
 
 
 # ---------------------------------------------------------------- refusal, versions, CLI
