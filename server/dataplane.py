@@ -71,6 +71,29 @@ def _unknown(field: str, name: str, version: int) -> ServingError:
     return ServingError(Code.NOT_FOUND, f"{field}: unknown {what}model {name!r}")
 
 
+class Lease:
+    """A request's hold on one model version (a plain class: this runs on every request, and a generator-based
+    context manager costs several times as much)."""
+
+    __slots__ = ("_plane", "_version", "_started")
+
+    def __init__(self, plane: "DataPlane", version: ModelVersion) -> None:
+        self._plane = plane
+        self._version = version
+        self._started = time.perf_counter()
+
+    def __enter__(self) -> ServedModel:
+        try:
+            return self._version.model
+        except BaseException as exc:  # no served model after all: the lease ends here, counted as a failure
+            self.__exit__(type(exc), exc, None)
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._version.stats.record_request(kind is None, time.perf_counter() - self._started)
+        self._plane._done(self._version)
+
+
 class DataPlane:
     def __init__(self, settings: ServerSettings, metrics: Metrics | None = None) -> None:
         self.settings = settings
@@ -134,6 +157,11 @@ class DataPlane:
         """Names the server knows (loaded at least once); safe as metric label values."""
         return self.repository.names
 
+    def record_request(self, model: str, method: str, code: str, seconds: float) -> None:
+        """A front door's answered request, in the request metrics. Only names of loaded models become label
+        values: arbitrary client strings would explode the metrics' cardinality."""
+        self.metrics.record_request(model if self.repository.knows(model) else "", method, code, seconds)
+
     def model_health(self, name: str) -> bool | None:
         """Health of one model name: True when a version serves, False when not, None for an unknown name."""
         if name not in self.repository.names:
@@ -161,46 +189,38 @@ class DataPlane:
         if self._inflight == 0:
             self._idle.set()
 
-    @contextlib.asynccontextmanager
-    async def lease(self, name: str, version: int = 0) -> AsyncIterator[ServedModel]:
-        """The served model of a SERVING version, counted in flight (and in its statistics) while held."""
-        resolved = self._admit(name, version)
-        started = time.perf_counter()
-        ok = False
-        try:
-            yield resolved.model
-            ok = True
-        finally:
-            resolved.stats.record_request(ok, time.perf_counter() - started)
-            self._done(resolved)
+    def lease(self, name: str, version: int = 0) -> "Lease":
+        """`with plane.lease(name, version) as served:` the served model of a SERVING version, counted in flight
+        (and in its statistics) while held. Admission happens here, before the `with` body runs."""
+        return Lease(self, self._admit(name, version))
 
     # ------------------------------------------------------------------ tasks
 
     async def classify(self, model: str, version: int, inputs: list[tuple[str, str | None]], top_k: int = 0,
                        truncate: bool = False, deadline: float | None = None) -> ClassifyResult:
-        async with self.lease(model, version) as served:
+        with self.lease(model, version) as served:
             return await served.classify(inputs, top_k, truncate, deadline)
 
     async def fill_mask(self, model: str, version: int, texts: list[str], top_k: int = 5, truncate: bool = False,
                         deadline: float | None = None) -> FillMaskResult:
-        async with self.lease(model, version) as served:
+        with self.lease(model, version) as served:
             return await served.fill_mask(texts, top_k, truncate, deadline)
 
     async def embed(self, model: str, version: int, texts: list[str], truncate: bool = False,
                     deadline: float | None = None) -> EmbedResult:
-        async with self.lease(model, version) as served:
+        with self.lease(model, version) as served:
             return await served.embed(texts, truncate, deadline)
 
     async def generate(self, model: str, version: int, prompt: str, params: GenerationParams,
                        deadline: float | None = None) -> GenerateResult:
-        async with self.lease(model, version) as served:
+        with self.lease(model, version) as served:
             output = await served.generate(prompt, params, deadline)
             return GenerateResult(model=served.name, version=served.version, output=output)
 
     async def generate_stream(self, model: str, version: int, prompt: str, params: GenerationParams,
                               deadline: float | None = None) -> AsyncIterator[StreamPart]:
         """Chunks with the version that produces them; closing the iterator cancels the sequence."""
-        async with self.lease(model, version) as served:
+        with self.lease(model, version) as served:
             chunks = served.stream(prompt, params, deadline)
             try:
                 async for chunk in chunks:
@@ -221,7 +241,7 @@ class DataPlane:
     async def infer(self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str] | None = None,
                     deadline: float | None = None) -> InferResult:
         """Graph tensors in, graph outputs out (encoders: through the model's dynamic batcher)."""
-        async with self.lease(model, version) as served:
+        with self.lease(model, version) as served:
             result = await served.infer(inputs, outputs, deadline)
             return InferResult(model=served.name, version=served.version, outputs=select_outputs(result, outputs))
 

@@ -93,9 +93,9 @@ class ModelRepository:
 
     def resolve(self, name: str, version: int = 0, field_name: str = "model") -> ModelVersion:
         """The SERVING version to use (0 = latest); NOT_FOUND / UNAVAILABLE otherwise. Does not await."""
-        self.model_dir(name, field_name)
         slot = self._slots.get(name)
         if slot is None or not slot.versions:
+            self.model_dir(name, field_name)  # a name that was never loaded: say when it is not even a valid one
             raise ServingError(Code.NOT_FOUND, f"{field_name}: unknown model {name!r}")
         if version < 0:
             raise ServingError.invalid("version", f"must be >= 0, got {version}")
@@ -137,6 +137,10 @@ class ModelRepository:
     @property
     def names(self) -> list[str]:
         return sorted(self._slots)
+
+    def knows(self, name: str) -> bool:
+        """A name loaded at least once (slots are only made for names model_dir accepted)."""
+        return name in self._slots
 
     # ------------------------------------------------------------------ load / unload
 

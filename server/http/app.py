@@ -46,9 +46,7 @@ class Door:
             raise HttpError(401, "authorization: invalid bearer token")
 
     def record(self, model: str, method: str, code: str, started: float) -> None:
-        label = model if model in self.plane.model_names() else ""  # no client strings as label values
-        self.plane.metrics.requests.labels(label, method, code).inc()
-        self.plane.metrics.request_latency.labels(label, method).observe(time.perf_counter() - started)
+        self.plane.record_request(model, method, code, time.perf_counter() - started)
 
 
 def error_response(flavor: str, status: int, message: str, headers: dict[str, str] | None = None) -> Response:

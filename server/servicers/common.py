@@ -25,14 +25,8 @@ class Instrumented:
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
 
-    def model_label(self, name: str) -> str:
-        # Only names of known models become label values: arbitrary client strings would explode cardinality.
-        return name if name in self.plane.model_names() else ""
-
     def record(self, model: str, method: str, code: str, started: float) -> None:
-        label = self.model_label(model)
-        self.plane.metrics.requests.labels(label, method, code).inc()
-        self.plane.metrics.request_latency.labels(label, method).observe(time.perf_counter() - started)
+        self.plane.record_request(model, method, code, time.perf_counter() - started)
 
 
 def unary(method: str, model_field: str = "model") -> Callable[..., Any]:
