@@ -4,8 +4,8 @@ Requests (each a few rows of graph inputs, `[rows, sequence]`) queue up; a batch
 max_batch_size rows or when max_queue_delay has passed since its first request arrived (default 0: an idle
 model runs a request at once). While a batch computes (in a worker thread: onnxruntime releases the GIL) the
 next one fills, so batches grow with load without a fixed wait. Requests of different lengths are right-padded
-to the batch's longest (each input with its own pad value; padded positions are masked). Expired or cancelled
-requests are dropped before compute. When a batch of several requests fails, each request is run alone, so a
+to the batch's longest (each input with its own pad value; padded positions are masked). Expired requests are
+dropped before compute; a cancelled one leaves the queue the moment it is cancelled. When a batch of several requests fails, each request is run alone, so a
 bad request fails only itself.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ class BatchConfig:
     max_queued_requests: int = 256
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a cancelled request is removed from the queue by identity
 class _Request:
     feeds: Feeds                 # every input [rows, sequence, ...]
     rows: int
@@ -100,6 +100,11 @@ class DynamicBatcher:
 
     async def submit(self, feeds: Feeds, deadline: float | None = None) -> Feeds:
         """Outputs for these rows (batch axis sliced; later axes padded to the batch's longest row)."""
+        return await self.enqueue(feeds, deadline)
+
+    def enqueue(self, feeds: Feeds, deadline: float | None = None) -> asyncio.Future[Feeds]:
+        """Queues these rows; the future gets their outputs. Cancelling the future (or the task awaiting it)
+        takes the rows out of the queue at once: nothing is computed for a caller who is gone."""
         rows = next(iter(feeds.values())).shape[0]
         if not 1 <= rows <= self.config.max_batch_size:
             raise ValueError(f"submit takes 1..{self.config.max_batch_size} rows, got {rows}")
@@ -107,12 +112,23 @@ class DynamicBatcher:
             raise ServingError(Code.UNAVAILABLE, "model unloaded")
         if len(self._pending) >= self.config.max_queued_requests:
             raise ServingError(Code.RESOURCE_EXHAUSTED,
-                               f"{self._label}: {len(self._pending)} requests queued (max_queued_requests)")
+                               f"{self._label}: the queue is full ({len(self._pending)} pieces of requests waiting, "
+                               f"max_queued_requests {self.config.max_queued_requests}); retry later")
         future: asyncio.Future[Feeds] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(feeds, rows, future, time.monotonic(), deadline))
+        request = _Request(feeds, rows, future, time.monotonic(), deadline)
+        self._pending.append(request)
+        future.add_done_callback(lambda f: self._forget(request) if f.cancelled() else None)
         self._metrics.queued_requests.labels(self._label).set(len(self._pending))
         self._wakeup.set()
-        return await future
+        return future
+
+    def _forget(self, request: _Request) -> None:
+        """A cancelled request leaves the queue (it may already have been taken into a batch)."""
+        try:
+            self._pending.remove(request)
+        except ValueError:
+            return
+        self._metrics.queued_requests.labels(self._label).set(len(self._pending))
 
     async def _loop(self) -> None:
         while True:

@@ -1,7 +1,10 @@
 """A served encoder (classify, fill-mask or embed): text or raw tensors in, one dynamic batcher, onnxruntime.
 
 Task calls tokenize, then submit their rows to the batcher; raw KServe ModelInfer submits the caller's
-tensors to the same batcher, so both kinds of request share batches.
+tensors to the same batcher, so both kinds of request share batches. Every request's cost is checked before it
+runs (server/admission.py): rows per request before tokenizing, fill-mask candidates and the answer's estimated
+size before compute. A request of more rows than a batch goes in pieces, a few queued at a time
+(server/pieces.py).
 """
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ import asyncio
 import numpy as np
 
 from modelpkg import TOKENIZER_FILE
+from server.admission import check_candidates, check_response_bytes, check_rows, fill_mask_bytes, tensor_bytes
 from server.batching import DynamicBatcher
 from server.errors import ServingError
 from server.model import Feeds, Loaded, ServedModel
+from server.pieces import run_in_pieces
 from server.sessions import run_failure, warm_up_encoder
 from server.tokenization import TextEncoder, pad_batch
 from server.types import (Classification, ClassifyResult, EmbedResult, FillMaskResult, LabelScore, MaskPrediction,
@@ -58,8 +63,8 @@ class EncoderModel(ServedModel):
         size = self.max_batch_size
         if rows <= size:
             return await self.batcher.submit(feeds, deadline)
-        pieces = await asyncio.gather(*(self.batcher.submit({k: v[i:i + size] for k, v in feeds.items()}, deadline)
-                                        for i in range(0, rows, size)))
+        pieces = await run_in_pieces(self.batcher.enqueue, feeds, size, self.runtime.admission.max_pieces_per_request,
+                                     deadline)
         return {name: np.concatenate([self._widen(p[name], pieces, name) for p in pieces]) for name in pieces[0]}
 
     @staticmethod
@@ -76,6 +81,11 @@ class EncoderModel(ServedModel):
         self.check_raw_inputs(inputs)
         self.check_deadline(deadline)
         rows = next(iter(inputs.values())).shape[0]
+        limits = self.runtime.admission
+        check_rows("inputs", rows, limits)
+        width = max((a.shape[1] for a in inputs.values() if a.ndim > 1), default=1)
+        wanted_specs = [s for s in self.outputs if s.name in self.wanted_outputs(outputs)]
+        check_response_bytes(tensor_bytes(wanted_specs, rows, width), limits, "outputs")
         if rows == 0:  # nothing to batch: the graph answers the empty shapes itself
             try:
                 result = await asyncio.get_running_loop().run_in_executor(None, self.runner.run, inputs)
@@ -103,7 +113,10 @@ class EncoderModel(ServedModel):
             raise self._not("classify")
         if top_k < 0:
             raise ServingError.invalid("top_k", f"must be >= 0, got {top_k}")
+        limits = self.runtime.admission
+        check_rows("inputs", len(inputs), limits)
         labels = list(self.manifest.labels)
+        check_response_bytes(len(inputs) * sum(len(label.encode()) + 16 for label in labels) * 2, limits, "inputs")
         rows = self.encoder.encode(inputs, truncate, field="inputs")
         results = []
         for logits in await self._logits(rows, deadline):
@@ -120,7 +133,10 @@ class EncoderModel(ServedModel):
             raise self._not("embed")
         if not texts:
             raise ServingError.invalid("texts", "at least one text is required")
+        limits = self.runtime.admission
+        check_rows("texts", len(texts), limits)
         rows = self.encoder.encode([(t, None) for t in texts], truncate, field="texts", text_attr="")
+        check_response_bytes(tensor_bytes(self.outputs, len(rows), 1), limits, "texts")
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
         vectors = (await self.run_batched(feeds, deadline))["embeddings"]
         pooling = self.manifest.extra.get("embedding") or {}
@@ -144,6 +160,8 @@ class EncoderModel(ServedModel):
             raise ServingError.invalid("texts", "at least one text is required")
         if top_k < 0:
             raise ServingError.invalid("top_k", f"must be >= 0, got {top_k}")
+        limits = self.runtime.admission
+        check_rows("texts", len(texts), limits)
         mask_id = self.mask_token_id()
         mask_token = self.manifest.mask_token or ""
         rows = self.encoder.encode([(t, None) for t in texts], truncate, field="texts", text_attr="")
@@ -153,11 +171,17 @@ class EncoderModel(ServedModel):
             if not found:
                 raise ServingError.invalid(f"texts[{i}]", f"holds no mask token {mask_token!r}")
             positions.append(found)
-        k = top_k or DEFAULT_FILL_MASK_TOP_K
+        tokenizer = self.encoder.tokenizer
+        # Every candidate carries its text's whole filled sequence: masks x top_k is the answer's size and the
+        # work of building it, bounded before anything is computed.
+        k = min(top_k or DEFAULT_FILL_MASK_TOP_K, tokenizer.get_vocab_size())
+        masks = [len(found) for found in positions]
+        check_candidates(masks, k, limits)
+        sequence_bytes = [len(tokenizer.decode(row.ids, skip_special_tokens=False).encode()) for row in rows]
+        check_response_bytes(fill_mask_bytes(masks, k, sequence_bytes), limits, "top_k")
         special_ids = self.manifest.special_tokens
         special = {v for v in special_ids.values() if isinstance(v, int)}
         drop = {special_ids.get(n) for n in ("cls", "sep", "pad")} - {None}
-        tokenizer = self.encoder.tokenizer
         results: list[list[MaskPrediction]] = []
         for row, found, logits in zip(rows, positions, await self._logits(rows, deadline)):
             masks = []

@@ -17,6 +17,7 @@ from typing import AsyncIterator
 import numpy as np
 
 from modelpkg import Manifest
+from server.admission import AdmissionLimits
 from server.batching import BatchConfig
 from server.errors import Code, ServingError
 from server.generation import GenerationConfig, GenerationParams, GenerationResult, StreamChunk
@@ -37,6 +38,7 @@ class RuntimeConfig:
     session: SessionConfig
     batch: BatchConfig
     generation: GenerationConfig
+    admission: AdmissionLimits = AdmissionLimits()
 
 
 @dataclass(frozen=True)

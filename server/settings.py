@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from server.admission import (DEFAULT_MAX_FILL_MASK_CANDIDATES, DEFAULT_MAX_PIECES_PER_REQUEST,
+                              DEFAULT_MAX_ROWS_PER_REQUEST)
 from server.generation.params import GenerationConfig
 
 VARIANT_AUTO = "auto"
@@ -49,6 +51,11 @@ class ServerSettings:
     # Per loaded version, ONE flag for two queues: an encoder's batcher queue (requests waiting for compute)
     # and a decoder's waiting requests (admitted, not yet prefilled). Beyond it → RESOURCE_EXHAUSTED.
     max_queued_requests: int = 256
+    # Admission (server/admission.py): what ONE request may cost, whatever the load; beyond → INVALID_ARGUMENT.
+    max_rows_per_request: int = DEFAULT_MAX_ROWS_PER_REQUEST  # texts (or raw tensor rows) in one request
+    max_pieces_per_request: int = DEFAULT_MAX_PIECES_PER_REQUEST  # pieces (max_batch_size rows each) of one
+    #                                     request in its model's batcher queue at once: others' requests interleave
+    max_fill_mask_candidates: int = DEFAULT_MAX_FILL_MASK_CANDIDATES  # masks x top_k summed over a request's texts
     # Decoders (one generation engine per loaded version):
     max_tokens_in_flight: int = _ENGINE.max_tokens_in_flight  # sum of prompt + max_new_tokens tokens over the
     #                                     engine's waiting AND running requests; beyond it → RESOURCE_EXHAUSTED
@@ -87,7 +94,8 @@ class ServerSettings:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
         if self.intra_op_spinning not in SPINNING:
             raise bad("intra_op_spinning", f"must be one of {', '.join(SPINNING)}, got {self.intra_op_spinning!r}")
-        for name in ("max_batch_size", "max_queued_requests", "max_tokens_in_flight", "max_sequences",
+        for name in ("max_batch_size", "max_queued_requests", "max_rows_per_request", "max_pieces_per_request",
+                     "max_fill_mask_candidates", "max_tokens_in_flight", "max_sequences",
                      "prefill_chunk_tokens", "max_prefill_tokens",
                      "max_message_bytes"):
             if getattr(self, name) < 1:
@@ -187,6 +195,15 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--max-queued-requests", type=int,
                    help="per model version: requests waiting in an encoder's batcher, and generation requests "
                         f"waiting for a decoder's batch, before RESOURCE_EXHAUSTED (default {d.max_queued_requests})")
+    p.add_argument("--max-rows-per-request", type=int,
+                   help="texts (or raw tensor rows) one request may hold; beyond INVALID_ARGUMENT "
+                        f"(default {d.max_rows_per_request})")
+    p.add_argument("--max-pieces-per-request", type=int,
+                   help="pieces of max_batch_size rows one request keeps queued in its model's batcher at once, "
+                        f"so other requests interleave (default {d.max_pieces_per_request})")
+    p.add_argument("--max-fill-mask-candidates", type=int,
+                   help="fill-mask: masks x top_k summed over a request's texts; beyond INVALID_ARGUMENT "
+                        f"(default {d.max_fill_mask_candidates})")
     p.add_argument("--max-tokens-in-flight", type=int,
                    help="generation: prompt + max_new_tokens summed over a decoder's waiting and running requests "
                         f"(default {d.max_tokens_in_flight})")
