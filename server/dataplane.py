@@ -20,6 +20,7 @@ from typing import AsyncIterator
 
 import numpy as np
 
+from server.admission import AdmissionLimits
 from server.batching import BatchConfig
 from server.errors import Code, ServingError
 from server.generation import GenerationConfig, GenerationParams
@@ -53,7 +54,11 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
                                     max_waiting=settings.max_queued_requests,
                                     max_tokens_in_flight=settings.max_tokens_in_flight,
                                     prefill_chunk_tokens=settings.prefill_chunk_tokens,
-                                    max_prefill_tokens=settings.max_prefill_tokens))
+                                    max_prefill_tokens=settings.max_prefill_tokens),
+        admission=AdmissionLimits(max_rows_per_request=settings.max_rows_per_request,
+                                  max_pieces_per_request=settings.max_pieces_per_request,
+                                  max_fill_mask_candidates=settings.max_fill_mask_candidates,
+                                  max_response_bytes=settings.max_message_bytes))
 
 
 def select_outputs(result: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
