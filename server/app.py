@@ -24,6 +24,7 @@ from prometheus_client import start_http_server
 from protos import grpc_service_pb2, grpc_service_pb2_grpc, ortserve_pb2, ortserve_pb2_grpc
 from server.auth import BearerTokenInterceptor
 from server.dataplane import DataPlane
+from server.decoding import SafeRegistrar
 from server.http.app import build_app
 from server.http.serve import HttpServer
 from server.metrics import Metrics
@@ -78,9 +79,10 @@ class OrtServer:
                    ("grpc.so_reuseport", 0)]  # a second server on a busy port must fail, not share it
         interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
         server = grpc.aio.server(options=options, interceptors=interceptors)
-        ortserve_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(self.plane), server)
-        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(self.plane), server)
-        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.plane), server)
+        services = SafeRegistrar(server)  # undecodable requests: INVALID_ARGUMENT naming the field (server/decoding.py)
+        ortserve_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(self.plane), services)
+        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(self.plane), services)
+        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.plane), services)
         reflection.enable_server_reflection(SERVICE_NAMES, server, pool=reflection_pool())
         address = f"{s.host}:{s.port}"
         try:

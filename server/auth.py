@@ -1,6 +1,7 @@
 """Optional bearer-token authentication: `authorization: Bearer <token>` metadata on every call.
 
-grpc.health.v1 stays open so load balancers and orchestrators can probe without the secret.
+grpc.health.v1 Check and Watch stay open so load balancers and orchestrators can probe without the secret;
+Health/List (every model name) needs the token like everything else.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 
-OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 
 
 def _denial(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
@@ -39,7 +40,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        if details.method.startswith(OPEN_SERVICES):
+        if details.method in OPEN_METHODS:
             return await continuation(details)
         given = next((v for k, v in (details.invocation_metadata or ()) if k == "authorization"), None)
         if given is None:

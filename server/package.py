@@ -1,7 +1,9 @@
 """Reading and verifying one model package (docs/model-package.md) with the shared contract (modelpkg/).
 
-Verification = manifest present and well-formed, parity.json present and passed, and every file listed
-in parity.json `files` hashing to the recorded sha256 (files the server reads must be listed).
+Verification = manifest present and well-formed, parity.json present and passed, every file listed in
+parity.json `files` hashing to the recorded sha256 (files the server reads must be listed), and every file
+the server reads resolving inside the version directory (a symlink to a file elsewhere is refused: the
+repository is what was published and verified, not whatever a link points at).
 """
 from __future__ import annotations
 
@@ -34,9 +36,21 @@ class Package:
         return self.path / relative
 
 
+def check_inside(path: Path, root: Path) -> None:
+    """PackageError unless `path` (after following symlinks) lies inside `root` (after following them)."""
+    try:
+        real, base = path.resolve(strict=True), root.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, a loop: the callers report missing files themselves
+        return
+    if not real.is_relative_to(base):
+        raise PackageError(f"{path.name} resolves outside the version directory (a symlink); "
+                           "a package's files must be inside it")
+
+
 def _read_json(path: Path) -> tuple[dict[str, Any], str]:
     if not path.is_file():
         raise PackageError(f"{path.name} missing")
+    check_inside(path, path.parent)
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text)
@@ -75,6 +89,7 @@ def verify_files(package: Package, required: list[str]) -> None:
         target = package.path / relative
         if not target.is_file():
             raise PackageError(f"{relative} listed in parity.json but missing")
+        check_inside(target, package.path)
         actual = sha256_file(target)
         if actual != expected.lower():
             raise PackageError(f"sha256 mismatch for {relative}: parity.json says {expected[:12]}…, "

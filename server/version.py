@@ -13,7 +13,7 @@ from server.errors import Code, ServingError
 from server.metrics import Metrics
 from server.loading import build_model
 from server.model import RuntimeConfig, ServedModel
-from server.package import PackageError
+from server.package import PackageError, verify_files
 from server.stats import ModelStats
 from server.types import ModelState, ModelStatus
 
@@ -91,6 +91,31 @@ class ModelVersion:
         log.error("model %s version %d NOT_SERVING: %s", self.name, self.version, reason,
                   extra={"model": self.name, "version": self.version})
         return False
+
+    async def check_files(self) -> None:
+        """A SERVING version whose files changed on disk since it loaded is re-verified against the hashes it
+        loaded with; a mismatch becomes its reason (shown by ListModels / ModelInfo / RepositoryIndex). It keeps
+        serving from the copy in memory; publish a new version to replace it."""
+        if self._model is None or self.state is not ModelState.SERVING:
+            return
+        fingerprint = package_fingerprint(self.path)
+        if fingerprint == self.fingerprint:
+            return
+        self.fingerprint = fingerprint
+        package = self._model.package
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, verify_files, package, [])
+        except PackageError as exc:
+            reason = f"files changed on disk since it was loaded ({exc}); the loaded copy keeps serving"
+            if reason != self.reason:
+                log.error("model %s version %d: %s", self.name, self.version, reason,
+                          extra={"model": self.name, "version": self.version})
+            self.reason = reason
+            return
+        if self.reason:
+            log.info("model %s version %d: files on disk match again", self.name, self.version,
+                     extra={"model": self.name, "version": self.version})
+        self.reason = ""
 
     def acquire(self) -> None:
         """Counts a request in; call only on a SERVING version (the repository checks), release() after."""
