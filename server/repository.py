@@ -251,6 +251,8 @@ class ModelRepository:
                 await self.load(name, explicit=False)
             elif model.state is ModelState.NOT_SERVING and model.fingerprint != package_fingerprint(model.path):
                 await self.load(name, explicit=False)  # the failed package was rewritten: retry
+        for model in self.models():
+            await model.check_files()  # a loaded version whose files changed on disk says so (its reason)
 
     async def poll_forever(self, interval: float) -> None:
         while True:
