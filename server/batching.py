@@ -35,6 +35,7 @@ class BatchConfig:
     max_batch_size: int = 16
     max_queue_delay_s: float = 0.0
     max_queued_requests: int = 256
+    instances: int = 1           # batches computed at once (Triton's instance count): pair with intra-op threads
 
 
 @dataclass(eq=False)  # identity: a cancelled request is removed from the queue by identity
@@ -75,28 +76,36 @@ class DynamicBatcher:
         self._stats = stats
         self._pending: deque[_Request] = deque()
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        # Labelled children looked up once: labels() locks and builds a key on every call, per request here.
+        self._queued_gauge = metrics.queued_requests.labels(model_label)
+        self._queue_time = metrics.queue_time.labels(model_label)
+        self._batch_size = metrics.batch_size.labels(model_label)
 
     @property
     def queued(self) -> int:
         return len(self._pending)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher:{self._label}")
+        """One loop per instance: each takes the next batch from the shared queue as soon as it is free."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._loop(), name=f"batcher:{self._label}:{i}")
+                       for i in range(max(1, self.config.instances))]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             try:
-                await self._task
+                await task
             except asyncio.CancelledError:
                 pass
-            self._task = None
         while self._pending:
             request = self._pending.popleft()
             if not request.future.done():
                 request.future.set_exception(ServingError(Code.UNAVAILABLE, "model unloaded"))
-        self._metrics.queued_requests.labels(self._label).set(0)
+        self._queued_gauge.set(0)
 
     async def submit(self, feeds: Feeds, deadline: float | None = None) -> Feeds:
         """Outputs for these rows (batch axis sliced; later axes padded to the batch's longest row)."""
@@ -108,7 +117,7 @@ class DynamicBatcher:
         rows = next(iter(feeds.values())).shape[0]
         if not 1 <= rows <= self.config.max_batch_size:
             raise ValueError(f"submit takes 1..{self.config.max_batch_size} rows, got {rows}")
-        if self._task is None:
+        if not self._tasks:
             raise ServingError(Code.UNAVAILABLE, "model unloaded")
         if len(self._pending) >= self.config.max_queued_requests:
             raise ServingError(Code.RESOURCE_EXHAUSTED,
@@ -118,7 +127,7 @@ class DynamicBatcher:
         request = _Request(feeds, rows, future, time.monotonic(), deadline)
         self._pending.append(request)
         future.add_done_callback(lambda f: self._forget(request) if f.cancelled() else None)
-        self._metrics.queued_requests.labels(self._label).set(len(self._pending))
+        self._queued_gauge.set(len(self._pending))
         self._wakeup.set()
         return future
 
@@ -128,7 +137,7 @@ class DynamicBatcher:
             self._pending.remove(request)
         except ValueError:
             return
-        self._metrics.queued_requests.labels(self._label).set(len(self._pending))
+        self._queued_gauge.set(len(self._pending))
 
     async def _loop(self) -> None:
         while True:
@@ -174,7 +183,7 @@ class DynamicBatcher:
                 break
             batch.append(self._pending.popleft())
             rows += head.rows
-        self._metrics.queued_requests.labels(self._label).set(len(self._pending))
+        self._queued_gauge.set(len(self._pending))
         return batch
 
     async def _execute(self, batch: list[_Request]) -> None:
@@ -182,7 +191,7 @@ class DynamicBatcher:
         start = time.perf_counter()
         waits = [start - r.queued_since_perf for r in batch]
         for wait in waits:
-            self._metrics.queue_time.labels(self._label).observe(wait)
+            self._queue_time.observe(wait)
         feeds = combine([r.feeds for r in batch], self._pad_values)
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(None, self._run_batch, feeds)
@@ -197,7 +206,7 @@ class DynamicBatcher:
             if not batch[0].future.done():
                 batch[0].future.set_exception(run_failure(exc))
             return
-        self._metrics.batch_size.labels(self._label).observe(rows)
+        self._batch_size.observe(rows)
         self._stats.record_execution(rows, time.perf_counter() - start, waits)
         offset = 0
         for request in batch:

@@ -47,7 +47,8 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
                               spinning=settings.intra_op_spinning),
         batch=BatchConfig(max_batch_size=settings.max_batch_size,
                           max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
-                          max_queued_requests=settings.max_queued_requests),
+                          max_queued_requests=settings.max_queued_requests,
+                          instances=settings.encoder_instances),
         # max_queued_requests bounds both queues of a model: an encoder's batcher queue, and here the
         # generation requests admitted but not yet prefilled (documented on the setting).
         generation=GenerationConfig(max_batch_size=settings.max_sequences,

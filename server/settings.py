@@ -48,6 +48,8 @@ class ServerSettings:
     # Encoders (one dynamic batcher per loaded version; task calls and raw ModelInfer share it):
     max_batch_size: int = 16              # rows (texts, or rows of a raw tensor) per onnxruntime run
     max_queue_delay_ms: float = 0.0       # extra wait for more rows when the model is idle (0: none)
+    encoder_instances: int = 1            # batches of one encoder computed at once (each runs on its own thread
+    #                                     with intra_op_threads threads: keep instances x threads <= cores)
     # Per loaded version, ONE flag for two queues: an encoder's batcher queue (requests waiting for compute)
     # and a decoder's waiting requests (admitted, not yet prefilled). Beyond it → RESOURCE_EXHAUSTED.
     max_queued_requests: int = 256
@@ -94,7 +96,8 @@ class ServerSettings:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
         if self.intra_op_spinning not in SPINNING:
             raise bad("intra_op_spinning", f"must be one of {', '.join(SPINNING)}, got {self.intra_op_spinning!r}")
-        for name in ("max_batch_size", "max_queued_requests", "max_rows_per_request", "max_pieces_per_request",
+        for name in ("max_batch_size", "encoder_instances", "max_queued_requests", "max_rows_per_request",
+                     "max_pieces_per_request",
                      "max_fill_mask_candidates", "max_tokens_in_flight", "max_sequences",
                      "prefill_chunk_tokens", "max_prefill_tokens",
                      "max_message_bytes"):
@@ -192,6 +195,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--max-batch-size", type=int, help=f"rows per encoder batch (default {d.max_batch_size})")
     p.add_argument("--max-queue-delay-ms", type=float,
                    help=f"encoder batcher wait for more rows when idle (default {d.max_queue_delay_ms:g})")
+    p.add_argument("--encoder-instances", type=int,
+                   help="batches of one encoder computed at once, each with --intra-op-threads threads "
+                        f"(default {d.encoder_instances})")
     p.add_argument("--max-queued-requests", type=int,
                    help="per model version: requests waiting in an encoder's batcher, and generation requests "
                         f"waiting for a decoder's batch, before RESOURCE_EXHAUSTED (default {d.max_queued_requests})")

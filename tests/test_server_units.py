@@ -186,6 +186,53 @@ def test_data_plane_in_process_batches_concurrent_requests(tiny_repository: Path
     asyncio.run(run())
 
 
+def test_encoder_instances_compute_batches_at_the_same_time(tiny_repository: Path, tmp_path: Path) -> None:
+    """encoder_instances=2: two batches run at once (each instance on its own thread), answers unchanged."""
+    import threading
+
+    from server.batching import BatchConfig, DynamicBatcher
+    from server.metrics import Metrics
+    from server.stats import ModelStats
+
+    both_running = threading.Barrier(2, timeout=2)  # passes only when two runs are inside run_batch together
+
+    def run_batch(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        both_running.wait()
+        return {"twice": feeds["x"] * 2}
+
+    async def batched(instances: int) -> list[np.ndarray]:
+        batcher = DynamicBatcher(run_batch, {}, BatchConfig(max_batch_size=1, instances=instances), Metrics(),
+                                 "m", ModelStats())
+        batcher.start()
+        try:
+            results = await asyncio.gather(*(batcher.submit({"x": np.full((1, 2), i)}) for i in range(4)),
+                                           return_exceptions=True)
+        finally:
+            await batcher.stop()
+        return results
+
+    results = asyncio.run(batched(2))
+    assert [r["twice"].tolist() for r in results] == [[[2 * i, 2 * i]] for i in range(4)]
+    both_running.reset()
+    one = asyncio.run(batched(1))  # one instance: the first run waits alone at the barrier and breaks it
+    assert any(isinstance(r, ServingError) for r in one)
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repository / CLASSIFIER, repo / CLASSIFIER)
+
+    async def classify(instances: int) -> list[list[float]]:
+        plane = await DataPlane.start(_settings(repo, encoder_instances=instances, intra_op_threads=1,
+                                                variant="fp32"))
+        try:
+            out = await asyncio.gather(*(plane.classify(CLASSIFIER, 0, [(f"the harbour boat {i}", None)])
+                                         for i in range(12)))
+            return [[s.score for s in r.results[0].scores] for r in out]
+        finally:
+            await plane.close()
+
+    np.testing.assert_allclose(asyncio.run(classify(2)), asyncio.run(classify(1)), atol=1e-5)
+
+
 def test_admission_control_answers_resource_exhausted(tiny_repository: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     for name in (CLASSIFIER, GPT):
