@@ -78,6 +78,9 @@ class PeerConfig:
     so a slow trained model does not make the batch-8 cells take minutes."""
 
     threads: int = 2
+    # ortserve's batcher runs `instances` batches at once with threads / instances intra-op threads each (the
+    # same thread budget as MLServer's one session of `threads`); 1 = one session run at a time, like MLServer.
+    instances: int = 2
     sources: Sources = field(default_factory=Sources)
     clients: tuple[int, ...] = (1, 8)
     batches: tuple[int, ...] = (1, 8)

@@ -163,7 +163,9 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
     model_file = pkg.variant_file(variant)
     texts = passages(max(cfg.batches), min_words=60, seed=7)
     feeds = {b: encode(pkg.path / "tokenizer.json", texts[:b], cfg.seq) for b in cfg.batches}
-    ortserve_args = ["--intra-op-threads", str(cfg.threads), "--inter-op-threads", "1", "--variant", variant]
+    instances = max(1, min(cfg.instances, cfg.threads))
+    ortserve_args = ["--intra-op-threads", str(cfg.threads // instances), "--inter-op-threads", "1",
+                     "--encoder-instances", str(instances), "--variant", variant]
     ortserve = ServerProcess(work / "repository", ortserve_args, cfg.startup_timeout)
     try:
         peer = MLServerProcess(work, model_file, cfg.threads, cfg.startup_timeout)
@@ -217,6 +219,7 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
                                "print(mlserver.__version__, onnxruntime.__version__, p.__version__)"],
                               capture_output=True, text=True).stdout.split()
     return {"piece": "peer", "threads": cfg.threads, "seq": cfg.seq, "variant": variant,
+            "ortserve": {"encoder_instances": instances, "intra_op_threads": cfg.threads // instances},
             "model": ckpt.describe(), "model_file": model_file.name,
             "mlserver": {"settings": {k: v for k, v in peer.settings.items() if not k.endswith("port") and k != "host"},
                          "versions": dict(zip(("mlserver", "onnxruntime", "protobuf"), versions)),

@@ -201,9 +201,13 @@ def server_section(res: dict[str, Any]) -> list[str]:
 
 def peer_section(res: dict[str, Any]) -> list[str]:
     ml = res["mlserver"]
+    ours = res.get("ortserve") or {"encoder_instances": 1, "intra_op_threads": res["threads"]}
     lines = ["## Peer server: Seldon MLServer", "",
-             f"Same ONNX file ({res['model_file']}, variant {res['variant']}, {res['threads']} intra-op threads) served by "
-             f"ortserve's KServe ModelInfer and by MLServer {ml['versions'].get('mlserver')} (onnxruntime "
+             f"Same ONNX file ({res['model_file']}, variant {res['variant']}) and the same {res['threads']} compute "
+             f"threads: ortserve's KServe ModelInfer as {ours['encoder_instances']} encoder instance(s) × "
+             f"{ours['intra_op_threads']} intra-op thread(s), MLServer as one session of {res['threads']} threads (its "
+             f"runtime runs the graph on its event loop, so one run at a time, with onnxruntime's default spinning "
+             f"threads; ortserve's threads sleep when idle, its default). MLServer {ml['versions'].get('mlserver')} (onnxruntime "
              f"{ml['versions'].get('onnxruntime')}, protobuf {ml['versions'].get('protobuf')}, settings {ml['settings']}) "
              f"through {ml['runtime']}. Load: {res['load']}, seq {res['seq']}. Outputs of the two servers differ by at "
              f"most {res['max_abs_diff_between_servers']:.1e}.", ""]
