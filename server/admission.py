@@ -15,7 +15,7 @@ Limits are settings (server/settings.py, docs/configuration.md) and tabled in do
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -74,17 +74,18 @@ def fill_mask_bytes(masks: Sequence[int], top_k: int, sequence_bytes: Sequence[i
     return sum(m * top_k * (n + MAX_TOKEN_BYTES + CANDIDATE_OVERHEAD_BYTES) for m, n in zip(masks, sequence_bytes))
 
 
-def tensor_bytes(outputs: Sequence[TensorSpec], rows: int, width: int) -> int:
-    """Estimated size of raw outputs for `rows` rows of `width` positions: symbolic batch axes are `rows`,
-    every other symbolic axis is `width` (the sequence)."""
+def tensor_bytes(outputs: Sequence[TensorSpec], sizes: Mapping[str, int], default: int) -> int:
+    """Estimated size of raw outputs: each symbolic axis ("batch", "sequence", "vocab", ...) takes its size from
+    `sizes`, an unknown one `default` (the sequence width: never smaller than what the graph can return for
+    an axis it grows)."""
     total = 0
     for spec in outputs:
         elements = 1
-        for axis, dim in enumerate(spec.dims):
+        for dim in spec.dims:
             if isinstance(dim, int):
                 elements *= max(dim, 1)
             else:
-                elements *= rows if axis == 0 else width
+                elements *= sum(sizes.get(symbol, default) for symbol in dim) if dim else default
         total += elements * _itemsize(spec.datatype)
     return total
 

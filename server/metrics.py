@@ -51,6 +51,9 @@ class Metrics:
             ["model"], registry=r)
         self.prefill_tokens = Counter(
             "ortserve_prefill_tokens", "Prompt tokens prefilled.", ["model"], registry=r)
+        self.tokens_in_flight = Gauge(
+            "ortserve_tokens_in_flight", "Generation: prompt + max_new_tokens summed over a decoder's admitted "
+            "requests (waiting, prefilling, decoding); never above max_tokens_in_flight.", ["model"], registry=r)
         self._request_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.model_state = Gauge(
             "ortserve_model_ready", "1 when a model version is SERVING, else 0.", ["model", "version"], registry=r)

@@ -244,6 +244,10 @@ class GenerationEngine:
         if self.waiting_requests >= cfg.max_waiting:
             raise OverloadedError(f"generation queue of {self._label} is full ({cfg.max_waiting} waiting)")
         budget = len(ids) + params.max_new_tokens
+        if budget > cfg.max_tokens_in_flight:   # would be refused whatever the load: not worth a retry
+            raise ValueError(f"parameters.max_new_tokens: prompt {len(ids)} tokens + max_new_tokens "
+                             f"{params.max_new_tokens} = {budget} exceed max_tokens_in_flight {cfg.max_tokens_in_flight} "
+                             "(this request can never be admitted; lower max_new_tokens or shorten the prompt)")
         in_flight = sum(s.budget for s in self._sequences())
         if in_flight + budget > cfg.max_tokens_in_flight:
             raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
@@ -361,6 +365,7 @@ class GenerationEngine:
         if self._metrics is not None:
             self._metrics.active_sequences.labels(model=self._label).set(self.active_sequences)
             self._metrics.queued_requests.labels(model=self._label).set(self.waiting_requests)
+            self._metrics.tokens_in_flight.labels(model=self._label).set(sum(s.budget for s in self._sequences()))
 
     def _check_logits(self, logits: np.ndarray, batch: int, what: str) -> None:
         if logits.ndim != 2 or logits.shape[0] != batch or logits.shape[1] < self.spec.vocab_size:
