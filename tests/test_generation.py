@@ -411,9 +411,15 @@ def test_admission_limits_raise_overloaded(gpt: Package) -> None:
                 await engine.generate(PROMPTS[2], params)
             await running.aclose()
             assert (await waiting).finish_reason == "length"
-        async with gpt.engine(max_tokens_in_flight=50) as engine:
-            with pytest.raises(OverloadedError, match="tokens in flight"):
+        async with gpt.engine(max_tokens_in_flight=50) as engine:   # one request above the budget: never fits
+            with pytest.raises(ValueError, match="can never be admitted"):
                 await engine.generate(PROMPTS[0], params)
+        async with gpt.engine(max_tokens_in_flight=100) as engine:  # fits alone, not beside another: later
+            running = engine.stream(PROMPTS[0], params)
+            await running.__anext__()
+            with pytest.raises(OverloadedError, match="tokens in flight"):
+                await engine.generate(PROMPTS[1], params)
+            await running.aclose()
 
     run(body())
 

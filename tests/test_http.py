@@ -13,6 +13,7 @@ import json
 import shutil
 import ssl
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -523,13 +524,25 @@ def test_completion_unknown_model_is_404(oai: openai.OpenAI) -> None:
 
 
 def test_overload_is_429(strict: ServerProcess) -> None:
-    """Admission control of the generation engine: more tokens than --max-tokens-in-flight -> 429."""
+    """Admission control of the generation engine: tokens beyond --max-tokens-in-flight (64) -> 429 while others
+    hold them; one request that could never fit the budget -> 400."""
     tls = httpx.Client(verify=ssl.create_default_context(cafile=str(strict.cert)))  # type: ignore[attr-defined]
     client = openai.OpenAI(base_url=f"{strict.http_url}/v1", api_key=TOKEN, max_retries=0, http_client=tls)
-    with pytest.raises(openai.RateLimitError) as info:
+    with pytest.raises(openai.BadRequestError) as never:
         client.completions.create(model=GPT, prompt="a", max_tokens=100)
-    assert info.value.status_code == 429 and info.value.body["type"] == "rate_limit_error"
-    assert "at capacity" in info.value.body["message"]
+    assert never.value.status_code == 400 and "max_tokens_in_flight 64" in never.value.body["message"]
+
+    def one(_: int) -> str:  # 1 + 40 tokens each: two at once exceed 64
+        try:
+            client.completions.create(model=GPT, prompt="a", max_tokens=40, extra_body={"ignore_eos": True})
+            return "ok"
+        except openai.RateLimitError as exc:
+            assert exc.status_code == 429 and exc.body["type"] == "rate_limit_error"
+            assert "at capacity" in exc.body["message"]
+            return "429"
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(one, range(8)))
+    assert "ok" in outcomes and "429" in outcomes, outcomes
     assert client.completions.create(model=GPT, prompt="a", max_tokens=8).usage.completion_tokens >= 1
 
 

@@ -249,7 +249,8 @@ def test_admission_control_answers_resource_exhausted(tiny_repository: Path, tmp
             assert sum(1 for o in outcomes if not isinstance(o, BaseException)) == 3
             with pytest.raises(ServingError) as info:
                 await plane.generate(GPT, 0, "x", GenerationParams.validate(max_new_tokens=100))
-            assert info.value.code is Code.RESOURCE_EXHAUSTED and "64" in info.value.message
+            # More than the whole budget can never be admitted: INVALID_ARGUMENT, not a retry invitation.
+            assert info.value.code is Code.INVALID_ARGUMENT and "max_tokens_in_flight 64" in info.value.message
         finally:
             await plane.close()
 
