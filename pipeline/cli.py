@@ -98,11 +98,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m pipeline") -> int
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = parse_args(argv, prog)
     started = time.monotonic()
-    pipeline = Pipeline(cfg)
     try:
+        pipeline = Pipeline(cfg)
         published = pipeline.run()
     except PipelineError as e:
         log.error("%s", e)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # disk full, a path whose parent is a file, ...: one line, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps({"published": published, "ran": pipeline.ran, "skipped": pipeline.skipped,
