@@ -50,7 +50,7 @@ def test_a_long_prompt_beside_running_streams_is_cut_into_chunks_and_streams_kee
         assert plan.prefill_tokens <= 8              # and the prompt never takes more than a chunk
         lengths += [c.length for call in plan.prefill for c in call.chunks]
         execute(s, plan)
-    assert lengths == [8, 8, 8, 6]
+    assert lengths == [8, 8, 7, 7]                   # the fewest chunks that fit, of equal size
     assert long.computed == 30 and running.computed == 4 + 4
 
 
@@ -63,25 +63,28 @@ def test_continuation_chunks_run_alone_and_first_chunks_start_at_zero() -> None:
     s.add(b)
     plan = s.plan()
     # a takes the whole budget; b waits for a budget of its own rather than starting on scraps
-    assert [(c.seq, c.start, c.length) for call in plan.prefill for c in call.chunks] == [(a, 0, 8)]
+    assert [(c.seq, c.start, c.length) for call in plan.prefill for c in call.chunks] == [(a, 0, 7)]
     execute(s, plan)
     plan = s.plan()
     assert len(plan.prefill) == 1 and not plan.prefill[0].first_prompt
-    assert [(c.seq, c.start, c.length) for c in plan.prefill[0].chunks] == [(a, 8, 8)]
+    assert [(c.seq, c.start, c.length) for c in plan.prefill[0].chunks] == [(a, 7, 7)]
     assert b.status is Status.WAITING
 
 
-def test_a_tail_of_at_most_a_quarter_of_the_budget_goes_with_the_chunk() -> None:
+def test_a_prompt_over_the_budget_is_cut_into_equal_chunks_never_over_it() -> None:
     s = make(chunk=8)
     s.add(SeqState(1))
     execute(s, s.plan())
-    ten, eleven = SeqState(10), SeqState(11)
-    s.add(ten)
-    plan = s.plan()
-    assert [c.length for call in plan.prefill for c in call.chunks] == [10]   # 10 <= 8 + 2: whole
-    execute(s, plan)
-    s.add(eleven)
-    assert [c.length for call in s.plan().prefill for c in call.chunks] == [8]   # 11 > 10: cut
+    for length, expected in ((8, [8]), (9, [5, 4]), (17, [6, 6, 5]), (24, [8, 8, 8]), (25, [7, 6, 6, 6])):
+        q = SeqState(length)
+        s.add(q)
+        lengths = []
+        while q.status is not Status.DECODING:
+            plan = s.plan()
+            lengths += [c.length for call in plan.prefill for c in call.chunks]
+            execute(s, plan)
+        assert lengths == expected, length
+        s.finish(q)
 
 
 def test_a_lone_prompt_uses_the_large_budget() -> None:

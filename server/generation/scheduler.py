@@ -9,8 +9,8 @@ A sequence owns one cache slot from admission to finish. Each iteration the sche
         past only at batch 1 when more than one token is new).
 The prefill budget is `chunk_tokens` while anyone decodes (so a long prompt is cut into chunks that
 interleave with the running streams) and `max_prefill_tokens` otherwise (a lone prompt goes at once).
-Padded positions count against the budget: they cost compute like real ones. A prompt whose rest exceeds
-the budget by at most a quarter goes whole rather than leaving a tiny tail for another iteration.
+Padded positions count against the budget: they cost compute like real ones. A prompt longer than the
+budget is cut into the fewest chunks that fit it, of equal size (no chunk over the budget, no tiny tail).
 
 The executor runs the plan; a sequence's status moves WAITING → PREFILLING → DECODING → FINISHED
 through the methods below, which the engine calls as results come back.
@@ -202,9 +202,14 @@ class Scheduler:
 
 
 def _chunk(remaining: int, budget: int) -> int:
-    """Tokens to prefill now: the budget, or all that remain when they exceed it by at most a quarter (one
-    slightly longer run costs less than a tiny extra one, which pays a whole pass over the weights)."""
-    return remaining if remaining <= budget + budget // 4 else min(remaining, budget)
+    """Tokens to prefill now: all that remain if they fit the budget; else the rest cut into the fewest pieces
+    that fit, of equal size. Never more than the budget (a step carrying a chunk is what stalls the running
+    streams, so its size is the bound), and no tiny last piece (every run pays a whole pass over the weights):
+    900 tokens at a budget of 28 go as 33 chunks of 27-28, not 32 of 28 and one of 4."""
+    if remaining <= budget:
+        return remaining
+    pieces = -(-remaining // budget)
+    return -(-remaining // pieces)
 
 
 def _contiguous_groups(chunks: Iterable[Chunk]) -> list[PrefillCall]:
