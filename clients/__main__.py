@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -143,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--pair: needs exactly one TEXT")
     try:
         with OrtserveClient(addresses(args), **client_kwargs(args)) as client:
-            return run_command(client, args)
+            code = run_command(client, args)
+        sys.stdout.flush()  # a full disk shows here, inside the handlers below, not at interpreter exit
+        return code
     except ValueError as e:  # bad connection options (address, TLS files)
         print(f"ortserve: error: {e}", file=sys.stderr)
         return 2
@@ -154,7 +157,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ortserve: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `ortserve ... | head`
+        _discard_stdout()
         return 0
+    except OSError as e:  # disk full (stdout redirected to a full disk), unreadable files
+        _discard_stdout()
+        print(f"ortserve: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _discard_stdout() -> None:
+    """What stdout still buffers would fail again at exit (a second message, exit 120): send it nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (tests, closed): nothing will be flushed to it
+        pass
 
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except ParityFailure as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    except OSError as exc:  # disk full, a path whose parent is a file, ...: one line (staging is cleaned up)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"published {result.package_dir} (version {result.version})")
     for v, r in result.parity["variants"].items():
         diffs = ", ".join(f"{k} {d:.2e}" for k, d in r.get("max_abs_diff", {}).items())

@@ -14,9 +14,9 @@ from server.settings import SettingsError, settings_from_args
 PROG = "ortserve-server"
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = 2) -> NoReturn:
     print(f"{PROG}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 class _OneLineErrors(argparse.ArgumentParser):
@@ -30,11 +30,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         resolve_providers(settings.providers)
     except (SettingsError, ValueError) as exc:
         _fail(str(exc))
+    except OSError as exc:  # an unreadable config / certificate file
+        _fail(str(exc), code=1)
     configure_logging(settings.log_format, settings.log_level)
     try:
         asyncio.run(OrtServer(settings).run_until_signal())
     except StartupError as exc:
         _fail(str(exc))
+    except OSError as exc:  # disk full, unreadable files: one line, not a traceback
+        _fail(str(exc), code=1)
     except KeyboardInterrupt:
         pass
     return 0
