@@ -37,6 +37,7 @@ import numpy as np
 
 from modelpkg import past_names, present_names
 
+from .blocks import write_block
 from .machine import describe
 from .material import bpe_tokenizer_dir, random_gpt
 from .serverproc import Process, ServerProcess, free_port
@@ -556,8 +557,8 @@ def main(argv: list[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- report
 
-def _markers(model: str) -> tuple[str, str]:
-    return f"<!-- generation:{model}:begin -->", f"<!-- generation:{model}:end -->"
+def _block(model: str) -> str:
+    return f"generation:{model}"
 
 
 def _f(x: float, d: int = 1) -> str:
@@ -568,12 +569,11 @@ def render_section(r: dict[str, Any]) -> list[str]:
     """Markdown for docs/BENCHMARKS.md (between the generation markers; `python -m bench report` keeps it)."""
     m = r.get("machine", {})
     model = r.get("config", {}).get("model", "gpt2")
-    begin, end = _markers(model)
     runs = r.get("runs") or [{"command": r.get("command"), "started": r.get("started"), "pieces": []}]
     shape = ("GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, fp32)"
              if model == "gpt2" else "Llama ~124M shape with grouped-query attention (12 layers, 768 wide, 12 heads / "
              "4 kv heads, SwiGLU 2048, tied head, vocab 8000, 1024 positions, random init, fp32)")
-    lines = [begin, f"## Generation vs peers: {model} (bench/generation.py --model {model})", "",
+    lines = [f"## Generation vs peers: {model} (bench/generation.py --model {model})", "",
              *[f"- Command: `{x['command']}` at {x['started']}" + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else "")
                for x in runs],
              f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
@@ -639,35 +639,12 @@ def render_section(r: dict[str, Any]) -> list[str]:
         lines.append("")
     if r.get("findings"):
         lines += ["### Findings", "", *r["findings"], ""]
-    return lines + [end]
+    return lines
 
 
 def write_docs(r: dict[str, Any], path: Path) -> None:
-    """Replace (or append) this model's generation block of docs/BENCHMARKS.md; temp file, then rename."""
-    begin, end = _markers(r.get("config", {}).get("model", "gpt2"))
-    text = path.read_text(encoding="utf-8") if path.is_file() else "# Benchmarks\n"
-    block = "\n".join(render_section(r))
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def existing_block(path: Path) -> str:
-    """The generation blocks of an existing report (kept when `python -m bench report` rewrites the rest)."""
-    if not path.is_file():
-        return ""
-    text = path.read_text(encoding="utf-8")
-    blocks = []
-    for model in ("gpt2", "llama"):
-        begin, end = _markers(model)
-        if begin in text and end in text:
-            blocks.append(begin + text.split(begin, 1)[1].split(end, 1)[0] + end)
-    return "\n\n".join(blocks)
+    """Replace (or append) this model's generation block of docs/BENCHMARKS.md."""
+    write_block(path, _block(r.get("config", {}).get("model", "gpt2")), render_section(r))
 
 
 if __name__ == "__main__":

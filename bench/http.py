@@ -3,6 +3,7 @@
     python -m bench.http --repository model_repository --classifier genre --embedder minilm \
         --out bench/results/http.json
     python -m bench.http --streams-only              # the streaming piece alone (needs bash bench/setup_vllm.sh)
+    python -m bench.http --render-only --out bench/results/http.json --docs docs/BENCHMARKS.md
 
 Pieces (one ortserve process serving both ports, so both protocols reach the same data plane):
   overhead    batch 1, sequential, interleaved: p50 / p90 latency of the same request over gRPC (task API) and
@@ -26,6 +27,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from bench.blocks import write_block
+from bench.machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.http")
@@ -129,7 +133,9 @@ def stream_load(base_url: str, model: str, prompts: list[str], concurrency: int,
 
 
 def streams_piece(threads: int, levels: tuple[int, ...], max_tokens: int, with_vllm: bool,
-                  model: str = "gpt2") -> dict[str, Any]:
+                  model: str = "gpt2", repeats: int = 2) -> dict[str, Any]:
+    """Both servers up at once, taking turns level by level (a second apart: vLLM's OpenMP threads spin for a
+    while after work); each figure is the median of `repeats` runs."""
     from bench.generation import Config, material, prompts, start_vllm
     from tokenizers import Tokenizer
     from testing.launch import ServerProcess
@@ -138,20 +144,76 @@ def streams_piece(threads: int, levels: tuple[int, ...], max_tokens: int, with_v
     ckpt, repo, pool = material(cfg)
     tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
     texts = [tok.decode(p) for p in prompts(pool, max(levels) + 1, cfg.prompt_tokens, salt=7)]
-    out: dict[str, Any] = {}
-    server = ServerProcess(repo, ["--http-port", "0", "--intra-op-threads", str(threads), "--max-sequences", "32"],
-                           startup_timeout=600)
+    servers: dict[str, Any] = {}
+    urls: dict[str, str] = {}
     try:
-        out["ortserve"] = [stream_load(f"{server.http_url}/v1", "gpt", texts, n, max_tokens) for n in levels]
+        servers["ortserve"] = ServerProcess(repo, ["--http-port", "0", "--intra-op-threads", str(threads),
+                                                   "--max-sequences", "32"], startup_timeout=600)
+        urls["ortserve"] = f"{servers['ortserve'].http_url}/v1"
+        if with_vllm:
+            servers["vllm"], port = start_vllm(ckpt, cfg)
+            urls["vllm"] = f"http://127.0.0.1:{port}/v1"
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {n: [] for n in levels} for k in urls}
+        for _ in range(repeats):
+            for n in levels:
+                for name, url in urls.items():
+                    runs[name][n].append(stream_load(url, "gpt", texts, n, max_tokens))
+                    time.sleep(1.0)
     finally:
-        server.stop()
-    if with_vllm:
-        proc, port = start_vllm(ckpt, cfg)
-        try:
-            out["vllm"] = [stream_load(f"http://127.0.0.1:{port}/v1", "gpt", texts, n, max_tokens) for n in levels]
-        finally:
-            proc.stop()
+        for server in servers.values():
+            server.stop()
+    out: dict[str, Any] = {"prompt_tokens": cfg.prompt_tokens, "repeats": repeats}
+    for name, by_level in runs.items():
+        out[name] = [{"concurrency": n, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                      "ttft_p50_ms": statistics.median(r["ttft_p50_ms"] for r in rs),
+                      "ttft_max_ms": max(r["ttft_max_ms"] for r in rs), "runs": rs} for n, rs in by_level.items()]
     return out
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "n/a"
+
+
+def render(r: dict[str, Any]) -> list[str]:
+    """The HTTP block of docs/BENCHMARKS.md (bench/blocks.py keeps it when the rest is rewritten)."""
+    m = r.get("machine", {})
+    lines = ["## HTTP front door vs gRPC, and /v1/completions streaming vs vLLM (bench/http.py)", "",
+             f"- Command: `{r['command']}` at {r['started']}",
+             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
+             f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
+             "- One ortserve process serves both ports, so both protocols reach the same data plane and model. "
+             "Clients: grpc stubs of the task API; httpx (KServe v2 REST text mode, OpenAI embeddings).", ""]
+    for task in ("classify", "embed"):
+        over = r.get(f"overhead_{task}")
+        if not over:
+            continue
+        base = over["grpc"]["p50_ms"]
+        lines += [f"### {task}: batch 1, sequential, interleaved", "",
+                  "| protocol | p50 ms | p90 ms | p50 − gRPC p50 ms |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['p50_ms']:.2f} | {v['p90_ms']:.2f} | {v['p50_ms'] - base:+.2f} |" for k, v in over.items()]
+        thr = r[f"throughput_{task}"]
+        lines += ["", f"{thr['grpc']['clients']} client threads, each with its own connection: gRPC "
+                      f"{thr['grpc']['requests_per_s']:.0f} req/s, HTTP {thr['http_kserve']['requests_per_s']:.0f} "
+                      f"req/s (HTTP / gRPC {_ratio(thr['http_kserve']['requests_per_s'], thr['grpc']['requests_per_s'])}).",
+                  ""]
+    streams = r.get("streams")
+    if streams:
+        lines += ["### POST /v1/completions, stream=true: ortserve vs vLLM's OpenAI server", "",
+                  f"Same random GPT-2 124M checkpoint (bench/generation.py material), same `openai`-client load script "
+                  f"({streams.get('prompt_tokens', '?')}-token prompts, {r.get('stream_tokens', '?')} new tokens, greedy, "
+                  f"ignore_eos). Both servers up at once, taking turns level by level, a second apart; median of "
+                  f"{streams.get('repeats', 1)} runs.", "",
+                  "| streams | ortserve tok/s | vLLM tok/s | ortserve / vLLM | ortserve TTFT p50 ms | vLLM TTFT p50 ms |",
+                  "|---|---|---|---|---|---|"]
+        vllm = {x["concurrency"]: x for x in streams.get("vllm", [])}
+        for x in streams["ortserve"]:
+            v = vllm.get(x["concurrency"])
+            lines.append(f"| {x['concurrency']} | {x['tokens_per_s']:.1f} | "
+                         + (f"{v['tokens_per_s']:.1f} | {_ratio(x['tokens_per_s'], v['tokens_per_s'])} | "
+                            f"{x['ttft_p50_ms']:.0f} | {v['ttft_p50_ms']:.0f} |" if v else
+                            f"– | – | {x['ttft_p50_ms']:.0f} | – |"))
+        lines.append("")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,12 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-streams", action="store_true")
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "http.json")
+    ap.add_argument("--docs", type=Path, help="write the section into this report (e.g. docs/BENCHMARKS.md)")
+    ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
     a = ap.parse_args(argv)
+    if a.render_only:
+        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "http", render(json.loads(a.out.read_text())))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     report: dict[str, Any] = {"command": " ".join(["python -m bench.http", *(argv or sys.argv[1:])]),
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "machine": describe(ROOT), "stream_tokens": a.stream_tokens}
     if not a.streams_only:
         from testing.launch import ServerProcess
 
@@ -189,11 +257,15 @@ def main(argv: list[str] | None = None) -> int:
                 if task == "embed":
                     calls["http_openai"] = _http_call(server.http_url, task, model, "openai")
                 report[f"overhead_{task}"] = overhead(calls, a.requests)
+                makers = {"grpc": lambda: _grpc_call(server.address, task, model),
+                          "http_kserve": lambda: _http_call(server.http_url, task, model, "kserve")}
+                rounds: dict[str, list[dict[str, float]]] = {k: [] for k in makers}
+                for _ in range(2):   # the protocols take turns, so drift hits both alike
+                    for k, make in makers.items():
+                        rounds[k].append(throughput(make, a.clients, a.throughput_requests // 2))
                 report[f"throughput_{task}"] = {
-                    "grpc": throughput(lambda: _grpc_call(server.address, task, model), a.clients,
-                                       a.throughput_requests),
-                    "http_kserve": throughput(lambda: _http_call(server.http_url, task, model, "kserve"), a.clients,
-                                              a.throughput_requests)}
+                    k: {"requests_per_s": statistics.median(x["requests_per_s"] for x in rs), "clients": a.clients,
+                        "runs": rs} for k, rs in rounds.items()}
                 log.info("%s: %s %s", task, report[f"overhead_{task}"], report[f"throughput_{task}"])
         finally:
             server.stop()
@@ -203,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("streams: %s", report["streams"])
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    if a.docs is not None:
+        write_block(a.docs, "http", render(report))
+    print("\n".join(render(report)))
     return 0
 
 

@@ -254,10 +254,10 @@ def render(results: dict[str, dict[str, Any]], docs: Path | None, plots: Path | 
         lines += section(res)
         for p in made.get(piece, []):
             lines += [_img(p, docs, PLOT_TITLES.get(p.stem, p.stem)), ""]
-    # The generation section comes from its own run (python -m bench.generation --docs ...): keep it.
-    from .generation import existing_block
+    # Sections written by their own runs (bench.generation, bench.http: marked blocks) are kept.
+    from .blocks import existing_blocks
 
-    kept = existing_block(docs) if docs is not None else ""
+    kept = existing_blocks(docs) if docs is not None else ""
     text = "\n".join(lines).rstrip() + "\n" + (f"\n{kept}\n" if kept else "")
     if docs is not None:
         write_text(docs, text)

@@ -253,3 +253,18 @@ def test_gate_refusal_is_read_from_the_real_report_and_variant_built_outside(
     assert pkg.notes == ["int8: built with export.variants outside the parity gate (not publishable)"]
     built = pkg.variant_file("int8")
     assert built is not None and built.is_file() and not built.resolve().is_relative_to(pkg.path.resolve())
+
+
+def test_marked_blocks_are_replaced_alone_and_kept_by_the_report(tmp_path: Path) -> None:
+    from bench.blocks import existing_blocks, write_block
+
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("# Benchmarks\n\nwritten by the report\n")
+    write_block(doc, "generation:gpt2", ["## gen", "old"])
+    write_block(doc, "http", ["## http", "figures"])
+    write_block(doc, "generation:gpt2", ["## gen", "new"])
+    text = doc.read_text()
+    assert text.count("<!-- generation:gpt2:begin -->") == 1 and "old" not in text and "new" in text
+    assert text.index("## gen") < text.index("## http") and text.startswith("# Benchmarks\n\nwritten by the report")
+    assert existing_blocks(doc) == ("<!-- generation:gpt2:begin -->\n## gen\nnew\n<!-- generation:gpt2:end -->\n\n"
+                                    "<!-- http:begin -->\n## http\nfigures\n<!-- http:end -->")
