@@ -19,7 +19,7 @@ from server.errors import ServingError
 from server.model import Feeds, Loaded, ServedModel
 from server.pieces import run_in_pieces
 from server.sessions import run_failure, warm_up_encoder
-from server.tokenization import TextEncoder, pad_batch
+from server.tokenization import EncodedText, TextEncoder, pad_batch
 from server.types import (Classification, ClassifyResult, EmbedResult, FillMaskResult, LabelScore, MaskPrediction,
                           TokenCandidate)
 
@@ -158,6 +158,32 @@ class EncoderModel(ServedModel):
             raise ServingError.invalid("model", f"{self.name!r} has no mask token id")
         return found
 
+    def _predictions(self, rows: list[EncodedText], positions: list[list[int]], logits: list[np.ndarray],
+                     k: int) -> list[list[MaskPrediction]]:
+        """Each mask's k best tokens, each with the text's sequence filled with it (a worker thread: the
+        sequences of one mask are decoded in one batch)."""
+        tokenizer = self.encoder.tokenizer
+        special_ids = self.manifest.special_tokens
+        special = {v for v in special_ids.values() if isinstance(v, int)}
+        drop = {special_ids.get(n) for n in ("cls", "sep", "pad")} - {None}
+        results: list[list[MaskPrediction]] = []
+        for row, found, row_logits in zip(rows, positions, logits):
+            kept = [(p, t) for p, t in enumerate(row.ids) if t not in drop]
+            masks = []
+            for pos in found:
+                probs = softmax(row_logits[pos])
+                kk = min(k, probs.shape[-1])
+                best = np.argpartition(-probs, kk - 1)[:kk]
+                best = best[np.argsort(-probs[best], kind="stable")].tolist()
+                filled = [[token_id if p == pos else t for p, t in kept] for token_id in best]
+                sequences = tokenizer.decode_batch(filled, skip_special_tokens=False)
+                candidates = [TokenCandidate(token=tokenizer.decode([token_id], skip_special_tokens=token_id not in special),
+                                             token_id=int(token_id), score=float(probs[token_id]), sequence=sequence)
+                              for token_id, sequence in zip(best, sequences)]
+                masks.append(MaskPrediction(position=pos, candidates=candidates))
+            results.append(masks)
+        return results
+
     async def fill_mask(self, texts: list[str], top_k: int, truncate: bool,
                         deadline: float | None) -> FillMaskResult:
         if self.task != "fill-mask":
@@ -185,24 +211,7 @@ class EncoderModel(ServedModel):
         check_candidates(masks, k, limits)
         sequence_bytes = [len(tokenizer.decode(row.ids, skip_special_tokens=False).encode()) for row in rows]
         check_response_bytes(fill_mask_bytes(masks, k, sequence_bytes), limits, "top_k")
-        special_ids = self.manifest.special_tokens
-        special = {v for v in special_ids.values() if isinstance(v, int)}
-        drop = {special_ids.get(n) for n in ("cls", "sep", "pad")} - {None}
-        results: list[list[MaskPrediction]] = []
-        for row, found, logits in zip(rows, positions, await self._logits(rows, deadline)):
-            masks = []
-            for pos in found:
-                probs = softmax(logits[pos])
-                kk = min(k, probs.shape[-1])
-                best = np.argpartition(-probs, kk - 1)[:kk]
-                best = best[np.argsort(-probs[best], kind="stable")]
-                candidates = []
-                for token_id in best.tolist():
-                    filled = [token_id if p == pos else t for p, t in enumerate(row.ids) if t not in drop]
-                    candidates.append(TokenCandidate(
-                        token=tokenizer.decode([token_id], skip_special_tokens=token_id not in special),
-                        token_id=int(token_id), score=float(probs[token_id]),
-                        sequence=tokenizer.decode(filled, skip_special_tokens=False)))
-                masks.append(MaskPrediction(position=pos, candidates=candidates))
-            results.append(masks)
+        logits = await self._logits(rows, deadline)
+        # Building up to max_fill_mask_candidates filled sequences takes tens of ms: off the event loop.
+        results = await asyncio.get_running_loop().run_in_executor(None, self._predictions, rows, positions, logits, k)
         return FillMaskResult(model=self.name, version=self.version, results=results, mask_token=mask_token)

@@ -188,10 +188,19 @@ def test_fill_mask_amplification_is_refused_up_front(server: ServerProcess, task
     record_property("fill_mask_refusal_ms", {"median": round(median * 1000, 1), "max": round(max(latencies) * 1000, 1),
                                              "health_p99_ms": round(others.p99(others.health) * 1000, 1)})
     assert median < 0.1, f"refusal median {median * 1000:.0f} ms"
-    # Within the limit the same text is served: 126 masks x top_k 8 = 1008 candidates.
-    ok = task.FillMask(pb.FillMaskRequest(model=FILL_MASK, texts=[text], top_k=8, truncate=True), metadata=AUTH,
-                       timeout=30)
-    assert sum(len(m.candidates) for m in ok.results[0].masks) == 126 * 8
+    # Within the limit the same text is served (126 masks x top_k 8 = 1008 candidates) and costs the others little:
+    # the answer is built off the event loop.
+    served = []
+    with Bystander(server.address, classify=False) as others:
+        for _ in range(10):
+            started = time.perf_counter()
+            ok = task.FillMask(pb.FillMaskRequest(model=FILL_MASK, texts=[text], top_k=8, truncate=True),
+                               metadata=AUTH, timeout=30)
+            served.append(time.perf_counter() - started)
+            assert sum(len(m.candidates) for m in ok.results[0].masks) == 126 * 8
+    others.check()
+    record_property("fill_mask_at_limit_ms", {"median": round(statistics.median(served) * 1000, 1),
+                                              "health_p99_ms": round(others.p99(others.health) * 1000, 1)})
 
 
 def test_raw_infer_whose_answer_exceeds_the_message_limit_is_refused(
