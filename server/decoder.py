@@ -106,6 +106,7 @@ class DecoderModel(ServedModel):
         self.check_raw_inputs(inputs)
         self.check_deadline(deadline)
         wanted = self.wanted_outputs(outputs)
+        self.check_raw_cost(inputs, wanted)
         rows = next(iter(inputs.values())).shape[0] if next(iter(inputs.values())).ndim else 1
         started = asyncio.get_running_loop().time()
         try:

@@ -77,20 +77,11 @@ class EncoderModel(ServedModel):
             return array
         return np.pad(array, [(0, 0), (0, width - array.shape[1])] + [(0, 0)] * (array.ndim - 2))
 
-    def _axis_sizes(self, rows: int, width: int) -> dict[str, int]:
-        """Sizes of the manifest's symbolic axes for a run of `rows` rows of `width` positions."""
-        return {"batch": rows, "sequence": width, "vocab": self.manifest.vocab_size or width,
-                "labels": len(self.manifest.labels) or 1}
-
     async def infer(self, inputs: Feeds, outputs: list[str] | None, deadline: float | None) -> Feeds:
         self.check_raw_inputs(inputs)
         self.check_deadline(deadline)
         rows = next(iter(inputs.values())).shape[0]
-        limits = self.runtime.admission
-        check_rows("inputs", rows, limits)
-        width = max((a.shape[1] for a in inputs.values() if a.ndim > 1), default=1)
-        wanted_specs = [s for s in self.outputs if s.name in self.wanted_outputs(outputs)]
-        check_response_bytes(tensor_bytes(wanted_specs, self._axis_sizes(rows, width), width), limits, "outputs")
+        self.check_raw_cost(inputs, self.wanted_outputs(outputs))
         if rows == 0:  # nothing to batch: the graph answers the empty shapes itself
             try:
                 result = await asyncio.get_running_loop().run_in_executor(None, self.runner.run, inputs)
@@ -142,7 +133,7 @@ class EncoderModel(ServedModel):
         check_rows("texts", len(texts), limits)
         rows = self.encoder.encode([(t, None) for t in texts], truncate, field="texts", text_attr="")
         width = max(len(r.ids) for r in rows)
-        check_response_bytes(tensor_bytes(self.outputs, self._axis_sizes(len(rows), width), width), limits, "texts")
+        check_response_bytes(tensor_bytes(self.outputs, {"batch": len(rows), "sequence": width}, width), limits, "texts")
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
         vectors = (await self.run_batched(feeds, deadline))["embeddings"]
         pooling = self.manifest.extra.get("embedding") or {}

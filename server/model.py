@@ -17,7 +17,7 @@ from typing import AsyncIterator
 import numpy as np
 
 from modelpkg import Manifest
-from server.admission import AdmissionLimits
+from server.admission import AdmissionLimits, check_response_bytes, check_rows, tensor_bytes
 from server.batching import BatchConfig
 from server.errors import Code, ServingError
 from server.generation import GenerationConfig, GenerationParams, GenerationResult, StreamChunk
@@ -149,6 +149,22 @@ class ServedModel(ABC):
             # onnxruntime would fail inside its Gather kernel with a message naming a graph node.
             bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
             raise ServingError.invalid("inputs['input_ids']", f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+    def check_raw_cost(self, inputs: Feeds, wanted: list[str]) -> None:
+        """Admission of a raw call (server/admission.py): rows per request, and the outputs' size, estimated from
+        the manifest's symbolic axes sized by the caller's tensors, against the largest message."""
+        limits = self.runtime.admission
+        first = next(iter(inputs.values()))
+        check_rows("inputs", int(first.shape[0]) if first.ndim else 1, limits)
+        sizes = {"vocab": self.manifest.vocab_size or 1, "labels": len(self.manifest.labels) or 1}
+        for spec in self.inputs:
+            array = inputs.get(spec.name)
+            for dim, size in zip(spec.dims, array.shape if array is not None else ()):
+                if isinstance(dim, tuple) and len(dim) == 1:
+                    sizes.setdefault(dim[0], int(size))
+        widest = max([size for symbol, size in sizes.items() if symbol not in ("vocab", "labels")] or [1])
+        estimate = tensor_bytes([s for s in self.outputs if s.name in wanted], sizes, widest)
+        check_response_bytes(estimate, limits, "outputs")
 
     def wanted_outputs(self, outputs: list[str] | None) -> list[str]:
         """The graph outputs to compute: the requested ones the graph has, else all (unknown names are refused
