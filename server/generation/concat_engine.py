@@ -72,7 +72,7 @@ class ConcatEngine(GenerationEngine):
         self._active.clear()
         self._cache = None
 
-    async def _iterate(self) -> None:
+    async def _iterate(self) -> bool:
         admitted = self._admit()
         if admitted:
             self._prefilling = admitted
@@ -82,6 +82,7 @@ class ConcatEngine(GenerationEngine):
                 self._prefilling = []
         if self._active:
             await self._step()
+        return bool(admitted or self._active)
 
     def _retire(self) -> None:
         """Drop rows that are done, cancelled, or past their deadline."""

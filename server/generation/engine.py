@@ -73,6 +73,8 @@ class GenerationEngine:
         self._tokenizer = _unpadded(tokenizer)
         self._metrics = metrics
         self._label = model_label
+        # Labelled children looked up once: labels() locks and builds a key per call, and these run per token.
+        self._per_model = None if metrics is None else _ModelMetrics(metrics, model_label)
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -110,8 +112,8 @@ class GenerationEngine:
         """Drop sequences that are done, cancelled, or past their deadline."""
         raise NotImplementedError
 
-    async def _iterate(self) -> None:
-        """One iteration: admit, prefill, decode."""
+    async def _iterate(self) -> bool:
+        """One iteration: admit, prefill, decode. True when it ran the graph (awaited the worker thread)."""
         raise NotImplementedError
 
     def _clear(self) -> None:
@@ -283,6 +285,7 @@ class GenerationEngine:
         if self._wake is None:
             raise RuntimeError("generation loop started without start()")
         while True:
+            ran = False
             try:
                 self._retire()
                 if not self._has_work():
@@ -291,7 +294,7 @@ class GenerationEngine:
                     await self._wake.wait()
                     await self._settle_arrivals()
                     continue
-                await self._iterate()
+                ran = await self._iterate()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:   # a bug here must not leave consumers waiting forever
@@ -300,7 +303,11 @@ class GenerationEngine:
                     seq.fail(RuntimeError(f"generation failed: {exc}"))
                 self._clear()
             self._record_gauges()
-            await asyncio.sleep(0)   # let consumers take their chunks between steps
+            # No yield between steps: consumers take their chunks (and gRPC sends them) while the NEXT step
+            # computes, since the loop is free while it awaits the worker thread. Only an iteration that ran
+            # nothing yields here, so the loop never spins without letting others run.
+            if not ran:
+                await asyncio.sleep(0)
 
     async def _settle_arrivals(self) -> None:
         """Woken from idle: requests sent in the same instant reach the loop a few hundred microseconds apart.
@@ -350,22 +357,23 @@ class GenerationEngine:
 
     def _record_token(self, seq: Sequence) -> None:
         now = time.monotonic()
-        m = self._metrics
+        m = self._per_model
         if m is not None:
-            m.generated_tokens.labels(model=self._label).inc()
+            m.generated_tokens.inc()
             if seq.first_token_at is None:
-                m.time_to_first_token.labels(model=self._label).observe(now - seq.arrival)
+                m.time_to_first_token.observe(now - seq.arrival)
             else:
-                m.inter_token_latency.labels(model=self._label).observe(now - (seq.last_token_at or now))
+                m.inter_token_latency.observe(now - (seq.last_token_at or now))
         if seq.first_token_at is None:
             seq.first_token_at = now
         seq.last_token_at = now
 
     def _record_gauges(self) -> None:
-        if self._metrics is not None:
-            self._metrics.active_sequences.labels(model=self._label).set(self.active_sequences)
-            self._metrics.queued_requests.labels(model=self._label).set(self.waiting_requests)
-            self._metrics.tokens_in_flight.labels(model=self._label).set(sum(s.budget for s in self._sequences()))
+        m = self._per_model
+        if m is not None:
+            m.active_sequences.set(self.active_sequences)
+            m.queued_requests.set(self.waiting_requests)
+            m.tokens_in_flight.set(sum(s.budget for s in self._sequences()))
 
     def _check_logits(self, logits: np.ndarray, batch: int, what: str) -> None:
         if logits.ndim != 2 or logits.shape[0] != batch or logits.shape[1] < self.spec.vocab_size:
@@ -373,3 +381,15 @@ class GenerationEngine:
                                f"[{batch}, >= vocab_size {self.spec.vocab_size}]")
         if not np.isfinite(logits).all():
             raise RuntimeError(f"warmup {what}: logits are not finite")
+
+
+class _ModelMetrics:
+    """One model's children of the engine's metrics (server/metrics.py)."""
+
+    def __init__(self, metrics: "Metrics", label: str) -> None:
+        self.generated_tokens = metrics.generated_tokens.labels(model=label)
+        self.time_to_first_token = metrics.time_to_first_token.labels(model=label)
+        self.inter_token_latency = metrics.inter_token_latency.labels(model=label)
+        self.active_sequences = metrics.active_sequences.labels(model=label)
+        self.queued_requests = metrics.queued_requests.labels(model=label)
+        self.tokens_in_flight = metrics.tokens_in_flight.labels(model=label)

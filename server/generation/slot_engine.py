@@ -87,10 +87,10 @@ class SlotEngine(GenerationEngine):
 
     # ------------------------------------------------------------------ one iteration
 
-    async def _iterate(self) -> None:
+    async def _iterate(self) -> bool:
         plan = self._scheduler.plan()
         if plan.empty:
-            return
+            return False
         decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode]
         # Where a decode run may write a throw-away token for a slot that is not decoding: the slot's next
         # position after this iteration's chunk (overwritten by its next chunk or first decode, read by no one).
@@ -120,6 +120,7 @@ class SlotEngine(GenerationEngine):
                     self._advance(seq, row)
         self._retire()     # a sequence that just finished gives its slot back before anyone looks
         self._record_plan(plan)
+        return True
 
     def _execute(self, decode_rows: list[DecodeRow], idle: dict[int, int], calls: list[list[PrefillRow]],
                  plan: Plan) -> tuple[np.ndarray | Exception, list[np.ndarray | Exception]]:
