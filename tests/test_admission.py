@@ -174,6 +174,8 @@ def test_fill_mask_amplification_is_refused_up_front(server: ServerProcess, task
     the limit, nothing computed; health checks meanwhile as fast as before."""
     text = " ".join(["[MASK]"] * 300)
     before = rows_computed(kserve, FILL_MASK)
+    with Bystander(server.address, classify=False) as idle:  # the baseline: health checks with nothing else going on
+        wait_for(lambda: len(idle.health) >= 40, 30, "baseline health checks")
     latencies = []
     with Bystander(server.address, classify=False) as others:
         for _ in range(20):
@@ -186,7 +188,8 @@ def test_fill_mask_amplification_is_refused_up_front(server: ServerProcess, task
     assert rows_computed(kserve, FILL_MASK) == before, "rows were computed for a refused request"
     median = statistics.median(latencies)
     record_property("fill_mask_refusal_ms", {"median": round(median * 1000, 1), "max": round(max(latencies) * 1000, 1),
-                                             "health_p99_ms": round(others.p99(others.health) * 1000, 1)})
+                                             "health_p99_ms": round(others.p99(others.health) * 1000, 1),
+                                             "health_p99_idle_ms": round(idle.p99(idle.health) * 1000, 1)})
     assert median < 0.1, f"refusal median {median * 1000:.0f} ms"
     # Within the limit the same text is served (126 masks x top_k 8 = 1008 candidates) and costs the others little:
     # the answer is built off the event loop.
@@ -295,7 +298,10 @@ def test_a_big_request_shares_the_batcher(server: ServerProcess, task: pb_grpc.T
                                  "small_max_ms": round(max(during, default=0) * 1000, 1),
                                  "small_p50_ms": round(statistics.median(during) * 1000 if during else 0, 1)})
     assert len(during) >= 5, f"only {len(during)} small requests served during a {duration:.2f} s big one"
-    assert max(during) < duration / 3, f"a small request waited {max(during):.3f} s of the big one's {duration:.3f} s"
+    # Unfair (every piece queued at once) a small request waits for the whole big one: 0 served during it. The
+    # max includes the big request's tokenization, which holds the event loop (docs/RELIABILITY.md, limitations).
+    assert statistics.median(during) < duration / 4, f"small p50 {statistics.median(during):.3f} s of {duration:.3f} s"
+    assert max(during) < duration / 2, f"a small request waited {max(during):.3f} s of the big one's {duration:.3f} s"
 
 
 # ---------------------------------------------------------------------------- generation token budget
