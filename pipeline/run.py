@@ -24,10 +24,16 @@ class PipelineConfig:
     preset: str | None = None                          # None = each trainer's default (small)
     names: dict[str, str] = field(default_factory=lambda: {"classify": "genre", "fill-mask": "fill-mask",
                                                           "generate": "gpt", "embed": "minilm"})
-    classify_init: Path | None = None                  # an HF BERT dir to fine-tune instead of our MLM
+    # "minilm": fill-mask continues MLM training from the packaged MiniLM (its tokenizer) and the classifier is
+    # fine-tuned from MiniLM; "scratch": a WordPiece tokenizer and a BERT pre-trained from random weights on the
+    # corpus, the classifier fine-tuned from it (any language, e.g. Chinese: README).
+    encoder: str = "minilm"
+    minilm: Path | None = None                         # the MiniLM dir (encoder "minilm")
+    classify_init: Path | None = None                  # an HF BERT dir to fine-tune instead of the default
     embed_checkpoint: Path | None = None               # an encoder to publish as the embedding model (--embed)
     classify_data: list[Path] = field(default_factory=list)  # [train, validation, test] JSONL/CSV
     steps: dict[str, int] = field(default_factory=dict)      # per-stage step overrides (tests use tiny runs)
+    threads: int | None = None                         # torch threads per training run (None: the trainer's)
     server: ClientConfig | None = None                 # a running server to load new versions into
     # int8 is not asked for by default: on the default genre classifier its top-1 agreement with fp32 is
     # 98.9% (docs/BENCHMARKS.md), under the gate's 99%, and a refused variant refuses the whole version.
@@ -61,10 +67,13 @@ class Pipeline:
 
     def _train_args(self, stage: str) -> list[str]:
         args: list[str] = []
-        if self.cfg.preset and stage != "classify":  # a classifier takes its size from the checkpoint it starts from
+        # A classifier takes its size from the checkpoint it starts from, and so does a continued MLM.
+        if self.cfg.preset and stage != "classify" and not (stage == "mlm" and self.cfg.encoder == "minilm"):
             args += ["--preset", self.cfg.preset]
         if stage in self.cfg.steps:
             args += ["--steps", str(self.cfg.steps[stage])]
+        if self.cfg.threads is not None:
+            args += ["--threads", str(self.cfg.threads)]
         if self.cfg.quiet:
             args += ["--quiet"]
         return args
@@ -78,19 +87,30 @@ class Pipeline:
         corpus_inputs = list(cfg.corpus)
         train = [self.py, "-m", "training"]
 
-        wp = self.step("tokenizer-wordpiece",
-                       train + ["tokenizer", "--kind", "wordpiece", *self._corpus_args(),
-                                "--out", str(w / "tokenizers/wordpiece")],
-                       w / "tokenizers/wordpiece", corpus_inputs)
+        if cfg.encoder == "minilm":
+            if cfg.minilm is None:
+                raise PipelineError("encoder minilm: the MiniLM checkpoint directory is not known")
+            # MLM continued from MiniLM with its own tokenizer: no WordPiece tokenizer to train.
+            mlm = self.step("mlm",
+                            train + ["mlm", "--init", str(cfg.minilm), *self._corpus_args(), *self._train_args("mlm"),
+                                     "--out", str(w / "checkpoints/mlm")],
+                            w / "checkpoints/mlm", [cfg.minilm, *corpus_inputs])
+            default_init = cfg.minilm
+        else:
+            wp = self.step("tokenizer-wordpiece",
+                           train + ["tokenizer", "--kind", "wordpiece", *self._corpus_args(),
+                                    "--out", str(w / "tokenizers/wordpiece")],
+                           w / "tokenizers/wordpiece", corpus_inputs)
+            mlm = self.step("mlm",
+                            train + ["mlm", "--tokenizer", str(wp), *self._corpus_args(), *self._train_args("mlm"),
+                                     "--out", str(w / "checkpoints/mlm")],
+                            w / "checkpoints/mlm", [wp, *corpus_inputs])
+            default_init = mlm
         bpe = self.step("tokenizer-bpe",
                         train + ["tokenizer", "--kind", "bpe", *self._corpus_args(),
                                  "--out", str(w / "tokenizers/bpe")],
                         w / "tokenizers/bpe", corpus_inputs)
-        mlm = self.step("mlm",
-                        train + ["mlm", "--tokenizer", str(wp), *self._corpus_args(), *self._train_args("mlm"),
-                                 "--out", str(w / "checkpoints/mlm")],
-                        w / "checkpoints/mlm", [wp, *corpus_inputs])
-        init = cfg.classify_init or mlm
+        init = cfg.classify_init or default_init
         data_args: list[str] = []
         for flag, path in zip(("--train", "--validation", "--test"), cfg.classify_data):
             data_args += [flag, str(path)]

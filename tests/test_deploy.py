@@ -2,8 +2,9 @@
 the parity gate -> publish -> a running server (TLS + bearer token) loads the new version while clients keep
 calling it.
 
-Uses a user corpus (two plays cut short) and user classification data so the whole chain runs in about a
-minute on 2 cores; the default Shakespeare run is the README's main command.
+Uses a user corpus (two plays cut short), user classification data and the from-scratch encoder (`--encoder
+scratch`: WordPiece tokenizer, BERT pre-trained on the corpus) so the whole chain runs in about a minute on 2
+cores; the default run (MiniLM-based encoders, Shakespeare) is the README's main command.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def deploy(workdir: Path, repo: Path, inputs: dict[str, Path], *extra: str, module: str = "pipeline") -> dict:
     cmd = [sys.executable, "-m", module, "--workdir", str(workdir), "--repository", str(repo),
-           "--corpus", str(inputs["corpus"]), "--preset", "tiny",
+           "--corpus", str(inputs["corpus"]), "--encoder", "scratch", "--preset", "tiny",
            "--classify-data", str(inputs["train"]), str(inputs["validation"]), str(inputs["test"]),
            "--steps", "mlm=10", "--steps", "lm=10", "--quiet", *extra]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)

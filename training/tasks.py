@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +121,8 @@ class MLMConfig:
     max_length: int = 128
     eval_examples: int = 256
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+    # A pretrained encoder to continue from (its tokenizer is `tokenizer`); None: a new model from `preset`.
+    init: str | None = None
 
 
 class MLMTask:
@@ -187,6 +190,8 @@ class MLMTask:
         if resume is not None:
             model, _ = load_model(resume, kind=self.kind, **over)
             return model
+        if self.cfg.init is not None:
+            return self._from_pretrained(over)
         arch, pad = self.cfg.arch, self.tok.pad_id
         config_cls = {"bert": BertConfig, "roberta": RobertaConfig, "albert": AlbertConfig}[arch]
         preset_pos = config_cls.preset(self.cfg.preset, vocab_size=self.tok.vocab_size,
@@ -201,6 +206,27 @@ class MLMTask:
                    "roberta-mlm": RobertaForMaskedLM, "albert-mlm": AlbertForMaskedLM,
                    "albert-pretraining": AlbertForPreTraining}
         return classes[self.kind](config)
+
+    def _from_pretrained(self, over: dict[str, Any]) -> nn.Module:
+        """The --init encoder under an MLM head: its own head if it has one, else a fresh head whose decoder is
+        tied to the encoder's word embeddings and whose bias starts at the log unigram frequencies of the
+        training text (the head then starts at the frequency baseline instead of uniform)."""
+        init = self.cfg.init
+        assert init is not None
+        had_head = checkpoint_kind(init) in MLM_KINDS
+        model, config = load_model(init, kind=self.kind, **over)
+        if self.cfg.max_length > config.max_position_embeddings:
+            raise data_mod.DataError(f"max_length: {self.cfg.max_length} exceeds the model's "
+                                     f"{config.max_position_embeddings} positions")
+        if not had_head:
+            counts = torch.zeros(config.vocab_size)
+            for a, b, _ in self.train:
+                counts += torch.bincount(torch.tensor(a + (b or [])), minlength=config.vocab_size).float()
+            bias = _mlm_bias(model)
+            with torch.no_grad():
+                bias.copy_(torch.log(counts + 0.1) - torch.log(counts.sum() + 0.1 * config.vocab_size))
+            log.info("%s: fresh MLM head tied to the word embeddings, bias = log unigram frequencies", init)
+        return model
 
     def _encode(self, examples: Sequence[tuple[list[int], list[int] | None, int]]) -> Batch:
         cls, sep = self.tok.cls_id, self.tok.sep_id
@@ -283,9 +309,28 @@ class MLMTask:
     def summary(self) -> dict[str, Any]:
         return {"corpus": self.corpus_source, "train_examples": len(self.train),
                 "heldout_examples": {k: len(v) for k, v in self.held.items()}, "arch": self.cfg.arch,
-                "pair_objective": self.cfg.pair_objective, "vocab_size": self.tok.vocab_size}
+                "pair_objective": self.cfg.pair_objective, "vocab_size": self.tok.vocab_size,
+                "init": self.cfg.init}
 
     tokenizer_copy: Path  # set by the trainer: a cleaned copy of the tokenizer dir
+
+
+def _mlm_bias(model: nn.Module) -> nn.Parameter:
+    """The output bias of an MLM head (per family, HF names)."""
+    family = model.config.to_hf_dict()["model_type"]
+    return {"bert": lambda: model.cls.predictions.bias, "roberta": lambda: model.lm_head.bias,
+            "albert": lambda: model.predictions.bias, "distilbert": lambda: model.vocab_projector.bias}[family]()
+
+
+def from_scratch_mlm(init: str | Path) -> bool:
+    """True when `init` is an MLM checkpoint that `python -m training mlm` pre-trained from random weights
+    (its training_args.json has no --init): fine-tuning it takes the "scratch" recipe, anything else (MiniLM,
+    an MLM continued from it, any HF checkpoint) the "pretrained" one."""
+    try:
+        args = json.loads((Path(init) / "training_args.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(args, dict) and args.get("command") == "mlm" and not (args.get("task") or {}).get("init")
 
 
 # --------------------------------------------------------------------------- classification
@@ -628,7 +673,12 @@ class LMTask:
             ids = torch.tensor(blocks[start:start + 32], dtype=torch.long, device=device)
             nll += float(self._nll(model, ids))
             n += ids.shape[0] * (ids.shape[1] - 1)
-        return {"loss": nll / n, "perplexity": perplexity(nll, n), "tokens": n, "blocks": len(blocks)}
+        # Perplexity depends on the vocabulary; bits per character of the predicted text does not, so runs with
+        # different tokenizers compare on it.
+        chars = sum(len(t) for t in self.tok.tokenizer.decode_batch([b[1:] for b in blocks],
+                                                                    skip_special_tokens=False))
+        return {"loss": nll / n, "perplexity": perplexity(nll, n), "bits_per_char": nll / math.log(2) / max(chars, 1),
+                "tokens": n, "chars": chars, "blocks": len(blocks)}
 
     def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None:
         save_model(model, out_dir, tokenizer_files=_tokenizer_files(self.tokenizer_copy), extra_files=extra_files)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +87,25 @@ class TokenizerInfo:
         return sorted(i for i in ids if i is not None)
 
 
+# CJK ideographs, CJK punctuation (、。「」), full-width forms (，！？) and the middle dot of names (唐·李白).
+_CJK = r"[\p{Han}\x{3000}-\x{303F}\x{FF00}-\x{FFEF}\x{00B7}]"
+
+
 def build_wordpiece() -> Tokenizer:
+    """BERT's WordPiece. CJK text: the normalizer puts spaces around every CJK ideograph, so each character is
+    its own word (one token: what fill-mask predicts), as in Google's multilingual and Chinese BERTs; the decoder
+    joins the pieces with spaces as BERT's does, then removes the space between two CJK characters, so decoded
+    Chinese reads "床前明月光" rather than "床 前 明 月 光"."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
     )
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.decoder = decoders.Sequence([
+        decoders.WordPiece(prefix="##"),
+        decoders.Fuse(),  # one string, so the next step sees both sides of each space
+        decoders.Replace(Regex(f"(?<={_CJK}) (?={_CJK})"), ""),
+    ])
     return tok
 
 
