@@ -123,12 +123,14 @@ class MLMConfig:
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     # A pretrained encoder to continue from (its tokenizer is `tokenizer`); None: a new model from `preset`.
     init: str | None = None
+    init_layers: int | None = None  # keep only the bottom N layers of `init` (None: all)
 
 
 class MLMTask:
     name = "mlm"
     eval_key = "loss"
     higher_is_better = False
+    head_prefixes: tuple[str, ...] = ()  # parameters of a fresh head on a pretrained body (trained at --head-lr)
 
     def __init__(self, cfg: MLMConfig, seed: int) -> None:
         self.cfg = cfg
@@ -139,6 +141,8 @@ class MLMTask:
             raise data_mod.DataError(f"pair_objective: {cfg.arch} pre-trains with "
                                      f"{' or '.join(PAIR_OBJECTIVES[cfg.arch])}, not {cfg.pair_objective!r}")
         self.kind = f"{cfg.arch}-mlm" if cfg.pair_objective == "none" else f"{cfg.arch}-pretraining"
+        if cfg.init is not None and checkpoint_kind(cfg.init) not in MLM_KINDS:
+            self.head_prefixes = ("cls.", "lm_head.", "predictions.", "vocab_")  # a fresh head: --head-lr
         self.tok: TokenizerInfo = load_tokenizer(cfg.tokenizer)
         want = "roberta" if cfg.arch == "roberta" else "wordpiece"
         if self.tok.kind != want or self.tok.mask_id is None or self.tok.cls_id is None:
@@ -215,6 +219,15 @@ class MLMTask:
         assert init is not None
         had_head = checkpoint_kind(init) in MLM_KINDS
         model, config = load_model(init, kind=self.kind, **over)
+        n = self.cfg.init_layers
+        if n is not None and n != config.num_hidden_layers:
+            if self.cfg.arch != "bert" or not 0 < n < config.num_hidden_layers:
+                raise data_mod.DataError(f"init_layers: {n} must be below the {config.num_hidden_layers} layers of "
+                                         f"{init} (bert only)")
+            # Measured on MiniLM: its top layers were tuned for sentence embeddings, and a step costs n/L as much.
+            model.bert.encoder.layer = model.bert.encoder.layer[:n]
+            config.num_hidden_layers = n
+            log.info("%s: keeping the bottom %d encoder layers", init, n)
         if self.cfg.max_length > config.max_position_embeddings:
             raise data_mod.DataError(f"max_length: {self.cfg.max_length} exceeds the model's "
                                      f"{config.max_position_embeddings} positions")

@@ -52,6 +52,7 @@ class TrainConfig:
     steps: int = 300
     batch_size: int = 32
     lr: float = 5e-4
+    head_lr: float | None = None  # the task's fresh head (its head_prefixes) at this peak lr; None: lr
     warmup: int = 30
     schedule: str = "linear"
     weight_decay: float = 0.01
@@ -97,17 +98,19 @@ class BatchOrder:
         return self._perm[i * self.b:(i + 1) * self.b].tolist()
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no weight decay on biases and norm weights (LayerNorm, RMSNorm: every 1-D parameter)."""
-    decay, no_decay = [], []
+def param_groups(model: nn.Module, weight_decay: float, lr: float, head_prefixes: tuple[str, ...] = (),
+                 head_lr: float | None = None) -> list[dict[str, Any]]:
+    """AdamW groups: no weight decay on biases and norm weights (LayerNorm, RMSNorm: every 1-D parameter); the
+    parameters under `head_prefixes` (a fresh head on a pretrained body) at `head_lr` when one is given."""
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if name.endswith(".bias") or "LayerNorm" in name or ".ln_" in name or name.startswith("ln_") or p.ndim < 2:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        no_decay = name.endswith(".bias") or "LayerNorm" in name or ".ln_" in name or name.startswith("ln_") or p.ndim < 2
+        head = head_lr is not None and name.startswith(head_prefixes)
+        groups.setdefault((no_decay, head), []).append(p)
+    return [{"params": ps, "weight_decay": 0.0 if no_decay else weight_decay, "lr": head_lr if head else lr}
+            for (no_decay, head), ps in sorted(groups.items())]
 
 
 class LossModule(nn.Module):
@@ -185,7 +188,8 @@ class Trainer:
             raise TrainError(f"batch_size: {cfg.batch_size} is smaller than the {ctx.world_size} processes")
         resume_path, state = self._resume_state()
         model = task.build_model(resume_path, cfg.dropout).to(ctx.device)
-        opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
+        groups = param_groups(model, cfg.weight_decay, cfg.lr, getattr(task, "head_prefixes", ()), cfg.head_lr)
+        opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
         sched = make_scheduler(opt, cfg.schedule, cfg.warmup, cfg.steps)
         start = 0
         best = {"metric": None, "step": None}
