@@ -185,7 +185,7 @@ def test_classify_from_minilm_on_the_genre_data(root: Path) -> None:
     assert not set(plays["train"]) & set(plays["test"])
     assert metrics["data"]["majority_baseline_test"]["accuracy"] > 0
     args = json.loads((out / "training_args.json").read_text())
-    assert args["recipe"] == "pretrained" and args["train"]["lr"] == 3e-4  # a pretrained encoder's defaults
+    assert args["recipe"] == "pretrained" and args["train"]["lr"] == 2e-4  # a pretrained encoder's defaults
 
 
 def test_lm_run_learns_and_loads(root: Path, corpus: Path, tokenizers: dict[str, Path]) -> None:
