@@ -1,8 +1,9 @@
 """`python -m training <command>`: tokenizer | mlm | classify | lm | data.
 
-With no flags every command uses the defaults the pipeline relies on (Shakespeare corpus, `small`
-models, step counts sized for ~5-6 minutes of training in total on 2 CPU cores) and the artifacts/
-layout: artifacts/tokenizers/{wordpiece,bpe}, artifacts/checkpoints/{mlm,classifier,lm}. `--arch`
+Every command has recipe defaults (Shakespeare corpus, step counts sized for a few minutes on 2 CPU cores):
+"pretrained" when `--init` is a pretrained encoder (`--init minilm`: the packaged all-MiniLM-L6-v2, what the
+default models start from), "scratch" for `small` models from random weights; and the artifacts/ layout:
+artifacts/tokenizers/{wordpiece,bpe}, artifacts/checkpoints/{mlm,classifier,lm}. `--arch`
 selects the model family (mlm/classify: bert | roberta | albert, classify also distilbert from an HF
 checkpoint via --init; lm: gpt2 | llama); other families default to artifacts/checkpoints/<cmd>-<arch>.
 Bad input prints one `error: ...` line and exits with code 2.
