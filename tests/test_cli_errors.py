@@ -89,7 +89,7 @@ def test_export_to_a_full_disk_is_one_line_and_leaves_nothing(tiny_checkpoints, 
     assert not left, f"a failed export left files behind: {left}"
 
 
-def test_export_and_pipeline_under_a_file_are_one_line(tiny_checkpoints, tmp_path: Path) -> None:
+def test_export_pipeline_and_training_under_a_file_are_one_line(tiny_checkpoints, tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")
     export = run_cli([sys.executable, "-m", "export", str(tiny_checkpoints.classifier), "--task", "classify",
@@ -98,6 +98,11 @@ def test_export_and_pipeline_under_a_file_are_one_line(tiny_checkpoints, tmp_pat
     pipeline = run_cli([sys.executable, "-m", "pipeline", "--workdir", str(a_file / "work"),
                         "--repository", str(a_file / "repo")])
     assert "Not a directory" in one_line_error(pipeline)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the boat left the harbour at dawn\n" * 50)
+    training = run_cli([sys.executable, "-m", "training", "tokenizer", "--kind", "wordpiece", "--corpus", str(corpus),
+                        "--vocab-size", "100", "--out", str(a_file / "tok"), "--quiet"])
+    assert "Not a directory" in one_line_error(training)
 
 
 def test_server_with_an_unreadable_file_is_one_line(tmp_path: Path) -> None:

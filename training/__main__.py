@@ -372,6 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DataError, TokenizerError, CheckpointError, TrainError, CliError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # disk full, --out under a file, an unreadable corpus: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         # Config dataclasses / presets reject bad values with ValueError("field: ...").
         msg = str(exc)
