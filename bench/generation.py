@@ -56,7 +56,7 @@ class Config:
     prompt_tokens: int = 32
     new_tokens: int = 128
     repeats: int = 2
-    chunk_sizes: tuple[int, ...] = (16, 28, 40)   # 28 = the server's default
+    chunk_sizes: tuple[int, ...] = (16, 20, 28)   # 20 = the server's default
     long_prompt: int = 900
     threads: int = 2
     work: Path = ROOT / "bench" / "results" / "generation-work"
@@ -65,7 +65,7 @@ class Config:
 
     @classmethod
     def quick(cls) -> "Config":
-        return cls(concurrency=(1, 4), new_tokens=32, repeats=1, chunk_sizes=(28,), long_prompt=300)
+        return cls(concurrency=(1, 4), new_tokens=32, repeats=1, chunk_sizes=(20,), long_prompt=300)
 
 
 # ----------------------------------------------------------------------------- material

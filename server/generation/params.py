@@ -147,7 +147,7 @@ class GenerationConfig:
     max_waiting: int = 64            # admitted requests not yet prefilled
     max_tokens_in_flight: int = 65536  # sum of (prompt + max_new_tokens) over waiting and active requests
     max_prefill_tokens: int = 1024   # padded prompt tokens (rows x longest chunk) per iteration when none decodes
-    prefill_chunk_tokens: int = 28   # prompt tokens per iteration while others decode (in-place-cache models)
+    prefill_chunk_tokens: int = 20   # prompt tokens per iteration while others decode (in-place-cache models)
     arrival_window_ms: float = 5.0   # waking from idle: longest wait for simultaneous arrivals (0 = none)
 
     def __post_init__(self) -> None:
