@@ -99,6 +99,8 @@ def _labelled(cfg: ExportConfig, info: CheckpointInfo):
         if cfg.eval_data is not None:
             raise ExportError("--eval-data: labelled data applies to --task classify only")
         return None
+    if cfg.eval_data is None and not {"int8", "fp16"} & set(cfg.variants):
+        return None   # only the agreement / accuracy rules of int8 and fp16 read it: no need to parse the plays
     if cfg.eval_data is not None:
         return read_eval_data(cfg.eval_data, info.labels)
     return default_genre_split(info.labels)
