@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from clients.cli_args import add_security_args, security
 from clients.config import ClientConfig
@@ -51,24 +52,12 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") 
     server.add_argument("--server", default=None, metavar="HOST:PORT", help="address of the running server")
     add_security_args(server)
     a = p.parse_args(argv)
-    steps: dict[str, int] = {}
-    for item in a.steps:
-        stage, _, n = item.partition("=")
-        if stage not in ("mlm", "classify", "lm") or not n.isdigit():
-            p.error(f"--steps: expected STAGE=N with STAGE in mlm/classify/lm, got {item!r}")
-        steps[stage] = int(n)
+    steps = {k: int(v) for k, v in _assignments(p, "--steps", "STAGE=N", a.steps, ("mlm", "classify", "lm"),
+                                                  str.isdigit).items()}
     variants = PipelineConfig().variants
-    for item in a.variants:
-        task, _, listed = item.partition("=")
-        if task not in variants or not listed:
-            p.error(f"--variants: expected TASK=LIST with TASK in classify/fill-mask/generate, got {item!r}")
-        variants[task] = listed
+    variants.update(_assignments(p, "--variants", "TASK=LIST", a.variants, tuple(variants)))
     names = PipelineConfig().names
-    for item in a.name:
-        task, _, name = item.partition("=")
-        if task not in names or not name:
-            p.error(f"--name: expected TASK=NAME with TASK in {'/'.join(names)}, got {item!r}")
-        names[task] = name
+    names.update(_assignments(p, "--name", "TASK=NAME", a.name, tuple(names)))
     if a.threads is not None and a.threads < 1:
         p.error(f"--threads: must be >= 1, got {a.threads}")
     embed = None
@@ -111,6 +100,18 @@ def _server_config(p: argparse.ArgumentParser, a: argparse.Namespace) -> ClientC
     except ValueError as exc:
         p.error(f"--server: {exc}")
     raise AssertionError("unreachable")  # p.error exits
+
+
+def _assignments(p: argparse.ArgumentParser, flag: str, form: str, items: list[str], keys: tuple[str, ...],
+                 valid: Callable[[str], bool] = bool) -> dict[str, str]:
+    """Repeated KEY=VALUE flags -> {key: value}; a usage error naming the flag for anything else."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in keys or not valid(value):
+            p.error(f"{flag}: expected {form} with {form.split('=')[0]} in {'/'.join(keys)}, got {item!r}")
+        out[key] = value
+    return out
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m pipeline") -> int:
