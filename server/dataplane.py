@@ -170,7 +170,7 @@ class DataPlane:
 
     def model_health(self, name: str) -> bool | None:
         """Health of one model name: True when a version serves, False when not, None for an unknown name."""
-        if name not in self.repository.names:
+        if not self.repository.knows(name):
             return None
         version = self.repository.find(name)
         return version is not None and version.serving and not self.draining
@@ -266,7 +266,7 @@ class DataPlane:
 
     def task_of(self, name: str, version: int = 0) -> str:
         """The task of the version a request would reach ("" when unknown: the request itself will say why)."""
-        found = self.repository.find(name, version) if name in self.repository.names else None
+        found = self.repository.find(name, version)   # None for a name never loaded
         return found.task if found is not None else ""
 
     def model_info(self, model: str, version: int = 0) -> ModelInfo:
