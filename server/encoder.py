@@ -81,7 +81,8 @@ class EncoderModel(ServedModel):
         self.check_raw_inputs(inputs)
         self.check_deadline(deadline)
         rows = next(iter(inputs.values())).shape[0]
-        self.check_raw_cost(inputs, self.wanted_outputs(outputs))
+        wanted = self.wanted_outputs(outputs)
+        self.check_raw_cost(inputs, wanted)
         if rows == 0:  # nothing to batch: the graph answers the empty shapes itself
             try:
                 result = await asyncio.get_running_loop().run_in_executor(None, self.runner.run, inputs)
@@ -94,7 +95,6 @@ class EncoderModel(ServedModel):
             for name in self._sequence_outputs:
                 if width is not None and name in result:
                     result[name] = result[name][:, :width]
-        wanted = self.wanted_outputs(outputs)
         return {name: result[name] for name in wanted}
 
     async def _logits(self, rows: list, deadline: float | None) -> list[np.ndarray]:
