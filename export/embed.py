@@ -40,7 +40,7 @@ POOLINGS = ("mean", "cls")
 MIN_COSINE = 0.99999
 # The family's classifier kind builds the encoder with `encode()`; its (freshly initialised) head never runs.
 ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "albert": "albert-classifier",
-                 "distilbert": "distilbert-classifier"}
+                 "distilbert": "distilbert-classifier", "electra": "electra-classifier"}
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,8 @@ def load_encoder(info: CheckpointInfo) -> nn.Module:
     level = checkpoint_log.level
     checkpoint_log.setLevel(logging.ERROR)  # "newly initialised: classifier.*": that head never runs here
     try:
-        model, _ = load_model(info.path, kind=kind, num_labels=2)
+        # A classifier checkpoint keeps its own label count, so its (unused) head's shapes match the file.
+        model, _ = load_model(info.path, kind=kind, num_labels=len(info.labels) or 2)
     except CheckpointError as exc:
         raise ExportError(f"checkpoint: {exc}") from None
     except (OSError, ValueError, RuntimeError, KeyError) as exc:

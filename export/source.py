@@ -26,6 +26,8 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "AlbertForPreTraining": {"fill-mask": "albert-mlm"},
     "DistilBertForSequenceClassification": {"classify": "distilbert-classifier"},
     "DistilBertForMaskedLM": {"fill-mask": "distilbert-mlm"},
+    "ElectraForSequenceClassification": {"classify": "electra-classifier"},
+    "ElectraForMaskedLM": {"fill-mask": "electra-mlm"},  # the generator; the discriminator has no served head
     "GPT2LMHeadModel": {"generate": "gpt"},
     # Llama family: exported as the in-place graph only (rotary and grouped-query attention live in the op).
     "LlamaForCausalLM": {"generate": "llama"},
@@ -39,11 +41,11 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
 # embed (export/embed.py): any encoder checkpoint, its own encoder and pooling; no head is used.
 TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES
                                     if "generate" not in ARCHITECTURE_TASKS.get(a, {}))
-MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "gpt2", "llama", "qwen2", "mistral")
+MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "llama", "qwen2", "mistral")
 LLAMA_TYPES = ("llama", "qwen2", "mistral")
-# Encoder families whose graph takes token_type_ids. RoBERTa's tokenizer never sets them (the graph embeds
-# type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
-TOKEN_TYPE_FAMILIES = ("bert", "albert")
+# Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
+# (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
+TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")
 
 
 @dataclass(frozen=True)

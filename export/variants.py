@@ -25,15 +25,15 @@ class VariantBuild:
     notes: list[str] = field(default_factory=list)
 
 
-ENCODER_FAMILIES = ("bert", "roberta", "albert", "distilbert")
+ENCODER_FAMILIES = ("bert", "roberta", "albert", "distilbert", "electra")
 
 
 def expected_fusions(architecture: str, num_layers: int) -> dict[str, int]:
     """Fused-operator counts an eager-attention encoder must reach (model_type "bert" fusion, measured per
     family); the decoder has no requirement.
 
-    RoBERTa and DistilBERT fuse like BERT (RoBERTa's cumsum positions only keep EmbedLayerNormalization from
-    forming). ALBERT fuses Attention on L-1 of its L passes: the first pass reads the E->H projection, not a
+    RoBERTa, DistilBERT and ELECTRA fuse like BERT (RoBERTa's cumsum positions only keep EmbedLayerNormalization
+    from forming; ELECTRA's E -> H projection, unlike ALBERT's, still lets the first layer's Attention fuse). ALBERT fuses Attention on L-1 of its L passes: the first pass reads the E->H projection, not a
     LayerNorm output, and onnxruntime's attention fusion anchors on a LayerNorm. onnxruntime's GPT-2 fusion
     only matches its own past format (NOTES.md), so a missing Attention fusion on our decoder is recorded,
     not failed.

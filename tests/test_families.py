@@ -1,4 +1,4 @@
-"""RoBERTa, ALBERT, DistilBERT and Llama-family (Llama, Qwen2, Mistral) against `transformers`.
+"""RoBERTa, ALBERT, DistilBERT, ELECTRA and Llama-family (Llama, Qwen2, Mistral) against `transformers`.
 
 References are `transformers` models built from small random HF configs (no hub downloads) and saved with
 `save_pretrained`, i.e. exactly what a user brings. For every encoder family: our module equals HF (logits
@@ -31,7 +31,8 @@ transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 LABELS = ["comedy", "history", "tragedy"]
-ENCODERS = ("roberta", "albert", "distilbert")
+ENCODERS = ("roberta", "albert", "distilbert", "electra")
+TOKEN_TYPE_ENCODERS = ("albert", "electra")  # their graphs (and HF's models) take token_type_ids
 TEXTS = ["Now is the winter of our discontent", "A horse! a horse! my kingdom for a horse!", "To be"]
 
 
@@ -44,6 +45,9 @@ def _hf_config(family: str, vocab: int, pad: int, **extra: Any):
     if family == "albert":  # E != H, three passes through one shared layer
         return transformers.AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=3,
                                          num_attention_heads=2, intermediate_size=64, **small)
+    if family == "electra":  # E != H: the embeddings_project path
+        return transformers.ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, intermediate_size=64, **small)
     return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **small)
 
 
@@ -52,8 +56,9 @@ HF_CLASSES = {
     ("albert", "classify"): "AlbertForSequenceClassification", ("albert", "fill-mask"): "AlbertForMaskedLM",
     ("distilbert", "classify"): "DistilBertForSequenceClassification",
     ("distilbert", "fill-mask"): "DistilBertForMaskedLM",
+    ("electra", "classify"): "ElectraForSequenceClassification", ("electra", "fill-mask"): "ElectraForMaskedLM",
 }
-MASK_TOKEN = {"roberta": "<mask>", "albert": "[MASK]", "distilbert": "[MASK]"}
+MASK_TOKEN = {"roberta": "<mask>", "albert": "[MASK]", "distilbert": "[MASK]", "electra": "[MASK]"}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +110,7 @@ def _encode(ckpt: Path, texts: list[str], mask_word: bool = False) -> dict[str, 
 
 
 def _hf_call(hf, family: str, feeds: dict[str, torch.Tensor]):
-    if family == "albert":
+    if family in TOKEN_TYPE_ENCODERS:
         return hf(**feeds)
     return hf(input_ids=feeds["input_ids"], attention_mask=feeds["attention_mask"])  # no token types
 
@@ -122,6 +127,8 @@ def test_encoder_matches_transformers(hf_checkpoints, family: str, task: str) ->
     feeds = _encode(ckpt, TEXTS, mask_word=task == "fill-mask")
     real = feeds["attention_mask"].bool()
     assert (~real).any()  # padding is exercised
+    if family in TOKEN_TYPE_ENCODERS:  # a second segment on the real tokens past the fourth: type 1 is exercised
+        feeds["token_type_ids"] = (torch.arange(real.shape[1]) >= 4).long() * real.long()
     with torch.no_grad():
         ref_hidden = _hf_call(hf.eval(), family, feeds).last_hidden_state
         got_hidden = ours.encode(**feeds)
@@ -202,7 +209,7 @@ def test_export_gate_passes_and_manifest_declares_token_types(family_repository,
         assert max(p["variants"]["fp32"]["max_abs_diff"].values()) < 1e-4
         assert m["architecture"] == family
         names = [i["name"] for i in m["inputs"]]
-        assert names == (["input_ids", "attention_mask", "token_type_ids"] if family == "albert"
+        assert names == (["input_ids", "attention_mask", "token_type_ids"] if family in TOKEN_TYPE_ENCODERS
                          else ["input_ids", "attention_mask"])
         import onnx
         graph_inputs = [i.name for i in onnx.load(str(repo / name / "1" / "model.onnx")).graph.input]
@@ -216,13 +223,42 @@ def test_export_gate_passes_and_manifest_declares_token_types(family_repository,
     assert opt["fused_operators"]["SkipLayerNormalization"] == 2 * layers
 
 
-@pytest.mark.parametrize("name", ["roberta-fill-mask", "distilbert-classify", "albert-classify"])
+@pytest.mark.parametrize("name", ["roberta-fill-mask", "distilbert-classify", "albert-classify",
+                                  "electra-fill-mask"])
 def test_validate_reruns_the_gate_on_family_packages(family_repository, name: str) -> None:
     from export.validate import validate_package
 
     repo, _ = family_repository
     passed, table = validate_package(repo / name / "1")
     assert passed, table
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_embed_export_of_a_family_classifier_equals_transformers(hf_checkpoints, tmp_path: Path,
+                                                                 family: str) -> None:
+    """--task embed on a 3-label classifier checkpoint: its own encoder, mean-pooled, equal to transformers'."""
+    import onnxruntime
+    from conftest import one_torch_thread
+    from export import ExportConfig, export_checkpoint
+
+    ckpt = hf_checkpoints[family, "classify"]
+    with one_torch_thread():
+        r = export_checkpoint(ExportConfig(checkpoint=ckpt, task="embed", repository=tmp_path, name="emb"))
+    assert r.parity["passed"]
+    m = json.loads((r.package_dir / "model.json").read_text())
+    names = [i["name"] for i in m["inputs"]]
+    assert names == (["input_ids", "attention_mask", "token_type_ids"] if family in TOKEN_TYPE_ENCODERS
+                     else ["input_ids", "attention_mask"])
+    feeds = _encode(ckpt, TEXTS)
+    session = onnxruntime.InferenceSession(str(r.package_dir / m["variants"]["fp32"]),
+                                           providers=["CPUExecutionProvider"])
+    got = session.run(["embeddings"], {n: feeds[n].numpy() for n in names})[0]
+    hf = transformers.AutoModel.from_pretrained(ckpt).eval()
+    with torch.no_grad():
+        hidden = _hf_call(hf, family, feeds).last_hidden_state
+    mask = feeds["attention_mask"][..., None].float()
+    want = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    assert float(np.abs(got - want).max()) <= 1e-4
 
 
 def test_gate_fails_on_a_perturbed_roberta_graph(hf_checkpoints, tmp_path: Path, monkeypatch) -> None:
@@ -241,12 +277,44 @@ def test_unsupported_family_is_refused_with_its_name(tmp_path: Path) -> None:
     from export import ExportConfig, export_checkpoint
     from export.errors import ExportError
 
-    d = tmp_path / "electra"
+    # DeBERTa-v2 (disentangled relative-position attention) is a family we do not build; its config as
+    # transformers writes it.
+    d = tmp_path / "deberta"
+    cfg = transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=64).to_dict()
+    cfg["architectures"] = ["DebertaV2ForSequenceClassification"]
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "electra",
-                                               "architectures": ["ElectraForSequenceClassification"]}))
-    with pytest.raises(ExportError, match="unsupported architecture 'ElectraForSequenceClassification'"):
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ExportError, match="unsupported architecture 'DebertaV2ForSequenceClassification'") as exc:
         export_checkpoint(ExportConfig(checkpoint=d, task="classify", repository=tmp_path / "r", name="x"))
+    assert "ElectraForSequenceClassification" in str(exc.value)  # the supported list names the families we have
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_electra_without_projection_matches_transformers(tmp_path: Path) -> None:
+    """E == H (ELECTRA-base/large): HF has no embeddings_project, and neither do we (no extra key either way)."""
+    from training.checkpoint import load_model, save_model
+
+    torch.manual_seed(2)
+    hf = transformers.ElectraForSequenceClassification(transformers.ElectraConfig(
+        vocab_size=90, embedding_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=32, initializer_range=0.2, num_labels=3)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    ours, config = load_model(tmp_path / "hf")
+    assert not config.projected and ours.electra.embeddings_project is None
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 90, (3, 8), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    mask[2, 2:] = 0
+    types = (torch.arange(8) >= 3).long() * mask
+    with torch.no_grad():
+        d = (hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits - ours(ids, mask, types)).abs()
+    assert float(d.max()) <= 1e-5
+    save_model(ours, tmp_path / "ours")
+    _, info = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ours",
+                                                                            output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

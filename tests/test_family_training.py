@@ -1,4 +1,4 @@
-"""Short real runs of `python -m training ... --arch roberta|albert|distilbert|llama` on tiny models: each learns
+"""Short real runs of `python -m training ... --arch roberta|albert|distilbert|electra|llama` on tiny models: each learns
 and writes an HF-layout checkpoint that `transformers` loads back with no missing weights."""
 from __future__ import annotations
 
@@ -135,6 +135,42 @@ def test_distilbert_classify_from_hf_checkpoint(root: Path, corpus: Path, wordpi
     mask = (ids != 0).long()
     with torch.no_grad():
         assert float((model(ids, mask) - back(input_ids=ids, attention_mask=mask).logits).abs().max()) <= 1e-5
+
+
+def test_electra_classify_from_hf_checkpoint(root: Path, corpus: Path, wordpiece_tok: Path) -> None:  # noqa: F811
+    # An HF ElectraForPreTraining checkpoint (what the released ELECTRA discriminators are), saved by transformers
+    # itself, with E != H: its encoder is kept, the replaced-token head dropped, a classifier head starts fresh.
+    vocab = load_tokenizer(wordpiece_tok).vocab_size
+    hf = transformers.ElectraForPreTraining(transformers.ElectraConfig(
+        vocab_size=vocab, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=128, max_position_embeddings=128))
+    init = root / "hf-electra"
+    hf.save_pretrained(init)
+    for f in wordpiece_tok.iterdir():
+        (init / f.name).write_bytes(f.read_bytes())
+    train, val, test = _pair_files(root, corpus)
+    clf = root / "clf-electra"
+    run_cli("classify", "--arch", "electra", "--init", init, "--train", train, "--validation", val,
+            "--test", test, "--batch-size", "16", "--max-length", "64", "--steps", "20", "--lr", "1e-3",
+            "--warmup", "0", "--schedule", "constant", "--eval-every", "0", "--threads", "1", "--quiet",
+            "--out", clf)
+    assert learned(train_losses(clf))
+    model, config = load_model(clf)
+    assert type(model).__name__ == "ElectraForSequenceClassification" and config.embedding_size == 32
+    assert config.id2label == {0: "next", 1: "odd"}
+    back = hf_loads(clf, "AutoModelForSequenceClassification")
+    ids = torch.tensor([[2, 50, 60, 3, 0], [2, 70, 80, 90, 3]])
+    mask = (ids != 0).long()
+    types = torch.tensor([[0, 0, 0, 0, 0], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        got = model(ids, mask, types)
+        assert float((got - back(input_ids=ids, attention_mask=mask, token_type_ids=types).logits).abs().max()) <= 1e-5
+    # The encoder was fine-tuned from the discriminator's weights, not from a fresh init.
+    start = hf.electra.embeddings_project.weight.detach()
+    moved = float((model.electra.embeddings_project.weight.detach() - start).abs().max())
+    assert 0 < moved < float(start.abs().max())
+    r = run_cli("classify", "--arch", "electra", "--threads", "1", "--out", root / "bad-electra", check=False)
+    assert r.returncode == 2 and "--init" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_llama_lm_learns_and_loads_in_transformers(root: Path, corpus: Path) -> None:  # noqa: F811

@@ -4,8 +4,8 @@ Every command has recipe defaults (Shakespeare corpus, step counts sized for a f
 "pretrained" when `--init` is a pretrained encoder (`--init minilm`: the packaged all-MiniLM-L6-v2, what the
 default models start from), "scratch" for `small` models from random weights; and the artifacts/ layout:
 artifacts/tokenizers/{wordpiece,bpe}, artifacts/checkpoints/{mlm,classifier,lm}. `--arch`
-selects the model family (mlm/classify: bert | roberta | albert, classify also distilbert from an HF
-checkpoint via --init; lm: gpt2 | llama); other families default to artifacts/checkpoints/<cmd>-<arch>.
+selects the model family (mlm/classify: bert | roberta | albert, classify also distilbert and electra from an
+HF checkpoint via --init; lm: gpt2 | llama); other families default to artifacts/checkpoints/<cmd>-<arch>.
 Bad input prints one `error: ...` line and exits with code 2.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ DEFAULT_TOKENIZER = {"wordpiece": ARTIFACTS / "tokenizers" / "wordpiece", "bpe":
 DEFAULT_OUT = {"mlm": ARTIFACTS / "checkpoints" / "mlm", "classify": ARTIFACTS / "checkpoints" / "classifier",
                "lm": ARTIFACTS / "checkpoints" / "lm", "data": ARTIFACTS / "data" / "genre"}
 # The default (first) family of each command keeps the paths above; the others get "<path>-<arch>".
-ARCHS = {"mlm": ("bert", "roberta", "albert"), "classify": ("bert", "roberta", "albert", "distilbert"),
+ARCHS = {"mlm": ("bert", "roberta", "albert"), "classify": ("bert", "roberta", "albert", "distilbert", "electra"),
          "lm": ("gpt2", "llama")}
 # Tokenizer each family trains with by default.
 ARCH_TOKENIZER = {"bert": "wordpiece", "albert": "wordpiece", "roberta": "roberta", "gpt2": "bpe", "llama": "bpe"}
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("classify", help="fine-tune a BERT checkpoint (ours or any HF BERT dir) as a classifier")
     p.add_argument("--init", type=Path, default=None, metavar="DIR|minilm",
                    help=f"checkpoint dir, or minilm = the packaged all-MiniLM-L6-v2 (default: {DEFAULT_OUT['mlm']}, "
-                        "or its -ARCH sibling; distilbert: required)")
+                        "or its -ARCH sibling; distilbert, electra: required)")
     p.add_argument("--train", type=Path, default=None, help="JSONL/CSV with text [, text_pair], label")
     p.add_argument("--validation", type=Path, default=None)
     p.add_argument("--test", type=Path, default=None)
@@ -303,8 +303,9 @@ def cmd_classify(a: argparse.Namespace) -> int:
     from training.tasks import ClassifyConfig, ClassifyTask, from_scratch_mlm
     a.init = resolve_init(a.init)
     if a.init is None:
-        if a.arch == "distilbert":
-            raise CliError("--init: distilbert is fine-tuned from a Hugging Face DistilBERT checkpoint dir; give --init")
+        if a.arch in ("distilbert", "electra"):  # families we load, never pre-train
+            raise CliError(f"--init: {a.arch} is fine-tuned from a Hugging Face checkpoint dir of its family; "
+                           "give --init")
         a.init = default_out("mlm", a.arch)
     if not (a.init / "config.json").is_file():
         raise CliError(f"--init: {a.init}/config.json not found (train one with `python -m training mlm "

@@ -119,12 +119,17 @@ class BertConfig:
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
+    """Word + position + token type embeddings, LayerNorm, dropout.
+
+    width: the embedding size (default hidden_size); ELECTRA embeds in a smaller E and projects to H after."""
+
+    def __init__(self, config: BertConfig, width: int | None = None) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        e = width or config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, e)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, e)
+        self.LayerNorm = nn.LayerNorm(e, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Sliced like HF does, so the exported graph keeps the shape onnxruntime's EmbedLayerNorm fusion expects.
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings).unsqueeze(0),

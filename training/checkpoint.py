@@ -23,6 +23,7 @@ from training.albert import AlbertConfig, AlbertForMaskedLM, AlbertForPreTrainin
 from training.bert import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
                            BertModel)
 from training.distilbert import DistilBertConfig, DistilBertForMaskedLM, DistilBertForSequenceClassification
+from training.electra import ElectraConfig, ElectraForMaskedLM, ElectraForSequenceClassification
 from training.gpt import GPT2LMHeadModel, GPTConfig
 from training.llama import FAMILIES as LLAMA_FAMILIES
 from training.llama import LlamaConfig, LlamaForCausalLM
@@ -49,18 +50,24 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "distilbert-mlm": (DistilBertForMaskedLM, "DistilBertForMaskedLM", "distilbert"),
     "distilbert-classifier": (DistilBertForSequenceClassification, "DistilBertForSequenceClassification",
                               "distilbert"),
+    "electra-mlm": (ElectraForMaskedLM, "ElectraForMaskedLM", "electra"),
+    "electra-classifier": (ElectraForSequenceClassification, "ElectraForSequenceClassification", "electra"),
     # One class for the three Llama-family checkpoints; the architecture written follows config.model_type.
     "llama": (LlamaForCausalLM, "LlamaForCausalLM", "llama"),
 }
 # model_type -> the config dataclass and the prefix HF puts the encoder/decoder under in headed models.
 FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "roberta": RobertaConfig,
                                   "albert": AlbertConfig, "distilbert": DistilBertConfig,
+                                  "electra": ElectraConfig,
                                   **{t: LlamaConfig for t in LLAMA_FAMILIES}}
-_PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert."}
+_PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
+           "electra": "electra."}
 _ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
 # Architectures whose weights are an encoder / decoder we can start from (heads get fresh init).
 _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "roberta-mlm",
                  "AlbertModel": "albert-mlm", "DistilBertModel": "distilbert-mlm",
+                 # ELECTRA's released discriminators: the encoder is kept, the replaced-token head dropped.
+                 "ElectraModel": "electra-mlm", "ElectraForPreTraining": "electra-mlm",
                  "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama"}
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
@@ -76,6 +83,7 @@ _TIED = {
     "albert-mlm": ("predictions.decoder.weight", "predictions.decoder.bias"),
     "albert-pretraining": ("predictions.decoder.weight", "predictions.decoder.bias"),
     "distilbert-mlm": ("vocab_projector.weight",),
+    "electra-mlm": ("generator_lm_head.weight",),  # its bias is its own
 }
 # Head weights per family: may be missing from a source (fresh init) or dropped when the target lacks them.
 _HEADS = {
@@ -83,6 +91,7 @@ _HEADS = {
     "roberta": ("lm_head.", "classifier.", "roberta.pooler.", "pooler."),
     "albert": ("predictions.", "sop_classifier.", "classifier.", "albert.pooler.", "pooler."),
     "distilbert": ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier."),
+    "electra": ("generator_predictions.", "generator_lm_head.", "discriminator_predictions.", "classifier."),
 }
 # Buffers old checkpoints carry that are not parameters.
 _BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$")
@@ -130,7 +139,7 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
 
 
 _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
-                 "distilbert": "distilbert-mlm", **{t: "llama" for t in LLAMA_FAMILIES}}
+                 "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES}}
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:

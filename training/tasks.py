@@ -394,7 +394,7 @@ def plateaued_mlm(init: str | Path) -> float | None:
     return float(top1) if isinstance(top1, (int, float)) and top1 < PLATEAU_TOP1 else None
 
 
-CLASSIFIER_FAMILIES = ("bert", "roberta", "albert", "distilbert")
+CLASSIFIER_FAMILIES = ("bert", "roberta", "albert", "distilbert", "electra")
 
 
 def _encoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -402,6 +402,7 @@ def _encoder_layers(model: nn.Module) -> list[nn.Module]:
     family = model.config.to_hf_dict()["model_type"]
     enc = getattr(model, family)
     return list({"bert": lambda: enc.encoder.layer, "roberta": lambda: enc.encoder.layer,
+                 "electra": lambda: enc.encoder.layer,
                  "albert": lambda: enc.encoder.albert_layer_groups,
                  "distilbert": lambda: enc.transformer.layer}[family]())
 
@@ -410,7 +411,8 @@ def _pooler_dense(model: nn.Module) -> nn.Linear:
     """The hidden x hidden Linear the classifier head applies first."""
     family = model.config.to_hf_dict()["model_type"]
     return {"bert": lambda: model.bert.pooler.dense, "roberta": lambda: model.classifier.dense,
-            "albert": lambda: model.albert.pooler, "distilbert": lambda: model.pre_classifier}[family]()
+            "albert": lambda: model.albert.pooler, "distilbert": lambda: model.pre_classifier,
+            "electra": lambda: model.classifier.dense}[family]()
 
 
 class ClassifyTask:
