@@ -60,19 +60,45 @@ def create_session(package: Package, variant: str, config: SessionConfig, file: 
                    ) -> ort.InferenceSession:
     """The variant's graph, or `file` of the package (a decoder's mixed graph) with the same options."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = config.intra_op_threads
-    options.inter_op_num_threads = config.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Spinning keeps intra-op threads hot: a decoder's back-to-back steps gain 3-12% on dedicated cores, but on
     # shared cores the spinning threads take the CPU the event loop and other processes need (measured 1.8x
     # slower; docs/BENCHMARKS.md). Off unless asked.
     spin = config.spinning == "on" or (config.spinning == "auto" and package.manifest.task == "generate")
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin and package.manifest.task == "generate" and _shared_pool(config.intra_op_threads, config.inter_op_threads):
+        # A decoder's plain and mixed graphs run one after the other from one thread. With a pool each, the
+        # pool that ran last still spins while the other works (its first runs measured 1.5-3x slower), so
+        # the runner would have to send every call through one graph. One pool for both lets each call take
+        # the graph that suits it (server/generation/slot_runner.py).
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = config.intra_op_threads
+        options.inter_op_num_threads = config.inter_op_threads
     path = package.file(file or package.manifest.variant_file(variant))
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=list(config.providers))
     except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
         raise PackageError(f"onnxruntime cannot load {path.name}: {exc}") from None
+
+
+_global_pool: tuple[int, int] | None = None
+
+
+def _shared_pool(intra: int, inter: int) -> bool:
+    """The process-wide onnxruntime thread pool (it spins), made on first use. onnxruntime makes it once per
+    process, so a second size cannot have one: False, and that session keeps a pool of its own."""
+    global _global_pool
+    if _global_pool is None:
+        try:
+            ort.set_global_thread_pool_sizes(intra, inter)
+        except Exception as exc:   # "Global thread pools have already been created" (by another user)
+            log.warning("shared decoder thread pool unavailable (%s); decoder graphs keep a pool each", exc)
+            _global_pool = (-1, -1)
+            return False
+        _global_pool = (intra, inter)
+        log.info("shared decoder thread pool: %d intra-op threads (spinning)", intra)
+    return _global_pool == (intra, inter)
 
 
 class SessionRunner:

@@ -138,15 +138,53 @@ def test_a_request_cut_by_its_deadline_frees_its_slot(server: ServerProcess, rep
             assert [t.token_id for t in g.tokens] == _offline(repository, INPLACE, tok.encode(prompt).ids, 6)
 
 
-def test_spinning_sessions_run_everything_through_the_mixed_graph(repository: Path) -> None:
-    """With spinning threads every call goes through the one mixed session (filler rows in a scratch slot):
-    the same ids as offline greedy, a long prompt chunked beside decoding streams."""
+def test_spinning_decoder_graphs_share_one_pool(repository: Path) -> None:
+    """With spinning threads the plain and mixed graphs share the process's thread pool (so each call takes
+    the graph that suits it): the server says so, and gives the same ids as offline greedy, a long prompt
+    chunked beside decoding streams."""
     tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
     args = ["--max-sequences", "3", "--prefill-chunk-tokens", "4", "--intra-op-spinning", "on"]
     with ServerProcess(repository, args) as server, OrtserveClient(server.address, timeout=60) as client:
         with ThreadPoolExecutor(3) as pool:
             got = list(pool.map(lambda i: client.generate(PROMPTS[i], INPLACE, max_new_tokens=NEW_TOKENS[i],
                                                           ignore_eos=True), (0, 3, 5)))
+        log = server.output(last=400)
+    assert "shared decoder thread pool" in log
     for i, g in zip((0, 3, 5), got):
         want = _offline(repository, INPLACE, tok.encode(PROMPTS[i]).ids, NEW_TOKENS[i])
         assert [t.token_id for t in g.tokens] == want
+
+
+def test_spinning_graphs_with_a_pool_each_run_everything_through_the_mixed_graph(repository: Path) -> None:
+    """The fallback when the shared pool cannot be had: two spinning sessions with a pool each send every
+    call through the mixed graph (the idle group filled by a throw-away row in the scratch slot). Greedy ids of
+    two rows, one prefilled in chunks while the other decodes, equal offline greedy."""
+    from server.generation.slot_runner import DecodeRow, PrefillRow, SlotRunner
+    from server.generation.spec import DecoderSpec
+
+    pkg = repository / INPLACE / "1"
+    manifest = json.loads((pkg / "model.json").read_text())
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    plain = ort.InferenceSession(str(pkg / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    mixed = ort.InferenceSession(str(pkg / manifest["cache"]["mixed_graph"]), options, providers=["CPUExecutionProvider"])
+    runner = SlotRunner(plain, DecoderSpec.from_package(manifest, plain), 2, mixed)
+    assert runner.mixed_only
+    tok = Tokenizer.from_file(str(pkg / "tokenizer.json"))
+    a, b = tok.encode(PROMPTS[0]).ids, tok.encode(PROMPTS[1]).ids
+    got_a = [int(runner.prefill([PrefillRow(0, a, 0)], first_prompt=True)[0].argmax())]
+    for n in range(3):            # slot 0 decodes while slot 1's prompt goes in 4-token chunks
+        got_a.append(int(runner.decode([DecodeRow(0, got_a[-1], len(a) + n)], {})[0].argmax()))
+    got_b = []
+    for start in range(0, len(b), 4):
+        logits = runner.prefill([PrefillRow(1, b[start:start + 4], start)], first_prompt=start == 0)
+        got_a.append(int(runner.decode([DecodeRow(0, got_a[-1], len(a) + len(got_a) - 1)], {1: start + 4})[0].argmax()))
+    got_b.append(int(logits[0].argmax()))
+    for _ in range(4):
+        rows = [DecodeRow(0, got_a[-1], len(a) + len(got_a) - 1), DecodeRow(1, got_b[-1], len(b) + len(got_b) - 1)]
+        la, lb = runner.decode(rows, {})
+        got_a.append(int(la.argmax()))
+        got_b.append(int(lb.argmax()))
+    assert got_a == _offline(repository, INPLACE, a, len(got_a))
+    assert got_b == _offline(repository, INPLACE, b, len(got_b))

@@ -12,10 +12,12 @@ that are not decoding get a throw-away token written where their owner will writ
 
 With the package's mixed graph (two groups of rows sharing every weight multiplication), a decode step and a
 prompt chunk of the same iteration are one run. Alone, each runs on the plain graph — it has fewer nodes, and
-with threads that sleep between ops every node costs a wake-up: measured 14% faster at batch 8. Except when
-the sessions spin: two sessions have two thread pools, and right after a run of one, its threads still spin
-while the other's first runs were measured 1.5-3x slower; then every call goes through the mixed session, the
-idle group filled by a one-token throw-away row in a scratch slot (one slot past the last real one).
+with threads that sleep between ops every node costs a wake-up: measured 14% faster at batch 8. Spinning
+sessions share the process's one thread pool (server/sessions.py), so the same holds for them. Only when two
+spinning sessions have a pool each (the shared pool was taken at another size) does every call go through the
+mixed session: right after a run of one, its threads still spin while the other's first runs were measured
+1.5-3x slower. The idle group is then filled by a one-token throw-away row in a scratch slot (one slot past
+the last real one).
 
 Synchronous on purpose: the engine runs these in its own thread (onnxruntime releases the GIL).
 """
@@ -53,7 +55,7 @@ class SlotRunner:
         self.spec = spec
         self.num_slots = num_slots
         self.scratch = num_slots          # the throw-away slot of the mixed graph's filler rows
-        self.mixed_only = mixed is not None and _spins(mixed)
+        self.mixed_only = mixed is not None and _spins(mixed) and _own_pool(mixed)
         shape = (num_slots + (1 if mixed is not None else 0), spec.num_kv_heads, spec.max_length, spec.head_dim)
         # np.ones then zero: every page is touched now, not during the first steps that reach it.
         self.buffers: dict[str, np.ndarray] = {}
@@ -186,3 +188,8 @@ def _spins(session: ort.InferenceSession) -> bool:
     except RuntimeError:    # unset
         return True
     return value != "0"
+
+
+def _own_pool(session: ort.InferenceSession) -> bool:
+    """Whether the session has threads of its own (False: it shares the process's pool with the plain graph)."""
+    return session.get_session_options().use_per_session_threads
