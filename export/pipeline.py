@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 # Test hook: perturb one weight of the named variant's graph after it is built, so a test can prove the gate
 # refuses to publish. Never set in production.
 PERTURB_ENV = "ORTSERVE_EXPORT_PERTURB"
+# onnxruntime's CPU GroupQueryAttention kernel refuses other head sizes ("head_size shall be a multiple of 16").
+GQA_HEAD_DIM_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,11 @@ def export_checkpoint(cfg: ExportConfig) -> ExportResult:
         return export_embedding(cfg)
     validate_config(cfg)
     info = inspect_checkpoint(cfg.checkpoint, cfg.task)
+    if cfg.task == "generate" and cfg.cache_layout == "inplace" and info.head_dim % GQA_HEAD_DIM_MULTIPLE:
+        # Found out up front: onnxruntime would only say so from inside the gate's first run.
+        other = " (or export it with --cache-layout concat)" if info.model_type not in LLAMA_TYPES else ""
+        raise ExportError(f"checkpoint: head_dim {info.head_dim} is not a multiple of {GQA_HEAD_DIM_MULTIPLE}, which "
+                          f"onnxruntime's GroupQueryAttention (the in-place cache) requires{other}")
     repo = Path(cfg.repository)
     if repo.exists() and not repo.is_dir():
         raise ExportError(f"--repository: {repo} is not a directory")

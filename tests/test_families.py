@@ -541,3 +541,65 @@ def test_mistral_sliding_window_at_context_length_is_not_active(tmp_path: Path) 
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     model, config = load_model(tmp_path)
     assert config.model_type == "mistral"
+
+
+# ----------------------------------------------------------------------------- decoder export through the gate
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    from conftest import _corpus
+    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(_corpus(), TokenizerConfig(kind="bpe", vocab_size=300, min_frequency=1))
+    return save_tokenizer(tok, tmp_path_factory.mktemp("bpe") / "tok", "bpe", 62), tok.get_vocab_size()
+
+
+def _decoder_checkpoint(bpe_tokenizer: tuple[Path, int], kind: str, dest: Path, **extra: Any) -> Path:
+    tok_dir, vocab = bpe_tokenizer
+    # head_dim 16: onnxruntime's GroupQueryAttention takes multiples of 16 only.
+    sizes = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96)
+    _hf_decoder(kind, **{**sizes, **extra}).save_pretrained(dest)
+    for f in tok_dir.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def test_mistral_package_passes_the_gate_with_grouped_query_cache(bpe_tokenizer, tmp_path: Path) -> None:
+    """Mistral (sliding window off) exports like Llama: in-place graph, kv_heads < heads, every gate check run."""
+    from conftest import one_torch_thread
+    from export import ExportConfig, export_checkpoint
+
+    ckpt = _decoder_checkpoint(bpe_tokenizer, "mistral", tmp_path / "mistral")
+    with one_torch_thread():
+        r = export_checkpoint(ExportConfig(checkpoint=ckpt, task="generate", repository=tmp_path / "repo",
+                                           name="mistral"))
+    m = json.loads((r.package_dir / "model.json").read_text())
+    assert m["architecture"] == "mistral" and m["cache"]["layout"] == "inplace"
+    assert (m["cache"]["num_heads"], m["cache"]["num_kv_heads"]) == (4, 2)
+    checks = r.parity["variants"]["fp32"]["checks"]
+    assert r.parity["passed"] and len(checks) >= 4 and all(c["passed"] for c in checks)
+
+
+def test_gate_fails_on_a_perturbed_llama_graph(bpe_tokenizer, tmp_path: Path, monkeypatch) -> None:
+    from conftest import one_torch_thread
+    from export import ExportConfig, export_checkpoint
+    from export.errors import ParityFailure
+
+    ckpt = _decoder_checkpoint(bpe_tokenizer, "llama", tmp_path / "llama", tie_word_embeddings=False)
+    monkeypatch.setenv("ORTSERVE_EXPORT_PERTURB", "fp32")
+    with pytest.raises(ParityFailure) as exc, one_torch_thread():
+        export_checkpoint(ExportConfig(checkpoint=ckpt, task="generate", repository=tmp_path / "repo", name="bad"))
+    assert "FAIL" in str(exc.value)
+    assert not (tmp_path / "repo" / "bad" / "1").exists()
+
+
+def test_head_dim_the_inplace_graph_cannot_take_is_refused_up_front(bpe_tokenizer, tmp_path: Path) -> None:
+    from export import ExportConfig, export_checkpoint
+    from export.errors import ExportError
+
+    ckpt = _decoder_checkpoint(bpe_tokenizer, "llama", tmp_path / "llama", hidden_size=32)  # head_dim 8
+    with pytest.raises(ExportError, match="head_dim 8 is not a multiple of 16") as exc:
+        export_checkpoint(ExportConfig(checkpoint=ckpt, task="generate", repository=tmp_path / "repo", name="x"))
+    assert "\n" not in str(exc.value) and "concat" not in str(exc.value)  # Llama has no concat graph to offer
+    assert not (tmp_path / "repo" / "x").exists()
