@@ -228,8 +228,9 @@ def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagg
 
 
 def start_ortserve(repo: Path, cfg: Config, chunk: int | None = None, slots: int = 32,
-                   spinning: str = "auto") -> ServerProcess:
-    """The server with its defaults except: 2 threads, 32 slots (the peers' --max-num-seqs), no polling."""
+                   spinning: str = "on") -> ServerProcess:
+    """The server with its defaults except: 2 threads, 32 slots (the peers' --max-num-seqs), no polling, and
+    spinning threads (one shared pool) as for a dedicated machine, like the peers' threads."""
     extra = ["--prefill-chunk-tokens", str(chunk)] if chunk is not None else []
     return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
                                 "--max-sequences", str(slots), "--poll-interval", "0",

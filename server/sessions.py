@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
@@ -66,11 +67,7 @@ def create_session(package: Package, variant: str, config: SessionConfig, file: 
     # slower; docs/BENCHMARKS.md). Off unless asked.
     spin = config.spinning == "on" or (config.spinning == "auto" and package.manifest.task == "generate")
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    if spin and package.manifest.task == "generate" and _shared_pool(config.intra_op_threads, config.inter_op_threads):
-        # A decoder's plain and mixed graphs run one after the other from one thread. With a pool each, the
-        # pool that ran last still spins while the other works (its first runs measured 1.5-3x slower), so
-        # the runner would have to send every call through one graph. One pool for both lets each call take
-        # the graph that suits it (server/generation/slot_runner.py).
+    if _in_shared_pool(config):
         options.use_per_session_threads = False
     else:
         options.intra_op_num_threads = config.intra_op_threads
@@ -82,23 +79,29 @@ def create_session(package: Package, variant: str, config: SessionConfig, file: 
         raise PackageError(f"onnxruntime cannot load {path.name}: {exc}") from None
 
 
+_pool_lock = threading.Lock()
 _global_pool: tuple[int, int] | None = None
 
 
-def _shared_pool(intra: int, inter: int) -> bool:
-    """The process-wide onnxruntime thread pool (it spins), made on first use. onnxruntime makes it once per
-    process, so a second size cannot have one: False, and that session keeps a pool of its own."""
+def _in_shared_pool(config: SessionConfig) -> bool:
+    """Whether a new session runs on the process's one shared (spinning) thread pool.
+
+    It is made when spinning is "on": every graph spins then anyway, and a decoder's plain and mixed graphs,
+    run one after the other from one thread, would otherwise each keep a pool whose threads still spin while
+    the other graph works (its first runs measured 1.5-3x slower), so the runner would have to send every call
+    through the mixed graph (server/generation/slot_runner.py). onnxruntime makes such a pool once per process
+    and then takes no session with a pool of its own, so once it exists every session joins it."""
     global _global_pool
-    if _global_pool is None:
-        try:
-            ort.set_global_thread_pool_sizes(intra, inter)
-        except Exception as exc:   # "Global thread pools have already been created" (by another user)
-            log.warning("shared decoder thread pool unavailable (%s); decoder graphs keep a pool each", exc)
-            _global_pool = (-1, -1)
-            return False
-        _global_pool = (intra, inter)
-        log.info("shared decoder thread pool: %d intra-op threads (spinning)", intra)
-    return _global_pool == (intra, inter)
+    with _pool_lock:     # models load in parallel threads
+        if _global_pool is None and config.spinning == "on":
+            try:
+                ort.set_global_thread_pool_sizes(config.intra_op_threads, config.inter_op_threads)
+                _global_pool = (config.intra_op_threads, config.inter_op_threads)
+                log.info("one shared onnxruntime thread pool: %d intra-op threads, spinning", config.intra_op_threads)
+            except Exception as exc:   # made earlier in this process by someone else: join it all the same
+                log.warning("onnxruntime's shared thread pool already exists (%s); joining it", exc)
+                _global_pool = (-1, -1)
+        return _global_pool is not None
 
 
 class SessionRunner:

@@ -149,14 +149,14 @@ def test_spinning_decoder_graphs_share_one_pool(repository: Path) -> None:
             got = list(pool.map(lambda i: client.generate(PROMPTS[i], INPLACE, max_new_tokens=NEW_TOKENS[i],
                                                           ignore_eos=True), (0, 3, 5)))
         log = server.output(last=400)
-    assert "shared decoder thread pool" in log
+    assert "one shared onnxruntime thread pool" in log
     for i, g in zip((0, 3, 5), got):
         want = _offline(repository, INPLACE, tok.encode(PROMPTS[i]).ids, NEW_TOKENS[i])
         assert [t.token_id for t in g.tokens] == want
 
 
 def test_spinning_graphs_with_a_pool_each_run_everything_through_the_mixed_graph(repository: Path) -> None:
-    """The fallback when the shared pool cannot be had: two spinning sessions with a pool each send every
+    """Spinning sessions with a pool each (the server's "auto": decoders spin, encoders do not) send every
     call through the mixed graph (the idle group filled by a throw-away row in the scratch slot). Greedy ids of
     two rows, one prefilled in chunks while the other decodes, equal offline greedy."""
     from server.generation.slot_runner import DecodeRow, PrefillRow, SlotRunner

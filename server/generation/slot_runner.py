@@ -12,12 +12,11 @@ that are not decoding get a throw-away token written where their owner will writ
 
 With the package's mixed graph (two groups of rows sharing every weight multiplication), a decode step and a
 prompt chunk of the same iteration are one run. Alone, each runs on the plain graph — it has fewer nodes, and
-with threads that sleep between ops every node costs a wake-up: measured 14% faster at batch 8. Spinning
-sessions share the process's one thread pool (server/sessions.py), so the same holds for them. Only when two
-spinning sessions have a pool each (the shared pool was taken at another size) does every call go through the
-mixed session: right after a run of one, its threads still spin while the other's first runs were measured
-1.5-3x slower. The idle group is then filled by a one-token throw-away row in a scratch slot (one slot past
-the last real one).
+with threads that sleep between ops every node costs a wake-up: measured 14% faster at batch 8. The same holds
+when the sessions spin on the process's one shared pool (spinning "on", server/sessions.py). Only when two
+spinning sessions have a pool each (spinning "auto") does every call go through the mixed session: right after
+a run of one, its threads still spin while the other's first runs were measured 1.5-3x slower. The idle group
+is then filled by a one-token throw-away row in a scratch slot (one slot past the last real one).
 
 Synchronous on purpose: the engine runs these in its own thread (onnxruntime releases the GIL).
 """
