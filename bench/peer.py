@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import statistics
 import subprocess
 import threading
 import time
@@ -98,8 +100,34 @@ def infer_inputs(feeds: dict[str, np.ndarray]) -> list[Any]:
     return out
 
 
-def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: int) -> dict[str, Any]:
-    """`clients` threads, each with its own tritonclient, sending `per_client` requests back to back."""
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) of a live process and all its descendants (a server and any workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, cpu = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:     # gone meanwhile
+            continue
+        pid = int(entry)    # fields after the name: state ppid ... utime (11) stime (12)
+        parent[pid], cpu[pid] = int(fields[1]), int(fields[11]) + int(fields[12])
+    total = 0
+    for pid in cpu:
+        p = pid
+        while p > 1 and p != root:
+            p = parent.get(p, 0)
+        if p == root:
+            total += cpu[pid]
+    return total / tick
+
+
+def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: int,
+          server_pid: int | None = None) -> dict[str, Any]:
+    """`clients` threads, each with its own tritonclient, sending `per_client` requests back to back.
+
+    With server_pid, the CPU time the run took in the server (and its children) and in this (client) process."""
     import tritonclient.grpc as tc
 
     conns = [tc.InferenceServerClient(address) for _ in range(clients)]
@@ -122,17 +150,24 @@ def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
+    cpu0 = (os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0)
     barrier.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    mine, server_cpu = os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0
     for c in conns:
         c.close()
     if errors:
         raise PeerError(f"{address}: request failed: {str(errors[0]).splitlines()[0]}")
     flat = [x for lat in latencies for x in lat]
-    return {"seconds": wall, "requests": len(flat), "latencies": flat}
+    out: dict[str, Any] = {"seconds": wall, "requests": len(flat), "latencies": flat}
+    if server_pid:
+        client_cpu = (mine.user + mine.system) - (cpu0[0].user + cpu0[0].system)
+        out["cpu_ms_per_request"] = {"client": 1e3 * client_cpu / len(flat),
+                                     "server": 1e3 * (server_cpu - cpu0[1]) / len(flat)}
+    return out
 
 
 def logits(address: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -173,6 +208,7 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
         ortserve.stop()
         raise
     servers = {"ortserve": ortserve.address, "mlserver": peer.address}
+    pids = {"ortserve": ortserve.proc.pid, "mlserver": peer.proc.pid}
     try:
         check = {k: logits(a, feeds[max(cfg.batches)]) for k, a in servers.items()}
         max_diff = float(np.abs(check["ortserve"] - check["mlserver"]).max())
@@ -186,7 +222,7 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
                 before = batch_runs(ortserve.address)
                 for _ in range(cfg.repeats):
                     for k, a in servers.items():
-                        runs[k].append(drive(a, feeds[batch], clients, per_client))
+                        runs[k].append(drive(a, feeds[batch], clients, per_client, pids[k]))
                 after = batch_runs(ortserve.address)
                 cell: dict[str, Any] = {"clients": clients, "batch": batch}
                 thr = {}
@@ -196,7 +232,9 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
                     cell[k] = {"requests_per_s": thr[k].as_json(),
                                "rows_per_s": thr[k].scaled(batch).as_json(),
                                "p50_ms": percentile(lat, 50) * 1e3, "p95_ms": percentile(lat, 95) * 1e3,
-                               "requests": len(lat)}
+                               "requests": len(lat),
+                               "cpu_ms_per_request": {side: statistics.median(r["cpu_ms_per_request"][side] for r in rs)
+                                                      for side in ("client", "server")}}
                 # Rows per onnxruntime run inside ortserve during this cell (the dynamic batcher's work).
                 cell["ortserve"]["runs_by_rows"] = {str(rows): after[rows] - before.get(rows, 0) for rows in
                                                     sorted(after) if after[rows] > before.get(rows, 0)}

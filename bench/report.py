@@ -214,10 +214,16 @@ def peer_section(res: dict[str, Any]) -> list[str]:
     rows = []
     for c in res["cells"]:
         for k in ("ortserve", "mlserver"):
+            cpu = c[k].get("cpu_ms_per_request")
             rows.append([str(c["clients"]), str(c["batch"]), k, fmt(c[k]["requests_per_s"]), fmt(c[k]["rows_per_s"]),
                          f"{c[k]['p50_ms']:.2f}", f"{c[k]['p95_ms']:.2f}",
+                         f"{cpu['server']:.2f} / {cpu['client']:.2f}" if cpu else "-",
                          fmt(c["throughput_ratio_ortserve_vs_mlserver"], 2) if k == "ortserve" else ""])
-    lines += table(["clients", "batch", "server", "requests/s", "rows/s", "p50 ms", "p95 ms", "ortserve / MLServer"], rows)
+    lines += table(["clients", "batch", "server", "requests/s", "rows/s", "p50 ms", "p95 ms",
+                    "CPU ms per request: server / client", "ortserve / MLServer"], rows)
+    lines += ["", "CPU per request: user + system time of the server process (with any children) and of the load generator "
+              "(this process, its tritonclient threads) over the timed runs, divided by the requests; on 2 cores "
+              "a rate of R requests/s leaves 2000 / R ms of CPU per request for the two together.", ""]
     lines += py_profile_lines("ortserve under cProfile, 1 client, batch-1 ModelInfer (untimed run)",
                               res.get("ortserve_kserve_batch1_profile"))
     return lines
