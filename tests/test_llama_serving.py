@@ -1,6 +1,6 @@
 """Llama-family decoders end to end: a checkpoint saved by `transformers` → `python -m export` (in-place graph,
 grouped-query attention with rotary inside the op, through the parity gate) → a real server → Generate greedy
-equal to `transformers`' own generate on the same prompt ids."""
+equal to `transformers`' own generate on the same prompt ids, for Llama, Qwen2 and Mistral."""
 from __future__ import annotations
 
 import json
@@ -22,6 +22,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 PROMPTS = ["ROMEO. What light through yonder window breaks", "To be", "Once more unto the breach, dear friends"]
 NEW = 12
+KINDS = ("llama", "qwen2", "mistral")
 
 
 def _hf(kind: str, vocab: int, eot: int):
@@ -30,6 +31,9 @@ def _hf(kind: str, vocab: int, eot: int):
                  eos_token_id=eot, rope_theta=10000.0)
     if kind == "qwen2":
         cfg, cls = transformers.Qwen2Config(tie_word_embeddings=True, **sizes), transformers.Qwen2ForCausalLM
+    elif kind == "mistral":   # its sliding window at the context length: not active (training/llama.py)
+        cfg, cls = (transformers.MistralConfig(tie_word_embeddings=False, sliding_window=128, **sizes),
+                    transformers.MistralForCausalLM)
     else:
         cfg, cls = transformers.LlamaConfig(tie_word_embeddings=False, **sizes), transformers.LlamaForCausalLM
     cfg._attn_implementation = "eager"
@@ -44,7 +48,7 @@ def served(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory):
     tok = Tokenizer.from_file(str(tiny_checkpoints.gpt / "tokenizer.json"))
     eot = tok.token_to_id("<|endoftext|>")
     models = {}
-    for kind in ("llama", "qwen2"):
+    for kind in KINDS:
         hf = _hf(kind, tok.get_vocab_size(), eot)
         ckpt = root / kind
         hf.save_pretrained(ckpt)
@@ -59,7 +63,7 @@ def served(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory):
         yield server, root / "repo", models, tok
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_package_is_inplace_with_grouped_query_attention(served, kind: str) -> None:
     _, repo, _, _ = served
     manifest = json.loads((repo / kind / "1" / "model.json").read_text())
@@ -70,7 +74,7 @@ def test_package_is_inplace_with_grouped_query_attention(served, kind: str) -> N
     assert checks and all(c["passed"] for c in checks)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_served_greedy_equals_transformers_generate(served, kind: str) -> None:
     server, _, models, tok = served
     hf = models[kind]
