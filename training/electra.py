@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.bert import BertConfig, BertEmbeddings, BertEncoder, init_weights
+from training.roberta import RobertaClassificationHead
 
 
 @dataclass
@@ -79,18 +80,10 @@ class ElectraModel(nn.Module):
         return self.encoder(hidden, additive)
 
 
-class ElectraClassificationHead(nn.Module):
-    """On the first token: dropout -> dense -> GELU (exact) -> dropout -> out_proj."""
+class ElectraClassificationHead(RobertaClassificationHead):
+    """RoBERTa's head (dense, activation, out_proj on the first token) with GELU (exact) for tanh."""
 
-    def __init__(self, config: ElectraConfig) -> None:
-        super().__init__()
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(p)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-
-    def forward(self, vec: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.dropout(F.gelu(self.dense(self.dropout(vec)))))
+    activation = staticmethod(F.gelu)
 
 
 class ElectraForSequenceClassification(nn.Module):

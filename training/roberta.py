@@ -146,6 +146,8 @@ class RobertaForMaskedLM(nn.Module):
 class RobertaClassificationHead(nn.Module):
     """On the <s> vector: dropout -> dense -> tanh -> dropout -> out_proj (RoBERTa has no pooler)."""
 
+    activation = staticmethod(torch.tanh)
+
     def __init__(self, config: RobertaConfig) -> None:
         super().__init__()
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
@@ -154,7 +156,7 @@ class RobertaClassificationHead(nn.Module):
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, vec: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(vec)))))
+        return self.out_proj(self.dropout(self.activation(self.dense(self.dropout(vec)))))
 
 
 class RobertaForSequenceClassification(nn.Module):
