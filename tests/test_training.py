@@ -208,3 +208,30 @@ def test_bad_tokenizer_and_settings_exit_2(root: Path, tokenizers: dict[str, Pat
                 "--out", root / "bad2", check=False)
     assert r.returncode == 2 and "steps:" in r.stderr and "Traceback" not in r.stderr
     assert not (root / "bad1").exists() and not (root / "bad2").exists()
+
+
+def test_corpus_softmax_scores_the_training_token_types_and_held_out_masking_stays_at_15(
+        corpus: Path, tokenizers: dict[str, Path]) -> None:
+    from training.masking import IGNORE_INDEX, MaskingConfig
+    from training.tasks import MLMConfig, MLMTask
+    texts = [str(p) for p in sorted(corpus.glob("*.txt"))]
+    cfg = dict(tokenizer=str(tokenizers["wordpiece"]), corpus=texts, preset="tiny", max_length=64, eval_examples=16)
+    full = MLMTask(MLMConfig(**cfg), seed=0)
+    task = MLMTask(MLMConfig(**cfg, softmax="corpus", masking=MaskingConfig(mlm_probability=0.4)), seed=0)
+    assert task.softmax_ids is not None and len(task.softmax_ids) < task.tok.vocab_size
+    seen = {t for a, b, _ in task.train for t in a + (b or [])}
+    assert set(task.softmax_ids.tolist()) == seen
+    torch.manual_seed(0)
+    model = task.build_model(None, 0.0).eval()
+    batch = task.make_batch(range(8), seed=1)
+    with torch.no_grad():
+        sub, _ = task._corpus_logits(model, batch)
+        whole, _ = task._masked_logits(model, batch)
+    targets = batch["labels"][batch["labels"] != IGNORE_INDEX]
+    # The restricted logits are the full ones at the training text's ids, the targets among them.
+    assert torch.allclose(sub, whole[:, task.softmax_ids], atol=1e-5)
+    assert torch.equal(task.softmax_ids[task.softmax_index[targets]], targets)
+    assert (batch["labels"] != IGNORE_INDEX).float().mean() > 0.3  # trained at 40%...
+    # ... scored on the same masked positions as a 15% run.
+    assert task.evaluate(model, "test", torch.device("cpu"))["masked_tokens"] == \
+        full.evaluate(model, "test", torch.device("cpu"))["masked_tokens"]
