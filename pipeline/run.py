@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clients.config import ClientConfig
+from training import recipes
+from training.recipes import TRAIN_DEFAULTS
 
 from .errors import PipelineError
 from .publish import publish
@@ -53,7 +55,9 @@ class Pipeline:
         self.published: dict[str, int] = {}
 
     def step(self, name: str, cmd: list[str], out: Path, inputs: list[Path]) -> Path:
-        key = step_key(cmd, inputs)
+        # A training step also depends on its command's recipe (the settings not on its command line).
+        command = cmd[3] if len(cmd) > 3 and cmd[1:3] == ["-m", "training"] and cmd[3] in TRAIN_DEFAULTS else None
+        key = step_key(cmd, inputs, recipes.digest(command) if command else "")
         if up_to_date(out, key):
             log.info("%s: up to date (%s)", name, out)
             self.skipped.append(name)

@@ -31,8 +31,11 @@ def digest_path(path: Path) -> str:
     return h.hexdigest()
 
 
-def step_key(cmd: list[str], inputs: list[Path]) -> str:
+def step_key(cmd: list[str], inputs: list[Path], salt: str = "") -> str:
+    """salt: what else the output depends on (a training step: its command's recipe digest)."""
     h = hashlib.sha256(json.dumps(cmd).encode())
+    if salt:
+        h.update(salt.encode())
     for p in inputs:
         h.update(digest_path(p).encode() if p.exists() else b"missing")
     return h.hexdigest()

