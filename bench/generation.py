@@ -478,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the section into this report (e.g. docs/BENCHMARKS.md); also `--render-only`")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
     ap.add_argument("--merge", action="store_true", help="keep the pieces already in --out (re-measure only --pieces)")
+    ap.add_argument("--repeats", type=int, default=None, help=f"runs per cell and side (default {Config.repeats})")
     ap.add_argument("--chunk-sizes", default=None, help="arrival piece: comma list of --prefill-chunk-tokens to try "
                                                         f"(default {','.join(map(str, Config.chunk_sizes))})")
     a = ap.parse_args(argv)
@@ -486,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         write_docs(json.loads(a.out.read_text()), a.docs or ROOT / "docs" / "BENCHMARKS.md")
         return 0
     cfg = dataclasses.replace(Config.quick() if a.quick else Config(), model=a.model)
+    if a.repeats:
+        cfg = dataclasses.replace(cfg, repeats=a.repeats)
     if a.chunk_sizes:
         cfg = dataclasses.replace(cfg, chunk_sizes=tuple(int(x) for x in a.chunk_sizes.split(",")))
     pieces = tuple(a.pieces.split(",")) if a.pieces else cfg.pieces
