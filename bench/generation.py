@@ -56,6 +56,7 @@ class Config:
     prompt_tokens: int = 32
     new_tokens: int = 128
     repeats: int = 2
+    spinning: str = "on"             # the server's --intra-op-spinning (on: one shared pool, spinning)
     chunk_sizes: tuple[int, ...] = (16, 20, 28)   # 20 = the server's default
     long_prompt: int = 900
     threads: int = 2
@@ -228,9 +229,11 @@ def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagg
 
 
 def start_ortserve(repo: Path, cfg: Config, chunk: int | None = None, slots: int = 32,
-                   spinning: str = "on") -> ServerProcess:
+                   spinning: str | None = None) -> ServerProcess:
     """The server with its defaults except: 2 threads, 32 slots (the peers' --max-num-seqs), no polling, and
-    spinning threads (one shared pool) as for a dedicated machine, like the peers' threads."""
+    cfg.spinning (default "on": spinning threads on one shared pool, as for a dedicated machine, like the
+    peers' threads)."""
+    spinning = spinning or cfg.spinning
     extra = ["--prefill-chunk-tokens", str(chunk)] if chunk is not None else []
     return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
                                 "--max-sequences", str(slots), "--poll-interval", "0",
@@ -478,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the section into this report (e.g. docs/BENCHMARKS.md); also `--render-only`")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
     ap.add_argument("--merge", action="store_true", help="keep the pieces already in --out (re-measure only --pieces)")
+    ap.add_argument("--spinning", choices=("on", "auto", "off"), default=None,
+                    help=f"the server's --intra-op-spinning (default {Config.spinning})")
     ap.add_argument("--repeats", type=int, default=None, help=f"runs per cell and side (default {Config.repeats})")
     ap.add_argument("--chunk-sizes", default=None, help="arrival piece: comma list of --prefill-chunk-tokens to try "
                                                         f"(default {','.join(map(str, Config.chunk_sizes))})")
@@ -489,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(Config.quick() if a.quick else Config(), model=a.model)
     if a.repeats:
         cfg = dataclasses.replace(cfg, repeats=a.repeats)
+    if a.spinning:
+        cfg = dataclasses.replace(cfg, spinning=a.spinning)
     if a.chunk_sizes:
         cfg = dataclasses.replace(cfg, chunk_sizes=tuple(int(x) for x in a.chunk_sizes.split(",")))
     pieces = tuple(a.pieces.split(",")) if a.pieces else cfg.pieces
