@@ -80,7 +80,7 @@ def create_session(package: Package, variant: str, config: SessionConfig, file: 
 
 
 _pool_lock = threading.Lock()
-_global_pool: tuple[int, int] | None = None
+_shared_pool = False     # the process has onnxruntime's shared thread pool
 
 
 def _in_shared_pool(config: SessionConfig) -> bool:
@@ -91,17 +91,16 @@ def _in_shared_pool(config: SessionConfig) -> bool:
     the other graph works (its first runs measured 1.5-3x slower), so the runner would have to send every call
     through the mixed graph (server/generation/slot_runner.py). onnxruntime makes such a pool once per process
     and then takes no session with a pool of its own, so once it exists every session joins it."""
-    global _global_pool
+    global _shared_pool
     with _pool_lock:     # models load in parallel threads
-        if _global_pool is None and config.spinning == "on":
+        if not _shared_pool and config.spinning == "on":
             try:
                 ort.set_global_thread_pool_sizes(config.intra_op_threads, config.inter_op_threads)
-                _global_pool = (config.intra_op_threads, config.inter_op_threads)
                 log.info("one shared onnxruntime thread pool: %d intra-op threads, spinning", config.intra_op_threads)
             except Exception as exc:   # made earlier in this process by someone else: join it all the same
                 log.warning("onnxruntime's shared thread pool already exists (%s); joining it", exc)
-                _global_pool = (-1, -1)
-        return _global_pool is not None
+            _shared_pool = True
+        return _shared_pool
 
 
 class SessionRunner:
