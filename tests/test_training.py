@@ -225,7 +225,7 @@ def test_corpus_softmax_scores_the_training_token_types_and_held_out_masking_sta
     model = task.build_model(None, 0.0).eval()
     batch = task.make_batch(range(8), seed=1)
     with torch.no_grad():
-        sub, _ = task._corpus_logits(model, batch)
+        sub, _ = task._masked_logits(model, batch, task.softmax_ids)
         whole, _ = task._masked_logits(model, batch)
     targets = batch["labels"][batch["labels"] != IGNORE_INDEX]
     # The restricted logits are the full ones at the training text's ids, the targets among them.

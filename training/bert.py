@@ -334,8 +334,12 @@ class BertLMPredictionHead(nn.Module):
         # HF 5.x: decoder.bias IS cls.predictions.bias (both keys in the state dict, one tensor).
         self.decoder.bias = self.bias
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(hidden))
+    def forward(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the vocabulary, or over `vocab_ids` only (their rows of the decoder, in that order)."""
+        h = self.transform(hidden)
+        if vocab_ids is None:
+            return self.decoder(h)
+        return F.linear(h, self.decoder.weight[vocab_ids], self.bias[vocab_ids])
 
 
 class BertOnlyMLMHead(nn.Module):
@@ -377,8 +381,8 @@ class _TiedMLM(nn.Module):
                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.bert(input_ids, attention_mask, token_type_ids)
 
-    def mlm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.cls.predictions(hidden)
+    def mlm_head(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.cls.predictions(hidden, vocab_ids)
 
 
 class BertForMaskedLM(_TiedMLM):

@@ -296,25 +296,17 @@ class MLMTask:
     def make_batch(self, indices: Sequence[int], seed: int) -> Batch:
         return self._masked([self.train[i] for i in indices], seed)
 
-    def _masked_logits(self, model: nn.Module, b: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """MLM logits at the selected positions only ([n_selected, vocab]) and the pair logits.
+    def _masked_logits(self, model: nn.Module, b: Batch, vocab_ids: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """MLM logits at the selected positions only ([n_selected, vocab], or [n_selected, len(vocab_ids)]: the
+        "corpus" softmax, BERT's head only) and the pair logits.
 
         The vocab projection is the costliest layer; running it on the 15% selected positions
         instead of all of them saves about a third of a step.
         """
         hidden, pooled = model.encode(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-        logits = model.mlm_head(hidden[b["labels"] != IGNORE_INDEX])
-        rel = model.pair_head(pooled) if hasattr(model, "pair_head") else None
-        return logits, rel
-
-    def _corpus_logits(self, model: nn.Module, b: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """As _masked_logits, over the training text's token types only (softmax "corpus")."""
-        assert self.softmax_ids is not None
-        hidden, pooled = model.encode(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-        head = model.cls.predictions
-        h = head.transform(hidden[b["labels"] != IGNORE_INDEX])
-        ids = self.softmax_ids.to(h.device)
-        logits = F.linear(h, head.decoder.weight[ids], head.bias[ids])
+        selected = hidden[b["labels"] != IGNORE_INDEX]
+        logits = model.mlm_head(selected) if vocab_ids is None else model.mlm_head(selected, vocab_ids)
         rel = model.pair_head(pooled) if hasattr(model, "pair_head") else None
         return logits, rel
 
@@ -322,8 +314,8 @@ class MLMTask:
         n_masked = (batch["labels"] != IGNORE_INDEX).sum().clamp(min=1)
         local = {k: v[rows] for k, v in batch.items()}
         targets = local["labels"][local["labels"] != IGNORE_INDEX]
-        if self.softmax_index is not None:
-            logits, rel = self._corpus_logits(model, local)
+        if self.softmax_ids is not None:   # "corpus": targets renumbered into the training text's token types
+            logits, rel = self._masked_logits(model, local, self.softmax_ids.to(targets.device))
             targets = self.softmax_index.to(targets.device)[targets]
         else:
             logits, rel = self._masked_logits(model, local)
