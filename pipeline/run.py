@@ -8,7 +8,6 @@ from pathlib import Path
 
 from clients.config import ClientConfig
 from training import recipes
-from training.recipes import TRAIN_DEFAULTS
 
 from .errors import PipelineError
 from .publish import publish
@@ -54,10 +53,9 @@ class Pipeline:
         self.skipped: list[str] = []
         self.published: dict[str, int] = {}
 
-    def step(self, name: str, cmd: list[str], out: Path, inputs: list[Path]) -> Path:
-        # A training step also depends on its command's recipe (the settings not on its command line).
-        command = cmd[3] if len(cmd) > 3 and cmd[1:3] == ["-m", "training"] and cmd[3] in TRAIN_DEFAULTS else None
-        key = step_key(cmd, inputs, recipes.digest(command) if command else "")
+    def step(self, name: str, cmd: list[str], out: Path, inputs: list[Path], salt: str = "") -> Path:
+        """Run `cmd` unless `out` was made by the same command from the same inputs (and salt)."""
+        key = step_key(cmd, inputs, salt)
         if up_to_date(out, key):
             log.info("%s: up to date (%s)", name, out)
             self.skipped.append(name)
@@ -68,6 +66,12 @@ class Pipeline:
         stamp(out, key, name)
         self.ran.append(name)
         return out
+
+    def train(self, command: str, args: list[str], out: Path, inputs: list[Path]) -> Path:
+        """A `python -m training <command>` step. Its output also depends on the command's recipe (the settings
+        not on its command line), so the recipe's digest is part of the step's key."""
+        cmd = [self.py, "-m", "training", command, *args, *self._train_args(command), "--out", str(out)]
+        return self.step(command, cmd, out, inputs, recipes.digest(command))
 
     def _train_args(self, stage: str) -> list[str]:
         args: list[str] = []
@@ -89,43 +93,35 @@ class Pipeline:
         cfg, w = self.cfg, self.cfg.workdir
         w.mkdir(parents=True, exist_ok=True)
         corpus_inputs = list(cfg.corpus)
-        train = [self.py, "-m", "training"]
+        training_cli = [self.py, "-m", "training"]
 
         if cfg.encoder == "minilm":
             if cfg.minilm is None:
                 raise PipelineError("encoder minilm: the MiniLM checkpoint directory is not known")
             # MLM continued from MiniLM with its own tokenizer: no WordPiece tokenizer to train.
-            mlm = self.step("mlm",
-                            train + ["mlm", "--init", str(cfg.minilm), *self._corpus_args(), *self._train_args("mlm"),
-                                     "--out", str(w / "checkpoints/mlm")],
-                            w / "checkpoints/mlm", [cfg.minilm, *corpus_inputs])
+            mlm = self.train("mlm", ["--init", str(cfg.minilm), *self._corpus_args()], w / "checkpoints/mlm",
+                             [cfg.minilm, *corpus_inputs])
             default_init = cfg.minilm
         else:
             wp = self.step("tokenizer-wordpiece",
-                           train + ["tokenizer", "--kind", "wordpiece", *self._corpus_args(),
-                                    "--out", str(w / "tokenizers/wordpiece")],
+                           training_cli + ["tokenizer", "--kind", "wordpiece", *self._corpus_args(),
+                                           "--out", str(w / "tokenizers/wordpiece")],
                            w / "tokenizers/wordpiece", corpus_inputs)
-            mlm = self.step("mlm",
-                            train + ["mlm", "--tokenizer", str(wp), *self._corpus_args(), *self._train_args("mlm"),
-                                     "--out", str(w / "checkpoints/mlm")],
-                            w / "checkpoints/mlm", [wp, *corpus_inputs])
+            mlm = self.train("mlm", ["--tokenizer", str(wp), *self._corpus_args()], w / "checkpoints/mlm",
+                             [wp, *corpus_inputs])
             default_init = mlm
         bpe = self.step("tokenizer-bpe",
-                        train + ["tokenizer", "--kind", "bpe", *self._corpus_args(),
-                                 "--out", str(w / "tokenizers/bpe")],
+                        training_cli + ["tokenizer", "--kind", "bpe", *self._corpus_args(),
+                                        "--out", str(w / "tokenizers/bpe")],
                         w / "tokenizers/bpe", corpus_inputs)
         init = cfg.classify_init or default_init
         data_args: list[str] = []
         for flag, path in zip(("--train", "--validation", "--test"), cfg.classify_data):
             data_args += [flag, str(path)]
-        clf = self.step("classify",
-                        train + ["classify", "--init", str(init), *data_args, *self._train_args("classify"),
-                                 "--out", str(w / "checkpoints/classifier")],
-                        w / "checkpoints/classifier", [init, *cfg.classify_data])
-        lm = self.step("lm",
-                       train + ["lm", "--tokenizer", str(bpe), *self._corpus_args(), *self._train_args("lm"),
-                                "--out", str(w / "checkpoints/lm")],
-                       w / "checkpoints/lm", [bpe, *corpus_inputs])
+        clf = self.train("classify", ["--init", str(init), *data_args], w / "checkpoints/classifier",
+                         [init, *cfg.classify_data])
+        lm = self.train("lm", ["--tokenizer", str(bpe), *self._corpus_args()], w / "checkpoints/lm",
+                        [bpe, *corpus_inputs])
 
         for task, ckpt in (("classify", clf), ("fill-mask", mlm), ("generate", lm)):
             self.publish(task, ckpt)

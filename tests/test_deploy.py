@@ -150,10 +150,9 @@ def test_a_training_step_reruns_when_its_recipe_changes(tmp_path: Path, monkeypa
     monkeypatch.setattr(prun, "run_command", fake_run)
     p = prun.Pipeline(prun.PipelineConfig(workdir=tmp_path))
     out = tmp_path / "lm"
-    cmd = [sys.executable, "-m", "training", "lm", "--out", str(out)]
-    p.step("lm", cmd, out, [])
-    p.step("lm", cmd, out, [])
+    p.train("lm", [], out, [])
+    p.train("lm", [], out, [])
     assert ran == ["lm"]  # up to date the second time
     monkeypatch.setitem(TRAIN_DEFAULTS["lm"]["scratch"], "steps", 301)  # the settings not on the command line
-    p.step("lm", cmd, out, [])
+    p.train("lm", [], out, [])
     assert ran == ["lm", "lm"]
