@@ -33,10 +33,10 @@ def expected_fusions(architecture: str, num_layers: int) -> dict[str, int]:
     family); the decoder has no requirement.
 
     RoBERTa, DistilBERT and ELECTRA fuse like BERT (RoBERTa's cumsum positions only keep EmbedLayerNormalization
-    from forming; ELECTRA's first layer fuses although it follows an E -> H projection as ALBERT's first pass does: measured). ALBERT fuses Attention on L-1 of its L passes: the first pass reads the E->H projection, not a
-    LayerNorm output, and onnxruntime's attention fusion anchors on a LayerNorm. onnxruntime's GPT-2 fusion
-    only matches its own past format (NOTES.md), so a missing Attention fusion on our decoder is recorded,
-    not failed.
+    from forming; ELECTRA's first layer fuses although it follows an E -> H projection, as measured). ALBERT fuses
+    Attention on L-1 of its L passes: the first pass reads the E->H projection, not a LayerNorm output, and
+    onnxruntime's attention fusion anchors on a LayerNorm. onnxruntime's GPT-2 fusion only matches its own past
+    format (NOTES.md), so a missing Attention fusion on our decoder is recorded, not failed.
     """
     if architecture not in ENCODER_FAMILIES:
         return {}

