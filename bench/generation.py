@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,10 +110,15 @@ def material(cfg: Config) -> tuple[Path, Path, list[int]]:
         exports = (("gpt", "inplace"), ("gpt-concat", "concat"))
         repo = cfg.work / "repository"
     for name, layout in exports:
-        if not (repo / name / "1" / "parity.json").is_file():
+        pkg = repo / name / "1"
+        variants = "fp32,kv8" if layout == "inplace" else "fp32"
+        if (pkg / "parity.json").is_file() and layout == "inplace" \
+                and "kv8" not in json.loads((pkg / "model.json").read_text())["cache"].get("mixed_graphs", {}):
+            shutil.rmtree(pkg)     # made before the kv8 variant (and its mixed twin) existed: export it again
+        if not (pkg / "parity.json").is_file():
             subprocess.run([sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
-                            "--name", name, "--version", "1", "--cache-layout", layout, "--threads", str(cfg.threads)],
-                           cwd=ROOT, check=True)
+                            "--name", name, "--version", "1", "--cache-layout", layout, "--variants", variants,
+                            "--threads", str(cfg.threads)], cwd=ROOT, check=True)
     tok = Tokenizer.from_file(str(bpe_tokenizer_dir(cfg.work) / "tokenizer.json"))
     from .material import passages
 
@@ -391,19 +397,32 @@ def leave_piece(cfg: Config, client: Any, pool: list[int], tok) -> dict[str, Any
 
 
 def step_piece(cfg: Config, repo: Path) -> dict[str, Any]:
-    """In-process decode steps on the in-place graph, batch 8, past 16 vs 1000; read bandwidth in the same run."""
-    import onnxruntime as ort
-
+    """In-process decode steps on the in-place graph, batch 8, past 16 vs 1000; read bandwidth in the same run.
+    The fp32 cache's figures at the top level; the int8 cache's (kv8 variant) under "kv8" when the package has it."""
     pkg = repo / "gpt" / "1"
     manifest = json.loads((pkg / "model.json").read_text())
+    bw = read_bandwidth(cfg.threads)
+    out: dict[str, Any] = {"batch": 8, "read_bandwidth_gb_s": bw / 1e9,
+                           **_step_growth(pkg / manifest["variants"]["fp32"], manifest, cfg.threads, bw)}
+    if "kv8" in manifest["variants"]:
+        out["kv8"] = _step_growth(pkg / manifest["variants"]["kv8"], manifest, cfg.threads, bw)
+    return out
+
+
+def _step_growth(graph: Path, manifest: dict[str, Any], threads: int, bandwidth: float) -> dict[str, float]:
+    import onnxruntime as ort
+
     c = manifest["cache"]
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = cfg.threads
-    sess = ort.InferenceSession(str(pkg / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
+    int8 = {i.name: i.type for i in sess.get_inputs()}[past_names(1)[0]] == "tensor(int8)"
     b, max_len = 8, manifest["max_length"]
     rng = np.random.default_rng(0)
     names = list(zip(past_names(c["num_layers"]), present_names(c["num_layers"])))
-    bufs = {p: rng.standard_normal((b, c["num_kv_heads"], max_len, c["head_dim"]), dtype=np.float32) for p, _ in names}
+    shape = (b, c["num_kv_heads"], max_len, c["head_dim"])
+    bufs = {p: rng.integers(-100, 100, shape, dtype=np.int8) if int8 else rng.standard_normal(shape, dtype=np.float32)
+            for p, _ in names}
     io = sess.io_binding()
     for p, q in names:
         v = ort.OrtValue.ortvalue_from_numpy(bufs[p])
@@ -425,12 +444,10 @@ def step_piece(cfg: Config, repo: Path) -> dict[str, Any]:
         return 1000 * statistics.median(ts)
 
     short, long = step_ms(16), step_ms(1000)
-    extra = b * c["num_layers"] * 2 * c["num_kv_heads"] * (1000 - 16) * c["head_dim"] * 4
-    bw = read_bandwidth(cfg.threads)
-    floor = 1000 * extra / bw
-    return {"batch": b, "past16_ms": short, "past1000_ms": long, "growth_ms": long - short,
-            "extra_cache_bytes": extra, "read_bandwidth_gb_s": bw / 1e9, "read_floor_ms": floor,
-            "growth_over_floor": (long - short) / floor}
+    extra = b * c["num_layers"] * 2 * c["num_kv_heads"] * (1000 - 16) * c["head_dim"] * (1 if int8 else 4)
+    floor = 1000 * extra / bandwidth
+    return {"past16_ms": short, "past1000_ms": long, "growth_ms": long - short, "extra_cache_bytes": extra,
+            "read_floor_ms": floor, "growth_over_floor": (long - short) / floor}
 
 
 def read_bandwidth(threads: int, mb: int = 1024) -> float:
@@ -638,6 +655,12 @@ def render_section(r: dict[str, Any]) -> list[str]:
                   f"{_f(sp['growth_ms'])} ms; reading the extra {sp['extra_cache_bytes'] / 1e6:.0f} MB of cache once at "
                   f"the {_f(sp['read_bandwidth_gb_s'])} GB/s measured in the same run takes {_f(sp['read_floor_ms'])} ms: "
                   f"growth = {_f(sp['growth_over_floor'], 2)} × that floor.", ""]
+        kv = sp.get("kv8")
+        if kv:
+            lines += [f"With the int8 cache (kv8 variant, same weights): past 16: {_f(kv['past16_ms'])} ms, past 1000: "
+                      f"{_f(kv['past1000_ms'])} ms, growth {_f(kv['growth_ms'])} ms (its extra cache is "
+                      f"{kv['extra_cache_bytes'] / 1e6:.0f} MB, read floor {_f(kv['read_floor_ms'])} ms); the step at "
+                      f"past 1000 takes {_f(kv['past1000_ms'] / sp['past1000_ms'], 2)} × the fp32 cache's.", ""]
     ge = r.get("genai")
     if ge:
         lines += ["### ortserve over gRPC vs onnxruntime-genai in-process, same model.onnx", "",

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TASKS = ("classify", "fill-mask", "generate", "embed")
-VARIANTS = ("fp32", "optimized", "int8", "fp16")
+VARIANTS = ("fp32", "optimized", "int8", "fp16", "kv8")
 CACHE_LAYOUTS = ("inplace", "concat")
 # 18 is the opset both torch exporters and Optimum agree on, and every fusion/quantization tool here reads it.
 OPSET = 18
@@ -22,6 +22,11 @@ class Tolerances:
     int8_top1_agreement: float = 0.99
     int8_max_accuracy_drop: float = 0.01  # one point
     fp16_top1_agreement: float = 0.99
+    # kv8 (int8 KV cache), teacher-forced decoding through the quantized cache vs PyTorch: mean KL divergence
+    # of the next-token distributions (nats) and perplexity ratio on the next true token
+    kv8_max_kl: float = 0.01
+    kv8_max_perplexity_ratio: float = 1.02
+    kv8_mixed_atol: float = 1e-4      # its mixed twin vs the plain kv8 graph (rtol the same; measured: equal)
 
 
 @dataclass(frozen=True)

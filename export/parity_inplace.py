@@ -27,7 +27,9 @@ class SlotDriver:
                  max_length: int, slots: int) -> None:
         self.sess, self.max_length = sess, max_length
         self.names = [(past_name(i, k), present_name(i, k)) for i in range(num_layers) for k in ("key", "value")]
-        self.bufs = {p: np.zeros((slots, kv_heads, max_length, head_dim), np.float32) for p, _ in self.names}
+        types = {i.name: i.type for i in sess.get_inputs()}
+        dtype = np.int8 if types.get(self.names[0][0]) == "tensor(int8)" else np.float32   # kv8: an int8 cache
+        self.bufs = {p: np.zeros((slots, kv_heads, max_length, head_dim), dtype) for p, _ in self.names}
         self.positions = "position_ids" in {i.name for i in sess.get_inputs()}
 
     def run(self, lo: int, ids: np.ndarray, lens: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -87,6 +89,7 @@ class InplaceChecks:
     def _diff(self, got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
         if got.shape != want.shape or not np.isfinite(got).all():
             return float("inf"), False
+        want = want.astype(np.float64)      # an int8 cache: |-128| does not fit int8
         d = np.abs(got.astype(np.float64) - want)
         return float(d.max()), bool((d <= self.atol + self.rtol * np.abs(want)).all())
 
@@ -194,9 +197,47 @@ class InplaceChecks:
             f"first difference at step {next(i for i in range(new) if any(g[i] != w[i] for g, w in zip(got, want)))}"
         return [(f"greedy {new} tokens identical ids", same, 0.0, "", detail)]
 
-    def mixed(self, sess: ort.InferenceSession, mixed_sess: ort.InferenceSession) -> list[Check]:
+    def quantized_cache(self, sess: ort.InferenceSession, stream: np.ndarray, rows: int = 4, length: int = 48,
+                        prompt: int = 8) -> tuple[int, int, float, float, float]:
+        """Teacher-forced decoding through the graph's cache: `rows` windows of `stream` (text the cache was not
+        calibrated on) are prefilled `prompt` tokens at once, then fed one true token per step, so every step
+        attends to quantized keys/values. Returns (positions whose top-1 equals PyTorch's, positions, mean
+        KL(PyTorch || graph) of the next-token distributions in nats, perplexity of the graph / PyTorch's on the
+        next true token, largest |logit difference|)."""
+        length = min(length, self.dims[3] - 1, len(stream))
+        step = max(1, (len(stream) - length) // max(1, rows - 1))
+        seqs = [[int(t) for t in stream[r * step:r * step + length]] for r in range(rows)]
+        seqs = [s for s in seqs if len(s) == length]
+        refs = [self._torch(s)[0] for s in seqs]
+        d = self._driver(sess, len(seqs))
+        d.first_prompt(0, [s[:prompt] for s in seqs], self.pad)
+        agree = total = 0
+        nll_got = nll_ref = worst = kl = 0.0
+        for pos in range(prompt, length - 1):
+            out = d.decode([s[pos] for s in seqs], [pos] * len(seqs))
+            for r, s in enumerate(seqs):
+                got, ref, nxt = out[r].astype(np.float64), refs[r][pos].astype(np.float64), s[pos + 1]
+                agree += int(got.argmax() == ref.argmax())
+                total += 1
+                log_got, log_ref = got - _logsumexp(got), ref - _logsumexp(ref)
+                kl += float((np.exp(log_ref) * (log_ref - log_got)).sum())
+                nll_got -= log_got[nxt]
+                nll_ref -= log_ref[nxt]
+                worst = max(worst, float(np.abs(got - ref).max()))
+        ratio = float(np.exp((nll_got - nll_ref) / max(1, total)))
+        return agree, total, kl / max(1, total), ratio, worst
+
+    def alone(self, sess: ort.InferenceSession, ids: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The plain graph on one sequence in a slot of its own, prompt at once: (logits [S, V], cache per layer
+        and kind). With an int8 cache this is the reference for the mixed graph (PyTorch has no int8 cache)."""
+        d = self._driver(sess, 1)
+        logits = d.first_prompt(0, [ids], self.pad)[0]
+        return logits, [c.copy() for c in d.cache(0, len(ids))]
+
+    def mixed(self, sess: ort.InferenceSession, mixed_sess: ort.InferenceSession, reference=None) -> list[Check]:
         """The mixed graph: rows decoding (slots 0..2) and a prompt chunk (slot 1's, inside that range, and
-        slot 3's, outside it) in the same run, against PyTorch."""
+        slot 3's, outside it) in the same run, against PyTorch (or `reference(ids) -> (logits, cache)`)."""
+        ref = reference or self._torch
         layers, kv, hd, max_len = self.dims
         d = SlotDriver(sess, layers, kv, hd, max_len, 4)
         mixed = MixedDriver(d, mixed_sess)
@@ -213,19 +254,19 @@ class InplaceChecks:
             dec, pre = mixed.run([(0, nxt[0], len(seqs[0])), (2, nxt[1], len(seqs[2]))], {1: start + len(chunk)},
                                  1, chunk, start)
             seqs[0], seqs[2] = seqs[0] + [nxt[0]], seqs[2] + [nxt[1]]
-            pairs += [("mixed decode row 0", dec[0], self._torch(seqs[0])[0][-1]),
-                      ("mixed decode row 2", dec[1], self._torch(seqs[2])[0][-1]),
-                      ("mixed chunk (inside the decode range)", pre, self._torch(long[:start + len(chunk)])[0][start:])]
+            pairs += [("mixed decode row 0", dec[0], ref(seqs[0])[0][-1]),
+                      ("mixed decode row 2", dec[1], ref(seqs[2])[0][-1]),
+                      ("mixed chunk (inside the decode range)", pre, ref(long[:start + len(chunk)])[0][start:])]
         # slot 3 (outside the decode range) takes a first prompt while 0, 1 and 2 decode
         seqs[1] = long
         nxt = [int(self.stream[(3 * r + 7) % len(self.stream)]) for r in range(3)]
         dec, pre = mixed.run([(r, nxt[r], len(seqs[r])) for r in range(3)], {}, 3, other, 0)
         for r in range(3):
             seqs[r] = seqs[r] + [nxt[r]]
-            pairs.append((f"mixed decode row {r} beside a first prompt", dec[r], self._torch(seqs[r])[0][-1]))
-        pairs.append(("mixed first prompt", pre, self._torch(other)[0]))
+            pairs.append((f"mixed decode row {r} beside a first prompt", dec[r], ref(seqs[r])[0][-1]))
+        pairs.append(("mixed first prompt", pre, ref(other)[0]))
         pairs += [(f"mixed cache slot {r}", got, want) for r in range(3)
-                  for got, want in zip(d.cache(r, len(seqs[r])), self._torch(seqs[r])[1])]
+                  for got, want in zip(d.cache(r, len(seqs[r])), ref(seqs[r])[1])]
         ok, diff, worst = self._compare(pairs)
         return [("mixed graph: decode rows and a prompt chunk in one run", ok, diff, worst,
                  "slots 0/2 decode while slot 1 prefills 3 chunks, then 0/1/2 decode beside slot 3's first prompt")]
@@ -272,3 +313,8 @@ class MixedDriver:
         outs = io.get_outputs()
         dec, pre = outs[-2].numpy(), outs[-1].numpy()
         return dec[[s for s, _, _ in rows], 0], pre[0]
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(x.max())
+    return m + float(np.log(np.exp(x - m).sum()))

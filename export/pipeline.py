@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from . import decoder_graph, graphs, package, variants
 from .config import OPSET, TASKS, VARIANTS, ExportConfig
 from .errors import ExportError, ParityFailure
-from .heldout import BUILTIN_TEXTS, default_genre_split, read_eval_data
+from .heldout import BUILTIN_TEXTS, default_genre_split, kv8_texts, read_eval_data
 from .parity import GateInputs, failure_table, run_gate
 from .source import LLAMA_TYPES, CheckpointInfo, inspect_checkpoint, load_torch_model
 from .tokenizer_check import check_tokenizer, package_tokenizer
@@ -134,13 +134,19 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
             builds[v] = variants.build_int8(fp32, path)
         elif v == "fp16":
             builds[v] = variants.build_fp16(fp32, path)
+    removed = package_tokenizer(info.path, out, info.max_positions)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    if "kv8" in cfg.variants:   # needs the tokenizer: its scales are calibrated on text
+        calibration = tok.encode(kv8_texts()[0]).ids[:info.max_positions]
+        decoder_graph.export_inplace_kv8(model, info.model_type, info.max_positions, out / variants.FILES["kv8"],
+                                         [calibration])
+        builds["kv8"] = variants.VariantBuild("kv8", variants.FILES["kv8"],
+                                              notes=[f"int8 cache scales calibrated on {len(calibration)} tokens"])
+    mixed_graphs = {"fp32": decoder_graph.MIXED_FILE, **({"kv8": decoder_graph.KV8_MIXED_FILE} if "kv8" in builds else {})}
     target = os.environ.get(PERTURB_ENV)
     if target:
         _perturb(out / variants.FILES[target])
     export_s = time.perf_counter() - t0
-
-    removed = package_tokenizer(info.path, out, info.max_positions)
-    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     ids, mask_token = special_tokens(info, tok)
     manifest = {
         "format": package.FORMAT, "name": cfg.name, "version": None, "task": cfg.task,
@@ -152,7 +158,8 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
         "cache": ({"num_layers": info.num_layers, "num_heads": info.num_heads, "head_dim": head_dim,
                    "num_kv_heads": info.num_kv_heads,
                    "layout": decoder_graph.LAYOUT if inplace else "concat",
-                   **({"mixed_graph": decoder_graph.MIXED_FILE} if inplace else {})}
+                   # mixed_graph: the fp32 twin, as servers before mixed_graphs read it
+                   **({"mixed_graph": decoder_graph.MIXED_FILE, "mixed_graphs": mixed_graphs} if inplace else {})}
                   if cfg.task == "generate" else None),
         "variants": {v: b.file for v, b in builds.items()}, "default_variant": None, "opset": OPSET,
         "source": {"checkpoint": str(info.path), "architecture": info.architecture,
@@ -205,9 +212,13 @@ def validate_config(cfg: ExportConfig) -> None:
     unknown = [v for v in cfg.variants if v not in VARIANTS]
     if unknown:
         raise ExportError(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
-    if cfg.task == "generate" and cfg.cache_layout == "inplace" and set(cfg.variants) - {"fp32"}:
+    inplace = cfg.task == "generate" and cfg.cache_layout == "inplace"
+    if inplace and set(cfg.variants) - {"fp32", "kv8"}:
         raise ExportError("--variants: the in-place decoder graph is written already fused (GroupQueryAttention, "
-                          "SkipLayerNormalization, FastGelu); it ships fp32 only (or use --cache-layout concat)")
+                          "SkipLayerNormalization, FastGelu); it ships fp32 and kv8 only (or use --cache-layout concat)")
+    if "kv8" in cfg.variants and not inplace:
+        raise ExportError("--variants: kv8 (an int8 KV cache) is a variant of the in-place decoder graph only "
+                          "(--task generate --cache-layout inplace)")
     if "fp32" not in cfg.variants:
         raise ExportError("--variants: fp32 is required (every other variant is derived from and checked against it)")
     package.validate_name(cfg.name)

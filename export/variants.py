@@ -1,4 +1,5 @@
-"""Derived variants of the fp32 graph: optimized (transformer fusions), int8 (dynamic), fp16 (GPU)."""
+"""Derived variants of the fp32 graph: optimized (transformer fusions), int8 (dynamic), fp16 (GPU).
+The in-place decoder's kv8 (int8 KV cache) is written from the weights by decoder_graph.py."""
 from __future__ import annotations
 
 import logging
@@ -12,7 +13,7 @@ from .errors import ExportError
 log = logging.getLogger(__name__)
 
 FILES = {"fp32": "model.onnx", "optimized": "model.optimized.onnx", "int8": "model.int8.onnx",
-         "fp16": "model.fp16.onnx"}
+         "fp16": "model.fp16.onnx", "kv8": "model.kv8.onnx"}
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 import numpy as np
@@ -19,6 +19,7 @@ import numpy as np
 from modelpkg import Manifest
 from server.admission import AdmissionLimits, check_response_bytes, check_rows, tensor_bytes
 from server.batching import BatchConfig
+from server.codecs import kserve_datatype
 from server.errors import Code, ServingError
 from server.generation import GenerationConfig, GenerationParams, GenerationResult, StreamChunk
 from server.metrics import Metrics
@@ -69,8 +70,11 @@ class ServedModel(ABC):
         self.runtime = parts.runtime
         self.metrics = parts.metrics
         self.stats = parts.stats
-        self.inputs: list[TensorSpec] = specs_from_manifest(self.manifest.inputs)
-        self.outputs: list[TensorSpec] = specs_from_manifest(self.manifest.outputs)
+        # model.json lists the fp32 graph's tensors; a variant's graph may differ in element type (kv8 keeps its
+        # cache in int8), so raw callers are checked against the graph actually served.
+        session = self.runner.session
+        self.inputs: list[TensorSpec] = _typed_as(specs_from_manifest(self.manifest.inputs), session.get_inputs())
+        self.outputs: list[TensorSpec] = _typed_as(specs_from_manifest(self.manifest.outputs), session.get_outputs())
 
     @property
     def providers(self) -> list[str]:
@@ -176,3 +180,15 @@ class ServedModel(ABC):
     def check_deadline(deadline: float | None) -> None:
         if deadline is not None and time.monotonic() >= deadline:
             raise ServingError(Code.DEADLINE_EXCEEDED, "deadline passed before compute")
+
+
+def _typed_as(specs: list[TensorSpec], graph_args) -> list[TensorSpec]:
+    """The specs with each element type taken from the graph's argument of the same name."""
+    types = {a.name: a.type for a in graph_args}
+    out = []
+    for spec in specs:
+        try:
+            out.append(replace(spec, datatype=kserve_datatype(types[spec.name])) if spec.name in types else spec)
+        except ValueError:    # a type KServe has no name for: keep the manifest's
+            out.append(spec)
+    return out

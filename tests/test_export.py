@@ -102,7 +102,8 @@ def test_manifest_fields_per_task(tiny_repository: Path) -> None:
     assert fm["mask_token"] == "[MASK]" and fm["outputs"][0]["shape"] == ["batch", "sequence", "vocab"]
     gpt = json.loads((tiny_repository / "tiny-gpt/1/model.json").read_text())
     assert gpt["cache"] == {"num_layers": 2, "num_heads": 2, "head_dim": 32, "num_kv_heads": 2,
-                            "layout": "inplace", "mixed_graph": "model.mixed.onnx"} and gpt["max_length"] == 128
+                            "layout": "inplace", "mixed_graph": "model.mixed.onnx",
+                            "mixed_graphs": {"fp32": "model.mixed.onnx"}} and gpt["max_length"] == 128
     assert [o["name"] for o in gpt["outputs"]] == ["logits", "present.0.key", "present.0.value",
                                                    "present.1.key", "present.1.value"]
 

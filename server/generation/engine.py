@@ -62,7 +62,7 @@ class GenerationEngine:
     def __init__(self, session: ort.InferenceSession, manifest: dict[str, Any], tokenizer: Tokenizer,
                  config: GenerationConfig | None = None, metrics: "Metrics | None" = None,
                  model_label: str = "model", mixed_session: ort.InferenceSession | None = None) -> None:
-        """mixed_session: an in-place package's mixed graph (cache.mixed_graph: decode rows and a prompt chunk
+        """mixed_session: an in-place package's mixed graph (cache.mixed_graphs: decode rows and a prompt chunk
         in one run); without it they run one after the other."""
         if mixed_session is not None and _layout(manifest) != "inplace":
             raise ValueError("mixed_session: only an in-place-cache package has a mixed graph")

@@ -33,9 +33,11 @@ class SlotEngine(GenerationEngine):
                                                     chunk_tokens=cfg.prefill_chunk_tokens,
                                                     max_prefill_tokens=cfg.max_prefill_tokens))
         self._runner = SlotRunner(self.session, self.spec, cfg.max_batch_size, self._mixed_session)
-        logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB), prefill chunk %d tokens",
+        logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB of %s), prefill chunk %d tokens, %s",
                     self._label, cfg.max_batch_size, self.spec.max_length, self._runner.cache_bytes / 2 ** 20,
-                    cfg.prefill_chunk_tokens)
+                    np.dtype(self.spec.past_dtype).name, cfg.prefill_chunk_tokens,
+                    "mixed graph (decode rows and a chunk in one run)" if self._mixed_session is not None
+                    else "no mixed graph")
 
     # ------------------------------------------------------------------ bookkeeping
 

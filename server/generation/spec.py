@@ -9,7 +9,9 @@ import onnxruntime as ort
 
 from modelpkg import CacheSpec, past_names, present_names
 
-_ORT_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+# The cache's element type, read from the graph: int8 is the kv8 variant's quantized cache (the graph
+# quantizes on write and dequantizes on read; the engine only owns the buffers).
+_CACHE_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,14 @@ class DecoderSpec:
         elif "position_ids" not in spec_inputs:
             raise ValueError(f"model graph: input 'position_ids' missing; inputs are {sorted(spec_inputs)}")
         past_type = spec_inputs[past[0]].type
-        if past_type not in _ORT_FLOAT_TYPES:
-            raise ValueError(f"model graph: input {past[0]!r} has type {past_type}, expected float32 or float16")
+        if past_type not in _CACHE_TYPES or (past_type == "tensor(int8)" and layout != "inplace"):
+            raise ValueError(f"model graph: input {past[0]!r} has type {past_type}, expected float32 or float16 "
+                             "(or int8 with the in-place cache)")
         return cls(num_layers=sizes["num_layers"], num_heads=sizes["num_heads"], head_dim=sizes["head_dim"],
                    num_kv_heads=kv_heads, layout=layout, has_position_ids="position_ids" in spec_inputs,
                    max_length=max_length, vocab_size=vocab, eos_id=eos, bos_id=bos,
                    pad_id=next((t for t in (pad, eos, bos) if t is not None), 0),
-                   past_dtype=_ORT_FLOAT_TYPES[past_type])
+                   past_dtype=_CACHE_TYPES[past_type])
 
 
 def _positive(field: str, value: Any) -> int:
