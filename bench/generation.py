@@ -116,9 +116,14 @@ def material(cfg: Config) -> tuple[Path, Path, list[int]]:
                 and "kv8" not in json.loads((pkg / "model.json").read_text())["cache"].get("mixed_graphs", {}):
             shutil.rmtree(pkg)     # made before the kv8 variant (and its mixed twin) existed: export it again
         if not (pkg / "parity.json").is_file():
-            subprocess.run([sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
-                            "--name", name, "--version", "1", "--cache-layout", layout, "--variants", variants,
-                            "--threads", str(cfg.threads)], cwd=ROOT, check=True)
+            cmd = [sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
+                   "--name", name, "--version", "1", "--cache-layout", layout, "--threads", str(cfg.threads)]
+            done = subprocess.run([*cmd, "--variants", variants], cwd=ROOT)
+            if done.returncode == 1 and variants != "fp32":   # the gate refused kv8: the package without it
+                log.warning("%s: the parity gate refused the kv8 variant; exporting fp32 only", name)
+                subprocess.run([*cmd, "--variants", "fp32"], cwd=ROOT, check=True)
+            elif done.returncode != 0:
+                raise subprocess.CalledProcessError(done.returncode, done.args)
     tok = Tokenizer.from_file(str(bpe_tokenizer_dir(cfg.work) / "tokenizer.json"))
     from .material import passages
 
@@ -442,7 +447,8 @@ class _Stepper:
         opts = ort.SessionOptions()
         opts.use_per_session_threads = False
         self.sess = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
-        int8 = {i.name: i.type for i in self.sess.get_inputs()}[past_names(1)[0]] == "tensor(int8)"
+        types = {i.name: i.type for i in self.sess.get_inputs()}
+        int8, self.positions = types[past_names(1)[0]] == "tensor(int8)", "position_ids" in types
         shape = (self.BATCH, c["num_kv_heads"], manifest["max_length"], c["head_dim"])
         rng = np.random.default_rng(0)
         self.io = self.sess.io_binding()
@@ -458,7 +464,8 @@ class _Stepper:
         b, io = self.BATCH, self.io
         io.bind_cpu_input("input_ids", np.ones((b, 1), np.int64))
         io.bind_cpu_input("attention_mask", np.ones((b, past + 1), np.int64))
-        io.bind_cpu_input("position_ids", np.full((b, 1), past, np.int64))
+        if self.positions:     # learned positions (GPT-2); rotary graphs derive them from the mask
+            io.bind_cpu_input("position_ids", np.full((b, 1), past, np.int64))
         io.bind_output("logits")
         for _ in range(3):
             self.sess.run_with_iobinding(io)
