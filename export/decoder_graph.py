@@ -18,7 +18,8 @@ Families: GPT-2 (LayerNorm, learned positions through `position_ids`, gelu_new, 
 Llama family (RMSNorm, rotary inside the attention op, SwiGLU, grouped-query attention, optional q/k/v bias).
 
 The "kv8" variant keeps the cache in int8: the attention op quantizes each new key/value per channel with a
-fixed scale (calibrated here from the PyTorch model's keys/values on sample text; values beyond it saturate)
+fixed scale (calibrated here from the PyTorch model's keys/values on sample text, with 2x headroom; values
+beyond it saturate)
 and reads the cache dequantized. A quarter of the fp32 cache's memory, and on onnxruntime 1.32's CPU kernel
 2.1x faster attention at batch 8 over 1000 cached tokens (measured; an fp16 cache was 1.1x slower than fp32).
 """
@@ -350,6 +351,10 @@ KV8_MIXED_FILE = "model.kv8.mixed.onnx"    # the kv8 variant's mixed twin (cache
 
 
 INT8_MAX = 127
+# Room above the largest |key| / |value| seen in calibration: text outside it writes larger values, which would
+# saturate. Measured on the gate's held-out sentences: at 1x a random-init Llama's values clipped (KL 8.8e-3
+# nats, perplexity ratio 1.027); at 2x (one bit of the 8) every model tried stays under 5e-4 nats.
+HEADROOM = 2.0
 
 
 def _weights(model, model_type: str, max_length: int) -> DecoderWeights:
@@ -384,8 +389,8 @@ def export_inplace(model, model_type: str, max_length: int, out) -> "GraphSpec":
 
 
 def calibrate_kv_scales(model, sequences: list[list[int]]) -> KvScales:
-    """Per layer and channel (kv head x head dim): the largest |key| / |value| the PyTorch model writes into
-    its cache over `sequences`, over 127 — the int8 step that just fits what was seen."""
+    """Per layer and channel (kv head x head dim): HEADROOM x the largest |key| / |value| the PyTorch model
+    writes into its cache over `sequences`, over 127 — the int8 step."""
     import torch
 
     peaks: list[list[np.ndarray]] = []
@@ -400,7 +405,7 @@ def calibrate_kv_scales(model, sequences: list[list[int]]) -> KvScales:
                 else:
                     peaks[i] = [np.maximum(a, b) for a, b in zip(peaks[i], now)]
     tiny = np.float32(1e-8)    # a channel that stayed 0 still needs a positive scale
-    return [(np.maximum(k, tiny) / INT8_MAX, np.maximum(v, tiny) / INT8_MAX) for k, v in peaks]
+    return [(HEADROOM * np.maximum(k, tiny) / INT8_MAX, HEADROOM * np.maximum(v, tiny) / INT8_MAX) for k, v in peaks]
 
 
 def export_inplace_kv8(model, model_type: str, max_length: int, out, calibration: list[list[int]]) -> KvScales:
