@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import atexit
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from testing import launch
 from testing.launch import ROOT, ServerStartError, free_port
 
-__all__ = ["ROOT", "ServerProcess", "ServerStartError", "free_port", "shared_server", "repository_with"]
+__all__ = ["ROOT", "ServerProcess", "ServerStartError", "free_port", "shared_server", "repository_with",
+           "staggered_streams"]
 
 
 class ServerProcess(launch.ServerProcess):
@@ -42,3 +45,21 @@ def repository_with(source: Path, dest: Path, *names: str) -> Path:
     for name in names:
         shutil.copytree(source / name, dest / name)
     return dest
+
+
+def staggered_streams(address: str, model: str, prompts: list[str], new_tokens: list[int],
+                      stagger: float = 0.02) -> list[list[int]]:
+    """Every prompt as a GenerateStream of its own (ignore_eos), started `stagger` s apart so they join a batch
+    that is already running; the streamed token ids per prompt."""
+    from clients import OrtserveClient
+
+    def one(i: int) -> list[int]:
+        time.sleep(stagger * i)
+        with OrtserveClient(address, timeout=60) as client:
+            ids: list[int] = []
+            for chunk in client.generate_stream(prompts[i], model, max_new_tokens=new_tokens[i], ignore_eos=True):
+                ids += [t.token_id for t in chunk.tokens]
+            return ids
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, range(len(prompts))))

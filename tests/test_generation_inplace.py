@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from clients import OrtserveClient
 from clients.errors import OrtserveError
 from testing.offline import greedy_generate
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, staggered_streams
 
 INPLACE, CONCAT = "gpt-inplace", "gpt-concat"
 # Short and long prompts: with 4-token chunks the long ones are prefilled over several steps while the
@@ -52,16 +52,7 @@ def _offline(repository: Path, name: str, prompt_ids: list[int], n: int) -> list
 
 
 def _run_all(server: ServerProcess, model: str) -> list[list[int]]:
-    def one(i: int) -> list[int]:
-        time.sleep(0.02 * i)   # staggered: they join a batch that is already running
-        with OrtserveClient(server.address, timeout=60) as client:
-            ids: list[int] = []
-            for chunk in client.generate_stream(PROMPTS[i], model, max_new_tokens=NEW_TOKENS[i], ignore_eos=True):
-                ids += [t.token_id for t in chunk.tokens]
-            return ids
-
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return list(pool.map(one, range(len(PROMPTS))))
+    return staggered_streams(server.address, model, PROMPTS, NEW_TOKENS)   # they join a running batch
 
 
 def test_manifest_records_the_cache_layout(repository: Path) -> None:

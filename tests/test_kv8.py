@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,7 @@ from tokenizers import Tokenizer
 from clients import OrtserveClient
 from export.parity_inplace import SlotDriver
 from testing.launch import ROOT
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, staggered_streams
 
 KV8, PLAIN = "gpt-kv8", "gpt-plain"
 PROMPTS = ["ROMEO.", "Once more unto the breach, dear friends, once more; or close the wall up",
@@ -110,17 +108,7 @@ def test_server_streams_what_the_int8_cache_gives_each_prompt_alone(repository: 
         with OrtserveClient(server.address, timeout=60) as client:
             assert client.model_info(KV8).variant == "kv8"
             assert client.model_info(PLAIN).variant == "fp32"    # a package without kv8 keeps its default
-
-        def one(i: int) -> list[int]:
-            time.sleep(0.02 * i)   # staggered: they join a running batch; 2 slots for 5 requests
-            with OrtserveClient(server.address, timeout=60) as client:
-                ids: list[int] = []
-                for chunk in client.generate_stream(PROMPTS[i], KV8, max_new_tokens=NEW_TOKENS[i], ignore_eos=True):
-                    ids += [t.token_id for t in chunk.tokens]
-                return ids
-
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            served = list(pool.map(one, range(len(PROMPTS))))
+        served = staggered_streams(server.address, KV8, PROMPTS, NEW_TOKENS)   # 2 slots for 5 requests
         declared = _declared_types(server.address)
         loaded = [line for line in server.lines if f"generation {KV8}:" in line]
     assert loaded and "of int8" in loaded[0] and "mixed graph (decode rows" in loaded[0], loaded
