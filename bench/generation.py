@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from modelpkg import past_names, present_names
+from modelpkg import CACHE_ELEMENT_TYPES, past_names, present_names
 
 from .blocks import write_block
 from .machine import describe
@@ -424,7 +424,7 @@ def step_piece(cfg: Config, repo: Path, rounds: int = 4) -> dict[str, Any]:
     for v in steppers:
         short, long = (statistics.median(times[v, p]) for p in (16, 1000))
         extra = _Stepper.BATCH * c["num_layers"] * 2 * c["num_kv_heads"] * (1000 - 16) * c["head_dim"] * \
-            (1 if v == "kv8" else 4)
+            steppers[v].itemsize
         floor = 1000 * extra / bw
         figures = {"past16_ms": short, "past1000_ms": long, "growth_ms": long - short, "extra_cache_bytes": extra,
                    "read_floor_ms": floor, "growth_over_floor": (long - short) / floor}
@@ -448,13 +448,15 @@ class _Stepper:
         opts.use_per_session_threads = False
         self.sess = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
         types = {i.name: i.type for i in self.sess.get_inputs()}
-        int8, self.positions = types[past_names(1)[0]] == "tensor(int8)", "position_ids" in types
+        dtype, self.positions = np.dtype(CACHE_ELEMENT_TYPES[types[past_names(1)[0]]]), "position_ids" in types
+        self.itemsize = dtype.itemsize
         shape = (self.BATCH, c["num_kv_heads"], manifest["max_length"], c["head_dim"])
         rng = np.random.default_rng(0)
         self.io = self.sess.io_binding()
         self.bufs = []
         for p, q in zip(past_names(c["num_layers"]), present_names(c["num_layers"])):
-            buf = rng.integers(-100, 100, shape, dtype=np.int8) if int8 else rng.standard_normal(shape, dtype=np.float32)
+            buf = rng.integers(-100, 100, shape, dtype=dtype) if dtype.kind == "i" else \
+                rng.standard_normal(shape).astype(dtype)
             self.bufs.append(buf)
             v = ort.OrtValue.ortvalue_from_numpy(buf)
             self.io.bind_ortvalue_input(p, v)

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from modelpkg import MIXED_PREFIX, past_name, present_name
+from modelpkg import CACHE_ELEMENT_TYPES, MIXED_PREFIX, past_name, present_name
 
 Check = tuple[str, bool, float, str, str]   # name, passed, max_abs_diff, worst output, detail
 
@@ -27,8 +27,8 @@ class SlotDriver:
                  max_length: int, slots: int) -> None:
         self.sess, self.max_length = sess, max_length
         self.names = [(past_name(i, k), present_name(i, k)) for i in range(num_layers) for k in ("key", "value")]
-        types = {i.name: i.type for i in sess.get_inputs()}
-        dtype = np.int8 if types.get(self.names[0][0]) == "tensor(int8)" else np.float32   # kv8: an int8 cache
+        cache_type = {i.name: i.type for i in sess.get_inputs()}[self.names[0][0]]
+        dtype = CACHE_ELEMENT_TYPES[cache_type]    # float32, or the kv8 variant's int8
         self.bufs = {p: np.zeros((slots, kv_heads, max_length, head_dim), dtype) for p, _ in self.names}
         self.positions = "position_ids" in {i.name for i in sess.get_inputs()}
 

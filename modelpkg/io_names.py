@@ -6,6 +6,9 @@ DECODER_INPUTS = ("input_ids", "attention_mask", "position_ids")
 KV_KINDS = ("key", "value")
 # The in-place decoder's mixed graph: its second group of rows has every I/O name with this prefix.
 MIXED_PREFIX = "chunk."
+# Element types a decoder graph's cache inputs may have (onnxruntime's type string -> numpy dtype name);
+# int8 is the kv8 variant's quantized cache.
+CACHE_ELEMENT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int8)": "int8"}
 
 
 def past_name(layer: int, kind: str) -> str:

@@ -84,6 +84,14 @@ class CacheSpec:
     def present_names(self) -> list[str]:
         return present_names(self.num_layers)
 
+    def mixed_graph(self, variant: str) -> str | None:
+        """The file of `variant`'s mixed twin (decode rows and a prompt chunk in one run), None when it has none:
+        `mixed_graphs[variant]`; packages made before that key name only the fp32 twin, as `mixed_graph`."""
+        graphs = self.extra.get("mixed_graphs")
+        found = graphs.get(variant) if isinstance(graphs, dict) else \
+            self.extra.get("mixed_graph") if variant == "fp32" else None
+        return found if isinstance(found, str) else None
+
     @classmethod
     def from_dict(cls, d: Any) -> "CacheSpec":
         if not isinstance(d, dict):

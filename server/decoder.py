@@ -44,7 +44,7 @@ class DecoderModel(ServedModel):
     def __init__(self, parts: Loaded) -> None:
         super().__init__(parts)
         tokenizer = self.tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
-        mixed_file = _mixed_graph(self.manifest.cache.extra if self.manifest.cache is not None else {}, self.variant)
+        mixed_file = self.manifest.cache.mixed_graph(self.variant) if self.manifest.cache is not None else None
         mixed = None
         if mixed_file is not None:
             mixed = create_session(self.package, self.variant, self.runtime.session, file=mixed_file)
@@ -115,13 +115,3 @@ class DecoderModel(ServedModel):
         self.metrics.batch_size.labels(self.name).observe(rows)
         return result
 
-
-def _mixed_graph(cache_extra, variant: str) -> str | None:
-    """The served variant's mixed twin (decode rows + a prompt chunk in one run, same weights and cache type):
-    model.json cache.mixed_graphs[variant]; packages made before it name the fp32 twin as cache.mixed_graph."""
-    graphs = cache_extra.get("mixed_graphs")
-    if isinstance(graphs, dict):
-        found = graphs.get(variant)
-    else:
-        found = cache_extra.get("mixed_graph") if variant == "fp32" else None
-    return found if isinstance(found, str) else None

@@ -7,11 +7,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from modelpkg import CacheSpec, past_names, present_names
-
-# The cache's element type, read from the graph: int8 is the kv8 variant's quantized cache (the graph
-# quantizes on write and dequantizes on read; the engine only owns the buffers).
-_CACHE_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
+from modelpkg import CACHE_ELEMENT_TYPES, CacheSpec, past_names, present_names
 
 
 @dataclass(frozen=True)
@@ -66,14 +62,16 @@ class DecoderSpec:
         elif "position_ids" not in spec_inputs:
             raise ValueError(f"model graph: input 'position_ids' missing; inputs are {sorted(spec_inputs)}")
         past_type = spec_inputs[past[0]].type
-        if past_type not in _CACHE_TYPES or (past_type == "tensor(int8)" and layout != "inplace"):
+        # int8: the kv8 variant's cache (the graph quantizes on write, dequantizes on read; the engine only owns
+        # the buffers), written in place only.
+        if past_type not in CACHE_ELEMENT_TYPES or (past_type == "tensor(int8)" and layout != "inplace"):
             raise ValueError(f"model graph: input {past[0]!r} has type {past_type}, expected float32 or float16 "
                              "(or int8 with the in-place cache)")
         return cls(num_layers=sizes["num_layers"], num_heads=sizes["num_heads"], head_dim=sizes["head_dim"],
                    num_kv_heads=kv_heads, layout=layout, has_position_ids="position_ids" in spec_inputs,
                    max_length=max_length, vocab_size=vocab, eos_id=eos, bos_id=bos,
                    pad_id=next((t for t in (pad, eos, bos) if t is not None), 0),
-                   past_dtype=_CACHE_TYPES[past_type])
+                   past_dtype=np.dtype(CACHE_ELEMENT_TYPES[past_type]).type)
 
 
 def _positive(field: str, value: Any) -> int:
