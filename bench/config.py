@@ -80,7 +80,12 @@ class PeerConfig:
     threads: int = 2
     # ortserve's batcher runs `instances` batches at once with threads / instances intra-op threads each (the
     # same thread budget as MLServer's one session of `threads`); 1 = one session run at a time, like MLServer.
-    instances: int = 2
+    # On the MiniLM classifier (a ~5 ms graph at batch 1 on 2 threads) one spinning 2-thread session won: the
+    # lone request runs on both cores (p50 at 1 client), and batches of ~4 rows keep the 8-client rate as high
+    # as 2 x 1 thread (bench/FINDINGS.md, 2026-11-23 21:40 UTC). Spinning is onnxruntime's default, MLServer's too.
+    instances: int = 1
+    spinning: str = "on"
+    ceiling_batches: tuple[int, ...] = (1, 4, 8, 16)   # batch sizes of the in-process graph ceiling
     sources: Sources = field(default_factory=Sources)
     clients: tuple[int, ...] = (1, 8)
     batches: tuple[int, ...] = (1, 8)

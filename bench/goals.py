@@ -190,13 +190,36 @@ def _batch_bound(results: dict[str, dict[str, Any]] | None, first: int, last: in
             f"{bs['past']}, decoder piece), so even perfect batching scales tokens/s by at most {last * a / (first * b):.2f}×")
 
 
+def _ceiling(res: dict[str, Any], cell: dict[str, Any], target: float) -> str:
+    """The CPU budget of a request at the target rate, against the graph's own cost and the measured rest."""
+    ceiling = res.get("graph_ceiling")
+    if not ceiling:
+        return ""
+    best, peer = ceiling["best_rows_per_s"], cell["mlserver"]["rows_per_s"]["median"]
+    cores, batch = res["threads"], cell["batch"]
+    budget = cores * 1e3 / (target * peer / batch)         # ms of CPU per request at the target rate
+    graph = cores * 1e3 * batch / best                       # ms per request if every row ran at the ceiling
+    cpu = cell["ortserve"].get("cpu_ms_per_request") or {}
+    out = (f"; the graph alone on all {cores} cores, in-process, peaks at {best:.0f} rows/s (median of "
+           f"{len(ceiling['runs'])} measurements, best configuration and batch), so a server that spent nothing "
+           f"beyond the graph would reach at most {best / peer:.2f}× MLServer's {peer:.0f} rows/s here")
+    if "client" in cpu:
+        left = budget - graph - cpu["client"]
+        out += (f"; {target:g}× is {budget:.2f} ms of CPU per request on {cores} cores, of which the graph takes at "
+                f"least {graph:.2f} and the load generator {cpu['client']:.2f}, leaving {left:.2f} ms for all the "
+                f"server's own work")
+        if "server_main_thread" in cpu:
+            out += f" (its event loop alone took {cpu['server_main_thread']:.2f} ms per request in this cell)"
+    return out
+
+
 def peer_checks(res: dict[str, Any], results: dict[str, dict[str, Any]] | None = None) -> Iterator[Check]:
     most = max(c["clients"] for c in res["cells"])
     for c in res["cells"]:
         if c["clients"] == most:
             v, lo, hi = _r(c["throughput_ratio_ortserve_vs_mlserver"])
             ev = (f"ortserve {c['ortserve']['requests_per_s']['median']:.1f} req/s, MLServer "
-                  f"{c['mlserver']['requests_per_s']['median']:.1f} req/s"
+                  f"{c['mlserver']['requests_per_s']['median']:.1f} req/s" + _ceiling(res, c, 1.5)
                   + _py_top(res.get("ortserve_kserve_batch1_profile")))
             yield Check(f"ortserve ≥ 1.5× MLServer throughput, {most} clients, batch {c['batch']}", "classifier",
                         v, lo, hi, 1.5, True, "×", ev)

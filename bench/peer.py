@@ -123,11 +123,18 @@ def tree_cpu_seconds(root: int) -> float:
     return total / tick
 
 
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's main thread (ortserve's event loop: gRPC, codecs, batcher; not onnxruntime's runs)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: int,
           server_pid: int | None = None) -> dict[str, Any]:
     """`clients` threads, each with its own tritonclient, sending `per_client` requests back to back.
 
-    With server_pid, the CPU time the run took in the server (and its children) and in this (client) process."""
+    With server_pid, the CPU time the run took in the server (and its children), in its main thread, and in this
+    (client) process."""
     import tritonclient.grpc as tc
 
     conns = [tc.InferenceServerClient(address) for _ in range(clients)]
@@ -150,13 +157,15 @@ def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
-    cpu0 = (os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0)
+    cpu0 = (os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0,
+            main_thread_cpu_seconds(server_pid) if server_pid else 0.0)
     barrier.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
     mine, server_cpu = os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0
+    main_cpu = main_thread_cpu_seconds(server_pid) if server_pid else 0.0
     for c in conns:
         c.close()
     if errors:
@@ -166,7 +175,8 @@ def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: 
     if server_pid:
         client_cpu = (mine.user + mine.system) - (cpu0[0].user + cpu0[0].system)
         out["cpu_ms_per_request"] = {"client": 1e3 * client_cpu / len(flat),
-                                     "server": 1e3 * (server_cpu - cpu0[1]) / len(flat)}
+                                     "server": 1e3 * (server_cpu - cpu0[1]) / len(flat),
+                                     "server_main_thread": 1e3 * (main_cpu - cpu0[2]) / len(flat)}
     return out
 
 
@@ -176,6 +186,46 @@ def logits(address: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
     with tc.InferenceServerClient(address) as client:
         res = client.infer(MODEL, infer_inputs(feeds), outputs=[tc.InferRequestedOutput("logits")])
         return res.as_numpy("logits")
+
+
+def graph_ceiling(model_file: Path, feeds: dict[int, np.ndarray], threads: int,
+                  seconds: float = 1.5) -> dict[str, Any]:
+    """onnxruntime alone on the served file, in this process, with every one of `threads` cores computing: rows/s of
+    one spinning session of `threads` threads (MLServer's configuration) and of `threads` one-thread sessions run
+    side by side, at each batch size. No server can serve more rows/s than the best of these (it has the graph's
+    work plus its own), so best / MLServer's rows/s bounds the throughput ratio any server could reach here."""
+    import onnxruntime as ort
+
+    def session(n: int) -> Any:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = n, 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        return ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
+
+    def rows_per_s(sessions: list[Any], batch: int) -> float:
+        counts = [0] * len(sessions)
+        barrier = threading.Barrier(len(sessions))
+
+        def loop(i: int) -> None:
+            sessions[i].run(None, feeds[batch])  # warm-up (first run of a shape allocates)
+            barrier.wait()
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                sessions[i].run(None, feeds[batch])
+                counts[i] += 1
+
+        workers = [threading.Thread(target=loop, args=(i,)) for i in range(len(sessions))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return sum(counts) * batch / seconds
+
+    configs = {f"1 session x {threads} threads, spinning": [session(threads)],
+               f"{threads} sessions x 1 thread, side by side": [session(1) for _ in range(threads)]}
+    table = {name: {str(b): rows_per_s(sessions, b) for b in sorted(feeds)} for name, sessions in configs.items()}
+    best = max((v, name, b) for name, by_batch in table.items() for b, v in by_batch.items())
+    return {"rows_per_s": table, "best_rows_per_s": best[0], "best": f"{best[1]}, batch {best[2]}"}
 
 
 def batch_runs(address: str) -> dict[int, int]:
@@ -196,11 +246,14 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
                          threads=cfg.threads)
     variant = (pkg.manifest.get("default_variant") or {}).get("cpu") or "fp32"
     model_file = pkg.variant_file(variant)
-    texts = passages(max(cfg.batches), min_words=60, seed=7)
+    texts = passages(max(max(cfg.batches), max(cfg.ceiling_batches)), min_words=60, seed=7)
     feeds = {b: encode(pkg.path / "tokenizer.json", texts[:b], cfg.seq) for b in cfg.batches}
+    ceiling_feeds = {b: encode(pkg.path / "tokenizer.json", texts[:b], cfg.seq) for b in cfg.ceiling_batches}
+    # Before any server starts: the machine is the graph's alone.
+    ceilings = [graph_ceiling(model_file, ceiling_feeds, cfg.threads)]
     instances = max(1, min(cfg.instances, cfg.threads))
     ortserve_args = ["--intra-op-threads", str(cfg.threads // instances), "--inter-op-threads", "1",
-                     "--encoder-instances", str(instances), "--variant", variant]
+                     "--encoder-instances", str(instances), "--intra-op-spinning", cfg.spinning, "--variant", variant]
     ortserve = ServerProcess(work / "repository", ortserve_args, cfg.startup_timeout)
     try:
         peer = MLServerProcess(work, model_file, cfg.threads, cfg.startup_timeout)
@@ -234,7 +287,7 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
                                "p50_ms": percentile(lat, 50) * 1e3, "p95_ms": percentile(lat, 95) * 1e3,
                                "requests": len(lat),
                                "cpu_ms_per_request": {side: statistics.median(r["cpu_ms_per_request"][side] for r in rs)
-                                                      for side in ("client", "server")}}
+                                                      for side in ("client", "server", "server_main_thread")}}
                 # Rows per onnxruntime run inside ortserve during this cell (the dynamic batcher's work).
                 cell["ortserve"]["runs_by_rows"] = {str(rows): after[rows] - before.get(rows, 0) for rows in
                                                     sorted(after) if after[rows] > before.get(rows, 0)}
@@ -247,6 +300,7 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
     finally:
         peer.stop()
         ortserve.stop()
+    ceilings.append(graph_ceiling(model_file, ceiling_feeds, cfg.threads))  # again, with both servers gone
     # Where ortserve's main thread spends a batch-1 ModelInfer (separate process under cProfile, untimed).
     n_prof = max(20, cfg.rows_per_cell // 4)
     ortserve_profile = profile_server(
@@ -257,7 +311,10 @@ def run(cfg: PeerConfig, work: Path) -> dict[str, Any]:
                                "print(mlserver.__version__, onnxruntime.__version__, p.__version__)"],
                               capture_output=True, text=True).stdout.split()
     return {"piece": "peer", "threads": cfg.threads, "seq": cfg.seq, "variant": variant,
-            "ortserve": {"encoder_instances": instances, "intra_op_threads": cfg.threads // instances},
+            "ortserve": {"encoder_instances": instances, "intra_op_threads": cfg.threads // instances,
+                         "intra_op_spinning": cfg.spinning},
+            "graph_ceiling": {"runs": ceilings,
+                              "best_rows_per_s": statistics.median(c["best_rows_per_s"] for c in ceilings)},
             "model": ckpt.describe(), "model_file": model_file.name,
             "mlserver": {"settings": {k: v for k, v in peer.settings.items() if not k.endswith("port") and k != "host"},
                          "versions": dict(zip(("mlserver", "onnxruntime", "protobuf"), versions)),

@@ -205,9 +205,9 @@ def peer_section(res: dict[str, Any]) -> list[str]:
     lines = ["## Peer server: Seldon MLServer", "",
              f"Same ONNX file ({res['model_file']}, variant {res['variant']}) and the same {res['threads']} compute "
              f"threads: ortserve's KServe ModelInfer as {ours['encoder_instances']} encoder instance(s) × "
-             f"{ours['intra_op_threads']} intra-op thread(s), MLServer as one session of {res['threads']} threads (its "
-             f"runtime runs the graph on its event loop, so one run at a time, with onnxruntime's default spinning "
-             f"threads; ortserve's threads sleep when idle, its default). MLServer {ml['versions'].get('mlserver')} (onnxruntime "
+             f"{ours['intra_op_threads']} intra-op thread(s) (spinning {ours.get('intra_op_spinning', 'off')}), MLServer "
+             f"as one session of {res['threads']} threads (its runtime runs the graph on its event loop, so one run at "
+             f"a time, with onnxruntime's default spinning threads). MLServer {ml['versions'].get('mlserver')} (onnxruntime "
              f"{ml['versions'].get('onnxruntime')}, protobuf {ml['versions'].get('protobuf')}, settings {ml['settings']}) "
              f"through {ml['runtime']}. Load: {res['load']}, seq {res['seq']}. Outputs of the two servers differ by at "
              f"most {res['max_abs_diff_between_servers']:.1e}.", ""]
@@ -217,13 +217,26 @@ def peer_section(res: dict[str, Any]) -> list[str]:
             cpu = c[k].get("cpu_ms_per_request")
             rows.append([str(c["clients"]), str(c["batch"]), k, fmt(c[k]["requests_per_s"]), fmt(c[k]["rows_per_s"]),
                          f"{c[k]['p50_ms']:.2f}", f"{c[k]['p95_ms']:.2f}",
-                         f"{cpu['server']:.2f} / {cpu['client']:.2f}" if cpu else "-",
+                         (f"{cpu['server']:.2f} ({cpu['server_main_thread']:.2f}) / {cpu['client']:.2f}"
+                          if cpu and "server_main_thread" in cpu else
+                          f"{cpu['server']:.2f} / {cpu['client']:.2f}" if cpu else "-"),
                          fmt(c["throughput_ratio_ortserve_vs_mlserver"], 2) if k == "ortserve" else ""])
     lines += table(["clients", "batch", "server", "requests/s", "rows/s", "p50 ms", "p95 ms",
-                    "CPU ms per request: server / client", "ortserve / MLServer"], rows)
-    lines += ["", "CPU per request: user + system time of the server process (with any children) and of the load generator "
-              "(this process, its tritonclient threads) over the timed runs, divided by the requests; on 2 cores "
-              "a rate of R requests/s leaves 2000 / R ms of CPU per request for the two together.", ""]
+                    "CPU ms per request: server (main thread) / client", "ortserve / MLServer"], rows)
+    lines += ["", "CPU per request: user + system time of the server process (with any children), of its main thread, "
+              "and of the load generator (this process, its tritonclient threads) over the timed runs, divided by the "
+              "requests; on 2 cores a rate of R requests/s leaves 2000 / R ms of CPU per request for them together. "
+              "ortserve's main thread is its event loop (gRPC, codecs, batcher; the graph runs in worker threads); "
+              "MLServer's runs the graph too.", ""]
+    ceiling = res.get("graph_ceiling")
+    if ceiling:
+        lines += [f"The graph's ceiling: onnxruntime alone on {res['model_file']} in the benchmark process, all "
+                  f"{res['threads']} cores computing, rows/s per batch size, measured before the servers start and "
+                  f"after they stop (no server can serve more rows/s than this; best {ceiling['best_rows_per_s']:.0f}):", ""]
+        batches = sorted({b for run in ceiling["runs"] for t in run["rows_per_s"].values() for b in t}, key=int)
+        rows = [[f"{name} ({when})"] + [f"{run['rows_per_s'][name].get(b, float('nan')):.0f}" for b in batches]
+                for when, run in zip(("before", "after"), ceiling["runs"]) for name in run["rows_per_s"]]
+        lines += table(["configuration"] + [f"batch {b}" for b in batches], rows)
     lines += py_profile_lines("ortserve under cProfile, 1 client, batch-1 ModelInfer (untimed run)",
                               res.get("ortserve_kserve_batch1_profile"))
     return lines

@@ -268,3 +268,38 @@ def test_marked_blocks_are_replaced_alone_and_kept_by_the_report(tmp_path: Path)
     assert text.index("## gen") < text.index("## http") and text.startswith("# Benchmarks\n\nwritten by the report")
     assert existing_blocks(doc) == ("<!-- generation:gpt2:begin -->\n## gen\nnew\n<!-- generation:gpt2:end -->\n\n"
                                     "<!-- http:begin -->\n## http\nfigures\n<!-- http:end -->")
+
+
+def test_graph_ceiling_runs_the_real_graph_in_every_configuration(tiny_repository: Path) -> None:
+    """The peer piece's ceiling: every configuration and batch measured on the real file, the best is their max."""
+    from bench.encoder import encode
+    from bench.peer import graph_ceiling
+
+    pkg = tiny_repository / "tiny-classifier" / "1"
+    feeds = {b: encode(pkg / "tokenizer.json", ["the king and the castle"] * b, 16) for b in (1, 4)}
+    ceiling = graph_ceiling(pkg / "model.onnx", feeds, threads=2, seconds=0.2)
+    table = ceiling["rows_per_s"]
+    assert set(table) == {"1 session x 2 threads, spinning", "2 sessions x 1 thread, side by side"}
+    assert all(set(by_batch) == {"1", "4"} and min(by_batch.values()) > 0 for by_batch in table.values())
+    assert ceiling["best_rows_per_s"] == max(v for by_batch in table.values() for v in by_batch.values())
+
+
+def test_peer_throughput_evidence_states_the_cpu_budget() -> None:
+    """At 1.5× MLServer's 160 req/s on 2 cores a request may cost 2000 / 240 = 8.33 ms of CPU; a 250 rows/s graph
+    takes 8.00 of it and a 0.20 ms client, leaving 0.13 ms (numbers worked by hand)."""
+    from bench.goals import peer_checks
+
+    def side(rate: float, p50: float, cpu: dict[str, float]) -> dict:
+        return {"requests_per_s": {"median": rate, "min": rate, "max": rate},
+                "rows_per_s": {"median": rate, "min": rate, "max": rate}, "p50_ms": p50, "cpu_ms_per_request": cpu}
+
+    cell = {"clients": 8, "batch": 1, "ortserve": side(200.0, 30.0, {"client": 0.2, "server": 9.0,
+                                                                      "server_main_thread": 0.6}),
+            "mlserver": side(160.0, 40.0, {"client": 0.3, "server": 11.0}),
+            "throughput_ratio_ortserve_vs_mlserver": {"median": 1.25, "low": 1.25, "high": 1.25}}
+    res = {"threads": 2, "cells": [cell], "graph_ceiling": {"runs": [{}, {}], "best_rows_per_s": 250.0}}
+    (check,) = list(peer_checks(res))
+    assert check.met is False
+    assert "at most 1.56× MLServer's 160 rows/s" in check.evidence
+    assert "1.5× is 8.33 ms of CPU per request on 2 cores, of which the graph takes at least 8.00" in check.evidence
+    assert "leaving 0.13 ms" in check.evidence and "event loop alone took 0.60 ms" in check.evidence
