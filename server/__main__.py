@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import NoReturn, Sequence
 
+from server import eventloop
 from server.app import OrtServer, StartupError
 from server.logs import configure_logging
 from server.sessions import resolve_providers
@@ -28,13 +28,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from_args(argv, parser_class=_OneLineErrors)
         resolve_providers(settings.providers)
+        eventloop.resolve(settings.event_loop)
     except (SettingsError, ValueError) as exc:
         _fail(str(exc))
     except OSError as exc:  # an unreadable config / certificate file
         _fail(str(exc), code=1)
     configure_logging(settings.log_format, settings.log_level)
     try:
-        asyncio.run(OrtServer(settings).run_until_signal())
+        eventloop.run(OrtServer(settings).run_until_signal(), settings.event_loop)
     except StartupError as exc:
         _fail(str(exc))
     except OSError as exc:  # disk full, unreadable files: one line, not a traceback

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from server.admission import (DEFAULT_MAX_FILL_MASK_CANDIDATES, DEFAULT_MAX_PIECES_PER_REQUEST,
                               DEFAULT_MAX_ROWS_PER_REQUEST)
+from server.eventloop import EVENT_LOOPS
 from server.generation.params import GenerationConfig
 
 VARIANT_AUTO = "auto"
@@ -67,6 +68,7 @@ class ServerSettings:
     #                                     sequences decode (in-place-cache decoders)
     max_prefill_tokens: int = _ENGINE.max_prefill_tokens  # padded prompt tokens (rows x longest chunk) per step
     #                                     when no sequence decodes
+    event_loop: str = "auto"              # auto = uvloop when installed (its loop machinery is C), else asyncio
     grace_period: float = 20.0            # SIGTERM: seconds to let in-flight requests finish
     max_message_bytes: int = 64 * 1024 * 1024  # gRPC messages both ways, and HTTP request bodies
     tls_cert: Path | None = None
@@ -113,6 +115,8 @@ class ServerSettings:
                 raise bad(name, f"{path} is not a PEM {'certificate' if name == 'tls_cert' else 'private key'}")
         if self.auth_token is not None and not self.auth_token.strip():
             raise bad("auth_token", "must not be empty")
+        if self.event_loop not in EVENT_LOOPS:
+            raise bad("event_loop", f"must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         if self.log_format not in LOG_FORMATS:
             raise bad("log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.log_level.upper() not in _LOG_LEVELS:
@@ -223,6 +227,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--intra-op-spinning", choices=SPINNING,
                    help="onnxruntime intra-op threads spin: off (default), on (dedicated cores: +3-12%% for "
                         "decoders), auto (on for decoders only)")
+    p.add_argument("--event-loop", choices=EVENT_LOOPS,
+                   help="auto (default): uvloop when installed, else asyncio's own loop")
     p.add_argument("--grace-period", type=float, help=f"SIGTERM drain time in seconds (default {d.grace_period:g})")
     p.add_argument("--max-message-bytes", type=int, help="max gRPC message size, both ways, and max HTTP request body (default 64 MiB)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (with --tls-key: serve TLS)")

@@ -109,6 +109,45 @@ def test_sigterm_drains_accepted_requests_then_exits_0(slow_batcher: ServerProce
     assert "draining: 6 request(s) in flight" in log and "stopped" in log
 
 
+# ---------------------------------------------------------------- the event loop under both front doors
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_both_front_doors_and_the_drain_work_on_either_event_loop(tiny_repository: Path, tmp_path: Path,
+                                                                    loop: str) -> None:
+    """gRPC, HTTP (uvicorn on the same loop), a generation stream and SIGTERM's drain, on each loop."""
+    import json
+    import urllib.request
+
+    repo = repository_with(tiny_repository, tmp_path / "repo", CLASSIFIER, "tiny-gpt")
+    with ServerProcess(repo, ["--event-loop", loop, "--http-port", "0"]) as proc:
+        wait_ready(proc.address)
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.TaskServiceStub(channel)
+            assert len(stub.Classify(classify(), timeout=30).results) == 1
+            params = pb.GenerationParameters(max_new_tokens=5, ignore_eos=True)
+            stream = stub.GenerateStream(pb.GenerateRequest(model="tiny-gpt", prompt="the boat", parameters=params),
+                                         timeout=30)
+            assert sum(len(chunk.tokens) for chunk in stream) == 5
+        body = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                                       "data": ["the boat left the harbour"]}]}).encode()
+        request = urllib.request.Request(f"{proc.http_url}/v2/models/{CLASSIFIER}/infer", data=body,
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200 and json.loads(response.read())["model_name"] == CLASSIFIER
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.proc.wait(timeout=20) == 0
+    assert f"event loop: {loop}" in "".join(proc.lines)
+
+
+def test_event_loop_choice_is_checked_before_start() -> None:
+    from server.eventloop import resolve
+
+    assert resolve("auto") == "uvloop"    # a dependency of the server's install (pyproject.toml)
+    assert resolve("asyncio") == "asyncio"
+    with pytest.raises(ValueError, match="--event-loop: must be one of auto, uvloop, asyncio"):
+        resolve("trio")
+
+
 # ---------------------------------------------------------------- version swap under load
 
 def test_new_version_swaps_in_under_load_without_failures(tiny_repository: Path, tmp_path: Path) -> None:
