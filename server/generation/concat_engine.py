@@ -156,8 +156,8 @@ class ConcatEngine(GenerationEngine):
             self._cache = None
             return
         self._cache = cache
-        if self._metrics is not None:
-            self._metrics.batch_size.labels(model=self._label).observe(len(self._active))
+        if self._per_model is not None:
+            self._per_model.batch_size.observe(len(self._active))
         for row, seq in enumerate(self._active):
             if not seq.cancelled and not seq.done:
                 self._advance(seq, logits[row])

@@ -393,3 +393,9 @@ class _ModelMetrics:
         self.active_sequences = metrics.active_sequences.labels(model=label)
         self.queued_requests = metrics.queued_requests.labels(model=label)
         self.tokens_in_flight = metrics.tokens_in_flight.labels(model=label)
+        # Per step (per token at batch 1): looked up once, since labels() locks and builds a key on every call.
+        self.batch_size = metrics.batch_size.labels(model=label)
+        self.prefill_chunks = metrics.prefill_chunks.labels(model=label)
+        self.prefill_tokens = metrics.prefill_tokens.labels(model=label)
+        self.slots_used = metrics.cache_slots.labels(model=label, state="used")
+        self.slots_total = metrics.cache_slots.labels(model=label, state="total")

@@ -182,20 +182,19 @@ class SlotEngine(GenerationEngine):
     # ------------------------------------------------------------------ metrics
 
     def _record_plan(self, plan: Plan) -> None:
-        m = self._metrics
+        m = self._per_model
         if m is None:
             return
         if plan.decode:
-            m.batch_size.labels(model=self._label).observe(len(plan.decode))
+            m.batch_size.observe(len(plan.decode))
         chunks = sum(len(call.chunks) for call in plan.prefill)
         if chunks:
-            m.prefill_chunks.labels(model=self._label).inc(chunks)
-            m.prefill_tokens.labels(model=self._label).inc(plan.prefill_tokens)
+            m.prefill_chunks.inc(chunks)
+            m.prefill_tokens.inc(plan.prefill_tokens)
 
     def _record_gauges(self) -> None:
         super()._record_gauges()
-        if self._metrics is not None:
-            slots = self._metrics.cache_slots
-            slots.labels(model=self._label, state="used").set(self._scheduler.occupied_slots)
-            slots.labels(model=self._label, state="total").set(self._scheduler.config.num_slots)
-
+        m = self._per_model
+        if m is not None:
+            m.slots_used.set(self._scheduler.occupied_slots)
+            m.slots_total.set(self._scheduler.config.num_slots)
