@@ -14,16 +14,18 @@ import onnxruntime as ort
 log = logging.getLogger(__name__)
 
 
-def session(path: Path, threads: int, profile_dir: Path | None = None) -> ort.InferenceSession:
-    """CPU session with `threads` intra-op threads, sequential execution (what the server configures)."""
+def session(path: Path, threads: int, profile_dir: Path | None = None, spinning: bool = False
+            ) -> ort.InferenceSession:
+    """CPU session with `threads` intra-op threads, sequential execution (what the server configures).
+    spinning=True keeps onnxruntime's default busy-waiting threads (a machine measured for one backend alone)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
-    # No spin-waiting after a run: the interleaved backends would otherwise compete with an idle-spinning
-    # onnxruntime worker for the 2 cores (the same reason torch gets OMP_WAIT_POLICY=PASSIVE).
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # By default no spin-waiting after a run: the interleaved backends would otherwise compete with an
+    # idle-spinning onnxruntime worker for the 2 cores (the same reason torch gets OMP_WAIT_POLICY=PASSIVE).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if profile_dir is not None:
         opts.enable_profiling = True
         opts.profile_file_prefix = str(profile_dir / Path(path).stem)

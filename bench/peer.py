@@ -23,6 +23,7 @@ import numpy as np
 from .config import PeerConfig
 from .encoder import encode
 from .material import classifier_checkpoint, export_package, passages, shared_dir
+from .ortprofile import session
 from .pyprofile import profile_server
 from .serverproc import Process, ServerProcess, free_port
 from .stats import Summary, percentile, ratio
@@ -100,19 +101,22 @@ def infer_inputs(feeds: dict[str, np.ndarray]) -> list[Any]:
     return out
 
 
+def _stat_cpu_ticks(stat: Path) -> tuple[int, int]:
+    """(parent pid, user + system clock ticks) of a /proc/<pid>/stat or /proc/<pid>/task/<tid>/stat file."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()   # after the name: state ppid ... utime (11) stime (12)
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
 def tree_cpu_seconds(root: int) -> float:
     """CPU time (user + system) of a live process and all its descendants (a server and any workers)."""
-    tick = os.sysconf("SC_CLK_TCK")
     parent, cpu = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            parent[int(entry)], cpu[int(entry)] = _stat_cpu_ticks(Path(f"/proc/{entry}/stat"))
         except OSError:     # gone meanwhile
             continue
-        pid = int(entry)    # fields after the name: state ppid ... utime (11) stime (12)
-        parent[pid], cpu[pid] = int(fields[1]), int(fields[11]) + int(fields[12])
     total = 0
     for pid in cpu:
         p = pid
@@ -120,13 +124,12 @@ def tree_cpu_seconds(root: int) -> float:
             p = parent.get(p, 0)
         if p == root:
             total += cpu[pid]
-    return total / tick
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def main_thread_cpu_seconds(pid: int) -> float:
     """CPU time of a process's main thread (ortserve's event loop: gRPC, codecs, batcher; not onnxruntime's runs)."""
-    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu_ticks(Path(f"/proc/{pid}/task/{pid}/stat"))[1] / os.sysconf("SC_CLK_TCK")
 
 
 def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: int,
@@ -194,21 +197,15 @@ def graph_ceiling(model_file: Path, feeds: dict[int, np.ndarray], threads: int,
     one spinning session of `threads` threads (MLServer's configuration) and of `threads` one-thread sessions run
     side by side, at each batch size. No server can serve more rows/s than the best of these (it has the graph's
     work plus its own), so best / MLServer's rows/s bounds the throughput ratio any server could reach here."""
-    import onnxruntime as ort
-
-    def session(n: int) -> Any:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = n, 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
-        return ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
-
     def rows_per_s(sessions: list[Any], batch: int) -> float:
         counts = [0] * len(sessions)
         barrier = threading.Barrier(len(sessions))
+        t0 = [0.0]
 
         def loop(i: int) -> None:
             sessions[i].run(None, feeds[batch])  # warm-up (first run of a shape allocates)
-            barrier.wait()
+            if barrier.wait() == 0:
+                t0[0] = time.perf_counter()
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
                 sessions[i].run(None, feeds[batch])
@@ -219,10 +216,10 @@ def graph_ceiling(model_file: Path, feeds: dict[int, np.ndarray], threads: int,
             w.start()
         for w in workers:
             w.join()
-        return sum(counts) * batch / seconds
+        return sum(counts) * batch / (time.perf_counter() - t0[0])   # the last runs end after `seconds`
 
-    configs = {f"1 session x {threads} threads, spinning": [session(threads)],
-               f"{threads} sessions x 1 thread, side by side": [session(1) for _ in range(threads)]}
+    configs = {f"1 session x {threads} threads, spinning": [session(model_file, threads, spinning=True)],
+               f"{threads} sessions x 1 thread, side by side": [session(model_file, 1) for _ in range(threads)]}
     table = {name: {str(b): rows_per_s(sessions, b) for b in sorted(feeds)} for name, sessions in configs.items()}
     best = max((v, name, b) for name, by_batch in table.items() for b, v in by_batch.items())
     return {"rows_per_s": table, "best_rows_per_s": best[0], "best": f"{best[1]}, batch {best[2]}"}
