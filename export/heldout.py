@@ -39,8 +39,6 @@ BUILTIN_TEXTS = (
 )
 
 
-
-
 def kv8_texts(texts: tuple[str, ...] | list[str] = BUILTIN_TEXTS) -> tuple[str, str]:
     """(calibration text, gate text) of the int8-cache variant: alternate sentences, so its scales are never
     judged on the text they were fitted to."""

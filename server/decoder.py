@@ -114,4 +114,3 @@ class DecoderModel(ServedModel):
         self.stats.record_execution(rows, asyncio.get_running_loop().time() - started)
         self.metrics.batch_size.labels(self.name).observe(rows)
         return result
-

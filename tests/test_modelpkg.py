@@ -63,7 +63,6 @@ def test_cache_layout_and_kv_heads_default_when_absent() -> None:
     assert gqa.past_names == past_names(2) and gqa.present_names == present_names(2)
 
 
-
 def test_a_variants_mixed_graph_with_and_without_mixed_graphs() -> None:
     base = {"num_layers": 2, "num_heads": 2, "head_dim": 16, "layout": "inplace"}
     now = CacheSpec.from_dict({**base, "mixed_graph": "model.mixed.onnx",
@@ -75,6 +74,7 @@ def test_a_variants_mixed_graph_with_and_without_mixed_graphs() -> None:
     assert (before.mixed_graph("fp32"), before.mixed_graph("kv8")) == ("model.mixed.onnx", None)
     assert CacheSpec.from_dict(base).mixed_graph("fp32") is None
     assert CacheSpec.from_dict({**base, "mixed_graphs": {"fp32": 3}}).mixed_graph("fp32") is None
+
 
 @pytest.mark.parametrize("change, field", [
     ({"format": "other/1"}, "format"), ({"task": "summarize"}, "task"), ({"max_length": 0}, "max_length"),
