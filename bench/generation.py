@@ -13,7 +13,9 @@ Pieces, each interleaved run by run so both sides share the machine's noise:
   leave     16 streams with staggered lengths: the inter-token gap right after a sequence leaves vs the median;
   step      one decode step at batch 8 with past 1000 vs past 16 (in-process), against the time to read
             the extra cache once at the memory bandwidth measured in the same run;
-  genai     onnxruntime-genai running the same model.onnx in-process at batch 1 and 8 vs ortserve over gRPC.
+  genai     onnxruntime-genai running the same model.onnx in-process at batch 1 and 8 vs ortserve over gRPC;
+  prefix    a long context, then a new question on the same context: time to first token of both, with the
+            server's prefix caching on and off (and vLLM's automatic prefix caching, when vLLM runs).
 Peers live in their own environments: bench/setup_vllm.sh, bench/setup_genai.sh.
 """
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Config:
     long_prompt: int = 900
     threads: int = 2
     work: Path = ROOT / "bench" / "results" / "generation-work"
-    pieces: tuple[str, ...] = ("step", "streams", "arrival", "leave", "genai", "spinning")
+    pieces: tuple[str, ...] = ("step", "streams", "arrival", "leave", "genai", "spinning", "prefix")
     model: str = "gpt2"             # "gpt2" or "llama" (grouped-query attention)
 
     @classmethod
@@ -240,12 +242,13 @@ def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagg
 
 
 def start_ortserve(repo: Path, cfg: Config, chunk: int | None = None, slots: int = 32,
-                   spinning: str | None = None) -> ServerProcess:
+                   spinning: str | None = None, prefix_caching: str = "on") -> ServerProcess:
     """The server with its defaults except: 2 threads, 32 slots (the peers' --max-num-seqs), no polling, and
     cfg.spinning (default "on": spinning threads on one shared pool, as for a dedicated machine, like the
     peers' threads)."""
     spinning = spinning or cfg.spinning
     extra = ["--prefill-chunk-tokens", str(chunk)] if chunk is not None else []
+    extra += ["--prefix-caching", prefix_caching]
     return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
                                 "--max-sequences", str(slots), "--poll-interval", "0",
                                 "--intra-op-spinning", spinning, *extra])
@@ -348,6 +351,46 @@ def arrival_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> d
         out["vllm"] = {"runs": runs, "lone_prefill_ms": lone, "largest_gap_ms": gap, "median_itl_ms": itl,
                        "gap_over_itl": gap / itl, "long_ttft_ms": statistics.median(r["long_ttft_ms"] for r in runs),
                        "ttft_over_lone": statistics.median(r["long_ttft_ms"] for r in runs) / statistics.median(lone)}
+    return out
+
+
+def prefix_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> dict[str, Any]:
+    """A context of long_prompt - prompt_tokens tokens with a first question, then the same context with a second
+    question: both requests' time to first token. Sides take turns; every run has a context of its own (first
+    id varied), so only the second request of a run can find its prefix cached."""
+    servers = {f"ortserve_prefix_{mode}": start_ortserve(repo, cfg, prefix_caching=mode) for mode in ("on", "off")}
+    clients: dict[str, Any] = {name: OrtserveStreams(srv.address, "gpt") for name, srv in servers.items()}
+    if vllm is not None:
+        clients["vllm"] = vllm
+    context_len = cfg.long_prompt - cfg.prompt_tokens
+    rows: dict[str, dict[str, list[float]]] = {name: {"first_ms": [], "second_ms": []} for name in clients}
+    try:
+        for rep in range(2 * cfg.repeats):
+            names = list(clients) if rep % 2 == 0 else list(reversed(clients))
+            for i, name in enumerate(names):
+                time.sleep(1.0)  # the other side's threads stop spinning
+                salt = 3000 + 10 * rep + i
+                context = prompts(pool, 1, context_len, salt)[0]
+                q1, q2 = prompts(pool, 2, cfg.prompt_tokens, salt + 500)
+                for key, question in (("first_ms", q1), ("second_ms", q2)):
+                    rows[name][key].append(1000 * clients[name].stream(context + question, 4, tok).ttft)
+                log.info("prefix %s: first %.0f ms, second %.0f ms", name, rows[name]["first_ms"][-1],
+                         rows[name]["second_ms"][-1])
+    finally:
+        for name, client in clients.items():
+            if name in servers:
+                client.close()
+        for srv in servers.values():
+            srv.stop()
+    out: dict[str, Any] = {"context_tokens": context_len, "question_tokens": cfg.prompt_tokens}
+    for name, r in rows.items():
+        first, second = statistics.median(r["first_ms"]), statistics.median(r["second_ms"])
+        out[name] = {"runs": r, "first_ttft_ms": first, "second_ttft_ms": second, "second_over_first": second / first}
+    on, off = out["ortserve_prefix_on"], out["ortserve_prefix_off"]
+    out["second_on_over_off"] = on["second_ttft_ms"] / off["second_ttft_ms"]
+    out["first_on_over_off"] = on["first_ttft_ms"] / off["first_ttft_ms"]
+    if "vllm" in out:
+        out["second_on_over_vllm"] = on["second_ttft_ms"] / out["vllm"]["second_ttft_ms"]
     return out
 
 
@@ -519,7 +562,7 @@ def genai_piece(cfg: Config, repo: Path, client: Any, pool: list[int], tok) -> d
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.generation", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--pieces", default=None, help="comma list of step,streams,arrival,leave,genai")
+    ap.add_argument("--pieces", default=None, help=f"comma list of {','.join(Config.pieces)}")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
     ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2", help="which 124M-shaped decoder")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generation.json")
@@ -567,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         save()
     vllm_proc = None
     vllm = None
-    if not a.no_vllm and {"streams", "arrival"} & set(pieces):
+    if not a.no_vllm and {"streams", "arrival", "prefix"} & set(pieces):
         vllm_proc, port = start_vllm(ckpt, cfg)
         vllm = VllmStreams(port, "gpt")
     try:
@@ -600,11 +643,14 @@ def main(argv: list[str] | None = None) -> int:
                 vllm_proc, vllm = None, None
             report["spinning"] = spinning_piece(cfg, repo, pool, tok)
             save()
-        if "arrival" in pieces:
+        for piece, run in (("arrival", arrival_piece), ("prefix", prefix_piece)):
+            if piece not in pieces:
+                continue
             if vllm is None and not a.no_vllm:
                 vllm_proc, port = start_vllm(ckpt, cfg)
                 vllm = VllmStreams(port, "gpt")
-            report["arrival"] = arrival_piece(cfg, repo, vllm, pool, tok)
+            report[piece] = run(cfg, repo, vllm, pool, tok)
+            save()
     finally:
         if vllm_proc is not None:
             vllm_proc.stop()
@@ -697,6 +743,18 @@ def render_section(r: dict[str, Any]) -> list[str]:
                   "| batch | ortserve gRPC tok/s | genai in-process tok/s | ratio |", "|---|---|---|---|"]
         lines += [f"| {b} | {_f(v['ortserve_grpc'])} | {_f(v['genai_in_process'])} | {_f(v['ratio'], 2)} |"
                   for b, v in ge.items()]
+        lines.append("")
+    pf = r.get("prefix")
+    if pf:
+        lines += [f"### A {pf['context_tokens']}-token context, then a second question on it (prefix caching)", "",
+                  f"Time to first token of a request with a {pf['context_tokens']}-token context and a "
+                  f"{pf['question_tokens']}-token question, then of a second request with the same context and "
+                  "another question. Medians; the sides take turns, each run with a context of its own.", "",
+                  "| server | first request TTFT ms | second request TTFT ms | second / first |", "|---|---|---|---|"]
+        names = {"ortserve_prefix_on": "ortserve, prefix caching on (default)",
+                 "ortserve_prefix_off": "ortserve, --prefix-caching off", "vllm": "vLLM (automatic prefix caching)"}
+        lines += [f"| {label} | {_f(pf[k]['first_ttft_ms'], 0)} | {_f(pf[k]['second_ttft_ms'], 0)} | "
+                  f"{_f(pf[k]['second_over_first'], 3)} |" for k, label in names.items() if k in pf]
         lines.append("")
     spn = r.get("spinning")
     if spn:

@@ -56,7 +56,8 @@ def _generation(r: Any, with_logprobs: bool) -> Generation:
                       for a in t.top_logprobs])
         for t in r.tokens]
     return Generation(text=r.text, finish_reason=r.finish_reason or "",
-                      usage=Usage(int(r.usage.prompt_tokens), int(r.usage.completion_tokens)), tokens=tokens,
+                      usage=Usage(int(r.usage.prompt_tokens), int(r.usage.completion_tokens),
+                                  int(r.usage.cached_prompt_tokens)), tokens=tokens,
                       time_to_first_token_ms=float(r.time_to_first_token_ms), total_time_ms=float(r.total_time_ms))
 
 

@@ -119,10 +119,14 @@ def _tokens(tokens, with_logprobs: bool) -> list[GeneratedToken]:
         for t in tokens]
 
 
+def usage(message: pb.Usage) -> Usage:
+    return Usage(message.prompt_tokens, message.completion_tokens, message.cached_prompt_tokens)
+
+
 def generation(response: pb.GenerateResponse, with_logprobs: bool) -> Generation:
     return Generation(
         text=response.text, finish_reason=_FINISH_REASONS.get(response.finish_reason, ""),
-        usage=Usage(response.usage.prompt_tokens, response.usage.completion_tokens),
+        usage=usage(response.usage),
         tokens=_tokens(response.tokens, with_logprobs), model=response.model, version=response.version,
         time_to_first_token_ms=response.time_to_first_token_ms, total_time_ms=response.total_time_ms)
 
@@ -132,7 +136,7 @@ def stream_chunk(message: pb.GenerateStreamResponse, with_logprobs: bool) -> Str
     return StreamChunk(
         text=message.text, tokens=_tokens(message.tokens, with_logprobs), final=final,
         finish_reason=_FINISH_REASONS.get(message.finish_reason, "") if final else None,
-        usage=Usage(message.usage.prompt_tokens, message.usage.completion_tokens) if final else None,
+        usage=usage(message.usage) if final else None,
         model=message.model, version=message.version)
 
 

@@ -63,6 +63,7 @@ class GeneratedToken:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_prompt_tokens: int = 0    # of prompt_tokens, found in the server's cache (prefix caching)
 
 
 @dataclass(frozen=True)

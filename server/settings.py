@@ -68,6 +68,8 @@ class ServerSettings:
     #                                     sequences decode (in-place-cache decoders)
     max_prefill_tokens: int = _ENGINE.max_prefill_tokens  # padded prompt tokens (rows x longest chunk) per step
     #                                     when no sequence decodes
+    prefix_caching: str = "on"            # in-place-cache decoders: a free slot keeps its keys/values, and a new
+    #                                     prompt that starts with those tokens skips their prefill ("off": never)
     event_loop: str = "auto"              # auto = uvloop when installed (its loop machinery is C), else asyncio
     grace_period: float = 20.0            # SIGTERM: seconds to let in-flight requests finish
     max_message_bytes: int = 64 * 1024 * 1024  # gRPC messages both ways, and HTTP request bodies
@@ -98,6 +100,8 @@ class ServerSettings:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
         if self.intra_op_spinning not in SPINNING:
             raise bad("intra_op_spinning", f"must be one of {', '.join(SPINNING)}, got {self.intra_op_spinning!r}")
+        if self.prefix_caching not in ON_OFF:
+            raise bad("prefix_caching", f"must be one of {', '.join(ON_OFF)}, got {self.prefix_caching!r}")
         for name in ("max_batch_size", "encoder_instances", "max_queued_requests", "max_rows_per_request",
                      "max_pieces_per_request",
                      "max_fill_mask_candidates", "max_tokens_in_flight", "max_sequences",
@@ -126,6 +130,7 @@ class ServerSettings:
 
 
 SPINNING = ("auto", "on", "off")
+ON_OFF = ("on", "off")
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerSettings)}
 
 
@@ -224,6 +229,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                         f"(default {d.prefill_chunk_tokens})")
     p.add_argument("--max-prefill-tokens", type=int,
                    help=f"generation: padded prompt tokens per step when no sequence decodes (default {d.max_prefill_tokens})")
+    p.add_argument("--prefix-caching", choices=ON_OFF,
+                   help="generation: a free cache slot keeps its tokens' keys/values and a new prompt that starts with "
+                        "them skips their prefill (default on)")
     p.add_argument("--intra-op-spinning", choices=SPINNING,
                    help="onnxruntime intra-op threads spin: off (default), on (dedicated cores: +3-12%% for "
                         "decoders), auto (on for decoders only)")

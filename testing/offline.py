@@ -16,6 +16,12 @@ from modelpkg import CacheSpec, past_names, present_names
 def greedy_generate(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int],
                     max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
     """Generated ids (the eos id included when generation ended on it)."""
+    return [t for t, _ in greedy_with_logprobs(session, manifest, prompt_ids, max_new_tokens, stop_at_eos)]
+
+
+def greedy_with_logprobs(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int],
+                         max_new_tokens: int, stop_at_eos: bool = True) -> list[tuple[int, float]]:
+    """greedy_generate's ids, each with its log-probability under the model (float64 log-softmax)."""
     cache = CacheSpec.from_dict(manifest["cache"])
     eos = (manifest.get("special_tokens") or {}).get("eos")
     if not prompt_ids:
@@ -25,15 +31,16 @@ def greedy_generate(session: ort.InferenceSession, manifest: dict[str, Any], pro
     ids = np.asarray([prompt_ids], dtype=np.int64)
     positions = np.arange(len(prompt_ids), dtype=np.int64)[None, :]
     takes_positions = "position_ids" in {i.name for i in session.get_inputs()}
-    out: list[int] = []
+    out: list[tuple[int, float]] = []
     for _ in range(max_new_tokens):
         total = len(prompt_ids) + len(out)
         feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), dtype=np.int64), **past}
         if takes_positions:   # learned positions (GPT-2); rotary graphs derive them from the mask
             feeds["position_ids"] = positions
         results = session.run(["logits", *outputs], feeds)
-        token = int(np.argmax(results[0][0, -1]))
-        out.append(token)
+        row = results[0][0, -1].astype(np.float64)
+        token = int(np.argmax(row))
+        out.append((token, float(row[token] - row.max() - np.log(np.exp(row - row.max()).sum()))))
         if stop_at_eos and token == eos:
             break
         past = dict(zip(inputs, results[1:]))

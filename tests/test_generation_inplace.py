@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from clients import OrtserveClient
 from clients.errors import OrtserveError
-from testing.offline import greedy_generate
+from testing.offline import greedy_generate, greedy_with_logprobs
 from tests.server_process import ServerProcess, staggered_streams
 
 INPLACE, CONCAT = "gpt-inplace", "gpt-concat"
@@ -86,7 +86,8 @@ def test_inplace_engine_equals_offline_greedy_and_the_concat_engine(server: Serv
 def test_a_long_prompt_beside_a_decoding_stream_is_prefilled_in_chunks(server: ServerProcess,
                                                                        repository: Path) -> None:
     tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
-    long = PROMPTS[5]
+    # A prompt no other test sends: no free slot holds a prefix of it, so all of it is prefilled.
+    long = "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not to praise him."
     n = len(tok.encode(long).ids)
     assert n > 3 * 5   # more than three 4-token chunks (a tail of at most a quarter rides with the last)
     with OrtserveClient(server.address, timeout=60) as client:
@@ -99,6 +100,50 @@ def test_a_long_prompt_beside_a_decoding_stream_is_prefilled_in_chunks(server: S
     assert chunks >= 3, f"{n} prompt tokens went in {chunks} chunk(s)"
     assert rest == 119
     assert [t.token_id for t in got.tokens] == _offline(repository, INPLACE, tok.encode(long).ids, 4)
+
+
+def _wait_slots_used(server: ServerProcess, used: int) -> None:
+    deadline = time.monotonic() + 10
+    while server.metric("ortserve_cache_slots", model=INPLACE, state="used") != used:
+        assert time.monotonic() < deadline, "slots did not come free"
+        time.sleep(0.02)
+
+
+def test_a_prompt_starting_with_what_a_free_slot_holds_reuses_it_and_answers_as_offline(
+        server: ServerProcess, repository: Path) -> None:
+    """Prefix caching (on by default): the prefix is copied from the free slot that holds it into the lowest
+    free one, while a decoding sequence in the highest slot makes every decode call write throw-away rows into
+    the free slots below it. Greedy ids still equal offline greedy of the whole prompt."""
+    tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
+    shared = ("Now is the winter of our discontent made glorious summer by this sun of York; "
+              "and all the clouds that loured upon our house in the deep bosom of the ocean buried.")
+    assert len(tok.encode(shared).ids) > 40
+    with OrtserveClient(server.address, timeout=60) as client:
+        _wait_slots_used(server, 0)
+        first = client.generate_stream("O", INPLACE, max_new_tokens=100, ignore_eos=True)       # slot 0
+        next(first)
+        holder = client.generate_stream(shared, INPLACE, max_new_tokens=6, ignore_eos=True)    # slot 1
+        next(holder)
+        last = client.generate_stream("My lord", INPLACE, max_new_tokens=100, ignore_eos=True)  # slot 2
+        next(last)
+        held = list(holder)              # slot 1 is free now, holding the shared prompt (and 5 more tokens)
+        first.close()                    # cancelled: slot 0 is free too, the lowest
+        _wait_slots_used(server, 1)
+        time.sleep(0.05)                 # a few decode calls of `last` write throw-away rows into slots 0 and 1
+        before = server.metric("ortserve_prefix_reused_tokens_total", model=INPLACE)
+        prompt = shared + " So sweet was never so fatal."
+        got = client.generate(prompt, INPLACE, max_new_tokens=12, ignore_eos=True, logprobs=True)
+        reused = server.metric("ortserve_prefix_reused_tokens_total", model=INPLACE) - before
+        rest = sum(len(c.tokens) for c in last)
+    assert held and rest > 0
+    ids = tok.encode(prompt).ids
+    assert reused >= len(tok.encode(shared).ids) - 2, f"{reused} of {len(ids)} prompt tokens reused"
+    pkg = repository / INPLACE / "1"
+    want = greedy_with_logprobs(ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"]),
+                                json.loads((pkg / "model.json").read_text()), ids, 12, stop_at_eos=False)
+    assert [t.token_id for t in got.tokens] == [t for t, _ in want]
+    # Logprobs too (a wrong key/value anywhere in the prefix shows here even when the argmax survives it).
+    assert max(abs(t.logprob - lp) for t, (_, lp) in zip(got.tokens, want)) < 1e-4
 
 
 def test_a_request_cut_by_its_deadline_frees_its_slot(server: ServerProcess, repository: Path) -> None:

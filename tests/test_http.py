@@ -434,6 +434,21 @@ def test_greedy_completion_equals_grpc_generate(oai: openai.OpenAI, tasks: pb_gr
     assert echoed.choices[0].text == prompt + _grpc_text(tasks, prompt, 3)
 
 
+def test_usage_reports_the_prompt_tokens_found_cached(oai: openai.OpenAI, tasks: pb_grpc.TaskServiceStub) -> None:
+    """A prompt that starts with what a free cache slot holds (prefix caching): OpenAI's
+    usage.prompt_tokens_details.cached_tokens, and the task API's usage.cached_prompt_tokens, say how much."""
+    context = "Is this a dagger which I see before me, the handle toward my hand? Come, let me clutch thee."
+    first = oai.completions.create(model=GPT, prompt=context, max_tokens=3, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = oai.completions.create(model=GPT, prompt=context + " I have thee not", max_tokens=3, temperature=0,
+                                    stream=True, stream_options={"include_usage": True})
+    usage = [e.usage for e in second if e.usage is not None][-1]
+    assert first.usage.prompt_tokens - 2 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
+    third = tasks.Generate(pb.GenerateRequest(model=GPT, prompt=context + " and yet I see thee still",
+                                              parameters=pb.GenerationParameters(max_new_tokens=2)))
+    assert first.usage.prompt_tokens - 2 <= third.usage.cached_prompt_tokens < third.usage.prompt_tokens
+
+
 def _grpc_text(tasks: pb_grpc.TaskServiceStub, prompt: str, n: int) -> str:
     return tasks.Generate(pb.GenerateRequest(model=GPT, prompt=prompt, parameters=pb.GenerationParameters(
         max_new_tokens=n, temperature=0.0, ignore_eos=True))).text

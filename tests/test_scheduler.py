@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.generation.scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
+from server.generation.scheduler import Copy, Plan, Scheduler, SchedulerConfig, SeqState, Status
 
 
 def make(slots: int = 4, chunk: int = 8, max_prefill: int = 64) -> Scheduler:
@@ -180,3 +180,131 @@ def test_config_is_validated() -> None:
         SchedulerConfig(num_slots=2, chunk_tokens=0)
     with pytest.raises(ValueError, match="num_slots"):
         SchedulerConfig(num_slots=True)
+
+
+# ---------------------------------------------------------------------- prefix reuse
+
+
+def reusing(slots: int = 4, chunk: int = 8, max_prefill: int = 64, min_reuse: int = 4,
+            slot_length: int = 1 << 30) -> Scheduler:
+    return Scheduler(SchedulerConfig(num_slots=slots, chunk_tokens=chunk, max_prefill_tokens=max_prefill,
+                                     prefix_reuse=True, min_reuse_tokens=min_reuse, slot_length=slot_length))
+
+
+def run_to_decoding(s: Scheduler, *seqs: SeqState) -> None:
+    for q in seqs:
+        s.add(q)
+    while any(q.status is not Status.DECODING for q in seqs):
+        execute(s, s.plan())
+
+
+def test_a_free_slot_keeps_its_tokens_and_a_prompt_starting_with_them_prefills_only_the_rest() -> None:
+    s = reusing()
+    a = SeqState.of(list(range(10)))
+    run_to_decoding(s, a)
+    for token in (100, 101):                     # two decode steps write the tokens fed
+        s.decoded(a, token)
+    s.finish(a)
+    assert s.free_write_positions() == {0: 12}   # throw-away writes go past the 12 held tokens
+    b = SeqState.of(list(range(10)) + [100, 101, 7, 8])
+    s.add(b)
+    plan = s.plan()
+    assert plan.copies == ()                     # the lowest free slot is the one holding them
+    assert [(c.seq, c.start, c.length) for call in plan.prefill for c in call.chunks] == [(b, 12, 2)]
+    assert not plan.prefill[0].first_prompt and plan.reused_tokens == 12
+    assert b.slot == 0 and b.computed == 12 and b.reused == 12
+    assert s.free_write_positions() == {}        # the slot is owned again: nothing held
+
+
+def test_a_prefix_held_by_another_free_slot_is_copied_into_the_lowest_one() -> None:
+    s = reusing(slots=3)
+    keep, x, y = SeqState.of([1] * 6), SeqState.of([2] * 6), SeqState.of([3] * 9)
+    run_to_decoding(s, keep, x, y)
+    assert [q.slot for q in (keep, x, y)] == [0, 1, 2]
+    s.finish(y)
+    s.finish(x)
+    assert s.free_write_positions() == {1: 6, 2: 9}
+    b = SeqState.of([3] * 9 + [4, 4])
+    s.add(b)
+    plan = s.plan()
+    assert b.slot == 1 and plan.copies == (Copy(source=2, target=1, length=9),)
+    assert [(c.start, c.length) for call in plan.prefill for c in call.chunks] == [(9, 2)]
+    assert s.free_write_positions() == {2: 9}    # the source keeps its tokens; slot 1's old ones are gone
+    assert plan.decode == (keep,)
+
+
+def test_the_last_prompt_token_is_always_run_and_short_prefixes_are_not_reused() -> None:
+    s = reusing(min_reuse=4)
+    a = SeqState.of([5, 6, 7, 8, 9])
+    run_to_decoding(s, a)
+    s.finish(a)
+    same = SeqState.of([5, 6, 7, 8, 9])          # the whole prompt is held: its last token still runs
+    s.add(same)
+    plan = s.plan()
+    assert [(c.start, c.length) for call in plan.prefill for c in call.chunks] == [(4, 1)] and same.reused == 4
+    execute(s, plan)
+    s.finish(same)
+    short = SeqState.of([5, 6, 7, 0, 0])         # 3 tokens in common < min_reuse_tokens
+    s.add(short)
+    plan = s.plan()
+    assert plan.prefill[0].first_prompt and short.reused == 0 and plan.reused_tokens == 0
+    assert [(c.start, c.length) for call in plan.prefill for c in call.chunks] == [(0, 5)]
+
+
+def test_the_longest_held_prefix_wins_and_arrivals_still_group() -> None:
+    s = reusing(slots=4, min_reuse=3)
+    a, b = SeqState.of([1, 2, 3, 4, 0, 0]), SeqState.of([1, 2, 3, 4, 5, 6, 0])
+    run_to_decoding(s, a, b)
+    s.finish(a)
+    s.finish(b)
+    hit = SeqState.of([1, 2, 3, 4, 5, 6, 7, 8])
+    miss1, miss2 = SeqState.of([9] * 4), SeqState.of([8] * 3)
+    for q in (miss1, hit, miss2):
+        s.add(q)
+    plan = s.plan()
+    assert hit.reused == 6 and plan.reused_tokens == 6
+    # Slots are taken lowest first: miss1 -> 0, hit -> 1 (holding its 6 tokens already), miss2 -> 2.
+    assert (miss1.slot, hit.slot, miss2.slot) == (0, 1, 2) and plan.copies == ()
+    calls = [[(c.seq, c.start, c.length) for c in call.chunks] for call in plan.prefill]
+    assert [(hit, 6, 2)] in calls                # the hit continues alone ...
+    assert [(miss1, 0, 4)] in calls and [(miss2, 0, 3)] in calls   # ... the others start at 0 (slots 0 and 2)
+
+
+def test_what_a_failed_or_untracked_sequence_held_is_not_remembered() -> None:
+    s = reusing()
+    failed, anonymous = SeqState.of(list(range(8))), SeqState(8)
+    run_to_decoding(s, failed, anonymous)
+    s.finish(failed, reusable=False)
+    s.finish(anonymous)                          # no tokens tracked: nothing to match against
+    assert s.free_write_positions() == {}
+    off = make()                                 # prefix_reuse off (the scheduler's default)
+    q = SeqState.of(list(range(8)))
+    run_to_decoding(off, q)
+    off.finish(q)
+    assert off.free_write_positions() == {}
+
+
+def test_a_held_prefix_leaves_the_slots_last_position_free() -> None:
+    s = reusing(slot_length=10)
+    a = SeqState.of(list(range(8)))
+    run_to_decoding(s, a)
+    s.decoded(a, 50)
+    s.decoded(a, 51)                             # the slot is full: 10 of 10 positions
+    s.finish(a)
+    assert s.free_write_positions() == {0: 9}    # 9 remembered, position 9 takes throw-away writes
+
+
+def test_common_prefix_agrees_with_a_plain_loop() -> None:
+    import random
+
+    from server.generation.scheduler import _common_prefix
+
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randrange(0, 40)
+        a = [rng.randrange(3) for _ in range(n)]
+        b = a[:rng.randrange(0, n + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 10))]
+        want = 0
+        while want < min(len(a), len(b)) and a[want] == b[want]:
+            want += 1
+        assert _common_prefix(a, b) == want

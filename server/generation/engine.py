@@ -397,5 +397,6 @@ class _ModelMetrics:
         self.batch_size = metrics.batch_size.labels(model=label)
         self.prefill_chunks = metrics.prefill_chunks.labels(model=label)
         self.prefill_tokens = metrics.prefill_tokens.labels(model=label)
+        self.prefix_reused_tokens = metrics.prefix_reused_tokens.labels(model=label)
         self.slots_used = metrics.cache_slots.labels(model=label, state="used")
         self.slots_total = metrics.cache_slots.labels(model=label, state="total")

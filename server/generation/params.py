@@ -149,6 +149,7 @@ class GenerationConfig:
     max_prefill_tokens: int = 1024   # padded prompt tokens (rows x longest chunk) per iteration when none decodes
     prefill_chunk_tokens: int = 20   # prompt tokens per iteration while others decode (in-place-cache models)
     arrival_window_ms: float = 5.0   # waking from idle: longest wait for simultaneous arrivals (0 = none)
+    prefix_caching: bool = True      # a free slot keeps its prompt prefix for new prompts that start with it
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",
@@ -159,3 +160,5 @@ class GenerationConfig:
         if isinstance(self.arrival_window_ms, bool) or not isinstance(self.arrival_window_ms, (int, float)) \
                 or not 0 <= self.arrival_window_ms <= 1000:
             raise ValueError(f"generation.arrival_window_ms: must be in [0, 1000], got {self.arrival_window_ms!r}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"generation.prefix_caching: must be a boolean, got {self.prefix_caching!r}")

@@ -35,6 +35,7 @@ class GeneratedToken:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_prompt_tokens: int = 0    # of prompt_tokens, found in the cache (prefix caching), not prefilled
 
 
 @dataclass(frozen=True)

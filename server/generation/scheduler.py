@@ -12,6 +12,14 @@ interleave with the running streams) and `max_prefill_tokens` otherwise (a lone 
 Padded positions count against the budget: they cost compute like real ones. A prompt longer than the
 budget is cut into the fewest chunks that fit it, of equal size (no chunk over the budget, no tiny tail).
 
+Prefix reuse (with `prefix_reuse`): a slot set free keeps its keys/values, and the scheduler remembers the
+tokens behind them. A new sequence whose prompt starts with such tokens (at least `min_reuse_tokens`) does not
+prefill them: the plan copies that prefix into the sequence's slot (or finds it there already) and prefills the
+rest as a continuation. It is exact for a causal decoder: the keys/values at a position depend only on the
+tokens up to it. Slots are still taken lowest first, so the decode calls stay as narrow as without reuse; a free
+slot's remembered prefix is dropped when the slot is taken, and a decode call's throw-away writes land just
+past it (`free_write_positions`), never inside.
+
 The executor runs the plan; a sequence's status moves WAITING → PREFILLING → DECODING → FINISHED
 through the methods below, which the engine calls as results come back.
 """
@@ -39,6 +47,14 @@ class SeqState:
     status: Status = Status.WAITING
     slot: int | None = None
     computed: int = 0            # tokens whose keys/values are in the slot
+    # The ids written (or to be written) into the slot: the prompt, then every decoded input token. Empty =
+    # not tracked: the slot's contents are not remembered and no prefix is reused for it.
+    tokens: list[int] = field(default_factory=list)
+    reused: int = 0              # prompt tokens found cached at admission (not prefilled)
+
+    @classmethod
+    def of(cls, prompt: list[int], owner: Any = None) -> "SeqState":
+        return cls(prompt_len=len(prompt), owner=owner, tokens=list(prompt))
 
     @property
     def remaining_prompt(self) -> int:
@@ -79,9 +95,20 @@ class PrefillCall:
 
 
 @dataclass(frozen=True)
+class Copy:
+    """Positions [0, length) of slot `source` copied into slot `target` before the iteration's calls."""
+
+    source: int
+    target: int
+    length: int
+
+
+@dataclass(frozen=True)
 class Plan:
     decode: tuple[SeqState, ...] = ()
     prefill: tuple[PrefillCall, ...] = ()
+    copies: tuple[Copy, ...] = ()
+    reused_tokens: int = 0       # prompt tokens admitted sequences found cached (copied or in place)
 
     @property
     def empty(self) -> bool:
@@ -97,9 +124,14 @@ class SchedulerConfig:
     num_slots: int
     chunk_tokens: int = 32           # prefill tokens per iteration while some sequence decodes
     max_prefill_tokens: int = 1024   # prefill tokens (padded) per iteration when none decodes
+    prefix_reuse: bool = False       # free slots keep their prefixes for new prompts that start with them
+    # A reused prefix runs its remaining prompt as a continuation, alone (a first-prompt group is one call for
+    # several rows): below this many tokens that extra call costs more than the prefix saves.
+    min_reuse_tokens: int = 16
+    slot_length: int = 1 << 30       # positions per slot (a remembered prefix leaves the last one free)
 
     def __post_init__(self) -> None:
-        for name in ("num_slots", "chunk_tokens", "max_prefill_tokens"):
+        for name in ("num_slots", "chunk_tokens", "max_prefill_tokens", "min_reuse_tokens", "slot_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
@@ -113,6 +145,7 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self._free = list(range(self.config.num_slots))         # kept sorted: lowest slots first
+        self._held: dict[int, list[int]] = {}                   # free slot -> tokens its keys/values hold
 
     # ------------------------------------------------------------------ membership
 
@@ -129,8 +162,10 @@ class Scheduler:
             raise ValueError(f"only a waiting sequence can be added, got {seq.status.value}")
         self.waiting.append(seq)
 
-    def finish(self, seq: SeqState) -> None:
-        """The sequence ends (done, cancelled, failed) in whatever state: its slot is free at once."""
+    def finish(self, seq: SeqState, reusable: bool = True) -> None:
+        """The sequence ends (done, cancelled, failed) in whatever state: its slot is free at once.
+
+        reusable=False: what the slot holds is not to be trusted (a failed run), so it is not remembered."""
         if seq.status is Status.FINISHED:
             return
         if seq.status is Status.WAITING:
@@ -138,6 +173,9 @@ class Scheduler:
         else:
             self.running.remove(seq)
             self._release(seq.slot)
+            held = min(seq.computed, self.config.slot_length - 1)
+            if reusable and self.config.prefix_reuse and held > 0 and len(seq.tokens) >= held:
+                self._held[seq.slot] = seq.tokens[:held]   # type: ignore[index]
         seq.status, seq.slot = Status.FINISHED, None
 
     def prefilled(self, chunk: Chunk) -> None:
@@ -148,10 +186,17 @@ class Scheduler:
         seq.computed = chunk.start + chunk.length
         seq.status = Status.DECODING if seq.computed >= seq.prompt_len else Status.PREFILLING
 
-    def decoded(self, seq: SeqState) -> None:
-        """One more token is in the slot."""
+    def decoded(self, seq: SeqState, token: int | None = None) -> None:
+        """One more token (`token`, when the sequence's tokens are tracked) is in the slot."""
         if seq.status is Status.DECODING:
+            if token is not None and len(seq.tokens) == seq.computed:
+                seq.tokens.append(token)
             seq.computed += 1
+
+    def free_write_positions(self) -> dict[int, int]:
+        """Free slots holding a remembered prefix -> the first position past it (where a decode call's
+        throw-away row may write without touching the prefix). Other free slots take position 0."""
+        return {slot: len(tokens) for slot, tokens in self._held.items()}
 
     # ------------------------------------------------------------------ planning
 
@@ -167,32 +212,66 @@ class Scheduler:
                 n = _chunk(seq.remaining_prompt, budget)
                 calls.append(PrefillCall((Chunk(seq, seq.computed, n),), first_prompt=False))
                 budget -= n
-        # 2. New arrivals into free slots, as many as the budget (counting padding) allows.
+        # 2. New arrivals into free slots, as many as the budget (counting padding) allows. One whose prompt
+        #    starts with a free slot's remembered tokens skips them: its rest runs as a continuation.
         admitted: list[Chunk] = []
+        admitted_reusing: list[Chunk] = []
+        copies: list[Copy] = []
         width = 0
-        while self.waiting and self._free and budget > 0:
+        while self.waiting and self._free and budget - width * len(admitted) > 0:
             seq = self.waiting[0]
-            n = _chunk(seq.prompt_len, budget)
-            new_width = max(width, n)
-            if admitted and new_width * (len(admitted) + 1) > budget:
-                break
-            if not admitted and n < seq.prompt_len and calls:
-                break    # a new long prompt waits for a budget of its own rather than starting on scraps
+            left = budget - width * len(admitted)
+            source, reused = self._cached_prefix(seq)
+            n = _chunk(seq.prompt_len - reused, left if reused else budget)
+            if reused:
+                if n < seq.prompt_len - reused and (calls or admitted):
+                    break    # as below: a long rest waits for a budget of its own
+            else:
+                new_width = max(width, n)
+                if admitted and new_width * (len(admitted) + 1) > budget:
+                    break
+                if not admitted and n < seq.prompt_len and calls:
+                    break    # a new long prompt waits for a budget of its own rather than starting on scraps
             self.waiting.popleft()
             seq.slot = self._take()
             seq.status = Status.PREFILLING
             self.running.append(seq)
-            admitted.append(Chunk(seq, 0, n))
-            width = new_width
+            if reused:
+                if source != seq.slot:
+                    copies.append(Copy(source, seq.slot, reused))
+                seq.computed = seq.reused = reused
+                admitted_reusing.append(Chunk(seq, reused, n))
+                calls.append(PrefillCall((admitted_reusing[-1],), first_prompt=False))
+                budget -= n
+            else:
+                admitted.append(Chunk(seq, 0, n))
+                width = max(width, n)
         if admitted:
             budget -= width * len(admitted)
             calls.extend(_contiguous_groups(admitted))
-        return Plan(decode=decode, prefill=tuple(calls))
+        return Plan(decode=decode, prefill=tuple(calls), copies=tuple(copies),
+                    reused_tokens=sum(c.seq.reused for c in admitted_reusing))
 
     # ------------------------------------------------------------------ slots
 
+    def _cached_prefix(self, seq: SeqState) -> tuple[int, int]:
+        """(free slot, tokens) of the longest remembered prefix of seq's prompt; (-1, 0) when none is long
+        enough. At most prompt_len - 1 tokens: the last prompt token is always run, for its logits."""
+        if not self._held or not seq.tokens:
+            return -1, 0
+        prompt = seq.tokens[:seq.prompt_len]
+        best, best_slot = 0, -1
+        for slot, held in self._held.items():
+            n = _common_prefix(prompt, held)
+            if n > best:
+                best, best_slot = n, slot
+        best = min(best, seq.prompt_len - 1)
+        return (best_slot, best) if best >= self.config.min_reuse_tokens else (-1, 0)
+
     def _take(self) -> int:
-        return self._free.pop(0)
+        slot = self._free.pop(0)
+        self._held.pop(slot, None)      # its owner overwrites it from now on
+        return slot
 
     def _release(self, slot: int | None) -> None:
         if slot is None:
@@ -210,6 +289,23 @@ def _chunk(remaining: int, budget: int) -> int:
         return remaining
     pieces = -(-remaining // budget)
     return -(-remaining // pieces)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix; list slices compare in C, so bisect over them."""
+    n = min(len(a), len(b))
+    if n == 0 or a[0] != b[0]:
+        return 0
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 1, n          # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _contiguous_groups(chunks: Iterable[Chunk]) -> list[PrefillCall]:

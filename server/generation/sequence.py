@@ -56,7 +56,8 @@ class Sequence:
         return len(self.prompt_ids) + self.params.max_new_tokens
 
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(self.generated))
+        return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(self.generated),
+                     cached_prompt_tokens=self.state.reused if self.state is not None else 0)
 
     def fail(self, error: BaseException) -> None:
         if not self.done:

@@ -31,7 +31,9 @@ class SlotEngine(GenerationEngine):
         cfg = self.config
         self._scheduler = Scheduler(SchedulerConfig(num_slots=cfg.max_batch_size,
                                                     chunk_tokens=cfg.prefill_chunk_tokens,
-                                                    max_prefill_tokens=cfg.max_prefill_tokens))
+                                                    max_prefill_tokens=cfg.max_prefill_tokens,
+                                                    prefix_reuse=cfg.prefix_caching,
+                                                    slot_length=self.spec.max_length))
         self._runner = SlotRunner(self.session, self.spec, cfg.max_batch_size, self._mixed_session)
         logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB of %s), prefill chunk %d tokens, %s",
                     self._label, cfg.max_batch_size, self.spec.max_length, self._runner.cache_bytes / 2 ** 20,
@@ -53,7 +55,7 @@ class SlotEngine(GenerationEngine):
         return [s.owner for s in (*self._scheduler.waiting, *self._scheduler.running)]
 
     def _enqueue(self, seq: Sequence) -> None:
-        seq.state = SeqState(prompt_len=len(seq.prompt_ids), owner=seq)
+        seq.state = SeqState.of(seq.prompt_ids, owner=seq)
         self._scheduler.add(seq.state)
 
     def _dequeue_waiting(self, seq: Sequence) -> bool:
@@ -95,8 +97,10 @@ class SlotEngine(GenerationEngine):
             return False
         decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode]
         # Where a decode run may write a throw-away token for a slot that is not decoding: the slot's next
-        # position after this iteration's chunk (overwritten by its next chunk or first decode, read by no one).
-        idle = {s.slot: s.computed for s in self._scheduler.running if s.status is Status.PREFILLING}
+        # position after this iteration's chunk (overwritten by its next chunk or first decode, read by no one),
+        # or just past the prefix a free slot keeps for reuse.
+        idle = self._scheduler.free_write_positions()
+        idle.update({s.slot: s.computed for s in self._scheduler.running if s.status is Status.PREFILLING})
         for call in plan.prefill:
             for c in call.chunks:
                 idle[c.seq.slot] = c.start + c.length
@@ -106,8 +110,8 @@ class SlotEngine(GenerationEngine):
         if isinstance(decoded, Exception):
             self._fail(plan.decode, "decode step failed", decoded)
         else:
-            for state, logits in zip(plan.decode, decoded):
-                self._scheduler.decoded(state)
+            for state, row, logits in zip(plan.decode, decode_rows, decoded):
+                self._scheduler.decoded(state, row.token)
                 seq = state.owner
                 if not seq.cancelled and not seq.done:
                     self._advance(seq, logits)
@@ -131,6 +135,8 @@ class SlotEngine(GenerationEngine):
         A failing call fails only its own sequences: its exception is returned in its place."""
         decoded: np.ndarray | Exception = np.empty((0, 0), np.float32)
         prefilled: list[np.ndarray | Exception] = []
+        for copy in plan.copies:      # before any call: a source slot may be written later this iteration
+            self._runner.copy_prefix(copy.source, copy.target, copy.length)
         if decode_rows and calls and self._runner.mixed_session is not None:
             # Decode and the first prompt chunk in one run: the weights are read once for both.
             try:
@@ -156,7 +162,7 @@ class SlotEngine(GenerationEngine):
         logger.error("%s on %s for %d sequences: %s", what, self._label, len(states), exc)
         for state in states:
             state.owner.fail(RuntimeError(f"{what}: {exc}"))
-            self._scheduler.finish(state)
+            self._scheduler.finish(state, reusable=False)
 
     # ------------------------------------------------------------------ warm-up
 
@@ -187,6 +193,8 @@ class SlotEngine(GenerationEngine):
             return
         if plan.decode:
             m.batch_size.observe(len(plan.decode))
+        if plan.reused_tokens:
+            m.prefix_reused_tokens.inc(plan.reused_tokens)
         chunks = sum(len(call.chunks) for call in plan.prefill)
         if chunks:
             m.prefill_chunks.inc(chunks)

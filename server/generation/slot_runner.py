@@ -111,6 +111,13 @@ class SlotRunner:
         return (self.mixed_session, prefix, self.scratch, self.scratch + 1, one, np.ones(1, np.int64),
                 np.zeros((1, 1), np.int64))
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Positions [0, length) of one slot into another, every layer and kind (a reused prompt prefix)."""
+        if not (0 <= source < self.num_slots and 0 <= target < self.num_slots and 0 < length < self.spec.max_length):
+            raise ValueError(f"copy_prefix: slots {source} -> {target}, {length} tokens out of range")
+        for buf in self.buffers.values():
+            buf[target, :, :length] = buf[source, :, :length]
+
     # ------------------------------------------------------------------ inputs
 
     def _decode_feeds(self, rows: list[DecodeRow], idle_positions: dict[int, int]

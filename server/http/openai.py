@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from server.errors import Code, ServingError
-from server.generation import GeneratedToken, GenerationParams
+from server.generation import GeneratedToken, GenerationParams, Usage
 from server.http.app import OPENAI, Door, route
 from server.http.body import deadline_from_headers, field, json_object
 from server.http.chat import render_chat
@@ -88,9 +88,11 @@ def _stream_options(body: dict[str, Any]) -> bool:
     return bool(field(options, "include_usage", bool, False, prefix="stream_options."))
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def _usage(usages: list[Usage]) -> dict[str, Any]:
+    """OpenAI's usage object summed over requests; cached_tokens = prompt tokens found in the cache."""
+    prompt, completion = sum(u.prompt_tokens for u in usages), sum(u.completion_tokens for u in usages)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(u.cached_prompt_tokens for u in usages)}}
 
 
 def _sse(payload: Any) -> bytes:
@@ -187,8 +189,7 @@ async def completions(door: Door, request: Request) -> Response:
     results = await asyncio.gather(*(door.plane.generate(model, 0, p, params, deadline) for p in prompts))
     choices = [_completion_choice(door, i, r, prompts[i] if echo else "", logprobs is not None)
                for i, r in enumerate(results)]
-    usage = _usage(sum(r.output.usage.prompt_tokens for r in results),
-                   sum(r.output.usage.completion_tokens for r in results))
+    usage = _usage([r.output.usage for r in results])
     return JSONResponse({"id": ident, "object": "text_completion", "created": created, "model": model,
                          "choices": choices, "usage": usage})
 
@@ -261,7 +262,7 @@ async def _completion_events(door: Door, streams: list[AsyncIterator[StreamPart]
     """One `text_completion` chunk per text delta of each prompt (choices[0].index = the prompt's index)."""
     model = next((f.model for f in firsts if f is not None), "")
     lps = [Logprobs(door, f.model, f.version) if f is not None else None for f in firsts]
-    prompt_tokens = completion_tokens = finished = 0
+    usages: list[Usage] = []
 
     def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
@@ -278,11 +279,9 @@ async def _completion_events(door: Door, streams: list[AsyncIterator[StreamPart]
                           "logprobs": lp.of(chunk.tokens) if logprobs and lp is not None else None,
                           "finish_reason": FINISH[chunk.finish_reason or "length"] if chunk.final else None}])
             if chunk.final and chunk.usage is not None:
-                prompt_tokens += chunk.usage.prompt_tokens
-                completion_tokens += chunk.usage.completion_tokens
-                finished += 1
-        if include_usage and finished:
-            yield event([], usage=_usage(prompt_tokens, completion_tokens))
+                usages.append(chunk.usage)
+        if include_usage and usages:
+            yield event([], usage=_usage(usages))
     except Exception as exc:  # the status line is gone: the error travels as an event (the openai client raises it)
         status, message, _ = classify_error(exc, "http Completions stream")
         yield _sse(openai_body(status, message))
@@ -348,7 +347,7 @@ async def chat_completions(door: Door, request: Request) -> Response:
               else None}
     return JSONResponse({"id": ident, "object": "chat.completion", "created": created, "model": model,
                          "choices": [choice],
-                         "usage": _usage(out.usage.prompt_tokens, out.usage.completion_tokens)})
+                         "usage": _usage([out.usage])})
 
 
 def _chat_logprobs(door: Door, model: str, version: int, tokens: list[GeneratedToken]) -> dict[str, Any]:
@@ -377,7 +376,7 @@ async def _chat_events(door: Door, stream: AsyncIterator[StreamPart], first: Str
             yield event({"content": chunk.text} if chunk.text else {},
                         FINISH[chunk.finish_reason or "length"] if chunk.final else None, lp)
             if chunk.final and chunk.usage is not None:
-                usage = _usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                usage = _usage([chunk.usage])
         if include_usage and usage is not None:
             yield _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [], "usage": usage})

@@ -8,7 +8,7 @@ import grpc
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 from server.errors import Code, ServingError
-from server.generation import GeneratedToken, GenerationParams
+from server.generation import GeneratedToken, GenerationParams, Usage
 from server.servicers.common import Instrumented, deadline_of, streaming, unary
 from server.types import ModelStatus, StreamPart
 
@@ -39,6 +39,11 @@ def tokens_to_proto(tokens: list[GeneratedToken]) -> list[pb.GeneratedToken]:
     return out
 
 
+def usage_to_proto(usage: Usage) -> pb.Usage:
+    return pb.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                    cached_prompt_tokens=usage.cached_prompt_tokens)
+
+
 def chunk_to_proto(model: str, part: StreamPart) -> pb.GenerateStreamResponse:
     chunk = part.chunk
     message = pb.GenerateStreamResponse(text=chunk.text, tokens=tokens_to_proto(chunk.tokens), final=chunk.final,
@@ -46,8 +51,7 @@ def chunk_to_proto(model: str, part: StreamPart) -> pb.GenerateStreamResponse:
     if chunk.final:
         message.finish_reason = FINISH_REASONS[chunk.finish_reason or "length"]
         if chunk.usage is not None:
-            message.usage.CopyFrom(pb.Usage(prompt_tokens=chunk.usage.prompt_tokens,
-                                            completion_tokens=chunk.usage.completion_tokens))
+            message.usage.CopyFrom(usage_to_proto(chunk.usage))
     return message
 
 
@@ -87,7 +91,7 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
         r = result.output
         return pb.GenerateResponse(
             model=request.model, version=result.version, text=r.text, finish_reason=FINISH_REASONS[r.finish_reason],
-            usage=pb.Usage(prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens),
+            usage=usage_to_proto(r.usage),
             tokens=tokens_to_proto(r.tokens), time_to_first_token_ms=r.time_to_first_token_ms,
             total_time_ms=r.total_time_ms)
 
