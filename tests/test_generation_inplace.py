@@ -122,11 +122,12 @@ def test_a_prompt_starting_with_what_a_free_slot_holds_reuses_it_and_answers_as_
         _wait_slots_used(server, 0)
         first = client.generate_stream("O", INPLACE, max_new_tokens=100, ignore_eos=True)       # slot 0
         next(first)
-        holder = client.generate_stream(shared, INPLACE, max_new_tokens=6, ignore_eos=True)    # slot 1
+        # Long enough that it still runs when `last` is admitted (else `last` would take its slot).
+        holder = client.generate_stream(shared, INPLACE, max_new_tokens=40, ignore_eos=True)   # slot 1
         next(holder)
         last = client.generate_stream("My lord", INPLACE, max_new_tokens=100, ignore_eos=True)  # slot 2
         next(last)
-        held = list(holder)              # slot 1 is free now, holding the shared prompt (and 5 more tokens)
+        held = list(holder)              # slot 1 is free now, holding the shared prompt (and 39 more tokens)
         first.close()                    # cancelled: slot 0 is free too, the lowest
         _wait_slots_used(server, 1)
         time.sleep(0.05)                 # a few decode calls of `last` write throw-away rows into slots 0 and 1
