@@ -215,20 +215,19 @@ class Scheduler:
         # 2. New arrivals into free slots, as many as the budget (counting padding) allows. One whose prompt
         #    starts with a free slot's remembered tokens skips them: its rest runs as a continuation.
         admitted: list[Chunk] = []
-        admitted_reusing: list[Chunk] = []
         copies: list[Copy] = []
-        width = 0
+        reused_tokens = width = 0
         while self.waiting and self._free and budget - width * len(admitted) > 0:
             seq = self.waiting[0]
-            left = budget - width * len(admitted)
             source, reused = self._cached_prefix(seq)
-            n = _chunk(seq.prompt_len - reused, left if reused else budget)
             if reused:
-                if n < seq.prompt_len - reused and (calls or admitted):
+                rest = seq.prompt_len - reused
+                n = _chunk(rest, budget - width * len(admitted))
+                if n < rest and (calls or admitted):
                     break    # as below: a long rest waits for a budget of its own
             else:
-                new_width = max(width, n)
-                if admitted and new_width * (len(admitted) + 1) > budget:
+                n = _chunk(seq.prompt_len, budget)
+                if admitted and max(width, n) * (len(admitted) + 1) > budget:
                     break
                 if not admitted and n < seq.prompt_len and calls:
                     break    # a new long prompt waits for a budget of its own rather than starting on scraps
@@ -240,8 +239,8 @@ class Scheduler:
                 if source != seq.slot:
                     copies.append(Copy(source, seq.slot, reused))
                 seq.computed = seq.reused = reused
-                admitted_reusing.append(Chunk(seq, reused, n))
-                calls.append(PrefillCall((admitted_reusing[-1],), first_prompt=False))
+                reused_tokens += reused
+                calls.append(PrefillCall((Chunk(seq, reused, n),), first_prompt=False))
                 budget -= n
             else:
                 admitted.append(Chunk(seq, 0, n))
@@ -249,8 +248,7 @@ class Scheduler:
         if admitted:
             budget -= width * len(admitted)
             calls.extend(_contiguous_groups(admitted))
-        return Plan(decode=decode, prefill=tuple(calls), copies=tuple(copies),
-                    reused_tokens=sum(c.seq.reused for c in admitted_reusing))
+        return Plan(decode=decode, prefill=tuple(calls), copies=tuple(copies), reused_tokens=reused_tokens)
 
     # ------------------------------------------------------------------ slots
 
@@ -259,10 +257,9 @@ class Scheduler:
         enough. At most prompt_len - 1 tokens: the last prompt token is always run, for its logits."""
         if not self._held or not seq.tokens:
             return -1, 0
-        prompt = seq.tokens[:seq.prompt_len]
         best, best_slot = 0, -1
         for slot, held in self._held.items():
-            n = _common_prefix(prompt, held)
+            n = _common_prefix(seq.tokens, held)     # a waiting sequence's tokens are its prompt
             if n > best:
                 best, best_slot = n, slot
         best = min(best, seq.prompt_len - 1)
