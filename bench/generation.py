@@ -204,8 +204,19 @@ class VllmStreams:
         self.model = model
 
     def stream(self, ids: list[int], new_tokens: int, tok) -> StreamRecord:
+        import requests
+
         body = {"model": self.model, "prompt": ids, "max_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            return self._stream(body)
+        except requests.ConnectionError:
+            # A kept-alive connection that the server closed (its keep-alive timeout, 5 s) as this request went
+            # out: nothing was generated, so send it again on a new connection.
+            log.warning("vLLM closed a kept-alive connection; sending the request again")
+            return self._stream(body)
+
+    def _stream(self, body: dict[str, Any]) -> StreamRecord:
         rec = StreamRecord(time.perf_counter())
         with self.session.post(self.url, json=body, stream=True, timeout=600) as r:
             r.raise_for_status()
