@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from server.generation import (GenerationConfig, GenerationEngine, GenerationParams, OverloadedError,
                                StreamChunk)
 from testing.offline import greedy_generate
+from server import eventloop
 from server.metrics import Metrics
 
 PROMPTS = [
@@ -494,6 +495,38 @@ def test_metrics_are_recorded(gpt: Package) -> None:
     steps = get("ortserve_batch_size_count", labels)
     assert steps is not None and get("ortserve_batch_size_sum", labels) > steps   # some steps had batch > 1
     assert get("ortserve_active_sequences", labels) == 0
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_burst_reaching_an_idle_engine_a_moment_apart_is_prefilled_as_one_group(gpt: Package, loop: str) -> None:
+    """Requests sent together reach the engine a few hundred microseconds apart: gRPC's poller thread hands each
+    to the event loop, which parses and tokenizes it. Woken from idle, the engine waits for a quiet millisecond,
+    so the four prompts go in one call at the large budget: four chunks. Had it started with the first alone,
+    the others would be cut into 2-token chunks beside its decode (prefill_chunk_tokens=2): many more."""
+    metrics = Metrics(CollectorRegistry())
+    prompts = [p for p in PROMPTS if len(gpt.ids(p)) > 2][:4]
+
+    async def body() -> None:
+        async with gpt.engine(metrics=metrics, prefill_chunk_tokens=2) as engine:
+            params = GenerationParams.validate(max_new_tokens=3, ignore_eos=True)
+            running = asyncio.get_running_loop()
+            tasks: list[asyncio.Task] = []
+
+            def arrive(prompt: str) -> None:      # on the loop, like a request's handler
+                time.sleep(0.0003)                # parsing and tokenizing it
+                tasks.append(asyncio.create_task(engine.generate(prompt, params)))
+
+            def sender() -> None:                 # the poller thread: one request every 0.7 ms
+                for prompt in prompts:
+                    running.call_soon_threadsafe(arrive, prompt)
+                    time.sleep(0.0007)
+
+            await asyncio.to_thread(sender)
+            while len(tasks) < len(prompts):
+                await asyncio.sleep(0.001)
+            await asyncio.gather(*tasks)
+
+    eventloop.run(asyncio.wait_for(body(), timeout=60), loop)
+    assert metrics.registry.get_sample_value("ortserve_prefill_chunks_total", {"model": "test"}) == len(prompts)
 
 # ---------------------------------------------------------------- robustness
 

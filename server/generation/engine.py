@@ -310,16 +310,21 @@ class GenerationEngine:
                 await asyncio.sleep(0)
 
     async def _settle_arrivals(self) -> None:
-        """Woken from idle: requests sent in the same instant reach the loop a few hundred microseconds apart.
-        Wait while they keep coming (a quiet millisecond ends it, arrival_window_ms bounds it) so they are
-        prefilled together instead of the first alone and the rest one by one beside it."""
-        end = time.monotonic() + self.config.arrival_window_ms / 1000
+        """Woken from idle: requests sent in the same instant reach the engine a few hundred microseconds apart
+        (each is parsed and tokenized on this loop first). Wait while they keep coming, until none came for a
+        millisecond or arrival_window_ms passed, so they are prefilled together instead of the first alone and
+        the rest one by one beside it. The quiet millisecond is read from the clock, not counted in sleeps: a
+        loop's timer can fire early (a 1 ms sleep on uvloop was seen to return after 0.16 ms)."""
+        last = time.monotonic()
+        end = last + self.config.arrival_window_ms / 1000
         seen = self.waiting_requests
-        while time.monotonic() < end:
+        while True:
             await asyncio.sleep(0.001)
-            if self.waiting_requests == seen:
+            now = time.monotonic()
+            if self.waiting_requests != seen:
+                seen, last = self.waiting_requests, now
+            if now - last >= 0.001 or now >= end:
                 return
-            seen = self.waiting_requests
 
     async def _in_thread(self, fn, *args):
         if self._executor is None:
