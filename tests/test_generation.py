@@ -21,11 +21,11 @@ from onnx import TensorProto, helper, numpy_helper
 from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer, pre_tokenizers
 
+from server import eventloop
 from server.generation import (GenerationConfig, GenerationEngine, GenerationParams, OverloadedError,
                                StreamChunk)
-from testing.offline import greedy_generate
-from server import eventloop
 from server.metrics import Metrics
+from testing.offline import greedy_generate
 
 PROMPTS = [
     "To be, or not to be",
@@ -496,6 +496,7 @@ def test_metrics_are_recorded(gpt: Package) -> None:
     assert steps is not None and get("ortserve_batch_size_sum", labels) > steps   # some steps had batch > 1
     assert get("ortserve_active_sequences", labels) == 0
 
+
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_a_burst_reaching_an_idle_engine_a_moment_apart_is_prefilled_as_one_group(gpt: Package, loop: str) -> None:
     """Requests sent together reach the engine a few hundred microseconds apart: gRPC's poller thread hands each
@@ -515,10 +516,10 @@ def test_a_burst_reaching_an_idle_engine_a_moment_apart_is_prefilled_as_one_grou
                 time.sleep(0.0003)                # parsing and tokenizing it
                 tasks.append(asyncio.create_task(engine.generate(prompt, params)))
 
-            def sender() -> None:                 # the poller thread: one request every 0.7 ms
+            def sender() -> None:                 # the poller thread: one request every 0.4 ms
                 for prompt in prompts:
                     running.call_soon_threadsafe(arrive, prompt)
-                    time.sleep(0.0007)
+                    time.sleep(0.0004)
 
             await asyncio.to_thread(sender)
             while len(tasks) < len(prompts):
@@ -527,6 +528,7 @@ def test_a_burst_reaching_an_idle_engine_a_moment_apart_is_prefilled_as_one_grou
 
     eventloop.run(asyncio.wait_for(body(), timeout=60), loop)
     assert metrics.registry.get_sample_value("ortserve_prefill_chunks_total", {"model": "test"}) == len(prompts)
+
 
 # ---------------------------------------------------------------- robustness
 
