@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=non_negative_int, default=0)
     p.add_argument("--top-p", type=positive_float, default=None)
     p.add_argument("--repetition-penalty", type=positive_float, default=None)
+    p.add_argument("--presence-penalty", type=float, default=None, help="[-2, 2], OpenAI's")
+    p.add_argument("--frequency-penalty", type=float, default=None, help="[-2, 2], OpenAI's")
     p.add_argument("--seed", type=non_negative_int, default=None)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop sequence (repeatable)")
     model_args(p, "generate")
@@ -91,7 +93,7 @@ def _emit_json(value: Any) -> None:
 def _generation_params(args: argparse.Namespace) -> dict[str, Any]:
     params = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                  stop=args.stop)
+                  stop=args.stop, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
     return {k: v for k, v in params.items() if v is not None}
 
 

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gen-top-k", type=non_negative_int, default=0, help="sampling top-k (0 = off)")
     g.add_argument("--top-p", type=positive_float, default=None)
     g.add_argument("--repetition-penalty", type=positive_float, default=None)
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2], OpenAI's")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2], OpenAI's")
     g.add_argument("--seed", type=non_negative_int, default=None)
     g.add_argument("--stop", action="append", default=[], metavar="TEXT")
     g.add_argument("--logprobs", action="store_true", help="write each generated token with its logprob")
@@ -99,7 +101,8 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         raise ValueError("ray: needs --local REPOSITORY (the Ray workers run the model in-process)")
     generation = GenerationParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.gen_top_k, top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty, stop=tuple(args.stop), seed=args.seed, logprobs=args.logprobs)
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, stop=tuple(args.stop), seed=args.seed, logprobs=args.logprobs)
     task = TaskConfig(task=args.task, model=args.model or DEFAULT_MODELS[args.task], version=args.version,
                       top_k=args.top_k, truncate=args.truncate, generation=generation)
     progress = sys.stderr.isatty() if args.progress is None else args.progress

@@ -110,7 +110,8 @@ class LocalRunner:
                 max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
                 repetition_penalty=g.repetition_penalty, stop=list(g.stop), stop_token_ids=list(g.stop_token_ids),
                 seed=g.seed, logprobs=g.logprobs, top_logprobs=g.top_logprobs, truncate_prompt=g.truncate_prompt,
-                ignore_eos=g.ignore_eos)
+                ignore_eos=g.ignore_eos, presence_penalty=g.presence_penalty,
+                frequency_penalty=g.frequency_penalty, logit_bias=dict(g.logit_bias))
             result = await self.plane.generate(c.model, version, record.text, params)
             return generation_payload(_generation(result.output, g.wants_logprobs), g.wants_logprobs)
         except (ServingError, ValueError) as e:

@@ -80,7 +80,9 @@ def generation_parameters(params: GenerationParams) -> pb.GenerationParameters:
     message = pb.GenerationParameters(
         top_k=params.top_k, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
         logprobs=params.logprobs, top_logprobs=params.top_logprobs,
-        truncate_prompt=params.truncate_prompt, ignore_eos=params.ignore_eos)
+        truncate_prompt=params.truncate_prompt, ignore_eos=params.ignore_eos,
+        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+        logit_bias=dict(params.logit_bias))
     # proto3 `optional` fields: leave unset (server default) unless given.
     for name in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed"):
         value = getattr(params, name)

@@ -120,6 +120,9 @@ class GenerationParams:
     top_k: int = 0
     top_p: float | None = None
     repetition_penalty: float | None = None
+    presence_penalty: float = 0.0     # [-2, 2], OpenAI's: once per token generated so far
+    frequency_penalty: float = 0.0    # [-2, 2], OpenAI's: per time a token was generated so far
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias in [-100, 100]); a dict is accepted
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
@@ -147,6 +150,8 @@ class GenerationParams:
                 values[name] = (value,)
             elif value is not None:
                 values[name] = tuple(value)
+        if isinstance(values.get("logit_bias"), dict):
+            values["logit_bias"] = tuple(sorted(values["logit_bias"].items()))
         return cls(**{k: v for k, v in values.items() if v is not None})
 
 

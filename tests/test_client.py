@@ -114,6 +114,23 @@ def test_generate_and_stream_agree(client: OrtserveClient, tiny_repository: Path
     assert all(t.logprob is None for t in full.tokens)
 
 
+def test_penalties_and_logit_bias_cross_the_task_api(client: OrtserveClient) -> None:
+    """The proto's presence / frequency penalties and logit_bias map reach the sampler (the random model repeats
+    its last token greedily; its logits lie within 2 of each other)."""
+    plain = [t.token_id for t in client.generate("To be", "tiny-gpt", max_new_tokens=6, ignore_eos=True).tokens]
+    assert len(set(plain)) < 6, plain
+    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        ids = [t.token_id for t in client.generate("To be", "tiny-gpt", max_new_tokens=6, ignore_eos=True,
+                                                   **penalty).tokens]
+        assert ids[0] == plain[0] and len(set(ids)) == 6, (penalty, ids)
+    forced = client.generate("To be", "tiny-gpt", max_new_tokens=4, ignore_eos=True, logit_bias={300: 100.0})
+    assert [t.token_id for t in forced.tokens] == [300] * 4
+    with pytest.raises(OrtserveError) as err:
+        client.generate("To be", "tiny-gpt", logit_bias={300: 101.0})
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.message.startswith(
+        "parameters.logit_bias[300]:")
+
+
 def test_leaving_a_stream_early_cancels_it(client: OrtserveClient) -> None:
     stream = client.generate_stream("Once", "tiny-gpt", max_new_tokens=100, ignore_eos=True)
     first = next(stream)

@@ -335,6 +335,50 @@ def test_stop_sequences(bigram: Package, stop: list[str], text: str, reason: str
     assert "".join(c.text for c in chunks) == text
     assert chunks[-1].finish_reason == reason
 
+@pytest.fixture(scope="session")
+def duet(gpt: Package, tmp_path_factory: pytest.TempPathFactory) -> Package:
+    """After any token: "x" scores 10, "y" 9, everything else 0."""
+    vocab = gpt.tokenizer.get_vocab_size()
+    table = np.zeros((vocab, vocab), dtype=np.float32)
+    table[:, gpt.tokenizer.token_to_id("x")] = 10.0
+    table[:, gpt.tokenizer.token_to_id("y")] = 9.0
+    path = tmp_path_factory.mktemp("duet") / "model.onnx"
+    onnx.save(_bigram_graph(table), str(path))
+    manifest = dict(gpt.manifest, cache={"num_layers": 1, "num_heads": 1, "head_dim": 1}, max_length=64,
+                    vocab_size=vocab)
+    return Package(_session(path), manifest, gpt.tokenizer)
+
+
+@pytest.mark.parametrize("params, text", [
+    ({}, "xxxxxx"),
+    # x once: 10 - 2 = 8 < 9, so y; then y's 7 < 8, so x; 6 < 7 ... they take turns.
+    ({"frequency_penalty": 2.0}, "xyxyxy"),
+    # A presence penalty is paid once: x 8.5 < y 9, then y 7.5 < x 8.5, and x leads from then on.
+    ({"presence_penalty": 1.5}, "xyxxxx"),
+    ({"logit_bias": {"y": 2.0}}, "yyyyyy"),        # 9 + 2 > 10
+])
+def test_presence_frequency_penalties_and_logit_bias_as_openai_defines_them(duet: Package, params: dict,
+                                                                             text: str) -> None:
+    if "logit_bias" in params:      # written by token text above
+        params = {"logit_bias": {duet.tokenizer.token_to_id(t): b for t, b in params["logit_bias"].items()}}
+
+    async def body() -> Any:
+        async with duet.engine() as engine:
+            return await engine.generate("x", GenerationParams.validate(max_new_tokens=6, ignore_eos=True, **params))
+
+    assert run(body()).text == text
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused(duet: Package) -> None:
+    vocab = duet.tokenizer.get_vocab_size()
+
+    async def body() -> Any:
+        async with duet.engine() as engine:
+            return await engine.generate("x", GenerationParams.validate(logit_bias={vocab: 1.0}))
+
+    with pytest.raises(ValueError, match=r"^parameters.logit_bias: token \d+ is outside the vocabulary"):
+        run(body())
+
 # ---------------------------------------------------------------- lifecycle: cancel, deadline, overload
 
 

@@ -42,6 +42,14 @@ def test_params_defaults_follow_the_proto() -> None:
     ({"seed": 2 ** 64}, "parameters.seed"),
     ({"top_logprobs": 21}, "parameters.top_logprobs"),
     ({"logprobs": 1}, "parameters.logprobs"),
+    ({"presence_penalty": 2.5}, "parameters.presence_penalty"),
+    ({"frequency_penalty": -2.01}, "parameters.frequency_penalty"),
+    ({"frequency_penalty": float("nan")}, "parameters.frequency_penalty"),
+    ({"logit_bias": [(1, 2.0)]}, "parameters.logit_bias"),
+    ({"logit_bias": {-3: 1.0}}, "parameters.logit_bias"),
+    ({"logit_bias": {7: 100.5}}, "parameters.logit_bias[7]"),
+    ({"logit_bias": {7: "up"}}, "parameters.logit_bias[7]"),
+    ({"logit_bias": {i: 1.0 for i in range(301)}}, "parameters.logit_bias"),
 ])
 def test_params_errors_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError) as err:
@@ -73,6 +81,30 @@ def test_repetition_penalty_changes_the_greedy_choice() -> None:
     penalized = Sampler(GenerationParams.validate(repetition_penalty=2.0), 3, prompt_ids=[0])
     assert plain.choose(logits).token_id == 0
     assert penalized.choose(logits).token_id == 1
+
+
+def test_presence_and_frequency_penalties_count_generated_tokens_only() -> None:
+    # Prompt token 0 does not count; token 1 generated twice, token 2 once.
+    params = GenerationParams.validate(presence_penalty=0.5, frequency_penalty=0.25, top_logprobs=4)
+    sampler = Sampler(params, 4, prompt_ids=[0, 0])
+    for token in (1, 1, 2):
+        sampler.observe(token)
+    logits = np.array([1.0, 2.0, 1.5, 0.0], dtype=np.float32)
+    # 1: 2 - 0.5 - 2 * 0.25 = 1.0; 2: 1.5 - 0.5 - 0.25 = 0.75; 0 and 3 untouched.
+    expected = np.array([1.0, 1.0, 0.75, 0.0])
+    choice = sampler.choose(logits)
+    assert choice.token_id == 0                      # ties go to the lower id
+    want = expected - np.log(np.exp(expected).sum())
+    assert dict(choice.top) == pytest.approx({i: want[i] for i in range(4)})
+
+
+def test_logit_bias_is_added_before_everything_else() -> None:
+    logits = np.array([3.0, 2.0, 0.0], dtype=np.float32)
+    biased = Sampler(GenerationParams.validate(logit_bias={2: 5.0, 0: -100.0}, logprobs=True), 3, prompt_ids=[])
+    choice = biased.choose(logits)
+    assert choice.token_id == 2
+    assert choice.logprob == pytest.approx(5.0 - np.log(np.exp(-97.0) + np.exp(2.0) + np.exp(5.0)))
+    assert logits.tolist() == [3.0, 2.0, 0.0]        # the caller's logits are not modified
 
 
 def test_log_softmax_and_top_n() -> None:

@@ -227,6 +227,31 @@ def test_kserve_http_text_mode_stop_as_a_json_list(server: ServerProcess, tasks:
     assert outputs == {"text": full[:full.index(stop)], "finish_reason": "stop"}
 
 
+def test_kserve_text_mode_penalties_and_logit_bias_over_http_and_grpc(server: ServerProcess,
+                                                                      grpc_client: tgrpc.InferenceServerClient
+                                                                      ) -> None:
+    """The logit bias is a JSON object over HTTP and its text over gRPC; a bias of 100 wins every step, and a
+    frequency penalty of 2 makes the random model's repeated token give way (its logits lie within 2)."""
+    def http(parameters: dict[str, Any]) -> str:
+        status, body = _json(f"{server.http_url}/v2/models/{GPT}/infer", {
+            "inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["To be"]}],
+            "parameters": {"max_new_tokens": 6, "ignore_eos": True, **parameters}})
+        assert status == 200, body
+        return {o["name"]: o["data"][0] for o in body["outputs"]}["text"]
+
+    prompt = tgrpc.InferInput("prompt", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b"To be"], dtype=object))
+    forced_http = http({"logit_bias": {"300": 100}})
+    forced_grpc = grpc_client.infer(GPT, [prompt], parameters={
+        "max_new_tokens": 6, "ignore_eos": True, "logit_bias": json.dumps({"300": 100})}).as_numpy("text")[0].decode()
+    assert forced_http == forced_grpc and len(forced_http) > 0 and forced_http == forced_http[:len(forced_http) // 6] * 6
+    assert http({"frequency_penalty": 2.0}) != http({})
+    status, body = _json(f"{server.http_url}/v2/models/{GPT}/infer", {
+        "inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["To be"]}],
+        "parameters": {"logit_bias": ["300"]}})
+    assert status == 400 and "parameters.logit_bias" in body["error"], body
+
+
 def test_kserve_http_statistics_and_repository(http_client: thttp.InferenceServerClient) -> None:
     before = http_client.get_inference_statistics(CLASSIFIER)["model_stats"][0]["inference_count"]
     http_client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 5, 3]])))
@@ -503,6 +528,26 @@ def test_stop_seed_and_logprobs(oai: openai.OpenAI) -> None:
                for top, chosen in zip(lp.top_logprobs, lp.token_logprobs))
 
 
+def test_completion_penalties_and_logit_bias(oai: openai.OpenAI) -> None:
+    """OpenAI's presence / frequency penalties and logit_bias reach the sampler: the random model repeats its
+    tokens greedily, its logits lie within 2 of each other, so a penalty of 2 on every generated token makes
+    each one new; a bias of 100 makes one token win every step."""
+    def tokens(**kwargs: Any) -> list[str]:
+        done = oai.completions.create(model=GPT, prompt="To be", max_tokens=8, temperature=0, logprobs=1,
+                                      extra_body={"ignore_eos": True}, **kwargs)
+        return done.choices[0].logprobs.tokens
+
+    plain = tokens()
+    assert len(set(plain)) < len(plain), plain
+    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        got = tokens(**penalty)
+        assert got[0] == plain[0], (penalty, got)            # the prompt's tokens do not count
+        whole = [t for t in got if "\ufffd" not in t]        # (part-character tokens all print as U+FFFD)
+        assert len(set(whole)) == len(whole) and len(whole) >= 4, (penalty, got)
+    forced = [tokens(logit_bias={str(token): 100}) for token in (300, 301)]   # merges, not single bytes
+    assert all(len(set(f)) == 1 for f in forced) and forced[0][0] != forced[1][0], forced
+
+
 def test_chat_refused_without_template(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         oai.chat.completions.create(model=GPT, messages=[{"role": "user", "content": "hi"}])
@@ -518,7 +563,10 @@ def test_chat_refused_without_template(oai: openai.OpenAI) -> None:
     ({"n": 2}, "n"),
     ({"logprobs": 9}, "logprobs"),
     ({"stop": [1, 2]}, "stop"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": "lots"}, "frequency_penalty"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias[5]"),
     ({"prompt": [[1, 2, 3]]}, "prompt"),
 ])
 def test_completion_bad_parameters_are_400_naming_the_field(oai: openai.OpenAI, kwargs: dict[str, Any],

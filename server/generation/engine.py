@@ -234,6 +234,10 @@ class GenerationEngine:
             if token >= spec.vocab_size:
                 raise ValueError(f"parameters.stop_token_ids[{i}]: {token} is outside the vocabulary "
                                  f"(size {spec.vocab_size})")
+        for token, _ in params.logit_bias:
+            if token >= spec.vocab_size:
+                raise ValueError(f"parameters.logit_bias: token {token} is outside the vocabulary "
+                                 f"(size {spec.vocab_size})")
         return ids
 
     def _submit(self, prompt: str, params: GenerationParams, deadline: float | None) -> Sequence:

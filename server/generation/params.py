@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 # Defaults and limits mirror protos/ortserve.proto (GenerationParameters).
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -15,6 +15,9 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_LENGTH = 256
 MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 300        # entries (OpenAI's own limit)
+PENALTY_RANGE = 2.0         # presence / frequency penalties lie in [-2, 2], as OpenAI's
+BIAS_RANGE = 100.0          # a logit bias lies in [-100, 100], as OpenAI's
 _UINT64_LIMIT = 2 ** 64
 
 
@@ -61,6 +64,9 @@ class GenerationParams:
     top_k: int = 0                    # 0 = off
     top_p: float = 1.0                # 1 = off
     repetition_penalty: float = 1.0   # 1 = off
+    presence_penalty: float = 0.0     # subtracted once from every token generated so far (0 = off)
+    frequency_penalty: float = 0.0    # subtracted per time a token was generated so far (0 = off)
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit), sorted by id
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None           # None = fresh entropy per request
@@ -72,8 +78,10 @@ class GenerationParams:
     @classmethod
     def validate(cls, *, max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None,
-                 repetition_penalty: float | None = None, stop: Sequence[str] | None = None,
-                 stop_token_ids: Sequence[int] | None = None, seed: int | None = None,
+                 repetition_penalty: float | None = None, presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None, logit_bias: Mapping[int, float] | None = None,
+                 stop: Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
+                 seed: int | None = None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
                  truncate_prompt: bool | None = None, ignore_eos: bool | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
@@ -94,6 +102,9 @@ class GenerationParams:
             top_k=_int("top_k", top_k, 0, 0),
             top_p=p,
             repetition_penalty=penalty,
+            presence_penalty=_penalty("presence_penalty", presence_penalty),
+            frequency_penalty=_penalty("frequency_penalty", frequency_penalty),
+            logit_bias=_logit_bias(logit_bias),
             stop=_stop_sequences(stop),
             stop_token_ids=_stop_token_ids(stop_token_ids),
             seed=seed,
@@ -107,6 +118,31 @@ class GenerationParams:
     def wants_logprobs(self) -> bool:
         # Asking for top-n alternatives implies the chosen token's logprob too.
         return self.logprobs or self.top_logprobs > 0
+
+
+def _penalty(name: str, value: Any) -> float:
+    penalty = _float(name, value, 0.0)
+    if not -PENALTY_RANGE <= penalty <= PENALTY_RANGE:
+        raise ValueError(f"parameters.{name}: must be in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}], got {penalty}")
+    return penalty
+
+
+def _logit_bias(bias: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:
+    if bias is None:
+        return ()
+    if not isinstance(bias, Mapping):
+        raise ValueError(f"parameters.logit_bias: must be a map of token id to bias, got {type(bias).__name__}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"parameters.logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+    out = []
+    for token, value in bias.items():
+        if not _is_int(token) or token < 0:
+            raise ValueError(f"parameters.logit_bias: keys must be non-negative token ids, got {token!r}")
+        b = _float(f"logit_bias[{token}]", value, 0.0)
+        if not -BIAS_RANGE <= b <= BIAS_RANGE:
+            raise ValueError(f"parameters.logit_bias[{token}]: must be in [-{BIAS_RANGE:g}, {BIAS_RANGE:g}], got {b}")
+        out.append((int(token), b))
+    return tuple(sorted(out))
 
 
 def _stop_sequences(stop: Sequence[str] | None) -> tuple[str, ...]:

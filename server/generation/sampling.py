@@ -1,8 +1,11 @@
 """Next-token choice for one sequence from its last-position logits (numpy only).
 
-Order of processing: repetition penalty -> temperature -> top-k -> top-p -> draw.
+Order of processing: logit bias -> repetition penalty -> presence / frequency penalties -> temperature ->
+top-k -> top-p -> draw. The logit bias is added to the model's logits (OpenAI's `logit_bias`); the repetition
+penalty (CTRL's) counts the prompt's tokens too; the presence and frequency penalties (OpenAI's) count only the
+generated ones: logit -= presence * [count > 0] + frequency * count.
 
-Logprobs are the log-softmax of the logits after the repetition penalty and the temperature (a
+Logprobs are the log-softmax of the logits after the bias, the penalties and the temperature (a
 temperature of 0, greedy, counts as 1 here), taken BEFORE top-k/top-p truncation: the truncated
 distribution would give -inf to every alternative, which says nothing. So they are <= 0 and the
 chosen token's logprob is what the model (with the request's penalty and temperature) thought of it.
@@ -39,18 +42,35 @@ class Sampler:
             self._seen = np.zeros(vocab_size, dtype=bool)
             ids = np.asarray(prompt_ids, dtype=np.int64)
             self._seen[ids[(ids >= 0) & (ids < vocab_size)]] = True
+        # How often each token was generated (presence / frequency penalties).
+        self._counts: np.ndarray | None = None
+        if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+            self._counts = np.zeros(vocab_size, dtype=np.float64)
+        self._bias: tuple[np.ndarray, np.ndarray] | None = None
+        if params.logit_bias:       # ids within the vocabulary (the engine refuses others)
+            self._bias = (np.array([t for t, _ in params.logit_bias], dtype=np.int64),
+                          np.array([b for _, b in params.logit_bias], dtype=np.float64))
 
     def observe(self, token_id: int) -> None:
-        """Record a generated token (for the repetition penalty)."""
-        if self._seen is not None and 0 <= token_id < self.vocab_size:
+        """Record a generated token (for the penalties)."""
+        if not 0 <= token_id < self.vocab_size:
+            return
+        if self._seen is not None:
             self._seen[token_id] = True
+        if self._counts is not None:
+            self._counts[token_id] += 1
 
     def choose(self, logits: np.ndarray) -> Choice:
         """Pick the next token from one row of logits, shape [V]."""
         p = self.params
         scores = np.asarray(logits, dtype=np.float64)[: self.vocab_size]
+        if self._bias is not None:
+            scores = scores.copy()
+            scores[self._bias[0]] += self._bias[1]
         if self._seen is not None:
             scores = apply_repetition_penalty(scores, self._seen, p.repetition_penalty)
+        if self._counts is not None:
+            scores = scores - (p.presence_penalty * (self._counts > 0) + p.frequency_penalty * self._counts)
         if p.temperature > 0:
             scores = scores / p.temperature
         if p.temperature == 0:

@@ -122,8 +122,11 @@ async def infer(door: Door, request: Request) -> Response:
     parsed = decode_request(parse_json(header, "inference header"), binary)
     model = request.path_params["model"]
     parameters = dict(parsed.parameters)
-    if isinstance(parameters.get("stop"), list):  # JSON carries the list itself; gRPC parameters carry it as text
+    # JSON carries the list / object itself; gRPC parameters carry it as text.
+    if isinstance(parameters.get("stop"), list):
         parameters["stop"] = json.dumps(parameters["stop"])
+    if isinstance(parameters.get("logit_bias"), dict):
+        parameters["logit_bias"] = json.dumps(parameters["logit_bias"])
     result = await kserve_text.infer(door.plane, model, _version(request), parsed.inputs, parsed.outputs,
                                      parameters, _deadline(request, parameters))
     content, header_length = encode_response(parsed, model, result.version, result.outputs)

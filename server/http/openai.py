@@ -2,6 +2,7 @@
 
     GET  /v1/models, /v1/models/{model}
     POST /v1/completions         prompt (string or list of strings), max_tokens, temperature, top_p, stop, seed,
+                                 presence_penalty, frequency_penalty, logit_bias,
                                  logprobs, echo (without logprobs), stream (server-sent events, `data: [DONE]`)
     POST /v1/chat/completions    models whose package carries a chat template; 400 otherwise
     POST /v1/embeddings          embedding models (task "embed")
@@ -50,14 +51,9 @@ def _invalid(exc: ValueError) -> ServingError:
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields we do not implement are refused when they would change the answer, never ignored."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if field(body, name, float, 0.0) != 0.0:
-            raise ServingError.invalid(name, "is not supported (only 0)")
     for name in ("n", "best_of"):
         if field(body, name, int, 1) != 1:
             raise ServingError.invalid(name, "only 1 is supported")
-    if field(body, "logit_bias", dict, {}):
-        raise ServingError.invalid("logit_bias", "is not supported")
     if field(body, "suffix", str, ""):
         raise ServingError.invalid("suffix", "is not supported")
 
@@ -71,12 +67,27 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return stop
 
 
+def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
+    """OpenAI's logit_bias: {"50256": -100} (JSON keys are strings) -> {50256: -100.0}."""
+    bias = field(body, "logit_bias", dict, {})
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ServingError.invalid("logit_bias", f"keys must be token ids, got {json.dumps(key)[:40]}") from None
+        out[token] = field(bias, key, float, prefix="logit_bias.")
+    return out
+
+
 def _params(body: dict[str, Any], max_tokens_field: str, logprobs: int | None) -> GenerationParams:
     try:
         return GenerationParams.validate(
             max_new_tokens=field(body, max_tokens_field, int, DEFAULT_MAX_TOKENS),
             temperature=field(body, "temperature", float, 1.0), top_p=field(body, "top_p", float, 1.0),
             top_k=field(body, "top_k", int, 0), repetition_penalty=field(body, "repetition_penalty", float, 1.0),
+            presence_penalty=field(body, "presence_penalty", float, 0.0),
+            frequency_penalty=field(body, "frequency_penalty", float, 0.0), logit_bias=_logit_bias(body),
             stop=_stop(body), seed=field(body, "seed", int, None), logprobs=logprobs is not None,
             top_logprobs=logprobs or 0, ignore_eos=field(body, "ignore_eos", bool, False))
     except ValueError as exc:

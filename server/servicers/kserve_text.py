@@ -23,8 +23,8 @@ from server.generation import GenerationParams
 from server.types import FillMaskResult, InferResult, MaskPrediction
 
 TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}, "embed": {"text"}}
-_PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "truncate_prompt",
-               "ignore_eos")
+_PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
+               "frequency_penalty", "seed", "truncate_prompt", "ignore_eos")
 
 
 def is_text_request(task: str, inputs: dict[str, np.ndarray]) -> bool:
@@ -117,10 +117,26 @@ async def _generate(plane: DataPlane, model: str, version: int, inputs: dict[str
         "finish_reason": _bytes_array([r.output.finish_reason for r in results])})
 
 
+def _logit_bias(text: Any) -> dict[int, float]:
+    """'{"50256": -100}' -> {50256: -100.0}; the values' ranges are checked by GenerationParams."""
+    why = "must be a JSON object of token id to bias"
+    try:
+        bias = json.loads(text)
+    except (TypeError, json.JSONDecodeError):
+        raise ServingError.invalid("parameters.logit_bias", why) from None
+    if not isinstance(bias, dict):
+        raise ServingError.invalid("parameters.logit_bias", why)
+    try:
+        return {int(k): v for k, v in bias.items()}
+    except ValueError:
+        raise ServingError.invalid("parameters.logit_bias", "keys must be token ids") from None
+
+
 def params_from(parameters: dict[str, Any]) -> GenerationParams:
-    """KServe request parameters -> GenerationParams (stop sequences as a JSON list in "stop")."""
+    """KServe request parameters -> GenerationParams (stop sequences as a JSON list in "stop", the logit bias as
+    a JSON object of token id to bias in "logit_bias")."""
     fields = {k: parameters[k] for k in _PARAM_KEYS if k in parameters}
-    for key in ("temperature", "top_p", "repetition_penalty"):
+    for key in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
         if isinstance(fields.get(key), int) and not isinstance(fields.get(key), bool):
             fields[key] = float(fields[key])
     if "stop" in parameters:
@@ -130,6 +146,8 @@ def params_from(parameters: dict[str, Any]) -> GenerationParams:
             raise ServingError.invalid("parameters.stop", "must be a JSON list of strings") from None
         if not isinstance(fields["stop"], list):  # '5' or 'Infinity' parse as JSON too (TypeError -> INTERNAL)
             raise ServingError.invalid("parameters.stop", "must be a JSON list of strings")
+    if "logit_bias" in parameters:
+        fields["logit_bias"] = _logit_bias(parameters["logit_bias"])
     try:
         return GenerationParams.validate(**fields)
     except ValueError as exc:

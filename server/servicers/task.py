@@ -22,7 +22,9 @@ def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
     p = request.parameters
     fields: dict[str, Any] = {name: getattr(p, name) for name in _OPTIONAL if p.HasField(name)}
     fields.update(top_k=p.top_k, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids), logprobs=p.logprobs,
-                  top_logprobs=p.top_logprobs, truncate_prompt=p.truncate_prompt, ignore_eos=p.ignore_eos)
+                  top_logprobs=p.top_logprobs, truncate_prompt=p.truncate_prompt, ignore_eos=p.ignore_eos,
+                  presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+                  logit_bias=dict(p.logit_bias))
     try:
         return GenerationParams.validate(**fields)
     except ValueError as exc:
