@@ -548,6 +548,40 @@ def test_completion_penalties_and_logit_bias(oai: openai.OpenAI) -> None:
     assert all(len(set(f)) == 1 for f in forced) and forced[0][0] != forced[1][0], forced
 
 
+def test_completion_n_choices_in_openai_order_with_seed_plus_j(oai: openai.OpenAI) -> None:
+    """n completions of each prompt: choice k answers prompt k // n, drawn with seed + k % n; each prompt's
+    tokens count once in usage. Streamed, the same texts arrive under the same indices."""
+    prompts, kw = ["To be", "Romeo"], {"max_tokens": 6, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    many = oai.completions.create(model=GPT, prompt=prompts, n=2, seed=11, **kw)
+    assert [c.index for c in many.choices] == [0, 1, 2, 3]
+    alone = [oai.completions.create(model=GPT, prompt=p, seed=11 + j, **kw) for p in prompts for j in range(2)]
+    assert [c.text for c in many.choices] == [a.choices[0].text for a in alone]
+    assert len({c.text for c in many.choices[:2]}) == 2                  # two draws, not one draw twice
+    assert many.usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[2].usage.prompt_tokens
+    assert many.usage.completion_tokens == 4 * 6
+    texts = ["", "", "", ""]
+    for chunk in oai.completions.create(model=GPT, prompt=prompts, n=2, seed=11, stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in many.choices]
+    greedy = oai.completions.create(model=GPT, prompt="To be", n=3, max_tokens=6, temperature=0)
+    assert len({c.text for c in greedy.choices}) == 1
+
+
+def test_a_refused_choice_cancels_the_requests_other_choices(tiny_repository: Path, tmp_path: Path) -> None:
+    """n = 3 completions of 1 + 30 tokens against a budget of 64 tokens in flight: the third is refused (429),
+    so the request is, and the two admitted ones are cancelled before any step rather than generating 60
+    tokens for an answer nobody reads."""
+    repo = repository_with(tiny_repository, tmp_path / "repo", GPT)
+    with ServerProcess(repo, ["--http-port", "0", "--metrics-port", "0", "--max-tokens-in-flight", "64"]) as proc:
+        client = openai.OpenAI(base_url=f"{proc.http_url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model=GPT, prompt="a", n=3, max_tokens=30, extra_body={"ignore_eos": True})
+        time.sleep(0.5)
+        assert proc.metric("ortserve_generated_tokens_total", model=GPT) == 0
+        assert proc.metric("ortserve_tokens_in_flight", model=GPT) == 0
+
+
 def test_chat_refused_without_template(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         oai.chat.completions.create(model=GPT, messages=[{"role": "user", "content": "hi"}])
@@ -560,7 +594,9 @@ def test_chat_refused_without_template(oai: openai.OpenAI) -> None:
     ({"max_tokens": "many"}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"top_p": 0}, "top_p"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 2, "best_of": 3}, "best_of"),
     ({"logprobs": 9}, "logprobs"),
     ({"stop": [1, 2]}, "stop"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
@@ -680,6 +716,20 @@ def test_chat_with_template_equals_completion_of_rendered_prompt(chat_repository
         parts = list(stream)
         assert "".join(p.choices[0].delta.content or "" for p in parts) == ref.choices[0].text
         assert parts[-1].choices[0].finish_reason == "length"
+        # n choices: choice j draws with seed + j, as a lone request with that seed does.
+        sampled = dict(max_tokens=6, temperature=1.0, extra_body={"ignore_eos": True})
+        three = client.chat.completions.create(model="chat-gpt", messages=messages, n=3, seed=5, **sampled)
+        assert [c.index for c in three.choices] == [0, 1, 2]
+        assert [c.message.content for c in three.choices] == [
+            client.chat.completions.create(model="chat-gpt", messages=messages, seed=5 + j, **sampled)
+            .choices[0].message.content for j in range(3)]
+        assert three.usage.prompt_tokens == chat.usage.prompt_tokens and three.usage.completion_tokens == 18
+        streamed = ["", "", ""]
+        for part in client.chat.completions.create(model="chat-gpt", messages=messages, n=3, seed=5, stream=True,
+                                                   **sampled):
+            for c in part.choices:
+                streamed[c.index] += c.delta.content or ""
+        assert streamed == [c.message.content for c in three.choices]
 
 
 def test_drain_finishes_open_streams_and_refuses_new_work(tiny_repository: Path, tmp_path: Path) -> None:

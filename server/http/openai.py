@@ -2,7 +2,7 @@
 
     GET  /v1/models, /v1/models/{model}
     POST /v1/completions         prompt (string or list of strings), max_tokens, temperature, top_p, stop, seed,
-                                 presence_penalty, frequency_penalty, logit_bias,
+                                 presence_penalty, frequency_penalty, logit_bias, n,
                                  logprobs, echo (without logprobs), stream (server-sent events, `data: [DONE]`)
     POST /v1/chat/completions    models whose package carries a chat template; 400 otherwise
     POST /v1/embeddings          embedding models (task "embed")
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 import numpy as np
 from starlette.requests import Request
@@ -34,6 +35,7 @@ from server.types import GenerateResult, ModelState, StreamPart
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
 DEFAULT_MAX_TOKENS = 16           # OpenAI's default for /v1/completions
+MAX_CHOICES = 16                  # n: completions per prompt
 MAX_LOGPROBS = 5                  # OpenAI's limit for completions' logprobs
 # GenerationParams names its fields "parameters.<name>"; OpenAI's names for them:
 _RENAMED = {"parameters.max_new_tokens": "max_tokens", "parameters.top_logprobs": "logprobs",
@@ -51,11 +53,22 @@ def _invalid(exc: ValueError) -> ServingError:
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields we do not implement are refused when they would change the answer, never ignored."""
-    for name in ("n", "best_of"):
-        if field(body, name, int, 1) != 1:
-            raise ServingError.invalid(name, "only 1 is supported")
     if field(body, "suffix", str, ""):
         raise ServingError.invalid("suffix", "is not supported")
+
+
+def _choices(body: dict[str, Any], params: GenerationParams) -> list[GenerationParams]:
+    """One GenerationParams per completion asked of each prompt (`n`). With a seed, completion j draws with
+    seed + j: reproducible, and not n copies of one draw."""
+    n = field(body, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise ServingError.invalid("n", f"must be in [1, {MAX_CHOICES}], got {n}")
+    best_of = field(body, "best_of", int, None)
+    if best_of is not None and best_of != n:
+        raise ServingError.invalid("best_of", f"only best_of = n is supported (no ranking), got {best_of}")
+    if params.seed is None:
+        return [params] * n
+    return [dataclasses.replace(params, seed=(params.seed + j) % 2 ** 64) for j in range(n)]
 
 
 def _stop(body: dict[str, Any]) -> list[str]:
@@ -99,11 +112,14 @@ def _stream_options(body: dict[str, Any]) -> bool:
     return bool(field(options, "include_usage", bool, False, prefix="stream_options."))
 
 
-def _usage(usages: list[Usage]) -> dict[str, Any]:
-    """OpenAI's usage object summed over requests; cached_tokens = prompt tokens found in the cache."""
-    prompt, completion = sum(u.prompt_tokens for u in usages), sum(u.completion_tokens for u in usages)
+def _usage(usages: list[Usage], n: int = 1) -> dict[str, Any]:
+    """OpenAI's usage object over a request's completions, in choice order, n per prompt: each prompt counts
+    once (as OpenAI counts it), every completion's tokens count; cached_tokens = prompt tokens found in the
+    cache."""
+    firsts = usages[::n]
+    prompt, completion = sum(u.prompt_tokens for u in firsts), sum(u.completion_tokens for u in usages)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(u.cached_prompt_tokens for u in usages)}}
+            "prompt_tokens_details": {"cached_tokens": sum(u.cached_prompt_tokens for u in firsts)}}
 
 
 def _sse(payload: Any) -> bytes:
@@ -183,11 +199,14 @@ async def completions(door: Door, request: Request) -> Response:
     echo = field(body, "echo", bool, False)
     if echo and logprobs is not None:
         raise ServingError.invalid("echo", "is not supported together with logprobs (no prompt logprobs)")
-    params = _params(body, "max_tokens", logprobs)
+    choices = _choices(body, _params(body, "max_tokens", logprobs))
+    n = len(choices)
+    # Choice k answers prompt k // n with the parameters of completion k % n (OpenAI's order).
+    jobs = [(prompt, params) for prompt in prompts for params in choices]
     deadline = deadline_from_headers(request)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if field(body, "stream", bool, False):
-        streams = [door.plane.generate_stream(model, 0, p, params, deadline) for p in prompts]
+        streams = [door.plane.generate_stream(model, 0, p, params, deadline) for p, params in jobs]
         # Admission and parameter errors answer with their status, not a 200 stream: wait for every first part.
         firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
         failed = [f for f in firsts if isinstance(f, BaseException)]
@@ -196,19 +215,33 @@ async def completions(door: Door, request: Request) -> Response:
                 await st.aclose()  # type: ignore[attr-defined]
             raise failed[0]
         return _event_stream(_completion_events(door, streams, firsts, ident, created,  # type: ignore[arg-type]
-                                                prompts if echo else [], logprobs is not None, _stream_options(body)))
-    results = await asyncio.gather(*(door.plane.generate(model, 0, p, params, deadline) for p in prompts))
-    choices = [_completion_choice(door, i, r, prompts[i] if echo else "", logprobs is not None)
-               for i, r in enumerate(results)]
-    usage = _usage([r.output.usage for r in results])
+                                                [p for p, _ in jobs] if echo else [], logprobs is not None,
+                                                _stream_options(body), n))
+    results = await _all([door.plane.generate(model, 0, p, params, deadline) for p, params in jobs])
+    answers = [_completion_choice(door, k, r, jobs[k][0] if echo else "", logprobs is not None)
+               for k, r in enumerate(results)]
+    usage = _usage([r.output.usage for r in results], n)
     return JSONResponse({"id": ident, "object": "text_completion", "created": created, "model": model,
-                         "choices": choices, "usage": usage})
+                         "choices": answers, "usage": usage})
 
 
 def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str, logprobs: bool) -> dict[str, Any]:
     out = result.output
     return {"index": index, "text": echo + out.text, "finish_reason": FINISH[out.finish_reason],
             "logprobs": Logprobs(door, result.model, result.version).of(out.tokens) if logprobs else None}
+
+
+async def _all(calls: list[Awaitable[GenerateResult]]) -> list[GenerateResult]:
+    """Every completion of a request, or the first error: then the others are cancelled, not left generating
+    for an answer nobody will read (one completion refused with 429 fails the request)."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _first(stream: AsyncIterator[StreamPart]) -> StreamPart | None:
@@ -269,11 +302,11 @@ async def _merge(sources: list[AsyncIterator[StreamPart]]) -> AsyncIterator[tupl
 
 async def _completion_events(door: Door, streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None],
                              ident: str, created: int, echo: list[str], logprobs: bool,
-                             include_usage: bool) -> AsyncIterator[bytes]:
-    """One `text_completion` chunk per text delta of each prompt (choices[0].index = the prompt's index)."""
+                             include_usage: bool, n: int) -> AsyncIterator[bytes]:
+    """One `text_completion` chunk per text delta of each choice (choices[0].index = the choice's index)."""
     model = next((f.model for f in firsts if f is not None), "")
     lps = [Logprobs(door, f.model, f.version) if f is not None else None for f in firsts]
-    usages: list[Usage] = []
+    usages: dict[int, Usage] = {}
 
     def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
@@ -290,9 +323,9 @@ async def _completion_events(door: Door, streams: list[AsyncIterator[StreamPart]
                           "logprobs": lp.of(chunk.tokens) if logprobs and lp is not None else None,
                           "finish_reason": FINISH[chunk.finish_reason or "length"] if chunk.final else None}])
             if chunk.final and chunk.usage is not None:
-                usages.append(chunk.usage)
-        if include_usage and usages:
-            yield event([], usage=_usage(usages))
+                usages[i] = chunk.usage
+        if include_usage and len(usages) == len(streams):
+            yield event([], usage=_usage([usages[k] for k in range(len(streams))], n))
     except Exception as exc:  # the status line is gone: the error travels as an event (the openai client raises it)
         status, message, _ = classify_error(exc, "http Completions stream")
         yield _sse(openai_body(status, message))
@@ -337,7 +370,7 @@ async def chat_completions(door: Door, request: Request) -> Response:
     if logprobs is None and top:
         raise ServingError.invalid("top_logprobs", "needs logprobs: true")
     max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    params = _params(body, max_field, logprobs)
+    choices = _choices(body, _params(body, max_field, logprobs))
     template = door.plane.chat_template(model)
     if template is None:
         raise ServingError.invalid("model", f"{model!r} has no chat template (its package's tokenizer carries "
@@ -346,19 +379,22 @@ async def chat_completions(door: Door, request: Request) -> Response:
     deadline = deadline_from_headers(request)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if field(body, "stream", bool, False):
-        stream = door.plane.generate_stream(model, 0, prompt, params, deadline)
-        first = await _first(stream)
-        return _event_stream(_chat_events(door, stream, first, ident, created, logprobs is not None,
-                                          _stream_options(body)))
-    result = await door.plane.generate(model, 0, prompt, params, deadline)
-    out = result.output
-    choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
-              "finish_reason": FINISH[out.finish_reason],
-              "logprobs": _chat_logprobs(door, result.model, result.version, out.tokens) if logprobs is not None
-              else None}
+        streams = [door.plane.generate_stream(model, 0, prompt, params, deadline) for params in choices]
+        firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
+        failed = [f for f in firsts if isinstance(f, BaseException)]
+        if failed:
+            for st in streams:
+                await st.aclose()  # type: ignore[attr-defined]
+            raise failed[0]
+        return _event_stream(_chat_events(door, streams, firsts, ident, created,  # type: ignore[arg-type]
+                                          logprobs is not None, _stream_options(body)))
+    results = await _all([door.plane.generate(model, 0, prompt, params, deadline) for params in choices])
+    answers = [{"index": j, "message": {"role": "assistant", "content": r.output.text},
+                "finish_reason": FINISH[r.output.finish_reason],
+                "logprobs": _chat_logprobs(door, r.model, r.version, r.output.tokens) if logprobs is not None
+                else None} for j, r in enumerate(results)]
     return JSONResponse({"id": ident, "object": "chat.completion", "created": created, "model": model,
-                         "choices": [choice],
-                         "usage": _usage([out.usage])})
+                         "choices": answers, "usage": _usage([r.output.usage for r in results], len(results))})
 
 
 def _chat_logprobs(door: Door, model: str, version: int, tokens: list[GeneratedToken]) -> dict[str, Any]:
@@ -368,34 +404,38 @@ def _chat_logprobs(door: Door, model: str, version: int, tokens: list[GeneratedT
                                           for a in t.top_logprobs]} for text, t in zip(texts, tokens)]}
 
 
-async def _chat_events(door: Door, stream: AsyncIterator[StreamPart], first: StreamPart | None, ident: str,
-                       created: int, logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    model = first.model if first is not None else ""
-    version = first.version if first is not None else 0
-    usage = None
+async def _chat_events(door: Door, streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None],
+                       ident: str, created: int, logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    """`chat.completion.chunk` events: each choice's role first, then its content deltas (choices[0].index =
+    the choice's index)."""
+    model = next((f.model for f in firsts if f is not None), "")
+    version = next((f.version for f in firsts if f is not None), 0)
+    usages: dict[int, Usage] = {}
 
-    def event(delta: dict[str, Any], finish: str | None, lp: Any = None) -> bytes:
+    def event(index: int, delta: dict[str, Any], finish: str | None, lp: Any = None) -> bytes:
         return _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                     "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+                     "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
     try:
-        yield event({"role": "assistant", "content": ""}, None)
-        async for part in _parts(first, stream):
+        for j in range(len(streams)):
+            yield event(j, {"role": "assistant", "content": ""}, None)
+        async for j, part in _merge([_parts(f, st) for f, st in zip(firsts, streams)]):
             chunk = part.chunk
             if not chunk.text and not chunk.final:
                 continue
             lp = _chat_logprobs(door, model, version, chunk.tokens) if logprobs else None
-            yield event({"content": chunk.text} if chunk.text else {},
+            yield event(j, {"content": chunk.text} if chunk.text else {},
                         FINISH[chunk.finish_reason or "length"] if chunk.final else None, lp)
             if chunk.final and chunk.usage is not None:
-                usage = _usage([chunk.usage])
-        if include_usage and usage is not None:
+                usages[j] = chunk.usage
+        if include_usage and len(usages) == len(streams):
             yield _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "choices": [], "usage": usage})
+                        "choices": [], "usage": _usage([usages[j] for j in range(len(streams))], len(streams))})
     except Exception as exc:
         status, message, _ = classify_error(exc, "http ChatCompletions stream")
         yield _sse(openai_body(status, message))
     finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+        for st in streams:
+            await st.aclose()  # type: ignore[attr-defined]
     yield DONE
 
 
