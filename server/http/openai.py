@@ -206,15 +206,9 @@ async def completions(door: Door, request: Request) -> Response:
     deadline = deadline_from_headers(request)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if field(body, "stream", bool, False):
-        streams = [door.plane.generate_stream(model, 0, p, params, deadline) for p, params in jobs]
-        # Admission and parameter errors answer with their status, not a 200 stream: wait for every first part.
-        firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
-        failed = [f for f in firsts if isinstance(f, BaseException)]
-        if failed:
-            for st in streams:
-                await st.aclose()  # type: ignore[attr-defined]
-            raise failed[0]
-        return _event_stream(_completion_events(door, streams, firsts, ident, created,  # type: ignore[arg-type]
+        streams, firsts = await _opened([door.plane.generate_stream(model, 0, p, params, deadline)
+                                         for p, params in jobs])
+        return _event_stream(_completion_events(door, streams, firsts, ident, created,
                                                 [p for p, _ in jobs] if echo else [], logprobs is not None,
                                                 _stream_options(body), n))
     results = await _all([door.plane.generate(model, 0, p, params, deadline) for p, params in jobs])
@@ -242,6 +236,19 @@ async def _all(calls: list[Awaitable[GenerateResult]]) -> list[GenerateResult]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def _opened(streams: list[AsyncIterator[StreamPart]]
+                  ) -> tuple[list[AsyncIterator[StreamPart]], list[StreamPart | None]]:
+    """The streams of a request with their first parts. Admission and parameter errors answer with their status,
+    not a 200 stream, so every first part is awaited; on an error every stream is closed and it is raised."""
+    firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
+    failed = [f for f in firsts if isinstance(f, BaseException)]
+    if failed:
+        for st in streams:
+            await st.aclose()  # type: ignore[attr-defined]
+        raise failed[0]
+    return streams, firsts  # type: ignore[return-value]
 
 
 async def _first(stream: AsyncIterator[StreamPart]) -> StreamPart | None:
@@ -379,14 +386,9 @@ async def chat_completions(door: Door, request: Request) -> Response:
     deadline = deadline_from_headers(request)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if field(body, "stream", bool, False):
-        streams = [door.plane.generate_stream(model, 0, prompt, params, deadline) for params in choices]
-        firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
-        failed = [f for f in firsts if isinstance(f, BaseException)]
-        if failed:
-            for st in streams:
-                await st.aclose()  # type: ignore[attr-defined]
-            raise failed[0]
-        return _event_stream(_chat_events(door, streams, firsts, ident, created,  # type: ignore[arg-type]
+        streams, firsts = await _opened([door.plane.generate_stream(model, 0, prompt, params, deadline)
+                                         for params in choices])
+        return _event_stream(_chat_events(door, streams, firsts, ident, created,
                                           logprobs is not None, _stream_options(body)))
     results = await _all([door.plane.generate(model, 0, prompt, params, deadline) for params in choices])
     answers = [{"index": j, "message": {"role": "assistant", "content": r.output.text},
