@@ -218,13 +218,13 @@ class DataPlane:
         with self.lease(model, version) as served:
             return await served.embed(texts, truncate, deadline)
 
-    async def generate(self, model: str, version: int, prompt: str, params: GenerationParams,
+    async def generate(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None = None) -> GenerateResult:
         with self.lease(model, version) as served:
             output = await served.generate(prompt, params, deadline)
             return GenerateResult(model=served.name, version=served.version, output=output)
 
-    async def generate_stream(self, model: str, version: int, prompt: str, params: GenerationParams,
+    async def generate_stream(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                               deadline: float | None = None) -> AsyncIterator[StreamPart]:
         """Chunks with the version that produces them; closing the iterator cancels the sequence."""
         with self.lease(model, version) as served:

@@ -81,11 +81,12 @@ class DecoderModel(ServedModel):
                 variables[name] = text
         return ChatTemplate(found.template, variables)
 
-    async def generate(self, prompt: str, params: GenerationParams, deadline: float | None) -> GenerationResult:
+    async def generate(self, prompt: str | list[int], params: GenerationParams,
+                       deadline: float | None) -> GenerationResult:
         with engine_errors():
             return await self.engine.generate(prompt, params, deadline)
 
-    async def stream(self, prompt: str, params: GenerationParams,
+    async def stream(self, prompt: str | list[int], params: GenerationParams,
                      deadline: float | None) -> AsyncIterator[StreamChunk]:
         """Chunks of one sequence; closing the iterator cancels the sequence and frees its slot."""
         chunks = self.engine.stream(prompt, params, deadline)

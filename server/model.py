@@ -116,10 +116,12 @@ class ServedModel(ABC):
     async def embed(self, texts: list[str], truncate: bool, deadline: float | None) -> EmbedResult:
         raise self._not("embed")
 
-    async def generate(self, prompt: str, params: GenerationParams, deadline: float | None) -> GenerationResult:
+    async def generate(self, prompt: str | list[int], params: GenerationParams,
+                       deadline: float | None) -> GenerationResult:
         raise self._not("generate")
 
-    def stream(self, prompt: str, params: GenerationParams, deadline: float | None) -> AsyncIterator[StreamChunk]:
+    def stream(self, prompt: str | list[int], params: GenerationParams,
+               deadline: float | None) -> AsyncIterator[StreamChunk]:
         raise self._not("generate")
 
     def token_texts(self, token_ids: list[int]) -> list[str]:

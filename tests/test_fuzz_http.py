@@ -67,7 +67,9 @@ def _alive(server: ServerProcess, client: httpx.Client) -> None:
 
 completion_bodies = st.fixed_dictionaries(
     {"model": st.sampled_from([GPT, CLASSIFIER, "nope", "../x"]) | scalars},
-    optional={"prompt": st.text(max_size=40) | st.lists(st.text(max_size=10), max_size=3) | values,
+    optional={"prompt": st.text(max_size=40) | st.lists(st.text(max_size=10), max_size=3) | values
+                        | st.lists(st.integers(-3, 10 ** 6), max_size=8)
+                        | st.lists(st.lists(st.integers(-3, 10 ** 6), max_size=4), max_size=3),
               "max_tokens": st.integers(-2, 24) | values, "temperature": st.floats(-1, 3) | values,
               "top_p": st.floats(-0.5, 1.5) | values, "top_k": values, "stop": values, "seed": values,
               "logprobs": st.integers(-1, 7) | values, "echo": values, "n": values, "stream": st.booleans(),

@@ -25,6 +25,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from server_process import ServerProcess, repository_with
+from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from protos import ortserve_pb2 as pb
@@ -548,6 +549,19 @@ def test_completion_penalties_and_logit_bias(oai: openai.OpenAI) -> None:
     assert all(len(set(f)) == 1 for f in forced) and forced[0][0] != forced[1][0], forced
 
 
+def test_completion_token_id_prompts_answer_as_their_text(oai: openai.OpenAI, tiny_repository: Path) -> None:
+    """A prompt of token ids (one, or a list of them) is what its text tokenizes to, so the answers match."""
+    tokenizer = Tokenizer.from_file(str(tiny_repository / GPT / "1" / "tokenizer.json"))
+    texts = ["To be, or not to be", "Romeo"]
+    ids = [tokenizer.encode(t).ids for t in texts]
+    kw: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    by_text = oai.completions.create(model=GPT, prompt=texts, **kw)
+    by_ids = oai.completions.create(model=GPT, prompt=ids, **kw)
+    assert [c.text for c in by_ids.choices] == [c.text for c in by_text.choices]
+    assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+    assert oai.completions.create(model=GPT, prompt=ids[1], **kw).choices[0].text == by_text.choices[1].text
+
+
 def test_completion_n_choices_in_openai_order_with_seed_plus_j(oai: openai.OpenAI) -> None:
     """n completions of each prompt: choice k answers prompt k // n, drawn with seed + k % n; each prompt's
     tokens count once in usage. Streamed, the same texts arrive under the same indices."""
@@ -603,7 +617,9 @@ def test_chat_refused_without_template(oai: openai.OpenAI) -> None:
     ({"frequency_penalty": "lots"}, "frequency_penalty"),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
     ({"logit_bias": {"5": 101}}, "logit_bias[5]"),
-    ({"prompt": [[1, 2, 3]]}, "prompt"),
+    ({"prompt": [[1, "a"]]}, "prompt"),
+    ({"prompt": [1, 10 ** 9]}, "prompt[1]"),
+    ({"prompt": [1, 2], "echo": True}, "echo"),
 ])
 def test_completion_bad_parameters_are_400_naming_the_field(oai: openai.OpenAI, kwargs: dict[str, Any],
                                                             param: str) -> None:

@@ -62,3 +62,26 @@ def test_huge_prompt_is_refused_fast_and_truncate_prompt_keeps_the_exact_tail(ti
     assert time.monotonic() - started < 2.0
     room = manifest["max_length"] - 4
     assert ids == tokenizer.encode(HUGE).ids[-room:]
+
+
+def test_a_huge_token_id_prompt_is_refused_fast_and_truncate_prompt_keeps_its_tail(tiny_repository: Path) -> None:
+    """Token ids (the OpenAI door's other prompt form): only the tail that can fit is looked at."""
+    package = tiny_repository / "tiny-gpt" / "1"
+    manifest = json.loads((package / "model.json").read_text())
+    tokenizer = Tokenizer.from_file(str(package / "tokenizer.json"))
+    session = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
+    engine = GenerationEngine(session, manifest, tokenizer, GenerationConfig(), None, "limits")
+    vocab = manifest["vocab_size"]
+    huge = [i % vocab for i in range(2_000_000)]
+    huge[0] = vocab + 5                                   # outside the vocabulary, but cut away below
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="^prompt: 2000000 tokens cannot fit"):
+        engine.encode_prompt(huge, GenerationParams.validate(max_new_tokens=4))
+    ids = engine.encode_prompt(huge, GenerationParams.validate(max_new_tokens=4, truncate_prompt=True))
+    assert time.monotonic() - started < 1.0
+    assert ids == huge[-(manifest["max_length"] - 4):]
+    with pytest.raises(ValueError, match=rf"^prompt\[2\]: token id {vocab} is outside the vocabulary"):
+        engine.encode_prompt([1, 2, vocab], GenerationParams.validate())
+    with pytest.raises(ValueError, match=r"^prompt\[1\]: must be a token id, got bool"):
+        engine.encode_prompt([1, True], GenerationParams.validate())

@@ -156,7 +156,7 @@ class GenerationEngine:
 
     # ------------------------------------------------------------------ requests
 
-    async def stream(self, prompt: str, params: GenerationParams,
+    async def stream(self, prompt: str | list[int], params: GenerationParams,
                      deadline: float | None = None) -> AsyncIterator[StreamChunk]:
         """Chunks as tokens are produced; the last one has final=True. Closing it early cancels the request.
 
@@ -175,7 +175,7 @@ class GenerationEngine:
             if not seq.done:
                 self._abandon(seq)
 
-    async def generate(self, prompt: str, params: GenerationParams,
+    async def generate(self, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None = None) -> GenerationResult:
         """The whole completion; same errors as `stream`. Cancelling the awaiting task cancels the request."""
         seq = self._submit(prompt, params, deadline)
@@ -198,23 +198,18 @@ class GenerationEngine:
         return GenerationResult(text="".join(texts), finish_reason=chunk.finish_reason, usage=chunk.usage,
                                 tokens=tokens, time_to_first_token_ms=ttft, total_time_ms=(end - seq.arrival) * 1000)
 
-    def encode_prompt(self, prompt: str, params: GenerationParams) -> list[int]:
-        """Prompt ids that fit the context with max_new_tokens, or ValueError naming the field."""
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt: must be a string, got {type(prompt).__name__}")
+    def encode_prompt(self, prompt: str | list[int], params: GenerationParams) -> list[int]:
+        """Prompt ids (from text, or given as token ids) that fit the context with max_new_tokens, or ValueError
+        naming the field."""
         if not isinstance(params, GenerationParams):
             raise TypeError("params must be a GenerationParams (use GenerationParams.validate)")
         spec = self.spec
-        # The last `context` tokens of a prompt lie within its last (context + 1) * 100 characters (no token
-        # covers more), so a longer prompt is refused or cut before tokenizing: tokenizing megabytes would hold
-        # the event loop for seconds.
-        max_chars = (spec.max_length + 1) * 100
-        if len(prompt) > max_chars:
-            if not params.truncate_prompt:
-                raise ValueError(f"prompt: {len(prompt)} characters cannot fit the model's context of "
-                                 f"{spec.max_length} tokens (shorten it, or set truncate_prompt)")
-            prompt = prompt[-max_chars:]
-        ids = list(self._tokenizer.encode(prompt).ids) if prompt else []
+        if isinstance(prompt, str):
+            ids = self._tokenize(prompt, params)
+        elif isinstance(prompt, list):
+            ids = self._token_prompt(prompt, params)
+        else:
+            raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             start = spec.bos_id if spec.bos_id is not None else spec.eos_id
             if start is None:
@@ -240,7 +235,34 @@ class GenerationEngine:
                                  f"(size {spec.vocab_size})")
         return ids
 
-    def _submit(self, prompt: str, params: GenerationParams, deadline: float | None) -> Sequence:
+    def _tokenize(self, prompt: str, params: GenerationParams) -> list[int]:
+        # The last `context` tokens of a prompt lie within its last (context + 1) * 100 characters (no token
+        # covers more), so a longer prompt is refused or cut before tokenizing: tokenizing megabytes would hold
+        # the event loop for seconds.
+        max_chars = (self.spec.max_length + 1) * 100
+        if len(prompt) > max_chars:
+            if not params.truncate_prompt:
+                raise ValueError(f"prompt: {len(prompt)} characters cannot fit the model's context of "
+                                 f"{self.spec.max_length} tokens (shorten it, or set truncate_prompt)")
+            prompt = prompt[-max_chars:]
+        return list(self._tokenizer.encode(prompt).ids) if prompt else []
+
+    def _token_prompt(self, prompt: list[int], params: GenerationParams) -> list[int]:
+        vocab, context = self.spec.vocab_size, self.spec.max_length
+        first = 0
+        if len(prompt) > context:      # only the tail that can fit is checked (the list may be huge)
+            if not params.truncate_prompt:
+                raise ValueError(f"prompt: {len(prompt)} tokens cannot fit the model's context of {context} tokens "
+                                 "(shorten it, or set truncate_prompt)")
+            first = len(prompt) - context
+        for i, token in enumerate(prompt[first:], start=first):
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise ValueError(f"prompt[{i}]: must be a token id, got {type(token).__name__}")
+            if not 0 <= token < vocab:
+                raise ValueError(f"prompt[{i}]: token id {token} is outside the vocabulary (size {vocab})")
+        return list(prompt[first:])
+
+    def _submit(self, prompt: str | list[int], params: GenerationParams, deadline: float | None) -> Sequence:
         if not self.running:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
         ids = self.encode_prompt(prompt, params)

@@ -1,7 +1,7 @@
 """The OpenAI-compatible API (what the `openai` client, vLLM and TGI speak), converters over the data plane.
 
     GET  /v1/models, /v1/models/{model}
-    POST /v1/completions         prompt (string or list of strings), max_tokens, temperature, top_p, stop, seed,
+    POST /v1/completions         prompt (text or token ids, one or a list), max_tokens, temperature, top_p, stop, seed,
                                  presence_penalty, frequency_penalty, logit_bias, n,
                                  logprobs, echo (without logprobs), stream (server-sent events, `data: [DONE]`)
     POST /v1/chat/completions    models whose package carries a chat template; 400 otherwise
@@ -175,16 +175,25 @@ class Logprobs:
                 "text_offset": offsets}
 
 
-def _prompts(body: dict[str, Any]) -> list[str]:
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """OpenAI's prompt: a string, a list of strings, a list of token ids, or a list of such lists."""
     prompt = field(body, "prompt", (str, list))
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
         raise ServingError.invalid("prompt", "must not be an empty list")
-    if not all(isinstance(p, str) for p in prompt):
-        raise ServingError.invalid("prompt", "token-id prompts are not supported: send text (a string or a list "
-                                             "of strings)")
-    return prompt
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(_is_token(t) for t in prompt):
+        return [list(prompt)]
+    if all(isinstance(p, list) and all(_is_token(t) for t in p) for p in prompt):
+        return [list(p) for p in prompt]
+    raise ServingError.invalid("prompt", "must be a string, a list of strings, a list of token ids, or a list of "
+                                         "lists of token ids")
 
 
 @route("Completions", OPENAI)
@@ -199,6 +208,8 @@ async def completions(door: Door, request: Request) -> Response:
     echo = field(body, "echo", bool, False)
     if echo and logprobs is not None:
         raise ServingError.invalid("echo", "is not supported together with logprobs (no prompt logprobs)")
+    if echo and not all(isinstance(p, str) for p in prompts):
+        raise ServingError.invalid("echo", "is not supported with token-id prompts")
     choices = _choices(body, _params(body, "max_tokens", logprobs))
     n = len(choices)
     # Choice k answers prompt k // n with the parameters of completion k % n (OpenAI's order).
