@@ -578,6 +578,17 @@ def genai_piece(cfg: Config, repo: Path, client: Any, pool: list[int], tok) -> d
 # ----------------------------------------------------------------------------- main
 
 
+def current_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs whose figures are still in the report: a run is dropped once later runs re-measured every piece
+    it measured (with --merge, a piece's figures are replaced, so its old command no longer describes them)."""
+    kept, later = [], set()
+    for run in reversed(runs):
+        if set(run["pieces"]) - later:
+            kept.append(run)
+        later |= set(run["pieces"])
+    return kept[::-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.generation", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -597,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if a.render_only:
-        write_docs(json.loads(a.out.read_text()), a.docs or ROOT / "docs" / "BENCHMARKS.md")
+        report = json.loads(a.out.read_text())
+        write_docs({**report, "runs": current_runs(report.get("runs", []))}, a.docs or ROOT / "docs" / "BENCHMARKS.md")
         return 0
     cfg = dataclasses.replace(Config.quick() if a.quick else Config(), model=a.model)
     if a.repeats:
@@ -612,9 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     ckpt, repo, pool = material(cfg)
     tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
     report: dict[str, Any] = json.loads(a.out.read_text()) if a.merge and a.out.is_file() else {}
-    runs = report.get("runs", [])
-    runs.append({"command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]), "pieces": list(pieces),
-                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    runs = current_runs([*report.get("runs", []), {
+        "command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]), "pieces": list(pieces),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}])
     report.update({"machine": describe(ROOT), "config": {k: str(v) for k, v in cfg.__dict__.items()}, "runs": runs,
                    "command": runs[0]["command"], "started": runs[0]["started"]})
 

@@ -158,6 +158,14 @@ def _result_files(out: Path) -> None:
     (out / "server.json").write_text(json.dumps(server))
 
 
+def test_generation_report_lists_only_the_runs_whose_figures_it_shows() -> None:
+    from bench.generation import current_runs
+
+    runs = [{"command": "all", "pieces": ["step", "streams", "genai"]}, {"command": "streams", "pieces": ["streams"]},
+            {"command": "step", "pieces": ["step"]}, {"command": "step again", "pieces": ["step"]}]
+    assert [r["command"] for r in current_runs(runs)] == ["all", "streams", "step again"]   # "all" keeps genai
+
+
 def test_goals_met_and_missed_with_margin(tmp_path: Path) -> None:
     from bench.goals import evaluate
     from bench.results import load_results
