@@ -110,13 +110,13 @@ class AsyncOrtserveClient:
         request = convert.embed_request(texts, model, version, truncate)
         return convert.embeddings(await self._unary("Embed", request, timeout))
 
-    async def generate(self, prompt: str, model: str, version: int | None = None, *,
+    async def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                        timeout: float | None = _UNSET, **params: Any) -> Generation:
         gen = GenerationParams.from_kwargs(params)
         request = convert.generate_request(prompt, model, version, gen)
         return convert.generation(await self._unary("Generate", request, timeout), gen.wants_logprobs)
 
-    def generate_stream(self, prompt: str, model: str, version: int | None = None, *,
+    def generate_stream(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                         timeout: float | None = _UNSET, **params: Any) -> AsyncIterator[StreamChunk]:
         """`async for chunk in client.generate_stream(...)`; retried only before the first chunk."""
         gen = GenerationParams.from_kwargs(params)  # bad arguments fail here, synchronously

@@ -101,14 +101,14 @@ class OrtserveClient:
         request = convert.embed_request(texts, model, version, truncate)
         return convert.embeddings(self._unary(self._tasks.Embed, request, timeout))
 
-    def generate(self, prompt: str, model: str, version: int | None = None, *,
+    def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                  timeout: float | None = _UNSET, **params: Any) -> Generation:
         """params: the GenerationParams fields (max_new_tokens, temperature, top_k, top_p, seed, stop, ...)."""
         gen = GenerationParams.from_kwargs(params)
         request = convert.generate_request(prompt, model, version, gen)
         return convert.generation(self._unary(self._tasks.Generate, request, timeout), gen.wants_logprobs)
 
-    def generate_stream(self, prompt: str, model: str, version: int | None = None, *,
+    def generate_stream(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                         timeout: float | None = _UNSET, **params: Any) -> Iterator[StreamChunk]:
         """Chunks as the server produces them; the last one has final=True.
 

@@ -21,6 +21,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from clients import AsyncOrtserveClient, Backoff, OrtserveClient, OrtserveError, TLSConfig
+from protos import ortserve_pb2 as pb
+from protos import ortserve_pb2_grpc as pb_grpc
 from server_process import ServerProcess, free_port, repository_with, shared_server
 
 LABELS = ["alpha", "beta", "gamma"]  # tiny-classifier, trained on keyword groups (tests/conftest.py)
@@ -129,6 +131,25 @@ def test_penalties_and_logit_bias_cross_the_task_api(client: OrtserveClient) -> 
         client.generate("To be", "tiny-gpt", logit_bias={300: 101.0})
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.message.startswith(
         "parameters.logit_bias[300]:")
+
+
+def test_a_token_id_prompt_answers_as_its_text(client: OrtserveClient, server: ServerProcess,
+                                               tiny_repository: Path) -> None:
+    tokenizer = Tokenizer.from_file(str(tiny_repository / "tiny-gpt" / "1" / "tokenizer.json"))
+    text = "To be, or not to be"
+    ids = tokenizer.encode(text).ids
+    by_text = client.generate(text, "tiny-gpt", max_new_tokens=6, ignore_eos=True)
+    by_ids = client.generate(ids, "tiny-gpt", max_new_tokens=6, ignore_eos=True)
+    assert by_ids.text == by_text.text and by_ids.usage == by_text.usage
+    streamed = list(client.generate_stream(ids, "tiny-gpt", max_new_tokens=6, ignore_eos=True))
+    assert "".join(c.text for c in streamed) == by_text.text
+    with pytest.raises(OrtserveError) as err:
+        client.generate([1, 10 ** 9], "tiny-gpt")
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.message.startswith("prompt[1]:")
+    with grpc.insecure_channel(server.address) as channel:   # the proto allows both; the server refuses that
+        with pytest.raises(grpc.RpcError) as both:
+            pb_grpc.TaskServiceStub(channel).Generate(pb.GenerateRequest(model="tiny-gpt", prompt="a", prompt_ids=[1]))
+    assert both.value.code() == grpc.StatusCode.INVALID_ARGUMENT and both.value.details().startswith("prompt_ids:")
 
 
 def test_leaving_a_stream_early_cancels_it(client: OrtserveClient) -> None:

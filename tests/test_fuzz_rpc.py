@@ -234,9 +234,10 @@ def test_fuzz_generate(tasks: pb_grpc.TaskServiceStub) -> None:
     seen = Outcomes()
 
     @FUZZ
-    @given(model=mostly(GPT, names), version=mostly(0, versions), prompt=texts, params=generation_parameters())
-    def case(model: str, version: int, prompt: str, params: pb.GenerationParameters) -> None:
-        request = pb.GenerateRequest(model=model, version=version, prompt=prompt, parameters=params)
+    @given(model=mostly(GPT, names), version=mostly(0, versions), prompt=texts, params=generation_parameters(),
+           ids=st.lists(mostly(st.integers(0, 300), INT32), max_size=6))
+    def case(model: str, version: int, prompt: str, params: pb.GenerationParameters, ids: list[int]) -> None:
+        request = pb.GenerateRequest(model=model, version=version, prompt=prompt, parameters=params, prompt_ids=ids)
         response = call(lambda: tasks.Generate(request, timeout=TIMEOUT), GENERATE_CODES, seen)
         if response is not None:
             assert 0 < response.usage.completion_tokens <= max_tokens_of(params)

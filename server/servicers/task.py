@@ -31,6 +31,15 @@ def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
         raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
 
 
+def prompt_from_proto(request: pb.GenerateRequest) -> str | list[int]:
+    """The text prompt, or its token ids (prompt_ids); not both."""
+    if not request.prompt_ids:
+        return request.prompt
+    if request.prompt:
+        raise ServingError.invalid("prompt_ids", "give prompt or prompt_ids, not both")
+    return list(request.prompt_ids)
+
+
 def tokens_to_proto(tokens: list[GeneratedToken]) -> list[pb.GeneratedToken]:
     out = []
     for t in tokens:
@@ -88,8 +97,8 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
 
     @unary("Generate")
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        result = await self.plane.generate(request.model, request.version, request.prompt, params_from_proto(request),
-                                           deadline_of(context))
+        result = await self.plane.generate(request.model, request.version, prompt_from_proto(request),
+                                           params_from_proto(request), deadline_of(context))
         r = result.output
         return pb.GenerateResponse(
             model=request.model, version=result.version, text=r.text, finish_reason=FINISH_REASONS[r.finish_reason],
@@ -100,8 +109,8 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
     @streaming("GenerateStream")
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateStreamResponse]:
-        stream = self.plane.generate_stream(request.model, request.version, request.prompt, params_from_proto(request),
-                                            deadline_of(context))
+        stream = self.plane.generate_stream(request.model, request.version, prompt_from_proto(request),
+                                            params_from_proto(request), deadline_of(context))
         try:
             async for part in stream:
                 yield chunk_to_proto(request.model, part)
