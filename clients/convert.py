@@ -82,7 +82,7 @@ def generation_parameters(params: GenerationParams) -> pb.GenerationParameters:
         logprobs=params.logprobs, top_logprobs=params.top_logprobs,
         truncate_prompt=params.truncate_prompt, ignore_eos=params.ignore_eos,
         presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
-        logit_bias=dict(params.logit_bias))
+        logit_bias=dict(params.logit_bias), min_p=params.min_p, min_tokens=params.min_tokens)
     # proto3 `optional` fields: leave unset (server default) unless given.
     for name in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed"):
         value = getattr(params, name)

@@ -119,6 +119,8 @@ class GenerationParams:
     temperature: float | None = None
     top_k: int = 0
     top_p: float | None = None
+    min_p: float = 0.0                # [0, 1]: drop tokens below min_p x the likeliest one's probability
+    min_tokens: int = 0               # eos and stop_token_ids cannot end the sequence before this many tokens
     repetition_penalty: float | None = None
     presence_penalty: float = 0.0     # [-2, 2], OpenAI's: once per token generated so far
     frequency_penalty: float = 0.0    # [-2, 2], OpenAI's: per time a token was generated so far

@@ -172,6 +172,8 @@ def generation_parameters(draw: st.DrawFn) -> pb.GenerationParameters:
     p.top_logprobs = draw(mostly(st.integers(0, 20), INT32))
     p.truncate_prompt = draw(st.booleans())
     p.ignore_eos = draw(st.booleans())
+    p.min_p = draw(mostly(st.floats(0, 1, width=32), floats32))
+    p.min_tokens = draw(mostly(st.integers(0, 4), INT32))
     p.presence_penalty = draw(mostly(st.floats(-2, 2, width=32), floats32))
     p.frequency_penalty = draw(mostly(st.floats(-2, 2, width=32), floats32))
     p.logit_bias.update(draw(st.dictionaries(mostly(st.integers(0, 500), INT32),
@@ -355,7 +357,7 @@ def infer_requests(draw: st.DrawFn) -> kserve_pb.ModelInferRequest:
                                         st.text(max_size=8)), max_size=3)):
         request.outputs.add(name=name)
     for key in draw(st.lists(st.sampled_from(["max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-                                              "truncate", "ignore_eos", "repetition_penalty", "presence_penalty",
+                                              "truncate", "ignore_eos", "repetition_penalty", "presence_penalty", "min_p", "min_tokens",
                                               "frequency_penalty", "logit_bias", "junk"]),
                              max_size=4, unique=True)):
         param = request.parameters[key]

@@ -309,6 +309,20 @@ def test_ignore_eos_continues_past_it(bigram: Package) -> None:
     assert (result.text, result.finish_reason) == ("é漢🙂xx", "length")
 
 
+def test_min_tokens_holds_eos_back(bigram: Package) -> None:
+    async def body() -> Any:
+        async with bigram.engine() as engine:
+            alone = await engine.generate("Z", GenerationParams.validate(max_new_tokens=16))
+            held = await engine.generate("Z", GenerationParams.validate(max_new_tokens=16, min_tokens=12))
+            return alone, held
+
+    alone, held = run(body())
+    eos = bigram.tokenizer.token_to_id("<|endoftext|>")
+    assert (alone.text, alone.finish_reason, alone.usage.completion_tokens) == ("é漢🙂", "eos", 10)
+    assert held.text.startswith("é漢🙂") and held.usage.completion_tokens >= 12
+    assert eos not in [t.token_id for t in held.tokens[:12]]
+
+
 def test_stop_token_ids_end_without_their_text(bigram: Package) -> None:
     stop_id = byte_ids(bigram.tokenizer, "漢")[0]
 

@@ -43,6 +43,9 @@ def test_params_defaults_follow_the_proto() -> None:
     ({"top_logprobs": 21}, "parameters.top_logprobs"),
     ({"logprobs": 1}, "parameters.logprobs"),
     ({"presence_penalty": 2.5}, "parameters.presence_penalty"),
+    ({"min_p": 1.5}, "parameters.min_p"),
+    ({"min_tokens": -1}, "parameters.min_tokens"),
+    ({"min_tokens": 5, "max_new_tokens": 4}, "parameters.min_tokens"),
     ({"frequency_penalty": -2.01}, "parameters.frequency_penalty"),
     ({"frequency_penalty": float("nan")}, "parameters.frequency_penalty"),
     ({"logit_bias": [(1, 2.0)]}, "parameters.logit_bias"),
@@ -105,6 +108,27 @@ def test_logit_bias_is_added_before_everything_else() -> None:
     assert choice.token_id == 2
     assert choice.logprob == pytest.approx(5.0 - np.log(np.exp(-97.0) + np.exp(2.0) + np.exp(5.0)))
     assert logits.tolist() == [3.0, 2.0, 0.0]        # the caller's logits are not modified
+
+
+def test_min_p_keeps_tokens_within_its_share_of_the_likeliest_and_leaves_logprobs_alone() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    for min_p, allowed in ((0.2, {0, 1, 2}), (0.5, {0, 1})):      # thresholds 0.10 and 0.25
+        sampler = Sampler(GenerationParams.validate(temperature=1.0, min_p=min_p, seed=3, top_logprobs=4), 4, [])
+        choices = [sampler.choose(logits) for _ in range(600)]
+        assert {c.token_id for c in choices} == allowed
+        assert dict(choices[0].top) == pytest.approx({i: np.log(p) for i, p in enumerate([0.5, 0.3, 0.15, 0.05])})
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_enough_are_generated() -> None:
+    logits = np.array([1.0, 2.0, 3.0, 0.0], dtype=np.float32)       # eos (2) leads, then stop id 1, then 0
+    sampler = Sampler(GenerationParams.validate(min_tokens=2, stop_token_ids=[1], logprobs=True), 4, [], eos_id=2)
+    picks = []
+    for _ in range(3):
+        choice = sampler.choose(logits)
+        picks.append(choice.token_id)
+        sampler.observe(choice.token_id)
+    assert picks == [0, 0, 2]
+    assert Sampler(GenerationParams.validate(), 4, [], eos_id=2).choose(logits).token_id == 2
 
 
 def test_log_softmax_and_top_n() -> None:

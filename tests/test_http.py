@@ -549,6 +549,20 @@ def test_completion_penalties_and_logit_bias(oai: openai.OpenAI) -> None:
     assert all(len(set(f)) == 1 for f in forced) and forced[0][0] != forced[1][0], forced
 
 
+def test_completion_vllm_sampling_extras(oai: openai.OpenAI) -> None:
+    """stop_token_ids ends on a token (its text left out); min_tokens holds it back; min_p is accepted."""
+    def forced(**extra: Any) -> Any:          # token 300 wins every step it may
+        return oai.completions.create(model=GPT, prompt="To be", max_tokens=8, temperature=0,
+                                      logit_bias={"300": 100}, extra_body=extra)
+
+    stopped = forced(stop_token_ids=[300])
+    assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == ("", "stop")
+    assert forced(stop_token_ids=[300], min_tokens=4).usage.completion_tokens == 5   # four others, then 300
+    sampled = oai.completions.create(model=GPT, prompt="To be", max_tokens=4, temperature=1.0, seed=1,
+                                     extra_body={"min_p": 0.05, "ignore_eos": True})
+    assert sampled.usage.completion_tokens == 4
+
+
 def test_completion_token_id_prompts_answer_as_their_text(oai: openai.OpenAI, tiny_repository: Path) -> None:
     """A prompt of token ids (one, or a list of them) is what its text tokenizes to, so the answers match."""
     tokenizer = Tokenizer.from_file(str(tiny_repository / GPT / "1" / "tokenizer.json"))

@@ -280,7 +280,7 @@ class GenerationEngine:
         if in_flight + budget > cfg.max_tokens_in_flight:
             raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
                                   f"this request needs {budget}, the limit is {cfg.max_tokens_in_flight}")
-        seq = Sequence.create(ids, params, self._tokenizer, self.spec.vocab_size, deadline)
+        seq = Sequence.create(ids, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id)
         self._enqueue(seq)
         self._record_gauges()
         self._kick()

@@ -63,6 +63,8 @@ class GenerationParams:
     temperature: float = 0.0          # 0 = greedy (argmax)
     top_k: int = 0                    # 0 = off
     top_p: float = 1.0                # 1 = off
+    min_p: float = 0.0                # keep tokens at least min_p x the likeliest one's probability (0 = off)
+    min_tokens: int = 0               # eos and stop_token_ids cannot be chosen before this many tokens
     repetition_penalty: float = 1.0   # 1 = off
     presence_penalty: float = 0.0     # subtracted once from every token generated so far (0 = off)
     frequency_penalty: float = 0.0    # subtracted per time a token was generated so far (0 = off)
@@ -77,8 +79,9 @@ class GenerationParams:
 
     @classmethod
     def validate(cls, *, max_new_tokens: int | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None,
-                 repetition_penalty: float | None = None, presence_penalty: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 min_tokens: int | None = None, repetition_penalty: float | None = None,
+                 presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, logit_bias: Mapping[int, float] | None = None,
                  stop: Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
                  seed: int | None = None,
@@ -94,13 +97,22 @@ class GenerationParams:
         penalty = _float("repetition_penalty", repetition_penalty, 1.0)
         if penalty <= 0:
             raise ValueError(f"parameters.repetition_penalty: must be > 0, got {penalty}")
+        minimum_p = _float("min_p", min_p, 0.0)
+        if not 0 <= minimum_p <= 1:
+            raise ValueError(f"parameters.min_p: must be in [0, 1], got {minimum_p}")
+        new_tokens = _int("max_new_tokens", max_new_tokens, DEFAULT_MAX_NEW_TOKENS, 1)
+        at_least = _int("min_tokens", min_tokens, 0, 0)
+        if at_least > new_tokens:
+            raise ValueError(f"parameters.min_tokens: must be <= max_new_tokens ({new_tokens}), got {at_least}")
         if seed is not None and (not _is_int(seed) or not 0 <= seed < _UINT64_LIMIT):
             raise ValueError(f"parameters.seed: must be an integer in [0, 2**64), got {seed!r}")
         return cls(
-            max_new_tokens=_int("max_new_tokens", max_new_tokens, DEFAULT_MAX_NEW_TOKENS, 1),
+            max_new_tokens=new_tokens,
             temperature=temp,
             top_k=_int("top_k", top_k, 0, 0),
             top_p=p,
+            min_p=minimum_p,
+            min_tokens=at_least,
             repetition_penalty=penalty,
             presence_penalty=_penalty("presence_penalty", presence_penalty),
             frequency_penalty=_penalty("frequency_penalty", frequency_penalty),

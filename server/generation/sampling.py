@@ -1,12 +1,12 @@
 """Next-token choice for one sequence from its last-position logits (numpy only).
 
-Order of processing: logit bias -> repetition penalty -> presence / frequency penalties -> temperature ->
-top-k -> top-p -> draw. The logit bias is added to the model's logits (OpenAI's `logit_bias`); the repetition
+Order of processing: logit bias -> min_tokens (eos and stop ids masked) -> repetition penalty -> presence /
+frequency penalties -> temperature -> min-p -> top-k -> top-p -> draw. The logit bias is added to the model's logits (OpenAI's `logit_bias`); the repetition
 penalty (CTRL's) counts the prompt's tokens too; the presence and frequency penalties (OpenAI's) count only the
 generated ones: logit -= presence * [count > 0] + frequency * count.
 
-Logprobs are the log-softmax of the logits after the bias, the penalties and the temperature (a
-temperature of 0, greedy, counts as 1 here), taken BEFORE top-k/top-p truncation: the truncated
+Logprobs are the log-softmax of the logits after the bias, the masks, the penalties and the temperature (a
+temperature of 0, greedy, counts as 1 here), taken BEFORE min-p/top-k/top-p truncation: the truncated
 distribution would give -inf to every alternative, which says nothing. So they are <= 0 and the
 chosen token's logprob is what the model (with the request's penalty and temperature) thought of it.
 """
@@ -32,9 +32,16 @@ class Sampler:
     The generator belongs to the request, so a seed gives the same draws whatever else shares the batch.
     """
 
-    def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: list[int]) -> None:
+    def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: list[int],
+                 eos_id: int | None = None) -> None:
         self.params = params
         self.vocab_size = vocab_size
+        self.generated = 0
+        # Tokens that would end the sequence, masked until min_tokens are generated.
+        self._enders: np.ndarray | None = None
+        if params.min_tokens > 0:
+            enders = {*params.stop_token_ids, *([eos_id] if eos_id is not None else [])}
+            self._enders = np.array(sorted(t for t in enders if 0 <= t < vocab_size), dtype=np.int64)
         self.rng = np.random.default_rng(params.seed)
         # CTRL-style penalty counts the prompt's tokens as already present (as CTRL and HF do).
         self._seen: np.ndarray | None = None
@@ -53,6 +60,7 @@ class Sampler:
 
     def observe(self, token_id: int) -> None:
         """Record a generated token (for the penalties)."""
+        self.generated += 1
         if not 0 <= token_id < self.vocab_size:
             return
         if self._seen is not None:
@@ -67,6 +75,9 @@ class Sampler:
         if self._bias is not None:
             scores = scores.copy()
             scores[self._bias[0]] += self._bias[1]
+        if self._enders is not None and self.generated < p.min_tokens and len(self._enders):
+            scores = scores.copy()
+            scores[self._enders] = -np.inf
         if self._seen is not None:
             scores = apply_repetition_penalty(scores, self._seen, p.repetition_penalty)
         if self._counts is not None:
@@ -75,6 +86,10 @@ class Sampler:
             scores = scores / p.temperature
         if p.temperature == 0:
             token = int(np.argmax(scores))   # first index on ties: deterministic
+        elif p.min_p > 0:
+            # p_i >= min_p * p_max  <=>  score_i >= max score + log(min_p)
+            kept = np.where(scores >= np.max(scores) + np.log(p.min_p), scores, -np.inf)
+            token = sample(kept, p.top_k, p.top_p, self.rng)
         else:
             token = sample(scores, p.top_k, p.top_p, self.rng)
         if not p.wants_logprobs:

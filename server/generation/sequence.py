@@ -41,8 +41,8 @@ class Sequence:
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
-               deadline: float | None) -> "Sequence":
-        return cls(prompt_ids=prompt_ids, params=params, sampler=Sampler(params, vocab_size, prompt_ids),
+               deadline: float | None, eos_id: int | None = None) -> "Sequence":
+        return cls(prompt_ids=prompt_ids, params=params, sampler=Sampler(params, vocab_size, prompt_ids, eos_id),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), stopper=StopMatcher(params.stop),
                    deadline=deadline)
 

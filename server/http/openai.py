@@ -8,7 +8,8 @@
     POST /v1/embeddings          embedding models (task "embed")
 
 Errors: OpenAI's JSON error shape, status from errors.py (400 / 401 / 404 / 429 / 503 ...).
-Extra sampling fields beyond OpenAI's, as vLLM accepts them: top_k, repetition_penalty, ignore_eos.
+Extra sampling fields beyond OpenAI's, as vLLM accepts them: top_k, min_p, min_tokens, repetition_penalty,
+stop_token_ids, ignore_eos.
 """
 from __future__ import annotations
 
@@ -71,6 +72,13 @@ def _choices(body: dict[str, Any], params: GenerationParams) -> list[GenerationP
     return [dataclasses.replace(params, seed=(params.seed + j) % 2 ** 64) for j in range(n)]
 
 
+def _stop_token_ids(body: dict[str, Any]) -> list[int]:
+    ids = field(body, "stop_token_ids", list, [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ServingError.invalid("stop_token_ids", "must be a list of token ids")
+    return ids
+
+
 def _stop(body: dict[str, Any]) -> list[str]:
     stop = field(body, "stop", (str, list), [])
     if isinstance(stop, str):
@@ -101,6 +109,8 @@ def _params(body: dict[str, Any], max_tokens_field: str, logprobs: int | None) -
             top_k=field(body, "top_k", int, 0), repetition_penalty=field(body, "repetition_penalty", float, 1.0),
             presence_penalty=field(body, "presence_penalty", float, 0.0),
             frequency_penalty=field(body, "frequency_penalty", float, 0.0), logit_bias=_logit_bias(body),
+            min_p=field(body, "min_p", float, 0.0), min_tokens=field(body, "min_tokens", int, 0),
+            stop_token_ids=_stop_token_ids(body),
             stop=_stop(body), seed=field(body, "seed", int, None), logprobs=logprobs is not None,
             top_logprobs=logprobs or 0, ignore_eos=field(body, "ignore_eos", bool, False))
     except ValueError as exc:

@@ -23,8 +23,8 @@ from server.generation import GenerationParams
 from server.types import FillMaskResult, InferResult, MaskPrediction
 
 TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}, "embed": {"text"}}
-_PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
-               "frequency_penalty", "seed", "truncate_prompt", "ignore_eos")
+_PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "min_tokens", "repetition_penalty",
+               "presence_penalty", "frequency_penalty", "seed", "truncate_prompt", "ignore_eos")
 
 
 def is_text_request(task: str, inputs: dict[str, np.ndarray]) -> bool:
@@ -136,7 +136,7 @@ def params_from(parameters: dict[str, Any]) -> GenerationParams:
     """KServe request parameters -> GenerationParams (stop sequences as a JSON list in "stop", the logit bias as
     a JSON object of token id to bias in "logit_bias")."""
     fields = {k: parameters[k] for k in _PARAM_KEYS if k in parameters}
-    for key in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+    for key in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
         if isinstance(fields.get(key), int) and not isinstance(fields.get(key), bool):
             fields[key] = float(fields[key])
     if "stop" in parameters:

@@ -24,7 +24,7 @@ def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
     fields.update(top_k=p.top_k, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids), logprobs=p.logprobs,
                   top_logprobs=p.top_logprobs, truncate_prompt=p.truncate_prompt, ignore_eos=p.ignore_eos,
                   presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-                  logit_bias=dict(p.logit_bias))
+                  logit_bias=dict(p.logit_bias), min_p=p.min_p, min_tokens=p.min_tokens)
     try:
         return GenerationParams.validate(**fields)
     except ValueError as exc:
