@@ -103,7 +103,7 @@ class GenerationParams:
         new_tokens = _int("max_new_tokens", max_new_tokens, DEFAULT_MAX_NEW_TOKENS, 1)
         at_least = _int("min_tokens", min_tokens, 0, 0)
         if at_least > new_tokens:
-            raise ValueError(f"parameters.min_tokens: must be <= max_new_tokens ({new_tokens}), got {at_least}")
+            raise ValueError(f"parameters.min_tokens: must not exceed the tokens asked for ({new_tokens}), got {at_least}")
         if seed is not None and (not _is_int(seed) or not 0 <= seed < _UINT64_LIMIT):
             raise ValueError(f"parameters.seed: must be an integer in [0, 2**64), got {seed!r}")
         return cls(

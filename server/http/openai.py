@@ -97,7 +97,9 @@ def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
             token = int(key)
         except ValueError:
             raise ServingError.invalid("logit_bias", f"keys must be token ids, got {json.dumps(key)[:40]}") from None
-        out[token] = field(bias, key, float, prefix="logit_bias.")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ServingError.invalid(f"logit_bias[{token}]", f"must be a number, got {json.dumps(value)[:40]}")
+        out[token] = float(value)
     return out
 
 
