@@ -44,12 +44,17 @@ def test_huge_classify_text_is_refused_fast_and_truncation_keeps_the_exact_prefi
     assert len(HUGE) > max_length * CHARS_PER_TOKEN_BOUND
 
 
-def test_huge_prompt_is_refused_fast_and_truncate_prompt_keeps_the_exact_tail(tiny_repository: Path) -> None:
+def _tiny_engine(tiny_repository: Path) -> tuple[GenerationEngine, dict, Tokenizer]:
+    """The tiny decoder's engine (not started: encode_prompt is all these tests call), manifest, tokenizer."""
     package = tiny_repository / "tiny-gpt" / "1"
     manifest = json.loads((package / "model.json").read_text())
     tokenizer = Tokenizer.from_file(str(package / "tokenizer.json"))
     session = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
-    engine = GenerationEngine(session, manifest, tokenizer, GenerationConfig(), None, "limits")
+    return GenerationEngine(session, manifest, tokenizer, GenerationConfig(), None, "limits"), manifest, tokenizer
+
+
+def test_huge_prompt_is_refused_fast_and_truncate_prompt_keeps_the_exact_tail(tiny_repository: Path) -> None:
+    engine, manifest, tokenizer = _tiny_engine(tiny_repository)
 
     started = time.monotonic()
     with pytest.raises(ValueError, match="^prompt: "):
@@ -65,12 +70,9 @@ def test_huge_prompt_is_refused_fast_and_truncate_prompt_keeps_the_exact_tail(ti
 
 
 def test_a_huge_token_id_prompt_is_refused_fast_and_truncate_prompt_keeps_its_tail(tiny_repository: Path) -> None:
-    """Token ids (the OpenAI door's other prompt form): only the tail that can fit is looked at."""
-    package = tiny_repository / "tiny-gpt" / "1"
-    manifest = json.loads((package / "model.json").read_text())
-    tokenizer = Tokenizer.from_file(str(package / "tokenizer.json"))
-    session = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
-    engine = GenerationEngine(session, manifest, tokenizer, GenerationConfig(), None, "limits")
+    """Token ids (the other prompt form of the OpenAI door and the task API): only the tail that can fit is
+    looked at."""
+    engine, manifest, _ = _tiny_engine(tiny_repository)
     vocab = manifest["vocab_size"]
     huge = [i % vocab for i in range(2_000_000)]
     huge[0] = vocab + 5                                   # outside the vocabulary, but cut away below
