@@ -239,6 +239,13 @@ class DataPlane:
         """Tokens of a generation model, each decoded alone (for logprobs)."""
         return self.repository.resolve(model, version).model.token_texts(token_ids)
 
+    def tokenize(self, model: str, version: int, text: str) -> list[int]:
+        """The ids a generation model makes of a text prompt."""
+        return self.repository.resolve(model, version).model.tokenize(text)
+
+    def detokenize(self, model: str, version: int, token_ids: list[int]) -> str:
+        return self.repository.resolve(model, version).model.detokenize(token_ids)
+
     def chat_template(self, model: str, version: int = 0) -> ChatTemplate | None:
         """The chat template of the version a request would reach; None when its package has none."""
         return self.repository.resolve(model, version).model.chat_template()

@@ -128,6 +128,14 @@ class ServedModel(ABC):
         """Each token decoded alone (OpenAI logprobs name tokens by their text)."""
         raise self._not("generate")
 
+    def tokenize(self, text: str) -> list[int]:
+        """The ids a text prompt becomes (what generation would run)."""
+        raise self._not("generate")
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of token ids (ValueError naming the first id outside the vocabulary)."""
+        raise self._not("generate")
+
     def chat_template(self) -> ChatTemplate | None:
         """The package's chat template (model.json `chat_template`), None when it carries none."""
         template = self.manifest.extra.get("chat_template")

@@ -106,6 +106,20 @@ def test_fuzzed_infer_bodies(server: ServerProcess, client: httpx.Client, body: 
     _check(response, openai_shape=False)
 
 
+tokenizer_bodies = st.fixed_dictionaries(
+    {"model": st.sampled_from([GPT, CLASSIFIER, "nope"]) | scalars},
+    optional={"prompt": st.text(max_size=40) | values,
+              "tokens": st.lists(st.integers(-3, 10 ** 6), max_size=6) | values})
+
+
+@FUZZ
+@given(body=tokenizer_bodies, path=st.sampled_from(["/tokenize", "/detokenize"]))
+def test_fuzzed_tokenizer_bodies(server: ServerProcess, client: httpx.Client, body: dict[str, Any], path: str) -> None:
+    response = client.post(f"{server.http_url}{path}", content=json.dumps(body).encode(),
+                           headers={"content-type": "application/json"})
+    _check(response, openai_shape=True)
+
+
 def test_server_alive_after_fuzzing(server: ServerProcess, client: httpx.Client) -> None:
     _alive(server, client)
     assert "Traceback" not in "".join(server.lines), server.output(80)

@@ -576,6 +576,24 @@ def test_completion_token_id_prompts_answer_as_their_text(oai: openai.OpenAI, ti
     assert oai.completions.create(model=GPT, prompt=ids[1], **kw).choices[0].text == by_text.choices[1].text
 
 
+def test_tokenize_and_detokenize_as_vllm(server: ServerProcess, tiny_repository: Path) -> None:
+    tokenizer = Tokenizer.from_file(str(tiny_repository / GPT / "1" / "tokenizer.json"))
+    text = "To be, or not to be: é漢"
+    status, body = _json(f"{server.http_url}/tokenize", {"model": GPT, "prompt": text})
+    max_length = json.loads((tiny_repository / GPT / "1" / "model.json").read_text())["max_length"]
+    assert status == 200 and body == {"count": len(tokenizer.encode(text).ids), "max_model_len": max_length,
+                                      "tokens": tokenizer.encode(text).ids}
+    status, back = _json(f"{server.http_url}/detokenize", {"model": GPT, "tokens": body["tokens"]})
+    assert status == 200 and back == {"prompt": text}
+    for url, payload, code, param in (
+            ("/detokenize", {"model": GPT, "tokens": [1, 10 ** 9]}, 400, "tokens[1]"),
+            ("/tokenize", {"model": CLASSIFIER, "prompt": "a"}, 400, None),
+            ("/tokenize", {"model": "nope", "prompt": "a"}, 404, None),
+            ("/tokenize", {"model": GPT}, 400, "prompt")):
+        status, error = _json(f"{server.http_url}{url}", payload)
+        assert status == code and (param is None or error["error"]["param"] == param), (url, payload, error)
+
+
 def test_completion_n_choices_in_openai_order_with_seed_plus_j(oai: openai.OpenAI) -> None:
     """n completions of each prompt: choice k answers prompt k // n, drawn with seed + k % n; each prompt's
     tokens count once in usage. Streamed, the same texts arrive under the same indices."""

@@ -235,6 +235,10 @@ class GenerationEngine:
                                  f"(size {spec.vocab_size})")
         return ids
 
+    def tokenize(self, text: str) -> list[int]:
+        """The ids of a text prompt, as generation makes them (before fitting them to the context)."""
+        return list(self._tokenizer.encode(text).ids) if text else []
+
     def _tokenize(self, prompt: str, params: GenerationParams) -> list[int]:
         # The last `context` tokens of a prompt lie within its last (context + 1) * 100 characters (no token
         # covers more), so a longer prompt is refused or cut before tokenizing: tokenizing megabytes would hold
@@ -245,7 +249,7 @@ class GenerationEngine:
                 raise ValueError(f"prompt: {len(prompt)} characters cannot fit the model's context of "
                                  f"{self.spec.max_length} tokens (shorten it, or set truncate_prompt)")
             prompt = prompt[-max_chars:]
-        return list(self._tokenizer.encode(prompt).ids) if prompt else []
+        return self.tokenize(prompt)
 
     def _token_prompt(self, prompt: list[int], params: GenerationParams) -> list[int]:
         vocab, context = self.spec.vocab_size, self.spec.max_length

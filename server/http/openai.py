@@ -6,6 +6,7 @@
                                  logprobs, echo (without logprobs), stream (server-sent events, `data: [DONE]`)
     POST /v1/chat/completions    models whose package carries a chat template; 400 otherwise
     POST /v1/embeddings          embedding models (task "embed")
+    POST /tokenize, /detokenize  generation models' tokenizer, as vLLM's endpoints (prompt <-> token ids)
 
 Errors: OpenAI's JSON error shape, status from errors.py (400 / 401 / 404 / 429 / 503 ...).
 Extra sampling fields beyond OpenAI's, as vLLM accepts them: top_k, min_p, min_tokens, repetition_penalty,
@@ -464,6 +465,27 @@ async def _chat_events(door: Door, streams: list[AsyncIterator[StreamPart]], fir
     yield DONE
 
 
+# ---------------------------------------------------------------------- tokenizer (vLLM's endpoints)
+
+
+@route("Tokenize", OPENAI)
+async def tokenize(door: Door, request: Request) -> Response:
+    """POST /tokenize {model, prompt} -> {count, max_model_len, tokens}: the ids generation would run."""
+    body = await json_object(request, door.max_body_bytes)
+    model = request.state.model = field(body, "model", str)
+    tokens = door.plane.tokenize(model, 0, field(body, "prompt", str))
+    return JSONResponse({"count": len(tokens), "max_model_len": door.plane.model_info(model).max_length,
+                         "tokens": tokens})
+
+
+@route("Detokenize", OPENAI)
+async def detokenize(door: Door, request: Request) -> Response:
+    """POST /detokenize {model, tokens} -> {prompt}."""
+    body = await json_object(request, door.max_body_bytes)
+    model = request.state.model = field(body, "model", str)
+    return JSONResponse({"prompt": door.plane.detokenize(model, 0, field(body, "tokens", list))})
+
+
 # ---------------------------------------------------------------------- embeddings
 
 
@@ -510,4 +532,6 @@ def routes() -> list[Route]:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
     ]
