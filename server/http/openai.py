@@ -75,7 +75,7 @@ def _choices(body: dict[str, Any], params: GenerationParams) -> list[GenerationP
 
 def _stop_token_ids(body: dict[str, Any]) -> list[int]:
     ids = field(body, "stop_token_ids", list, [])
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+    if not all(_is_token(t) for t in ids):
         raise ServingError.invalid("stop_token_ids", "must be a list of token ids")
     return ids
 
