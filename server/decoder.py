@@ -69,14 +69,12 @@ class DecoderModel(ServedModel):
         return [self.tokenizer.decode([i], skip_special_tokens=False) for i in token_ids]
 
     def tokenize(self, text: str) -> list[int]:
-        return self.engine.tokenize(text)
+        with engine_errors():
+            return self.engine.tokenize(text)
 
     def detokenize(self, token_ids: list[int]) -> str:
-        vocab = self.engine.spec.vocab_size
-        for i, token in enumerate(token_ids):
-            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-                raise ServingError.invalid(f"tokens[{i}]", f"must be a token id in [0, {vocab}), got {token!r}")
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        with engine_errors():
+            return self.engine.detokenize(token_ids)
 
     def chat_template(self) -> ChatTemplate | None:
         found = super().chat_template()

@@ -129,11 +129,11 @@ class ServedModel(ABC):
         raise self._not("generate")
 
     def tokenize(self, text: str) -> list[int]:
-        """The ids a text prompt becomes (what generation would run)."""
+        """The ids a text prompt becomes (what generation would run); INVALID_ARGUMENT when it cannot fit."""
         raise self._not("generate")
 
     def detokenize(self, token_ids: list[int]) -> str:
-        """The text of token ids (ValueError naming the first id outside the vocabulary)."""
+        """The text of token ids (INVALID_ARGUMENT naming the first id outside the vocabulary)."""
         raise self._not("generate")
 
     def chat_template(self) -> ChatTemplate | None:

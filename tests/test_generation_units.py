@@ -101,6 +101,13 @@ def test_presence_and_frequency_penalties_count_generated_tokens_only() -> None:
     assert dict(choice.top) == pytest.approx({i: want[i] for i in range(4)})
 
 
+def test_logit_bias_keys_may_be_json_strings() -> None:
+    assert GenerationParams.validate(logit_bias={"7": 1, 3: -2.5}).logit_bias == ((3, -2.5), (7, 1.0))
+    for bad in ({"x": 1.0}, {"-3": 1.0}, {"٣": 1.0}):      # not an ASCII decimal id
+        with pytest.raises(ValueError, match=r"^parameters\.logit_bias: keys must be non-negative token ids"):
+            GenerationParams.validate(logit_bias=bad)
+
+
 def test_logit_bias_is_added_before_everything_else() -> None:
     logits = np.array([3.0, 2.0, 0.0], dtype=np.float32)
     biased = Sampler(GenerationParams.validate(logit_bias={2: 5.0, 0: -100.0}, logprobs=True), 3, prompt_ids=[])

@@ -550,7 +550,8 @@ def test_completion_penalties_and_logit_bias(oai: openai.OpenAI) -> None:
 
 
 def test_completion_vllm_sampling_extras(oai: openai.OpenAI) -> None:
-    """stop_token_ids ends on a token (its text left out); min_tokens holds it back; min_p is accepted."""
+    """stop_token_ids ends on a token (its text left out); min_tokens holds it back; min_p = 1 keeps only the
+    likeliest token, so sampling at temperature 1 gives the greedy text."""
     def forced(**extra: Any) -> Any:          # token 300 wins every step it may
         return oai.completions.create(model=GPT, prompt="To be", max_tokens=8, temperature=0,
                                       logit_bias={"300": 100}, extra_body=extra)
@@ -558,9 +559,13 @@ def test_completion_vllm_sampling_extras(oai: openai.OpenAI) -> None:
     stopped = forced(stop_token_ids=[300])
     assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == ("", "stop")
     assert forced(stop_token_ids=[300], min_tokens=4).usage.completion_tokens == 5   # four others, then 300
-    sampled = oai.completions.create(model=GPT, prompt="To be", max_tokens=4, temperature=1.0, seed=1,
-                                     extra_body={"min_p": 0.05, "ignore_eos": True})
-    assert sampled.usage.completion_tokens == 4
+    greedy = oai.completions.create(model=GPT, prompt="To be", max_tokens=8, temperature=0,
+                                    extra_body={"ignore_eos": True}).choices[0].text
+    kw: dict[str, Any] = {"model": GPT, "prompt": "To be", "max_tokens": 8, "temperature": 1.0}
+    top_only = [oai.completions.create(seed=s, extra_body={"min_p": 1.0, "ignore_eos": True}, **kw).choices[0].text
+                for s in (1, 2)]
+    assert top_only == [greedy, greedy]
+    assert oai.completions.create(seed=1, extra_body={"ignore_eos": True}, **kw).choices[0].text != greedy
 
 
 def test_completion_token_id_prompts_answer_as_their_text(oai: openai.OpenAI, tiny_repository: Path) -> None:
@@ -589,7 +594,8 @@ def test_tokenize_and_detokenize_as_vllm(server: ServerProcess, tiny_repository:
             ("/detokenize", {"model": GPT, "tokens": [1, 10 ** 9]}, 400, "tokens[1]"),
             ("/tokenize", {"model": CLASSIFIER, "prompt": "a"}, 400, None),
             ("/tokenize", {"model": "nope", "prompt": "a"}, 404, None),
-            ("/tokenize", {"model": GPT}, 400, "prompt")):
+            ("/tokenize", {"model": GPT}, 400, "prompt"),
+            ("/tokenize", {"model": GPT, "prompt": "a" * ((max_length + 1) * 100 + 1)}, 400, "prompt")):  # not tokenized
         status, error = _json(f"{server.http_url}{url}", payload)
         assert status == code and (param is None or error["error"]["param"] == param), (url, payload, error)
 

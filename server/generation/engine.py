@@ -205,7 +205,7 @@ class GenerationEngine:
             raise TypeError("params must be a GenerationParams (use GenerationParams.validate)")
         spec = self.spec
         if isinstance(prompt, str):
-            ids = self._tokenize(prompt, params)
+            ids = self.tokenize(prompt, params.truncate_prompt)
         elif isinstance(prompt, list):
             ids = self._token_prompt(prompt, params)
         else:
@@ -235,21 +235,24 @@ class GenerationEngine:
                                  f"(size {spec.vocab_size})")
         return ids
 
-    def tokenize(self, text: str) -> list[int]:
-        """The ids of a text prompt, as generation makes them (before fitting them to the context)."""
+    def tokenize(self, text: str, truncate: bool = False) -> list[int]:
+        """The ids of a text prompt, as generation makes them (before fitting them to the context).
+
+        The last `context` tokens of a text lie within its last (context + 1) * 100 characters (no token covers
+        more), so a longer text is refused (or, with `truncate`, cut) before tokenizing: tokenizing megabytes
+        would hold the event loop for seconds."""
+        max_chars = (self.spec.max_length + 1) * 100
+        if len(text) > max_chars:
+            if not truncate:
+                raise ValueError(f"prompt: {len(text)} characters cannot fit the model's context of "
+                                 f"{self.spec.max_length} tokens (shorten it, or set truncate_prompt)")
+            text = text[-max_chars:]
         return list(self._tokenizer.encode(text).ids) if text else []
 
-    def _tokenize(self, prompt: str, params: GenerationParams) -> list[int]:
-        # The last `context` tokens of a prompt lie within its last (context + 1) * 100 characters (no token
-        # covers more), so a longer prompt is refused or cut before tokenizing: tokenizing megabytes would hold
-        # the event loop for seconds.
-        max_chars = (self.spec.max_length + 1) * 100
-        if len(prompt) > max_chars:
-            if not params.truncate_prompt:
-                raise ValueError(f"prompt: {len(prompt)} characters cannot fit the model's context of "
-                                 f"{self.spec.max_length} tokens (shorten it, or set truncate_prompt)")
-            prompt = prompt[-max_chars:]
-        return self.tokenize(prompt)
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of token ids, each checked against the vocabulary (ValueError naming `tokens[i]`)."""
+        _check_token_ids(token_ids, self.spec.vocab_size, "tokens")
+        return self._tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def _token_prompt(self, prompt: list[int], params: GenerationParams) -> list[int]:
         vocab, context = self.spec.vocab_size, self.spec.max_length
@@ -259,11 +262,7 @@ class GenerationEngine:
                 raise ValueError(f"prompt: {len(prompt)} tokens cannot fit the model's context of {context} tokens "
                                  "(shorten it, or set truncate_prompt)")
             first = len(prompt) - context
-        for i, token in enumerate(prompt[first:], start=first):
-            if isinstance(token, bool) or not isinstance(token, int):
-                raise ValueError(f"prompt[{i}]: must be a token id, got {type(token).__name__}")
-            if not 0 <= token < vocab:
-                raise ValueError(f"prompt[{i}]: token id {token} is outside the vocabulary (size {vocab})")
+        _check_token_ids(prompt[first:], vocab, "prompt", first)
         return list(prompt[first:])
 
     def _submit(self, prompt: str | list[int], params: GenerationParams, deadline: float | None) -> Sequence:
@@ -435,3 +434,12 @@ class _ModelMetrics:
         self.prefix_reused_tokens = metrics.prefix_reused_tokens.labels(model=label)
         self.slots_used = metrics.cache_slots.labels(model=label, state="used")
         self.slots_total = metrics.cache_slots.labels(model=label, state="total")
+
+
+def _check_token_ids(ids: list[Any], vocab: int, name: str, offset: int = 0) -> None:
+    """ValueError naming `name[i]` for the first entry that is not a token id of the vocabulary."""
+    for i, token in enumerate(ids, start=offset):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise ValueError(f"{name}[{i}]: must be a token id, got {type(token).__name__}")
+        if not 0 <= token < vocab:
+            raise ValueError(f"{name}[{i}]: token id {token} is outside the vocabulary (size {vocab})")

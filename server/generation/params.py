@@ -82,7 +82,7 @@ class GenerationParams:
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                  min_tokens: int | None = None, repetition_penalty: float | None = None,
                  presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None, logit_bias: Mapping[int, float] | None = None,
+                 frequency_penalty: float | None = None, logit_bias: Mapping[int | str, float] | None = None,
                  stop: Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
                  seed: int | None = None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
@@ -139,7 +139,8 @@ def _penalty(name: str, value: Any) -> float:
     return penalty
 
 
-def _logit_bias(bias: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:
+def _logit_bias(bias: Mapping[int | str, float] | None) -> tuple[tuple[int, float], ...]:
+    """Keys are token ids, as ints or as the decimal strings a JSON object's keys are (OpenAI's "50256")."""
     if bias is None:
         return ()
     if not isinstance(bias, Mapping):
@@ -147,9 +148,10 @@ def _logit_bias(bias: Mapping[int, float] | None) -> tuple[tuple[int, float], ..
     if len(bias) > MAX_LOGIT_BIAS:
         raise ValueError(f"parameters.logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
     out = []
-    for token, value in bias.items():
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
         if not _is_int(token) or token < 0:
-            raise ValueError(f"parameters.logit_bias: keys must be non-negative token ids, got {token!r}")
+            raise ValueError(f"parameters.logit_bias: keys must be non-negative token ids, got {key!r}")
         b = _float(f"logit_bias[{token}]", value, 0.0)
         if not -BIAS_RANGE <= b <= BIAS_RANGE:
             raise ValueError(f"parameters.logit_bias[{token}]: must be in [-{BIAS_RANGE:g}, {BIAS_RANGE:g}], got {b}")

@@ -40,8 +40,8 @@ class Sampler:
         # Tokens that would end the sequence, masked until min_tokens are generated.
         self._enders: np.ndarray | None = None
         if params.min_tokens > 0:
-            enders = {*params.stop_token_ids, *([eos_id] if eos_id is not None else [])}
-            self._enders = np.array(sorted(t for t in enders if 0 <= t < vocab_size), dtype=np.int64)
+            enders = sorted(t for t in {*params.stop_token_ids, eos_id} if t is not None and 0 <= t < vocab_size)
+            self._enders = np.array(enders, dtype=np.int64) if enders else None
         self.rng = np.random.default_rng(params.seed)
         # CTRL-style penalty counts the prompt's tokens as already present (as CTRL and HF do).
         self._seen: np.ndarray | None = None
@@ -71,12 +71,10 @@ class Sampler:
     def choose(self, logits: np.ndarray) -> Choice:
         """Pick the next token from one row of logits, shape [V]."""
         p = self.params
-        scores = np.asarray(logits, dtype=np.float64)[: self.vocab_size]
+        scores = np.array(logits[: self.vocab_size], dtype=np.float64)   # our own copy: edited in place below
         if self._bias is not None:
-            scores = scores.copy()
             scores[self._bias[0]] += self._bias[1]
-        if self._enders is not None and self.generated < p.min_tokens and len(self._enders):
-            scores = scores.copy()
+        if self._enders is not None and self.generated < p.min_tokens:
             scores[self._enders] = -np.inf
         if self._seen is not None:
             scores = apply_repetition_penalty(scores, self._seen, p.repetition_penalty)

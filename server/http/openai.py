@@ -73,13 +73,6 @@ def _choices(body: dict[str, Any], params: GenerationParams) -> list[GenerationP
     return [dataclasses.replace(params, seed=(params.seed + j) % 2 ** 64) for j in range(n)]
 
 
-def _stop_token_ids(body: dict[str, Any]) -> list[int]:
-    ids = field(body, "stop_token_ids", list, [])
-    if not all(_is_token(t) for t in ids):
-        raise ServingError.invalid("stop_token_ids", "must be a list of token ids")
-    return ids
-
-
 def _stop(body: dict[str, Any]) -> list[str]:
     stop = field(body, "stop", (str, list), [])
     if isinstance(stop, str):
@@ -89,21 +82,6 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return stop
 
 
-def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
-    """OpenAI's logit_bias: {"50256": -100} (JSON keys are strings) -> {50256: -100.0}."""
-    bias = field(body, "logit_bias", dict, {})
-    out = {}
-    for key, value in bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise ServingError.invalid("logit_bias", f"keys must be token ids, got {json.dumps(key)[:40]}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ServingError.invalid(f"logit_bias[{token}]", f"must be a number, got {json.dumps(value)[:40]}")
-        out[token] = float(value)
-    return out
-
-
 def _params(body: dict[str, Any], max_tokens_field: str, logprobs: int | None) -> GenerationParams:
     try:
         return GenerationParams.validate(
@@ -111,9 +89,10 @@ def _params(body: dict[str, Any], max_tokens_field: str, logprobs: int | None) -
             temperature=field(body, "temperature", float, 1.0), top_p=field(body, "top_p", float, 1.0),
             top_k=field(body, "top_k", int, 0), repetition_penalty=field(body, "repetition_penalty", float, 1.0),
             presence_penalty=field(body, "presence_penalty", float, 0.0),
-            frequency_penalty=field(body, "frequency_penalty", float, 0.0), logit_bias=_logit_bias(body),
+            frequency_penalty=field(body, "frequency_penalty", float, 0.0),
+            logit_bias=field(body, "logit_bias", dict, None),   # JSON keys: token ids as strings
             min_p=field(body, "min_p", float, 0.0), min_tokens=field(body, "min_tokens", int, 0),
-            stop_token_ids=_stop_token_ids(body),
+            stop_token_ids=field(body, "stop_token_ids", list, None),
             stop=_stop(body), seed=field(body, "seed", int, None), logprobs=logprobs is not None,
             top_logprobs=logprobs or 0, ignore_eos=field(body, "ignore_eos", bool, False))
     except ValueError as exc:

@@ -117,19 +117,15 @@ async def _generate(plane: DataPlane, model: str, version: int, inputs: dict[str
         "finish_reason": _bytes_array([r.output.finish_reason for r in results])})
 
 
-def _logit_bias(text: Any) -> dict[int, float]:
-    """'{"50256": -100}' -> {50256: -100.0}; the values' ranges are checked by GenerationParams."""
-    why = "must be a JSON object of token id to bias"
+def _logit_bias(text: Any) -> dict[str, Any]:
+    """'{"50256": -100}' -> {"50256": -100}; GenerationParams reads the keys as token ids and checks the values."""
     try:
         bias = json.loads(text)
     except (TypeError, json.JSONDecodeError):
-        raise ServingError.invalid("parameters.logit_bias", why) from None
+        bias = None
     if not isinstance(bias, dict):
-        raise ServingError.invalid("parameters.logit_bias", why)
-    try:
-        return {int(k): v for k, v in bias.items()}
-    except ValueError:
-        raise ServingError.invalid("parameters.logit_bias", "keys must be token ids") from None
+        raise ServingError.invalid("parameters.logit_bias", "must be a JSON object of token id to bias")
+    return bias
 
 
 def params_from(parameters: dict[str, Any]) -> GenerationParams:
