@@ -382,7 +382,8 @@ def prefix_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> di
     if vllm is not None:
         clients["vllm"] = vllm
     context_len = cfg.long_prompt - cfg.prompt_tokens
-    rows: dict[str, dict[str, list[float]]] = {name: {"first_ms": [], "second_ms": []} for name in clients}
+    rows: dict[str, dict[str, list[float]]] = {name: {"first_ms": [], "second_ms": [], "during_ms": []}
+                                               for name in clients}
     try:
         for rep in range(2 * cfg.repeats):
             names = list(clients) if rep % 2 == 0 else list(reversed(clients))
@@ -393,8 +394,15 @@ def prefix_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> di
                 q1, q2 = prompts(pool, 2, cfg.prompt_tokens, salt + 500)
                 for key, question in (("first_ms", q1), ("second_ms", q2)):
                     rows[name][key].append(1000 * clients[name].stream(context + question, 4, tok).ttft)
-                log.info("prefix %s: first %.0f ms, second %.0f ms", name, rows[name]["first_ms"][-1],
-                         rows[name]["second_ms"][-1])
+                # Another context: its second question arrives while the first request still decodes.
+                context = prompts(pool, 1, context_len, salt + 5)[0]
+                first = threading.Thread(target=clients[name].stream, args=(context + q1, cfg.new_tokens, tok))
+                first.start()
+                time.sleep(rows[name]["first_ms"][-1] / 1000 + 0.2)     # its first token is out: it decodes now
+                rows[name]["during_ms"].append(1000 * clients[name].stream(context + q2, 4, tok).ttft)
+                first.join()
+                log.info("prefix %s: first %.0f ms, second %.0f ms, second while the first decodes %.0f ms", name,
+                         rows[name]["first_ms"][-1], rows[name]["second_ms"][-1], rows[name]["during_ms"][-1])
     finally:
         for name, client in clients.items():
             if name in servers:
@@ -404,7 +412,8 @@ def prefix_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> di
     out: dict[str, Any] = {"context_tokens": context_len, "question_tokens": cfg.prompt_tokens}
     for name, r in rows.items():
         first, second = statistics.median(r["first_ms"]), statistics.median(r["second_ms"])
-        out[name] = {"runs": r, "first_ttft_ms": first, "second_ttft_ms": second, "second_over_first": second / first}
+        out[name] = {"runs": r, "first_ttft_ms": first, "second_ttft_ms": second, "second_over_first": second / first,
+                     "during_ttft_ms": statistics.median(r["during_ms"])}
     on, off = out["ortserve_prefix_on"], out["ortserve_prefix_off"]
     out["second_on_over_off"] = on["second_ttft_ms"] / off["second_ttft_ms"]
     out["first_on_over_off"] = on["first_ttft_ms"] / off["first_ttft_ms"]
@@ -780,12 +789,16 @@ def render_section(r: dict[str, Any]) -> list[str]:
         lines += [f"### A {pf['context_tokens']}-token context, then a second question on it (prefix caching)", "",
                   f"Time to first token of a request with a {pf['context_tokens']}-token context and a "
                   f"{pf['question_tokens']}-token question, then of a second request with the same context and "
-                  "another question. Medians; the sides take turns, each run with a context of its own.", "",
-                  "| server | first request TTFT ms | second request TTFT ms | second / first |", "|---|---|---|---|"]
+                  "another question; last column: the second request sent while the first (on a context of its own, "
+                  f"{r['config']['new_tokens']} new tokens) still decodes. Medians; the sides take turns, each run "
+                  "with contexts of its own.", "",
+                  "| server | first request TTFT ms | second request TTFT ms | second / first | second while the first "
+                  "decodes TTFT ms |", "|---|---|---|---|---|"]
         names = {"ortserve_prefix_on": "ortserve, prefix caching on (default)",
                  "ortserve_prefix_off": "ortserve, --prefix-caching off", "vllm": "vLLM (automatic prefix caching)"}
         lines += [f"| {label} | {_f(pf[k]['first_ttft_ms'], 0)} | {_f(pf[k]['second_ttft_ms'], 0)} | "
-                  f"{_f(pf[k]['second_over_first'], 3)} |" for k, label in names.items() if k in pf]
+                  f"{_f(pf[k]['second_over_first'], 3)} | {_f(pf[k]['during_ttft_ms'], 0) if 'during_ttft_ms' in pf[k] else '–'} |"
+                  for k, label in names.items() if k in pf]
         lines.append("")
     spn = r.get("spinning")
     if spn:

@@ -52,7 +52,7 @@ class Metrics:
         self.prefill_tokens = Counter(
             "ortserve_prefill_tokens", "Prompt tokens prefilled.", ["model"], registry=r)
         self.prefix_reused_tokens = Counter(
-            "ortserve_prefix_reused_tokens", "Prompt tokens not prefilled: a free cache slot still held them "
+            "ortserve_prefix_reused_tokens", "Prompt tokens not prefilled: a cache slot held them "
             "(prefix caching).", ["model"], registry=r)
         self.tokens_in_flight = Gauge(
             "ortserve_tokens_in_flight", "Generation: prompt + max_new_tokens summed over a decoder's admitted "

@@ -68,8 +68,8 @@ class ServerSettings:
     #                                     sequences decode (in-place-cache decoders)
     max_prefill_tokens: int = _ENGINE.max_prefill_tokens  # padded prompt tokens (rows x longest chunk) per step
     #                                     when no sequence decodes
-    prefix_caching: str = "on"            # in-place-cache decoders: a free slot keeps its keys/values, and a new
-    #                                     prompt that starts with those tokens skips their prefill ("off": never)
+    prefix_caching: str = "on"            # in-place-cache decoders: a new prompt that starts with tokens a slot
+    #                                     holds (a running or finished sequence's) skips their prefill ("off": never)
     event_loop: str = "auto"              # auto = uvloop when installed (its loop machinery is C), else asyncio
     grace_period: float = 20.0            # SIGTERM: seconds to let in-flight requests finish
     max_message_bytes: int = 64 * 1024 * 1024  # gRPC messages both ways, and HTTP request bodies
@@ -230,8 +230,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--max-prefill-tokens", type=int,
                    help=f"generation: padded prompt tokens per step when no sequence decodes (default {d.max_prefill_tokens})")
     p.add_argument("--prefix-caching", choices=ON_OFF,
-                   help="generation: a free cache slot keeps its tokens' keys/values and a new prompt that starts with "
-                        "them skips their prefill (default on)")
+                   help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
+                        "sequence's) copies their keys/values instead of prefilling them (default on)")
     p.add_argument("--intra-op-spinning", choices=SPINNING,
                    help="onnxruntime intra-op threads spin: off (default), on (dedicated cores: +3-12%% for "
                         "decoders), auto (on for decoders only)")

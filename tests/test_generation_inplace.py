@@ -147,6 +147,30 @@ def test_a_prompt_starting_with_what_a_free_slot_holds_reuses_it_and_answers_as_
     assert max(abs(t.logprob - lp) for t, (_, lp) in zip(got.tokens, want)) < 1e-4
 
 
+def test_requests_sharing_a_prompt_prefix_sent_together_compute_it_once_and_answer_as_offline(
+        server: ServerProcess, repository: Path) -> None:
+    """Two requests whose prompts share a long prefix, sent at once: one prefills it, the other copies it from
+    that one's slot while it runs (its decode steps write past the prefix in the same iterations). Both answer
+    as an offline full prefill, logprobs included."""
+    tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
+    shared = "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not to praise him."
+    prompts = [shared, shared + " So let it be with Caesar."]
+    pkg = repository / INPLACE / "1"
+    session = ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"])
+    manifest = json.loads((pkg / "model.json").read_text())
+    with OrtserveClient(server.address, timeout=60) as client, ThreadPoolExecutor(2) as pool:
+        _wait_slots_used(server, 0)
+        before = server.metric("ortserve_prefix_reused_tokens_total", model=INPLACE)
+        got = list(pool.map(lambda p: client.generate(p, INPLACE, max_new_tokens=24, ignore_eos=True, logprobs=True),
+                            prompts))
+        reused = server.metric("ortserve_prefix_reused_tokens_total", model=INPLACE) - before
+    assert reused >= len(tok.encode(shared).ids) - 2, f"{reused} prompt tokens reused"
+    for prompt, answer in zip(prompts, got):
+        want = greedy_with_logprobs(session, manifest, tok.encode(prompt).ids, 24, stop_at_eos=False)
+        assert [t.token_id for t in answer.tokens] == [t for t, _ in want]
+        assert max(abs(t.logprob - lp) for t, (_, lp) in zip(answer.tokens, want)) < 1e-4
+
+
 def test_a_request_cut_by_its_deadline_frees_its_slot(server: ServerProcess, repository: Path) -> None:
     """Wherever the deadline lands (waiting, mid-prefill, decoding: the tiny model is fast, so this is not
     pinned; tests/test_scheduler.py pins the mid-prefill case), the slot comes back and works."""

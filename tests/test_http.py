@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import grpc
 import httpx2 as httpx
 import numpy as np
+import onnxruntime as ort
 import openai
 import pytest
 import tritonclient.grpc as tgrpc
@@ -30,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
+from testing.offline import greedy_with_logprobs
 from testing.tls import self_signed
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
@@ -618,6 +620,28 @@ def test_completion_n_choices_in_openai_order_with_seed_plus_j(oai: openai.OpenA
     assert texts == [c.text for c in many.choices]
     greedy = oai.completions.create(model=GPT, prompt="To be", n=3, max_tokens=6, temperature=0)
     assert len({c.text for c in greedy.choices}) == 1
+
+
+def test_n_completions_of_one_prompt_prefill_it_once_and_answer_as_offline(
+        oai: openai.OpenAI, server: ServerProcess, tiny_repository: Path) -> None:
+    """The n completions arrive together: the first is prefilled, the others copy its slot's keys/values for all
+    but the prompt's last token (which rides the next decode call), so the prompt is computed once, not n times.
+    Greedy ids and logprobs still equal an offline full prefill."""
+    prompt = "Now is the winter of our discontent made glorious summer by this sun of York, and all the clouds"
+    before = server.metric("ortserve_prefix_reused_tokens_total", model=GPT)
+    many = oai.completions.create(model=GPT, prompt=prompt, n=3, max_tokens=8, temperature=0, logprobs=1,
+                                  extra_body={"ignore_eos": True})
+    reused = server.metric("ortserve_prefix_reused_tokens_total", model=GPT) - before
+    ids = Tokenizer.from_file(str(tiny_repository / GPT / "1" / "tokenizer.json")).encode(prompt).ids
+    assert many.usage.prompt_tokens == len(ids) > 17          # past the 16 tokens a reuse needs
+    assert reused == 2 * (len(ids) - 1), f"{reused} prompt tokens reused"
+    pkg = tiny_repository / GPT / "1"
+    want = greedy_with_logprobs(ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"]),
+                                json.loads((pkg / "model.json").read_text()), ids, 8, stop_at_eos=False)
+    for choice in many.choices:
+        got = choice.logprobs.token_logprobs
+        assert choice.text == Tokenizer.from_file(str(pkg / "tokenizer.json")).decode([t for t, _ in want])
+        assert max(abs(a - b) for a, (_, b) in zip(got, want)) < 1e-4
 
 
 def test_a_refused_choice_cancels_the_requests_other_choices(tiny_repository: Path, tmp_path: Path) -> None:

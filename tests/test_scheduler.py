@@ -17,6 +17,8 @@ def execute(s: Scheduler, plan: Plan) -> None:
     for call in plan.prefill:
         for chunk in call.chunks:
             s.prefilled(chunk)
+    for chunk in plan.tails:
+        s.prefilled(chunk)
 
 
 def test_arrivals_of_the_same_instant_are_prefilled_together_in_consecutive_slots() -> None:
@@ -238,10 +240,11 @@ def test_the_last_prompt_token_is_always_run_and_short_prefixes_are_not_reused()
     a = SeqState.of([5, 6, 7, 8, 9])
     run_to_decoding(s, a)
     s.finish(a)
-    same = SeqState.of([5, 6, 7, 8, 9])          # the whole prompt is held: its last token still runs
+    same = SeqState.of([5, 6, 7, 8, 9])          # the whole prompt is held: its last token still runs ...
     s.add(same)
     plan = s.plan()
-    assert [(c.start, c.length) for call in plan.prefill for c in call.chunks] == [(4, 1)] and same.reused == 4
+    assert plan.prefill == () and same.reused == 4
+    assert [(c.seq, c.start, c.length) for c in plan.tails] == [(same, 4, 1)]   # ... as a row of the decode call
     execute(s, plan)
     s.finish(same)
     short = SeqState.of([5, 6, 7, 0, 0])         # 3 tokens in common < min_reuse_tokens
@@ -308,3 +311,91 @@ def test_common_prefix_agrees_with_a_plain_loop() -> None:
         while want < min(len(a), len(b)) and a[want] == b[want]:
             want += 1
         assert _common_prefix(a, b) == want
+
+
+def test_a_prompt_starting_with_a_running_sequences_tokens_copies_them_from_its_slot() -> None:
+    s = reusing(slots=3, min_reuse=4)
+    a = SeqState.of(list(range(10)))
+    run_to_decoding(s, a)                        # slot 0
+    s.decoded(a, 50)                             # 11 tokens in the slot: the prompt and the first one fed back
+    b = SeqState.of(list(range(10)) + [50, 60, 61])
+    s.add(b)
+    plan = s.plan()
+    assert plan.decode == (a,) and b.slot == 1   # a keeps decoding; it writes only past its 11 tokens
+    assert plan.copies == (Copy(source=0, target=1, length=11),)
+    assert [(c.seq, c.start, c.length) for call in plan.prefill for c in call.chunks] == [(b, 11, 2)]
+    assert plan.reused_tokens == 11 and b.reused == 11
+
+
+def test_a_prompt_that_a_running_sequence_is_still_prefilling_waits_for_it_then_copies_it() -> None:
+    s = reusing(slots=3, chunk=8, min_reuse=4)
+    streaming = SeqState.of([9, 9])
+    run_to_decoding(s, streaming)                # someone decodes: prompts go in chunks of at most 8
+    a = SeqState.of(list(range(20)))
+    s.add(a)
+    execute(s, s.plan())
+    b = SeqState.of(list(range(20)) + [7, 7])
+    s.add(b)
+    while a.status is Status.PREFILLING:
+        plan = s.plan()
+        # b shares 20 tokens with a and would compute again the ones a has not: it waits (nothing else does)
+        assert b.status is Status.WAITING and [c.seq for call in plan.prefill for c in call.chunks] == [a]
+        execute(s, plan)
+    plan = s.plan()
+    assert b.slot == 2 and plan.copies == (Copy(source=1, target=2, length=20),)
+    assert [(c.seq, c.start, c.length) for call in plan.prefill for c in call.chunks] == [(b, 20, 2)]
+
+
+def test_identical_prompts_sent_together_are_prefilled_once_and_the_others_ride_the_decode_call() -> None:
+    """OpenAI's n completions of one prompt: the first is prefilled, the others wait one iteration, then take a
+    copy of its prompt but the last token, which runs as a row of the decode call (no call of its own)."""
+    s = reusing(slots=4, min_reuse=4)
+    sibs = [SeqState.of(list(range(12))) for _ in range(3)]
+    for q in sibs:
+        s.add(q)
+    plan = s.plan()
+    assert [c.seq for call in plan.prefill for c in call.chunks] == [sibs[0]] and plan.tails == ()
+    assert sibs[1].status is sibs[2].status is Status.WAITING
+    execute(s, plan)
+    plan = s.plan()
+    assert plan.decode == (sibs[0],) and plan.prefill == ()
+    assert plan.copies == (Copy(source=0, target=1, length=11), Copy(source=0, target=2, length=11))
+    assert [(c.seq, c.start, c.length) for c in plan.tails] == [(sibs[1], 11, 1), (sibs[2], 11, 1)]
+    assert plan.reused_tokens == 22 and plan.prefill_tokens == 2
+    execute(s, plan)
+    assert [(q.status, q.computed) for q in sibs] == [(Status.DECODING, 13), (Status.DECODING, 12),
+                                                      (Status.DECODING, 12)]
+
+
+def test_without_prefix_reuse_identical_prompts_go_together_and_nothing_is_copied() -> None:
+    s = make()
+    sibs = [SeqState.of(list(range(12))) for _ in range(3)]
+    for q in sibs:
+        s.add(q)
+    plan = s.plan()
+    assert [c.seq for call in plan.prefill for c in call.chunks] == sibs and plan.copies == ()
+
+
+def test_a_one_token_prompt_rides_the_decode_call_unless_it_arrived_with_others() -> None:
+    s = make()
+    a = SeqState(5)
+    s.add(a)
+    execute(s, s.plan())
+    one = SeqState(1)
+    s.add(one)
+    plan = s.plan()
+    assert plan.decode == (a,) and plan.prefill == ()
+    assert [(c.seq, c.start, c.length) for c in plan.tails] == [(one, 0, 1)] and plan.prefill_tokens == 1
+    execute(s, plan)
+    assert one.status is Status.DECODING and one.computed == 1
+    alone = make()                               # nobody decodes: the decode call carries just this row
+    q = SeqState(1)
+    alone.add(q)
+    plan = alone.plan()
+    assert not plan.empty and plan.decode == () and [c.seq for c in plan.tails] == [q]
+    together = make()                            # arrivals of one instant stay one first-prompt call
+    pair = [SeqState(1), SeqState(5)]
+    for q in pair:
+        together.add(q)
+    plan = together.plan()
+    assert plan.tails == () and [c.seq for call in plan.prefill for c in call.chunks] == pair

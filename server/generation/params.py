@@ -199,7 +199,7 @@ class GenerationConfig:
     max_prefill_tokens: int = 1024   # padded prompt tokens (rows x longest chunk) per iteration when none decodes
     prefill_chunk_tokens: int = 20   # prompt tokens per iteration while others decode (in-place-cache models)
     arrival_window_ms: float = 5.0   # waking from idle: longest wait for simultaneous arrivals (0 = none)
-    prefix_caching: bool = True      # a free slot keeps its prompt prefix for new prompts that start with it
+    prefix_caching: bool = True      # new prompts starting with tokens a slot holds copy their keys/values
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",

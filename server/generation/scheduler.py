@@ -12,13 +12,21 @@ interleave with the running streams) and `max_prefill_tokens` otherwise (a lone 
 Padded positions count against the budget: they cost compute like real ones. A prompt longer than the
 budget is cut into the fewest chunks that fit it, of equal size (no chunk over the budget, no tiny tail).
 
+A prompt chunk of ONE token (a prompt whose rest after a reused prefix is its last token, a one-token
+prompt) is not a call of its own: it rides the decode call as one more row (`Plan.tails`), since a decode row
+is exactly a one-token step at the slot's next position, and a call of its own would pay a whole pass over the
+weights for it.
+
 Prefix reuse (with `prefix_reuse`): a slot set free keeps its keys/values, and the scheduler remembers the
-tokens behind them. A new sequence whose prompt starts with such tokens (at least `min_reuse_tokens`) does not
-prefill them: the plan copies that prefix into the sequence's slot (or finds it there already) and prefills the
-rest as a continuation. It is exact for a causal decoder: the keys/values at a position depend only on the
-tokens up to it. Slots are still taken lowest first, so the decode calls stay as narrow as without reuse; a free
-slot's remembered prefix is dropped when the slot is taken, and a decode call's throw-away writes land just
-past it (`free_write_positions`), never inside.
+tokens behind them; a running sequence's slot holds the keys/values of its computed tokens. A new sequence whose
+prompt starts with tokens some slot holds (at least `min_reuse_tokens`) does not prefill them: the plan copies
+that prefix into the sequence's slot (or finds it there already) and prefills the rest as a continuation. It is
+exact for a causal decoder: the keys/values at a position depend only on the tokens up to it, and a running
+owner only writes past its computed tokens. A prompt that shares more with a running sequence than that one has
+computed yet (requests with one system prompt sent together, OpenAI's `n` completions of one prompt) waits
+until it has, rather than computing the same prefix twice side by side. Slots are still taken lowest first, so
+the decode calls stay as narrow as without reuse; a free slot's remembered prefix is dropped when the slot is
+taken, and a decode call's throw-away writes land just past it (`free_write_positions`), never inside.
 
 The executor runs the plan; a sequence's status moves WAITING → PREFILLING → DECODING → FINISHED
 through the methods below, which the engine calls as results come back.
@@ -109,14 +117,15 @@ class Plan:
     prefill: tuple[PrefillCall, ...] = ()
     copies: tuple[Copy, ...] = ()
     reused_tokens: int = 0       # prompt tokens admitted sequences found cached (copied or in place)
+    tails: tuple[Chunk, ...] = ()   # one-token prompt chunks, run as rows of the decode call
 
     @property
     def empty(self) -> bool:
-        return not self.decode and not self.prefill
+        return not self.decode and not self.prefill and not self.tails
 
     @property
     def prefill_tokens(self) -> int:
-        return sum(c.length for call in self.prefill for c in call.chunks)
+        return sum(c.length for call in self.prefill for c in call.chunks) + len(self.tails)
 
 
 @dataclass
@@ -124,7 +133,7 @@ class SchedulerConfig:
     num_slots: int
     chunk_tokens: int = 32           # prefill tokens per iteration while some sequence decodes
     max_prefill_tokens: int = 1024   # prefill tokens (padded) per iteration when none decodes
-    prefix_reuse: bool = False       # free slots keep their prefixes for new prompts that start with them
+    prefix_reuse: bool = False       # prompts starting with tokens a slot holds (free or running) copy them
     # A reused prefix runs its remaining prompt as a continuation, alone (a first-prompt group is one call for
     # several rows): below this many tokens that extra call costs more than the prefix saves.
     min_reuse_tokens: int = 16
@@ -213,13 +222,15 @@ class Scheduler:
                 calls.append(PrefillCall((Chunk(seq, seq.computed, n),), first_prompt=False))
                 budget -= n
         # 2. New arrivals into free slots, as many as the budget (counting padding) allows. One whose prompt
-        #    starts with a free slot's remembered tokens skips them: its rest runs as a continuation.
+        #    starts with tokens a slot holds skips them: its rest runs as a continuation.
         admitted: list[Chunk] = []
         copies: list[Copy] = []
         reused_tokens = width = 0
         while self.waiting and self._free and budget - width * len(admitted) > 0:
             seq = self.waiting[0]
-            source, reused = self._cached_prefix(seq)
+            source, reused, coming = self._cached_prefix(seq)
+            if coming - reused >= self.config.min_reuse_tokens:
+                break    # a running sequence is computing more of this prompt: wait for it, do not compute it twice
             if reused:
                 rest = seq.prompt_len - reused
                 n = _chunk(rest, budget - width * len(admitted))
@@ -248,22 +259,34 @@ class Scheduler:
         if admitted:
             budget -= width * len(admitted)
             calls.extend(_contiguous_groups(admitted))
-        return Plan(decode=decode, prefill=tuple(calls), copies=tuple(copies), reused_tokens=reused_tokens)
+        tails = tuple(call.chunks[0] for call in calls if call.padded_tokens == 1)
+        return Plan(decode=decode, prefill=tuple(call for call in calls if call.padded_tokens != 1),
+                    copies=tuple(copies), reused_tokens=reused_tokens, tails=tails)
 
     # ------------------------------------------------------------------ slots
 
-    def _cached_prefix(self, seq: SeqState) -> tuple[int, int]:
-        """(free slot, tokens) of the longest remembered prefix of seq's prompt; (-1, 0) when none is long
-        enough. At most prompt_len - 1 tokens: the last prompt token is always run, for its logits."""
-        if not self._held or not seq.tokens:
-            return -1, 0
-        best, best_slot = 0, -1
+    def _cached_prefix(self, seq: SeqState) -> tuple[int, int, int]:
+        """(slot, tokens): the longest prefix of seq's prompt that a slot holds now, a free slot's remembered
+        tokens or a running sequence's computed ones; (-1, 0) when none is long enough. Third: the longest
+        prefix running sequences will hold once their prompts are in. At most prompt_len - 1 tokens each: the
+        last prompt token is always run, for its logits."""
+        if not self.config.prefix_reuse or not seq.tokens:
+            return -1, 0, 0
+        best, best_slot, coming = 0, -1, 0
         for slot, held in self._held.items():
             n = _common_prefix(seq.tokens, held)     # a waiting sequence's tokens are its prompt
             if n > best:
                 best, best_slot = n, slot
-        best = min(best, seq.prompt_len - 1)
-        return (best_slot, best) if best >= self.config.min_reuse_tokens else (-1, 0)
+        for other in self.running:
+            if not other.tokens:
+                continue
+            n = _common_prefix(seq.tokens, other.tokens)
+            coming = max(coming, n)
+            if min(n, other.computed) > best:
+                best, best_slot = min(n, other.computed), other.slot  # type: ignore[assignment]
+        cap = seq.prompt_len - 1
+        best, coming = min(best, cap), min(coming, cap)
+        return (best_slot, best, coming) if best >= self.config.min_reuse_tokens else (-1, 0, coming)
 
     def _take(self) -> int:
         slot = self._free.pop(0)

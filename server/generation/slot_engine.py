@@ -18,7 +18,7 @@ import numpy as np
 
 from .engine import GenerationEngine
 from .results import FINISH_CANCELLED
-from .scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
+from .scheduler import Chunk, Plan, Scheduler, SchedulerConfig, SeqState, Status
 from .sequence import Sequence
 from .slot_runner import DecodeRow, PrefillRow, SlotRunner
 
@@ -95,7 +95,9 @@ class SlotEngine(GenerationEngine):
         plan = self._scheduler.plan()
         if plan.empty:
             return False
-        decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode]
+        # One-token prompt chunks ride the decode call: a row at the slot's next position, like a decode row.
+        decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode] + \
+                      [DecodeRow(c.seq.slot, c.seq.owner.prompt_ids[c.start], c.start) for c in plan.tails]
         # Where a decode run may write a throw-away token for a slot that is not decoding: the slot's next
         # position after this iteration's chunk (overwritten by its next chunk or first decode, read by no one),
         # or just past the prefix a free slot keeps for reuse.
@@ -108,25 +110,30 @@ class SlotEngine(GenerationEngine):
                   for c in call.chunks] for call in plan.prefill]
         decoded, prefilled = await self._in_thread(self._execute, decode_rows, idle, calls, plan)
         if isinstance(decoded, Exception):
-            self._fail(plan.decode, "decode step failed", decoded)
+            self._fail([*plan.decode, *(c.seq for c in plan.tails)], "decode step failed", decoded)
         else:
             for state, row, logits in zip(plan.decode, decode_rows, decoded):
                 self._scheduler.decoded(state, row.token)
                 seq = state.owner
                 if not seq.cancelled and not seq.done:
                     self._advance(seq, logits)
+            self._prefilled(plan.tails, decoded[len(plan.decode):])
         for call, logits in zip(plan.prefill, prefilled):
             if isinstance(logits, Exception):
                 self._fail([c.seq for c in call.chunks], "prefill failed", logits)
                 continue
-            for chunk, row in zip(call.chunks, logits):
-                self._scheduler.prefilled(chunk)
-                seq = chunk.seq.owner
-                if chunk.completes_prompt and not seq.cancelled and not seq.done:
-                    self._advance(seq, row)
+            self._prefilled(call.chunks, logits)
         self._retire()     # a sequence that just finished gives its slot back before anyone looks
         self._record_plan(plan)
         return True
+
+    def _prefilled(self, chunks: Iterable[Chunk], logits: np.ndarray) -> None:
+        """Chunks written (logits: one row per chunk, at its last token): a completed prompt samples its first."""
+        for chunk, row in zip(chunks, logits):
+            self._scheduler.prefilled(chunk)
+            seq = chunk.seq.owner
+            if chunk.completes_prompt and not seq.cancelled and not seq.done:
+                self._advance(seq, row)
 
     def _execute(self, decode_rows: list[DecodeRow], idle: dict[int, int], calls: list[list[PrefillRow]],
                  plan: Plan) -> tuple[np.ndarray | Exception, list[np.ndarray | Exception]]:
@@ -195,7 +202,7 @@ class SlotEngine(GenerationEngine):
             m.batch_size.observe(len(plan.decode))
         if plan.reused_tokens:
             m.prefix_reused_tokens.inc(plan.reused_tokens)
-        chunks = sum(len(call.chunks) for call in plan.prefill)
+        chunks = sum(len(call.chunks) for call in plan.prefill) + len(plan.tails)
         if chunks:
             m.prefill_chunks.inc(chunks)
             m.prefill_tokens.inc(plan.prefill_tokens)
