@@ -373,6 +373,9 @@ def arrival_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> d
     return out
 
 
+DURING_NEW_TOKENS = 96     # the first request's, in the prefix piece: it still decodes when the second arrives
+
+
 def prefix_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> dict[str, Any]:
     """A context of long_prompt - prompt_tokens tokens with a first question, then the same context with a second
     question: both requests' time to first token. Sides take turns; every run has a context of its own (first
@@ -396,11 +399,11 @@ def prefix_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> di
                     rows[name][key].append(1000 * clients[name].stream(context + question, 4, tok).ttft)
                 # Another context: its second question arrives while the first request still decodes.
                 context = prompts(pool, 1, context_len, salt + 5)[0]
-                first = threading.Thread(target=clients[name].stream, args=(context + q1, cfg.new_tokens, tok))
-                first.start()
-                time.sleep(rows[name]["first_ms"][-1] / 1000 + 0.2)     # its first token is out: it decodes now
-                rows[name]["during_ms"].append(1000 * clients[name].stream(context + q2, 4, tok).ttft)
-                first.join()
+                with ThreadPoolExecutor(1) as first:
+                    running = first.submit(clients[name].stream, context + q1, DURING_NEW_TOKENS, tok)
+                    time.sleep(rows[name]["first_ms"][-1] / 1000 + 0.2)     # its first token is out: it decodes
+                    rows[name]["during_ms"].append(1000 * clients[name].stream(context + q2, 4, tok).ttft)
+                    running.result()
                 log.info("prefix %s: first %.0f ms, second %.0f ms, second while the first decodes %.0f ms", name,
                          rows[name]["first_ms"][-1], rows[name]["second_ms"][-1], rows[name]["during_ms"][-1])
     finally:
@@ -790,7 +793,7 @@ def render_section(r: dict[str, Any]) -> list[str]:
                   f"Time to first token of a request with a {pf['context_tokens']}-token context and a "
                   f"{pf['question_tokens']}-token question, then of a second request with the same context and "
                   "another question; last column: the second request sent while the first (on a context of its own, "
-                  f"{r['config']['new_tokens']} new tokens) still decodes. Medians; the sides take turns, each run "
+                  f"{DURING_NEW_TOKENS} new tokens) still decodes. Medians; the sides take turns, each run "
                   "with contexts of its own.", "",
                   "| server | first request TTFT ms | second request TTFT ms | second / first | second while the first "
                   "decodes TTFT ms |", "|---|---|---|---|---|"]
