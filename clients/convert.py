@@ -84,7 +84,7 @@ def generation_parameters(params: GenerationParams) -> pb.GenerationParameters:
         presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
         logit_bias=dict(params.logit_bias), min_p=params.min_p, min_tokens=params.min_tokens)
     # proto3 `optional` fields: leave unset (server default) unless given.
-    for name in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed"):
+    for name in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed", "prompt_logprobs"):
         value = getattr(params, name)
         if value is not None:
             setattr(message, name, value)
@@ -126,6 +126,12 @@ def _tokens(tokens, with_logprobs: bool) -> list[GeneratedToken]:
         for t in tokens]
 
 
+def _prompt_tokens(tokens) -> list[GeneratedToken]:
+    """The scored prompt: every token has a logprob but the first, which has no context to be scored in."""
+    scored = _tokens(tokens, True)
+    return [GeneratedToken(scored[0].token_id)] + scored[1:] if scored else []
+
+
 def usage(message: pb.Usage) -> Usage:
     return Usage(message.prompt_tokens, message.completion_tokens, message.cached_prompt_tokens)
 
@@ -135,7 +141,8 @@ def generation(response: pb.GenerateResponse, with_logprobs: bool) -> Generation
         text=response.text, finish_reason=_FINISH_REASONS.get(response.finish_reason, ""),
         usage=usage(response.usage),
         tokens=_tokens(response.tokens, with_logprobs), model=response.model, version=response.version,
-        time_to_first_token_ms=response.time_to_first_token_ms, total_time_ms=response.total_time_ms)
+        time_to_first_token_ms=response.time_to_first_token_ms, total_time_ms=response.total_time_ms,
+        prompt_tokens=_prompt_tokens(response.prompt_tokens))
 
 
 def stream_chunk(message: pb.GenerateStreamResponse, with_logprobs: bool) -> StreamChunk:
@@ -144,7 +151,7 @@ def stream_chunk(message: pb.GenerateStreamResponse, with_logprobs: bool) -> Str
         text=message.text, tokens=_tokens(message.tokens, with_logprobs), final=final,
         finish_reason=_FINISH_REASONS.get(message.finish_reason, "") if final else None,
         usage=usage(message.usage) if final else None,
-        model=message.model, version=message.version)
+        model=message.model, version=message.version, prompt_tokens=_prompt_tokens(message.prompt_tokens))
 
 
 def model_status(message: pb.ModelStatus) -> ModelStatus:

@@ -76,6 +76,8 @@ class Generation:
     version: int = 0
     time_to_first_token_ms: float = 0.0
     total_time_ms: float = 0.0
+    # With prompt_logprobs: one per prompt token; the first has no context, so its logprob is None.
+    prompt_tokens: list[GeneratedToken] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class StreamChunk:
     usage: Usage | None = None        # set on the final chunk only
     model: str = ""
     version: int = 0
+    prompt_tokens: list[GeneratedToken] = field(default_factory=list)   # with prompt_logprobs, on the first token's
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class GenerationParams:
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    # Score the prompt: each prompt token's logprob given the ones before it, with this many top alternatives
+    # (0..20); None = off. Answers carry them as `prompt_tokens`.
+    prompt_logprobs: int | None = None
     truncate_prompt: bool = False
     ignore_eos: bool = False
 

@@ -155,7 +155,7 @@ class FillMaskResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[FillMaskResult, _Mapping]]] = ...) -> None: ...
 
 class GenerationParameters(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "stop_token_ids", "seed", "logprobs", "top_logprobs", "truncate_prompt", "ignore_eos", "presence_penalty", "frequency_penalty", "logit_bias", "min_p", "min_tokens")
+    __slots__ = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "stop_token_ids", "seed", "logprobs", "top_logprobs", "truncate_prompt", "ignore_eos", "presence_penalty", "frequency_penalty", "logit_bias", "min_p", "min_tokens", "prompt_logprobs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class GenerationParameters(_message.Message):
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_k: int
@@ -197,7 +198,8 @@ class GenerationParameters(_message.Message):
     logit_bias: _containers.ScalarMap[int, float]
     min_p: float
     min_tokens: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., truncate_prompt: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., truncate_prompt: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("model", "version", "prompt", "parameters", "prompt_ids")
@@ -244,7 +246,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("model", "version", "text", "finish_reason", "usage", "tokens", "time_to_first_token_ms", "total_time_ms")
+    __slots__ = ("model", "version", "text", "finish_reason", "usage", "tokens", "time_to_first_token_ms", "total_time_ms", "prompt_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +255,7 @@ class GenerateResponse(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIME_TO_FIRST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     text: str
@@ -261,10 +264,11 @@ class GenerateResponse(_message.Message):
     tokens: _containers.RepeatedCompositeFieldContainer[GeneratedToken]
     time_to_first_token_ms: float
     total_time_ms: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., tokens: _Optional[_Iterable[_Union[GeneratedToken, _Mapping]]] = ..., time_to_first_token_ms: _Optional[float] = ..., total_time_ms: _Optional[float] = ...) -> None: ...
+    prompt_tokens: _containers.RepeatedCompositeFieldContainer[GeneratedToken]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., tokens: _Optional[_Iterable[_Union[GeneratedToken, _Mapping]]] = ..., time_to_first_token_ms: _Optional[float] = ..., total_time_ms: _Optional[float] = ..., prompt_tokens: _Optional[_Iterable[_Union[GeneratedToken, _Mapping]]] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("text", "tokens", "final", "finish_reason", "usage", "model", "version")
+    __slots__ = ("text", "tokens", "final", "finish_reason", "usage", "model", "version", "prompt_tokens")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +276,7 @@ class GenerateStreamResponse(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     text: str
     tokens: _containers.RepeatedCompositeFieldContainer[GeneratedToken]
     final: bool
@@ -279,7 +284,8 @@ class GenerateStreamResponse(_message.Message):
     usage: Usage
     model: str
     version: int
-    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[GeneratedToken, _Mapping]]] = ..., final: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    prompt_tokens: _containers.RepeatedCompositeFieldContainer[GeneratedToken]
+    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[GeneratedToken, _Mapping]]] = ..., final: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[_Union[GeneratedToken, _Mapping]]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

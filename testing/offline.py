@@ -47,3 +47,20 @@ def greedy_with_logprobs(session: ort.InferenceSession, manifest: dict[str, Any]
         ids = np.asarray([[token]], dtype=np.int64)
         positions = np.asarray([[total]], dtype=np.int64)
     return out
+
+
+def prompt_logprobs(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int]
+                    ) -> tuple[list[float], list[int]]:
+    """Each prompt token's log-probability given the ones before it (len - 1 values: the first token has no
+    context), from ONE run over the whole prompt, and the likeliest token at each of those positions."""
+    cache = CacheSpec.from_dict(manifest["cache"])
+    n = len(prompt_ids)
+    feeds = {"input_ids": np.asarray([prompt_ids], dtype=np.int64), "attention_mask": np.ones((1, n), dtype=np.int64),
+             **{name: np.zeros((1, cache.kv_heads, 0, cache.head_dim), dtype=np.float32)
+                for name in past_names(cache.num_layers)}}
+    if "position_ids" in {i.name for i in session.get_inputs()}:
+        feeds["position_ids"] = np.arange(n, dtype=np.int64)[None, :]
+    rows = session.run(["logits"], feeds)[0][0, :-1].astype(np.float64)
+    rows -= rows.max(axis=1, keepdims=True)
+    rows -= np.log(np.exp(rows).sum(axis=1, keepdims=True))
+    return ([float(rows[i, t]) for i, t in enumerate(prompt_ids[1:])], [int(i) for i in rows.argmax(axis=1)])

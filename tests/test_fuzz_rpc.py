@@ -161,7 +161,8 @@ def generation_parameters(draw: st.DrawFn) -> pb.GenerationParameters:
                            ("temperature", mostly(st.floats(0, 2, width=32), floats32)),
                            ("top_p", mostly(st.floats(0.0625, 1, width=32), floats32)),
                            ("repetition_penalty", mostly(st.floats(0.5, 2, width=32), floats32)),
-                           ("seed", UINT64)):
+                           ("seed", UINT64),
+                           ("prompt_logprobs", mostly(st.integers(0, 20), INT32))):
         value = draw(maybe(strategy))
         if value is not None:
             setattr(p, name, value)

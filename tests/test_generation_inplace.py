@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from clients import OrtserveClient
 from clients.errors import OrtserveError
-from testing.offline import greedy_generate, greedy_with_logprobs
+from testing.offline import greedy_generate, greedy_with_logprobs, prompt_logprobs
 from tests.server_process import ServerProcess, staggered_streams
 
 INPLACE, CONCAT = "gpt-inplace", "gpt-concat"
@@ -171,6 +171,39 @@ def test_requests_sharing_a_prompt_prefix_sent_together_compute_it_once_and_answ
         assert max(abs(t.logprob - lp) for t, (_, lp) in zip(answer.tokens, want)) < 1e-4
 
 
+def test_a_scored_prompt_prefilled_in_chunks_beside_a_stream_scores_as_offline(
+        server: ServerProcess, repository: Path) -> None:
+    """prompt_logprobs through the task API: with a stream decoding, the prompt goes in 4-token chunks (and its
+    last token may ride a decode step); every chunk's positions are scored, and the whole equals one offline run."""
+    tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
+    prompt = "Now is the winter of our discontent made glorious summer by this sun of York"
+    pkg = repository / INPLACE / "1"
+    want, best = prompt_logprobs(ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"]),
+                                 json.loads((pkg / "model.json").read_text()), tok.encode(prompt).ids)
+    with OrtserveClient(server.address, timeout=60) as client:
+        running = client.generate_stream("O", INPLACE, max_new_tokens=100, ignore_eos=True)
+        next(running)
+        chunks = server.metric("ortserve_prefill_chunks_total", model=INPLACE)
+        got = client.generate(prompt, INPLACE, max_new_tokens=2, prompt_logprobs=1)
+        chunks = server.metric("ortserve_prefill_chunks_total", model=INPLACE) - chunks
+        streamed = [c.prompt_tokens for c in client.generate_stream(prompt, INPLACE, max_new_tokens=2, prompt_logprobs=1)]
+        running.close()
+    assert chunks >= 3, f"the prompt went in {chunks} chunk(s)"
+    scored = got.prompt_tokens
+    assert [t.token_id for t in scored] == tok.encode(prompt).ids
+    assert scored[0].logprob is None and scored[0].top_logprobs == []
+    assert max(abs(t.logprob - w) for t, w in zip(scored[1:], want)) < 1e-4
+    assert [t.top_logprobs[0].token_id for t in scored[1:]] == best
+    assert [len(p) for p in streamed][0] == len(scored) and not any(streamed[1:])   # with the first token only
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed[0][1:], scored[1:])) < 1e-4
+
+
+def test_prompt_logprobs_on_a_concat_package_are_refused_naming_the_field(server: ServerProcess) -> None:
+    with OrtserveClient(server.address, timeout=60) as client, pytest.raises(OrtserveError) as err:
+        client.generate("a", CONCAT, max_new_tokens=2, prompt_logprobs=0)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "parameters.prompt_logprobs" in str(err.value)
+
+
 def test_a_request_cut_by_its_deadline_frees_its_slot(server: ServerProcess, repository: Path) -> None:
     """Wherever the deadline lands (waiting, mid-prefill, decoding: the tiny model is fast, so this is not
     pinned; tests/test_scheduler.py pins the mid-prefill case), the slot comes back and works."""
@@ -234,14 +267,14 @@ def test_spinning_graphs_with_a_pool_each_run_everything_through_the_mixed_graph
     assert runner.mixed_only
     tok = Tokenizer.from_file(str(pkg / "tokenizer.json"))
     a, b = tok.encode(PROMPTS[0]).ids, tok.encode(PROMPTS[1]).ids
-    got_a = [int(runner.prefill([PrefillRow(0, a, 0)], first_prompt=True)[0].argmax())]
+    got_a = [int(runner.prefill([PrefillRow(0, a, 0)], first_prompt=True)[0, -1].argmax())]
     for n in range(3):            # slot 0 decodes while slot 1's prompt goes in 4-token chunks
         got_a.append(int(runner.decode([DecodeRow(0, got_a[-1], len(a) + n)], {})[0].argmax()))
     got_b = []
     for start in range(0, len(b), 4):
         logits = runner.prefill([PrefillRow(1, b[start:start + 4], start)], first_prompt=start == 0)
         got_a.append(int(runner.decode([DecodeRow(0, got_a[-1], len(a) + len(got_a) - 1)], {1: start + 4})[0].argmax()))
-    got_b.append(int(logits[0].argmax()))
+    got_b.append(int(logits[0, -1].argmax()))
     for _ in range(4):
         rows = [DecodeRow(0, got_a[-1], len(a) + len(got_a) - 1), DecodeRow(1, got_b[-1], len(b) + len(got_b) - 1)]
         la, lb = runner.decode(rows, {})

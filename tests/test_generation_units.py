@@ -41,6 +41,9 @@ def test_params_defaults_follow_the_proto() -> None:
     ({"seed": -1}, "parameters.seed"),
     ({"seed": 2 ** 64}, "parameters.seed"),
     ({"top_logprobs": 21}, "parameters.top_logprobs"),
+    ({"prompt_logprobs": 21}, "parameters.prompt_logprobs"),
+    ({"prompt_logprobs": -1}, "parameters.prompt_logprobs"),
+    ({"prompt_logprobs": True}, "parameters.prompt_logprobs"),
     ({"logprobs": 1}, "parameters.logprobs"),
     ({"presence_penalty": 2.5}, "parameters.presence_penalty"),
     ({"min_p": 1.5}, "parameters.min_p"),
@@ -62,6 +65,25 @@ def test_params_errors_name_the_field(kwargs: dict, field: str) -> None:
 
 def test_top_logprobs_implies_logprobs() -> None:
     assert GenerationParams.validate(top_logprobs=3).wants_logprobs
+
+
+def test_score_tokens_gives_each_rows_log_softmax_and_its_best_first_alternatives() -> None:
+    """Worked by hand: row [0, ln 3] is the distribution (1/4, 3/4); row [2, 2, 0] ties its first two tokens."""
+    from server.generation.sampling import score_tokens
+
+    logits = np.array([[0.0, np.log(3.0), -np.inf], [2.0, 2.0, 0.0]], dtype=np.float32)
+    first, second = score_tokens(logits, np.array([0, 2]), top=2)
+    assert first.token_id == 0 and first.logprob == pytest.approx(np.log(0.25), abs=1e-6)
+    assert [t for t, _ in first.top] == [1, 0] and first.top[0][1] == pytest.approx(np.log(0.75), abs=1e-6)
+    share = np.exp(2.0) / (2 * np.exp(2.0) + 1)
+    assert second.logprob == pytest.approx(np.log(1 - 2 * share), abs=1e-6)
+    assert [t for t, _ in second.top] == [0, 1]           # a tie goes to the lower id
+    assert score_tokens(logits, np.array([1, 1]), top=0)[0].top == ()
+    many = np.random.default_rng(0).normal(size=(150, 7)).astype(np.float32)   # more rows than one block of 64
+    ids = np.arange(150) % 7
+    got = [c.logprob for c in score_tokens(many, ids, top=0)]
+    want = [float(r[t] - r.max() - np.log(np.exp(r - r.max()).sum())) for r, t in zip(many.astype(np.float64), ids)]
+    assert np.allclose(got, want, atol=1e-6)
 
 
 def test_config_rejects_nonpositive_sizes() -> None:

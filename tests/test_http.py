@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
-from testing.offline import greedy_with_logprobs
+from testing.offline import greedy_with_logprobs, prompt_logprobs
 from testing.tls import self_signed
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
@@ -644,6 +644,81 @@ def test_n_completions_of_one_prompt_prefill_it_once_and_answer_as_offline(
         assert max(abs(a - b) for a, (_, b) in zip(got, want)) < 1e-4
 
 
+def _gpt_reference(tiny_repository: Path) -> tuple[ort.InferenceSession, dict[str, Any], Tokenizer]:
+    pkg = tiny_repository / GPT / "1"
+    return (ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"]),
+            json.loads((pkg / "model.json").read_text()), Tokenizer.from_file(str(pkg / "tokenizer.json")))
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_offline_streamed_or_not(
+        oai: openai.OpenAI, tiny_repository: Path) -> None:
+    """OpenAI's echo + logprobs: the prompt's tokens come first in the logprobs, the first with null (no context),
+    each other one scored as one offline run over the whole prompt scores it, alternatives best first."""
+    session, manifest, tok = _gpt_reference(tiny_repository)
+    prompt = "To be, or not to be, that is the question: whether tis nobler in the mind"
+    ids = tok.encode(prompt).ids
+    want, best = prompt_logprobs(session, manifest, ids)
+    kw = {"model": GPT, "prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 3, "temperature": 0,
+          "extra_body": {"ignore_eos": True}}
+    out = oai.completions.create(**kw)
+    choice = out.choices[0]
+    lp = choice.logprobs
+    assert choice.text.startswith(prompt) and len(lp.tokens) == len(ids) + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert max(abs(a - b) for a, b in zip(lp.token_logprobs[1:len(ids)], want)) < 1e-4
+    for k, top in enumerate(lp.top_logprobs[1:len(ids)]):
+        assert len(top) == 2 and next(iter(top)) == tok.decode([best[k]])    # the likeliest first
+        assert max(top.values()) >= lp.token_logprobs[k + 1] - 1e-6
+    assert "".join(lp.tokens) == choice.text
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    streamed: dict[str, list] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    text = ""
+    for chunk in oai.completions.create(stream=True, **kw):
+        c = chunk.choices[0]
+        text += c.text
+        for key in streamed:
+            streamed[key] += getattr(c.logprobs, key) if c.logprobs else []
+    assert text == choice.text and streamed == {key: getattr(lp, key) for key in streamed}
+
+
+def test_lm_eval_loglikelihood_requests(oai: openai.OpenAI, tiny_repository: Path) -> None:
+    """What lm-evaluation-harness's local-completions model sends to score a continuation: token-id prompts
+    (context + continuation), echo, logprobs 1, max_tokens 1, several prompts in one request. It reads
+    token_logprobs[ctxlen:-1] (the continuation's logprobs) and compares top_logprobs with the tokens (greedy?)."""
+    session, manifest, tok = _gpt_reference(tiny_repository)
+    pairs = [("The quality of mercy is not", " strained"), ("Now is the winter of our", " discontent"),
+             ("O Romeo, Romeo, wherefore art", " thou Romeo")]
+    requests = [(tok.encode(c).ids, tok.encode(c + x).ids) for c, x in pairs]
+    out = oai.completions.create(model=GPT, prompt=[whole for _, whole in requests], echo=True, logprobs=1,
+                                 max_tokens=1, temperature=0, seed=1234)
+    assert len(out.choices) == len(pairs)
+    for choice, (context, whole) in zip(out.choices, requests):
+        ctxlen = len(context)
+        want, best = prompt_logprobs(session, manifest, whole)
+        got = choice.logprobs.token_logprobs[ctxlen:-1]
+        assert len(got) == len(whole) - ctxlen
+        assert max(abs(a - b) for a, b in zip(got, want[ctxlen - 1:])) < 1e-4
+        greedy = all(next(iter(top)) == token for top, token in
+                     zip(choice.logprobs.top_logprobs[ctxlen:-1], choice.logprobs.tokens[ctxlen:-1]))
+        assert greedy == (best[ctxlen - 1:] == whole[ctxlen:])
+        assert choice.text.startswith(tok.decode(whole))
+
+
+def test_a_scored_prompt_is_prefilled_whole_even_when_its_prefix_is_cached(
+        oai: openai.OpenAI, tiny_repository: Path) -> None:
+    """Prompt logprobs need the logits at every prompt position, so no prefix is copied for such a request."""
+    session, manifest, tok = _gpt_reference(tiny_repository)
+    prompt = "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not to praise him."
+    oai.completions.create(model=GPT, prompt=prompt, max_tokens=2)                  # its slot now holds the prompt
+    again = oai.completions.create(model=GPT, prompt=prompt, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens > 16                     # (prefix caching is on)
+    scored = oai.completions.create(model=GPT, prompt=prompt, echo=True, logprobs=0, max_tokens=2)
+    assert scored.usage.prompt_tokens_details.cached_tokens == 0
+    want, _ = prompt_logprobs(session, manifest, tok.encode(prompt).ids)
+    got = scored.choices[0].logprobs.token_logprobs[1:len(want) + 1]
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+
+
 def test_a_refused_choice_cancels_the_requests_other_choices(tiny_repository: Path, tmp_path: Path) -> None:
     """n = 3 completions of 1 + 30 tokens against a budget of 64 tokens in flight: the third is refused (429),
     so the request is, and the two admitted ones are cancelled before any step rather than generating 60
@@ -681,7 +756,6 @@ def test_chat_refused_without_template(oai: openai.OpenAI) -> None:
     ({"logit_bias": {"5": 101}}, "logit_bias[5]"),
     ({"prompt": [[1, "a"]]}, "prompt"),
     ({"prompt": [1, 10 ** 9]}, "prompt[1]"),
-    ({"prompt": [1, 2], "echo": True}, "echo"),
 ])
 def test_completion_bad_parameters_are_400_naming_the_field(oai: openai.OpenAI, kwargs: dict[str, Any],
                                                             param: str) -> None:

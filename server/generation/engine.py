@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from .params import GenerationConfig, GenerationParams
 from .results import (FINISH_CANCELLED, FINISH_EOS, FINISH_LENGTH, FINISH_STOP, EngineStoppedError,
                       GenerationResult, OverloadedError, StreamChunk)
+from .sampling import score_tokens
 from .sequence import Sequence, to_generated_token
 from .spec import DecoderSpec
 
@@ -52,6 +53,8 @@ def _layout(manifest: dict[str, Any]) -> str:
 
 
 class GenerationEngine:
+    gives_prompt_logprobs = False   # whether every prompt position's logits come back (prompt_logprobs)
+
     def __new__(cls, session: ort.InferenceSession, manifest: dict[str, Any], *args: Any, **kwargs: Any):
         if cls is GenerationEngine:
             from .concat_engine import ConcatEngine
@@ -180,12 +183,13 @@ class GenerationEngine:
         """The whole completion; same errors as `stream`. Cancelling the awaiting task cancels the request."""
         seq = self._submit(prompt, params, deadline)
         texts: list[str] = []
-        tokens = []
+        tokens, prompt_tokens = [], []
         try:
             while True:
                 chunk = await self._next_chunk(seq)
                 texts.append(chunk.text)
                 tokens.extend(chunk.tokens)
+                prompt_tokens.extend(chunk.prompt_tokens)
                 if chunk.final:
                     break
         finally:
@@ -196,7 +200,8 @@ class GenerationEngine:
         end = seq.finished_at or time.monotonic()
         ttft = (seq.first_token_at - seq.arrival) * 1000 if seq.first_token_at is not None else 0.0
         return GenerationResult(text="".join(texts), finish_reason=chunk.finish_reason, usage=chunk.usage,
-                                tokens=tokens, time_to_first_token_ms=ttft, total_time_ms=(end - seq.arrival) * 1000)
+                                tokens=tokens, time_to_first_token_ms=ttft, total_time_ms=(end - seq.arrival) * 1000,
+                                prompt_tokens=prompt_tokens)
 
     def encode_prompt(self, prompt: str | list[int], params: GenerationParams) -> list[int]:
         """Prompt ids (from text, or given as token ids) that fit the context with max_new_tokens, or ValueError
@@ -233,6 +238,9 @@ class GenerationEngine:
             if token >= spec.vocab_size:
                 raise ValueError(f"parameters.logit_bias: token {token} is outside the vocabulary "
                                  f"(size {spec.vocab_size})")
+        if params.prompt_logprobs is not None and not self.gives_prompt_logprobs:
+            raise ValueError("parameters.prompt_logprobs: this model's package has the concat cache layout, whose "
+                             "engine keeps no prompt logits; re-export it (the default in-place cache gives them)")
         return ids
 
     def tokenize(self, text: str, truncate: bool = False) -> list[int]:
@@ -385,7 +393,15 @@ class GenerationEngine:
         elif len(seq.generated) >= params.max_new_tokens:
             seq.finish(FINISH_LENGTH, text, [generated])
         else:
-            seq.queue.put_nowait(StreamChunk(text=text, tokens=[generated]))
+            seq.queue.put_nowait(StreamChunk(text=text, tokens=[generated], prompt_tokens=seq.take_prompt_tokens()))
+
+    def _score_prompt(self, seq: Sequence, start: int, logits: np.ndarray) -> None:
+        """logits [L, vocab] at prompt positions start .. start + L - 1: each scores the prompt token after it."""
+        n = min(len(logits), len(seq.prompt_ids) - 1 - start)
+        if n > 0 and seq.prompt_tokens is not None:
+            choices = score_tokens(logits[:n], np.asarray(seq.prompt_ids[start + 1:start + 1 + n]),
+                                   seq.params.prompt_logprobs or 0)
+            seq.prompt_tokens.extend(to_generated_token(c, self._tokenizer) for c in choices)
 
     # ------------------------------------------------------------------ metrics
 

@@ -74,6 +74,9 @@ class GenerationParams:
     seed: int | None = None           # None = fresh entropy per request
     logprobs: bool = False
     top_logprobs: int = 0
+    # Each prompt token's logprob given the ones before it, with this many top alternatives (None = off): what
+    # OpenAI's echo + logprobs and vLLM's prompt_logprobs return, and what scoring a text needs.
+    prompt_logprobs: int | None = None
     truncate_prompt: bool = False
     ignore_eos: bool = False
 
@@ -86,7 +89,7 @@ class GenerationParams:
                  stop: Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
                  seed: int | None = None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
-                 truncate_prompt: bool | None = None, ignore_eos: bool | None = None) -> "GenerationParams":
+                 prompt_logprobs: int | None = None, truncate_prompt: bool | None = None, ignore_eos: bool | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
         temp = _float("temperature", temperature, 0.0)
         if temp < 0:
@@ -122,6 +125,8 @@ class GenerationParams:
             seed=seed,
             logprobs=_bool("logprobs", logprobs),
             top_logprobs=_int("top_logprobs", top_logprobs, 0, 0, MAX_TOP_LOGPROBS),
+            prompt_logprobs=None if prompt_logprobs is None
+            else _int("prompt_logprobs", prompt_logprobs, 0, 0, MAX_TOP_LOGPROBS),
             truncate_prompt=_bool("truncate_prompt", truncate_prompt),
             ignore_eos=_bool("ignore_eos", ignore_eos),
         )

@@ -51,6 +51,9 @@ class StreamChunk:
     final: bool = False
     finish_reason: str | None = None
     usage: Usage | None = None
+    # With prompt_logprobs: one per prompt token (the first has no logprob: nothing precedes it), on the chunk
+    # of the first generated token.
+    prompt_tokens: list[GeneratedToken] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,4 @@ class GenerationResult:
     tokens: list[GeneratedToken]
     time_to_first_token_ms: float
     total_time_ms: float
+    prompt_tokens: list[GeneratedToken] = field(default_factory=list)   # with prompt_logprobs (see StreamChunk)

@@ -109,6 +109,29 @@ def log_softmax(scores: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.sum(np.exp(shifted)))
 
 
+def score_tokens(logits: np.ndarray, token_ids: np.ndarray, top: int) -> list[Choice]:
+    """Row i of logits [L, V] scores token_ids[i]: its log-softmax probability, and the `top` likeliest tokens
+    (best first, ties by lower id). The model's own distribution: no temperature, bias or penalty, as a prompt's
+    logprobs are reported (a prompt is given, not sampled)."""
+    out: list[Choice] = []
+    for lo in range(0, len(token_ids), 64):     # float64 temporaries of 64 rows, however long the prompt
+        block = logits[lo:lo + 64].astype(np.float64)
+        block -= block.max(axis=1, keepdims=True)
+        block -= np.log(np.exp(block).sum(axis=1, keepdims=True))
+        ids = np.asarray(token_ids[lo:lo + 64], dtype=np.int64)
+        picked = block[np.arange(len(ids)), ids]
+        tops: list[tuple[tuple[int, float], ...]] = [()] * len(ids)
+        if top > 0:
+            n = min(top, block.shape[1])
+            idx = np.argpartition(-block, n - 1, axis=1)[:, :n]
+            vals = np.take_along_axis(block, idx, axis=1)
+            order = np.lexsort((idx, -vals), axis=1)
+            idx, vals = np.take_along_axis(idx, order, axis=1), np.take_along_axis(vals, order, axis=1)
+            tops = [tuple(zip(map(int, i), map(float, v))) for i, v in zip(idx, vals)]
+        out.extend(Choice(int(t), float(lp), tp) for t, lp, tp in zip(ids, picked, tops))
+    return out
+
+
 def top_n(logp: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
     """The n most likely tokens, best first (ties by lower id)."""
     if n <= 0:

@@ -38,13 +38,21 @@ class Sequence:
     finish_reason: str | None = None
     cancelled: bool = False              # the consumer went away
     state: "SeqState | None" = None      # the slot scheduler's view (in-place-cache engine only)
+    # With prompt_logprobs: the prompt's tokens scored so far (the first unscored), until sent with the first token.
+    prompt_tokens: list[GeneratedToken] | None = None
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
                deadline: float | None, eos_id: int | None = None) -> "Sequence":
         return cls(prompt_ids=prompt_ids, params=params, sampler=Sampler(params, vocab_size, prompt_ids, eos_id),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), stopper=StopMatcher(params.stop),
-                   deadline=deadline)
+                   deadline=deadline,
+                   prompt_tokens=None if params.prompt_logprobs is None else [GeneratedToken(prompt_ids[0])])
+
+    def take_prompt_tokens(self) -> list[GeneratedToken]:
+        """The scored prompt, once (for the chunk that carries the first generated token); [] afterwards."""
+        tokens, self.prompt_tokens = self.prompt_tokens or [], None
+        return tokens
 
     @property
     def done(self) -> bool:
@@ -77,7 +85,7 @@ class Sequence:
         self.finish_reason = reason
         self.finished_at = time.monotonic()
         self.queue.put_nowait(StreamChunk(text=text, tokens=tokens or [], final=True, finish_reason=reason,
-                                          usage=self.usage()))
+                                          usage=self.usage(), prompt_tokens=self.take_prompt_tokens()))
 
 
 def to_generated_token(choice: Choice, tokenizer: Tokenizer) -> GeneratedToken:

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 
 class SlotEngine(GenerationEngine):
+    gives_prompt_logprobs = True
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         cfg = self.config
@@ -55,7 +57,12 @@ class SlotEngine(GenerationEngine):
         return [s.owner for s in (*self._scheduler.waiting, *self._scheduler.running)]
 
     def _enqueue(self, seq: Sequence) -> None:
-        seq.state = SeqState.of(seq.prompt_ids, owner=seq)
+        # A request scoring its prompt needs the logits at every prompt position, so none may come from a copied
+        # prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
+        if seq.params.prompt_logprobs is None:
+            seq.state = SeqState.of(seq.prompt_ids, owner=seq)
+        else:
+            seq.state = SeqState(len(seq.prompt_ids), owner=seq)
         self._scheduler.add(seq.state)
 
     def _dequeue_waiting(self, seq: Sequence) -> bool:
@@ -117,7 +124,7 @@ class SlotEngine(GenerationEngine):
                 seq = state.owner
                 if not seq.cancelled and not seq.done:
                     self._advance(seq, logits)
-            self._prefilled(plan.tails, decoded[len(plan.decode):])
+            self._prefilled(plan.tails, decoded[len(plan.decode):, None, :])   # a tail is a chunk of width 1
         for call, logits in zip(plan.prefill, prefilled):
             if isinstance(logits, Exception):
                 self._fail([c.seq for c in call.chunks], "prefill failed", logits)
@@ -128,12 +135,17 @@ class SlotEngine(GenerationEngine):
         return True
 
     def _prefilled(self, chunks: Iterable[Chunk], logits: np.ndarray) -> None:
-        """Chunks written (logits: one row per chunk, at its last token): a completed prompt samples its first."""
-        for chunk, row in zip(chunks, logits):
+        """Chunks written (logits [chunks, width, vocab]: every position of each): prompts scored where asked,
+        and a completed prompt samples its first token from its last position."""
+        for chunk, rows in zip(chunks, logits):
             self._scheduler.prefilled(chunk)
             seq = chunk.seq.owner
-            if chunk.completes_prompt and not seq.cancelled and not seq.done:
-                self._advance(seq, row)
+            if seq.cancelled or seq.done:
+                continue
+            if seq.prompt_tokens is not None:
+                self._score_prompt(seq, chunk.start, rows[:chunk.length])
+            if chunk.completes_prompt:
+                self._advance(seq, rows[chunk.length - 1])
 
     def _execute(self, decode_rows: list[DecodeRow], idle: dict[int, int], calls: list[list[PrefillRow]],
                  plan: Plan) -> tuple[np.ndarray | Exception, list[np.ndarray | Exception]]:
@@ -182,15 +194,15 @@ class SlotEngine(GenerationEngine):
         r, n = self._runner, self._runner.num_slots
         chunk = max(1, min(self.config.prefill_chunk_tokens, self.spec.max_length // 2))
         pair = [PrefillRow(0, [start] * chunk, 0)] + ([PrefillRow(1, [start], 0)] if n > 1 else [])
-        self._check_logits(r.prefill(pair, first_prompt=True), len(pair), "prefill")
+        self._check_logits(r.prefill(pair, first_prompt=True)[:, 0], len(pair), "prefill")
         more = r.prefill([PrefillRow(0, [start] * 2, chunk)], first_prompt=False)
-        self._check_logits(more, 1, "prefill chunk")
+        self._check_logits(more[:, -1], 1, "prefill chunk")
         rows = [DecodeRow(slot, start, 1) for slot in range(n) if slot != 1 or n == 1]
         self._check_logits(r.decode(rows, {1: 1}), len(rows), "step")   # slot 1 sits in the range, idle
         if r.mixed_session is not None:
             dec, pre = r.decode_and_prefill(rows, {}, [PrefillRow(1 if n > 1 else 0, [start] * chunk, 0)], True)
             self._check_logits(dec, len(rows), "mixed step")
-            self._check_logits(pre, 1, "mixed chunk")
+            self._check_logits(pre[:, -1], 1, "mixed chunk")
 
     # ------------------------------------------------------------------ metrics
 

@@ -89,21 +89,20 @@ class SlotRunner:
         if self.mixed_session is None:
             raise RuntimeError("this package has no mixed graph")
         hi, dfeeds = self._decode_feeds(rows, idle_positions)
-        lo, n, pfeeds, last = self._prefill_feeds(chunk, first_prompt)
+        lo, n, pfeeds = self._prefill_feeds(chunk, first_prompt)
         dl, pl = self._run([(self.mixed_session, "", 0, hi, *dfeeds), (self.mixed_session, MIXED_PREFIX, lo, lo + n, *pfeeds)])
-        return dl[[r.slot for r in rows], 0, :], pl[np.arange(n), last, :]
+        return dl[[r.slot for r in rows], 0, :], pl
 
     def prefill(self, rows: list[PrefillRow], first_prompt: bool) -> np.ndarray:
-        """Prompt chunks of consecutive slots → logits at each row's last real token [len(rows), vocab].
+        """Prompt chunks of consecutive slots → logits at every position of each row [len(rows), width, vocab]
+        in slot order (row i's own tokens are positions [0, len(tokens)); the rest is padding).
 
         first_prompt: every row starts at 0 (rows may differ in length: right padding). Otherwise exactly
         one row, which continues its own prompt at `start`."""
-        lo, n, feeds, last = self._prefill_feeds(rows, first_prompt)
+        lo, n, feeds = self._prefill_feeds(rows, first_prompt)
         if self.mixed_only:
-            logits = self._run([self._filler(""), (self.mixed_session, MIXED_PREFIX, lo, lo + n, *feeds)])[1]
-        else:
-            logits = self._run([(self.session, "", lo, lo + n, *feeds)])[0]
-        return logits[np.arange(n), last, :]
+            return self._run([self._filler(""), (self.mixed_session, MIXED_PREFIX, lo, lo + n, *feeds)])[1]
+        return self._run([(self.session, "", lo, lo + n, *feeds)])[0]
 
     def _filler(self, prefix: str) -> tuple:
         """One throw-away token at position 0 of the scratch slot, for the mixed graph's idle group."""
@@ -134,7 +133,7 @@ class SlotRunner:
         return hi, (tokens, positions[:, 0] + 1, positions)
 
     def _prefill_feeds(self, rows: list[PrefillRow], first_prompt: bool
-                       ) -> tuple[int, int, tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+                       ) -> tuple[int, int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         if not first_prompt and len(rows) != 1:
             raise ValueError("a continuation chunk runs alone (batch 1)")
         rows = sorted(rows, key=lambda r: r.slot)
@@ -150,8 +149,7 @@ class SlotRunner:
             # Padding positions continue the count (clipped to the table): their outputs are thrown away.
             positions[i] = np.minimum(np.arange(r.start, r.start + width), self.spec.max_length - 1)
             lens[i] = len(r.tokens) if first_prompt else r.start + width
-        last = np.array([len(r.tokens) - 1 for r in rows])
-        return lo, len(rows), (ids, lens, positions), last
+        return lo, len(rows), (ids, lens, positions)
 
     # ------------------------------------------------------------------ binding
 

@@ -3,7 +3,8 @@
     GET  /v1/models, /v1/models/{model}
     POST /v1/completions         prompt (text or token ids, one or a list), max_tokens, temperature, top_p, stop, seed,
                                  presence_penalty, frequency_penalty, logit_bias, n,
-                                 logprobs, echo (without logprobs), stream (server-sent events, `data: [DONE]`)
+                                 logprobs, echo (with logprobs: the prompt's tokens scored too, as lm-eval's
+                                 loglikelihood requests ask), stream (server-sent events, `data: [DONE]`)
     POST /v1/chat/completions    models whose package carries a chat template; 400 otherwise
     POST /v1/embeddings          embedding models (task "embed")
     POST /tokenize, /detokenize  generation models' tokenizer, as vLLM's endpoints (prompt <-> token ids)
@@ -162,9 +163,16 @@ class Logprobs:
         for text in texts:
             offsets.append(self.offset)
             self.offset += len(text)
+        # A prompt's first token has no logprob (nothing precedes it): null, as OpenAI's echo gives it.
         return {"tokens": texts, "token_logprobs": [t.logprob for t in tokens],
-                "top_logprobs": [{a.token: a.logprob for a in t.top_logprobs} for t in tokens],
+                "top_logprobs": [None if t.logprob is None else {a.token: a.logprob for a in t.top_logprobs}
+                                 for t in tokens],
                 "text_offset": offsets}
+
+    def of_echo(self, prompt: list[GeneratedToken], tokens: list[GeneratedToken]) -> dict[str, Any]:
+        """The scored prompt's entries, then the completion's, in one object (offsets run on across both)."""
+        first, then = self.of(prompt), self.of(tokens)
+        return {key: first[key] + then[key] for key in first}
 
 
 def _is_token(value: Any) -> bool:
@@ -198,11 +206,10 @@ async def completions(door: Door, request: Request) -> Response:
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise ServingError.invalid("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {logprobs}")
     echo = field(body, "echo", bool, False)
-    if echo and logprobs is not None:
-        raise ServingError.invalid("echo", "is not supported together with logprobs (no prompt logprobs)")
-    if echo and not all(isinstance(p, str) for p in prompts):
-        raise ServingError.invalid("echo", "is not supported with token-id prompts")
-    choices = _choices(body, _params(body, "max_tokens", logprobs))
+    params = _params(body, "max_tokens", logprobs)
+    if echo and logprobs is not None:    # the prompt's tokens are scored too, with as many alternatives
+        params = dataclasses.replace(params, prompt_logprobs=logprobs)
+    choices = _choices(body, params)
     n = len(choices)
     # Choice k answers prompt k // n with the parameters of completion k % n (OpenAI's order).
     jobs = [(prompt, params) for prompt in prompts for params in choices]
@@ -211,21 +218,30 @@ async def completions(door: Door, request: Request) -> Response:
     if field(body, "stream", bool, False):
         streams, firsts = await _opened([door.plane.generate_stream(model, 0, p, params, deadline)
                                          for p, params in jobs])
-        return _event_stream(_completion_events(door, streams, firsts, ident, created,
-                                                [p for p, _ in jobs] if echo else [], logprobs is not None,
+        echoed = [_echo_text(door, model, p) for p, _ in jobs] if echo else []   # token ids: checked by now
+        return _event_stream(_completion_events(door, streams, firsts, ident, created, echoed, logprobs is not None,
                                                 _stream_options(body), n))
     results = await _all([door.plane.generate(model, 0, p, params, deadline) for p, params in jobs])
-    answers = [_completion_choice(door, k, r, jobs[k][0] if echo else "", logprobs is not None)
+    echoed = [_echo_text(door, model, p) for p, _ in jobs] if echo else []
+    answers = [_completion_choice(door, k, r, echoed[k] if echo else None, logprobs is not None)
                for k, r in enumerate(results)]
     usage = _usage([r.output.usage for r in results], n)
     return JSONResponse({"id": ident, "object": "text_completion", "created": created, "model": model,
                          "choices": answers, "usage": usage})
 
 
-def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str, logprobs: bool) -> dict[str, Any]:
+def _echo_text(door: Door, model: str, prompt: str | list[int]) -> str:
+    return prompt if isinstance(prompt, str) else door.plane.detokenize(model, 0, prompt)
+
+
+def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str | None,
+                       logprobs: bool) -> dict[str, Any]:
+    """echo: the prompt's text when it is echoed (None: not echoed); with logprobs its tokens are scored too."""
     out = result.output
-    return {"index": index, "text": echo + out.text, "finish_reason": FINISH[out.finish_reason],
-            "logprobs": Logprobs(door, result.model, result.version).of(out.tokens) if logprobs else None}
+    lp = Logprobs(door, result.model, result.version) if logprobs else None
+    return {"index": index, "text": (echo or "") + out.text, "finish_reason": FINISH[out.finish_reason],
+            "logprobs": None if lp is None else lp.of_echo(out.prompt_tokens, out.tokens) if echo is not None
+            else lp.of(out.tokens)}
 
 
 async def _all(calls: list[Awaitable[GenerateResult]]) -> list[GenerateResult]:
@@ -322,8 +338,10 @@ async def _completion_events(door: Door, streams: list[AsyncIterator[StreamPart]
         return _sse({"id": ident, "object": "text_completion", "created": created, "model": model,
                      "choices": choices, **extra})
     try:
-        for i, text in enumerate(echo):
-            yield event([{"index": i, "text": text, "logprobs": None, "finish_reason": None}])
+        for i, text in enumerate(echo):     # with logprobs, the scored prompt came with the first token
+            first, lp = firsts[i], lps[i]
+            scored = lp.of(first.chunk.prompt_tokens) if logprobs and lp is not None and first is not None else None
+            yield event([{"index": i, "text": text, "logprobs": scored, "finish_reason": None}])
         async for i, part in _merge([_parts(f, st) for f, st in zip(firsts, streams)]):
             chunk = part.chunk
             if not chunk.text and not chunk.final and not (logprobs and chunk.tokens):

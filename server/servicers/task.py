@@ -14,7 +14,7 @@ from server.types import ModelStatus, StreamPart
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
                   "cancelled": pb.FINISH_REASON_CANCELLED}
-_OPTIONAL = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed")
+_OPTIONAL = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed", "prompt_logprobs")
 
 
 def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
@@ -58,7 +58,8 @@ def usage_to_proto(usage: Usage) -> pb.Usage:
 def chunk_to_proto(model: str, part: StreamPart) -> pb.GenerateStreamResponse:
     chunk = part.chunk
     message = pb.GenerateStreamResponse(text=chunk.text, tokens=tokens_to_proto(chunk.tokens), final=chunk.final,
-                                        model=model, version=part.version)
+                                        model=model, version=part.version,
+                                        prompt_tokens=tokens_to_proto(chunk.prompt_tokens))
     if chunk.final:
         message.finish_reason = FINISH_REASONS[chunk.finish_reason or "length"]
         if chunk.usage is not None:
@@ -104,7 +105,7 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
             model=request.model, version=result.version, text=r.text, finish_reason=FINISH_REASONS[r.finish_reason],
             usage=usage_to_proto(r.usage),
             tokens=tokens_to_proto(r.tokens), time_to_first_token_ms=r.time_to_first_token_ms,
-            total_time_ms=r.total_time_ms)
+            total_time_ms=r.total_time_ms, prompt_tokens=tokens_to_proto(r.prompt_tokens))
 
     @streaming("GenerateStream")
     async def GenerateStream(self, request: pb.GenerateRequest,
