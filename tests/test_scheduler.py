@@ -59,7 +59,8 @@ def test_a_long_prompt_beside_running_streams_is_cut_into_chunks_and_streams_kee
 def test_continuation_chunks_run_alone_and_first_chunks_start_at_zero() -> None:
     s = make(chunk=8)
     s.add(SeqState(2))
-    execute(s, s.plan())
+    s.add(SeqState(2))
+    execute(s, s.plan())                             # two streams: two arrivals get a chunk at a time
     a, b = SeqState(20), SeqState(20)
     s.add(a)
     s.add(b)
@@ -399,3 +400,36 @@ def test_a_one_token_prompt_rides_the_decode_call_unless_it_arrived_with_others(
         together.add(q)
     plan = together.plan()
     assert plan.tails == () and [c.seq for call in plan.prefill for c in call.chunks] == pair
+
+
+def test_when_more_requests_wait_than_decode_they_are_admitted_together_with_the_large_budget() -> None:
+    s = make(slots=8, chunk=8, max_prefill=64)
+    early = [SeqState(6) for _ in range(2)]
+    for q in early:
+        s.add(q)
+    execute(s, s.plan())                         # 2 decoding
+    burst = [SeqState(6) for _ in range(3)]      # 3 > 2: worth one longer step
+    for q in burst:
+        s.add(q)
+    plan = s.plan()
+    assert plan.decode == tuple(early)
+    assert [c.seq for call in plan.prefill for c in call.chunks] == burst and plan.prefill_tokens == 18
+    execute(s, plan)
+    pair = [SeqState(6) for _ in range(2)]       # 2 <= 5 decoding: a chunk of 8 at a time again
+    for q in pair:
+        s.add(q)
+    assert s.plan().prefill_tokens == 6
+
+
+def test_waiting_requests_without_free_slots_do_not_widen_the_budget() -> None:
+    s = make(slots=3, chunk=8, max_prefill=64)
+    s.add(SeqState(4))
+    execute(s, s.plan())
+    long = SeqState(40)
+    s.add(long)
+    execute(s, s.plan())                         # 1 waiting <= 1 decoding: its first chunk of 8
+    assert long.computed == 8
+    for _ in range(5):                           # they cannot be admitted: one free slot only
+        s.add(SeqState(4))
+    plan = s.plan()
+    assert [(c.seq, c.length) for call in plan.prefill for c in call.chunks][0] == (long, 8)

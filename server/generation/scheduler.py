@@ -8,7 +8,11 @@ A sequence owns one cache slot from admission to finish. Each iteration the sche
       * a *continuation*: one partly prefilled sequence, its next chunk alone (the attention op takes a
         past only at batch 1 when more than one token is new).
 The prefill budget is `chunk_tokens` while anyone decodes (so a long prompt is cut into chunks that
-interleave with the running streams) and `max_prefill_tokens` otherwise (a lone prompt goes at once).
+interleave with the running streams) and `max_prefill_tokens` otherwise (a lone prompt goes at once) — or when
+more requests could be admitted than are decoding: then the waiting outnumber the streams one longer step
+stalls, and prefilling them together (one pass over the weights for all, a wider decode batch from the next
+step on) beats admitting them a chunk at a time while they wait (a burst of 27 short prompts beside 5 streams
+went in ~54 steps).
 Padded positions count against the budget: they cost compute like real ones. A prompt longer than the
 budget is cut into the fewest chunks that fit it, of equal size (no chunk over the budget, no tiny tail).
 
@@ -211,7 +215,8 @@ class Scheduler:
 
     def plan(self) -> Plan:
         decode = tuple(s for s in self.running if s.status is Status.DECODING)
-        budget = self.config.chunk_tokens if decode else self.config.max_prefill_tokens
+        admittable = min(len(self.waiting), len(self._free))
+        budget = self.config.chunk_tokens if decode and admittable <= len(decode) else self.config.max_prefill_tokens
         calls: list[PrefillCall] = []
         # 1. Sequences already part-way through their prompt go first (first come, first served).
         for seq in self.running:
