@@ -48,17 +48,22 @@ def _fill_mask(masks: Any) -> FillMaskResult:
         for m in masks])
 
 
-def _generation(r: Any, with_logprobs: bool) -> Generation:
-    tokens = [GeneratedToken(
+def _tokens(tokens: Any, with_logprobs: bool) -> list[GeneratedToken]:
+    """As the server's tokens reach a client over gRPC (float32 logprobs)."""
+    return [GeneratedToken(
         token_id=int(t.token_id),
-        logprob=_f32(t.logprob if t.logprob is not None else 0.0) if with_logprobs else None,
+        logprob=_f32(t.logprob) if with_logprobs and t.logprob is not None else None,
         top_logprobs=[TokenLogprob(token_id=int(a.token_id), token=a.token, logprob=_f32(a.logprob))
                       for a in t.top_logprobs])
-        for t in r.tokens]
+        for t in tokens]
+
+
+def _generation(r: Any, with_logprobs: bool) -> Generation:
     return Generation(text=r.text, finish_reason=r.finish_reason or "",
                       usage=Usage(int(r.usage.prompt_tokens), int(r.usage.completion_tokens),
-                                  int(r.usage.cached_prompt_tokens)), tokens=tokens,
-                      time_to_first_token_ms=float(r.time_to_first_token_ms), total_time_ms=float(r.total_time_ms))
+                                  int(r.usage.cached_prompt_tokens)), tokens=_tokens(r.tokens, with_logprobs),
+                      time_to_first_token_ms=float(r.time_to_first_token_ms), total_time_ms=float(r.total_time_ms),
+                      prompt_tokens=_tokens(r.prompt_tokens, True))
 
 
 def _as_ortserve_error(error: Exception) -> OrtserveError:
@@ -112,7 +117,7 @@ class LocalRunner:
                 seed=g.seed, logprobs=g.logprobs, top_logprobs=g.top_logprobs, truncate_prompt=g.truncate_prompt,
                 ignore_eos=g.ignore_eos, presence_penalty=g.presence_penalty,
                 frequency_penalty=g.frequency_penalty, logit_bias=dict(g.logit_bias), min_p=g.min_p,
-                min_tokens=g.min_tokens)
+                min_tokens=g.min_tokens, prompt_logprobs=g.prompt_logprobs)
             result = await self.plane.generate(c.model, version, record.text, params)
             return generation_payload(_generation(result.output, g.wants_logprobs), g.wants_logprobs)
         except (ServingError, ValueError) as e:

@@ -62,4 +62,6 @@ def generation_payload(result: Generation, with_tokens: bool) -> dict[str, Any]:
                                "usage": asdict(result.usage)}
     if with_tokens:
         payload["tokens"] = [asdict(t) for t in result.tokens]
+    if result.prompt_tokens:     # asked for with prompt_logprobs
+        payload["prompt_tokens"] = [asdict(t) for t in result.prompt_tokens]
     return payload

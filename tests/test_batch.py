@@ -126,6 +126,35 @@ def test_local_mode_writes_what_the_server_mode_writes(server: ServerProcess, ti
             assert _scores(x) == pytest.approx(_scores(y), abs=1e-5)
 
 
+def test_scoring_texts_writes_each_prompt_token_with_its_logprob(server: ServerProcess, tiny_repository: Path,
+                                                                  tmp_path: Path) -> None:
+    """--prompt-logprobs: every record's tokens with their logprobs (the first has none), as one offline run over
+    the text scores them, through a server and in-process alike."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from testing.offline import prompt_logprobs
+
+    src = prompts_file(tmp_path / "texts.txt", 6)
+    outs = {mode: tmp_path / f"{mode}.jsonl" for mode in ("server", "local")}
+    common = ["--model", "tiny-gpt", "--max-new-tokens", "1", "--prompt-logprobs", "1"]
+    for mode, where in (("server", ["--address", server.address]), ("local", ["--local", str(tiny_repository)])):
+        run = batch("generate", str(src), "-o", str(outs[mode]), *where, *common)
+        assert run.returncode == 0, run.stderr
+    pkg = tiny_repository / "tiny-gpt" / "1"
+    session = ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"])
+    manifest, tok = json.loads((pkg / "model.json").read_text()), Tokenizer.from_file(str(pkg / "tokenizer.json"))
+    texts = src.read_text().splitlines()
+    for text, a, b in zip(texts, lines(outs["server"]), lines(outs["local"]), strict=True):
+        ids = tok.encode(text).ids
+        want, _ = prompt_logprobs(session, manifest, ids)
+        for record in (a, b):
+            scored = record["prompt_tokens"]
+            assert [t["token_id"] for t in scored] == ids and record["usage"]["prompt_tokens"] == len(ids)
+            assert scored[0]["logprob"] is None and all(len(t["top_logprobs"]) == 1 for t in scored[1:])
+            assert [t["logprob"] for t in scored[1:]] == pytest.approx(want, abs=1e-4)
+
+
 def _scores(value) -> list[float]:
     if isinstance(value, dict):
         return [s for k, v in sorted(value.items()) for s in ([v] if k == "score" else _scores(v))]
