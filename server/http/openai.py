@@ -238,10 +238,12 @@ def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str
                        logprobs: bool) -> dict[str, Any]:
     """echo: the prompt's text when it is echoed (None: not echoed); with logprobs its tokens are scored too."""
     out = result.output
-    lp = Logprobs(door, result.model, result.version) if logprobs else None
+    scored: dict[str, Any] | None = None
+    if logprobs:
+        lp = Logprobs(door, result.model, result.version)
+        scored = lp.of(out.tokens) if echo is None else lp.of_echo(out.prompt_tokens, out.tokens)
     return {"index": index, "text": (echo or "") + out.text, "finish_reason": FINISH[out.finish_reason],
-            "logprobs": None if lp is None else lp.of_echo(out.prompt_tokens, out.tokens) if echo is not None
-            else lp.of(out.tokens)}
+            "logprobs": scored}
 
 
 async def _all(calls: list[Awaitable[GenerateResult]]) -> list[GenerateResult]:
