@@ -49,10 +49,10 @@ def greedy_with_logprobs(session: ort.InferenceSession, manifest: dict[str, Any]
     return out
 
 
-def prompt_logprobs(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int]
-                    ) -> tuple[list[float], list[int]]:
-    """Each prompt token's log-probability given the ones before it (len - 1 values: the first token has no
-    context), from ONE run over the whole prompt, and the likeliest token at each of those positions."""
+def prompt_distributions(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int]
+                         ) -> np.ndarray:
+    """Log-softmax rows [len - 1, vocab] from ONE run over the whole prompt: row i is the model's distribution
+    for prompt token i + 1 (the first token has no context)."""
     cache = CacheSpec.from_dict(manifest["cache"])
     n = len(prompt_ids)
     feeds = {"input_ids": np.asarray([prompt_ids], dtype=np.int64), "attention_mask": np.ones((1, n), dtype=np.int64),
@@ -63,4 +63,12 @@ def prompt_logprobs(session: ort.InferenceSession, manifest: dict[str, Any], pro
     rows = session.run(["logits"], feeds)[0][0, :-1].astype(np.float64)
     rows -= rows.max(axis=1, keepdims=True)
     rows -= np.log(np.exp(rows).sum(axis=1, keepdims=True))
+    return rows
+
+
+def prompt_logprobs(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int]
+                    ) -> tuple[list[float], list[int]]:
+    """Each prompt token's log-probability given the ones before it (len - 1 values), and the likeliest token at
+    each of those positions."""
+    rows = prompt_distributions(session, manifest, prompt_ids)
     return ([float(rows[i, t]) for i, t in enumerate(prompt_ids[1:])], [int(i) for i in rows.argmax(axis=1)])

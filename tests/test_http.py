@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
-from testing.offline import greedy_with_logprobs, prompt_logprobs
+from testing.offline import greedy_with_logprobs, prompt_distributions, prompt_logprobs
 from testing.tls import self_signed
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
@@ -702,6 +702,34 @@ def test_lm_eval_loglikelihood_requests(oai: openai.OpenAI, tiny_repository: Pat
                      zip(choice.logprobs.top_logprobs[ctxlen:-1], choice.logprobs.tokens[ctxlen:-1]))
         assert greedy == (best[ctxlen - 1:] == whole[ctxlen:])
         assert choice.text.startswith(tok.decode(whole))
+
+
+def test_vllm_prompt_logprobs_give_each_prompt_tokens_logprob_rank_and_alternatives(
+        oai: openai.OpenAI, tiny_repository: Path) -> None:
+    """vLLM's prompt_logprobs: null, then per prompt token {id: {logprob, rank, decoded_token}} for the token and its
+    k likeliest alternatives (ranks 1..k). The rank is 1 + how many tokens the model found likelier, from an offline
+    run over the whole prompt; with echo + logprobs too, each keeps its own number of alternatives."""
+    session, manifest, tok = _gpt_reference(tiny_repository)
+    prompt = "O Romeo, Romeo, wherefore art thou Romeo? Deny thy father and refuse thy name"
+    ids = tok.encode(prompt).ids
+    rows = prompt_distributions(session, manifest, ids)
+    want_ranks = [int((rows[i] > rows[i, t]).sum()) + 1 for i, t in enumerate(ids[1:])]
+    want, best = prompt_logprobs(session, manifest, ids)
+    response = httpx.post(f"{oai.base_url}completions", timeout=60, json={
+        "model": GPT, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 3, "echo": True, "logprobs": 1})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    scores = choice["prompt_logprobs"]
+    assert scores[0] is None and len(scores) == len(ids)
+    for entry, token, lp, rank, top in zip(scores[1:], ids[1:], want, want_ranks, best):
+        assert entry[str(token)]["rank"] == rank and abs(entry[str(token)]["logprob"] - lp) < 1e-4
+        assert entry[str(token)]["decoded_token"] == tok.decode([token])
+        ranked = sorted((e["rank"], int(t)) for t, e in entry.items() if t != str(token) or e["rank"] <= 3)
+        assert [r for r, _ in ranked][:1] == [1] and ranked[0][1] == top and 3 <= len(entry) <= 4
+    assert all(top is None or len(top) == 1 for top in choice["logprobs"]["top_logprobs"])   # echo keeps its 1
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model=GPT, prompt="a", stream=True, extra_body={"prompt_logprobs": 1})
+    assert info.value.body["param"] == "prompt_logprobs"
 
 
 def test_a_scored_prompt_is_prefilled_whole_even_when_its_prefix_is_cached(

@@ -29,6 +29,7 @@ class GeneratedToken:
     token_id: int
     logprob: float | None = None                      # set when logprobs (or top_logprobs) was asked for
     top_logprobs: tuple[TokenLogprob, ...] = ()       # best first
+    rank: int | None = None                           # scored prompt tokens: 1 + how many tokens were likelier
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ class Choice:
     token_id: int
     logprob: float | None
     top: tuple[tuple[int, float], ...]   # (token_id, logprob), best first; empty unless asked for
+    rank: int | None = None              # scored tokens: 1 + how many tokens were likelier
 
 
 class Sampler:
@@ -110,8 +111,8 @@ def log_softmax(scores: np.ndarray) -> np.ndarray:
 
 
 def score_tokens(logits: np.ndarray, token_ids: np.ndarray, top: int) -> list[Choice]:
-    """Row i of logits [L, V] scores token_ids[i]: its log-softmax probability, and the `top` likeliest tokens
-    (best first, ties by lower id). The model's own distribution: no temperature, bias or penalty, as a prompt's
+    """Row i of logits [L, V] scores token_ids[i]: its log-softmax probability and rank, and the `top` likeliest
+    tokens (best first, ties by lower id). The model's own distribution: no temperature, bias or penalty, as a prompt's
     logprobs are reported (a prompt is given, not sampled)."""
     out: list[Choice] = []
     for lo in range(0, len(token_ids), 64):     # float64 temporaries of 64 rows, however long the prompt
@@ -120,6 +121,7 @@ def score_tokens(logits: np.ndarray, token_ids: np.ndarray, top: int) -> list[Ch
         block -= np.log(np.exp(block).sum(axis=1, keepdims=True))
         ids = np.asarray(token_ids[lo:lo + 64], dtype=np.int64)
         picked = block[np.arange(len(ids)), ids]
+        ranks = (block > picked[:, None]).sum(axis=1) + 1
         tops: list[tuple[tuple[int, float], ...]] = [()] * len(ids)
         if top > 0:
             n = min(top, block.shape[1])
@@ -128,7 +130,7 @@ def score_tokens(logits: np.ndarray, token_ids: np.ndarray, top: int) -> list[Ch
             order = np.lexsort((idx, -vals), axis=1)
             idx, vals = np.take_along_axis(idx, order, axis=1), np.take_along_axis(vals, order, axis=1)
             tops = [tuple(zip(map(int, i), map(float, v))) for i, v in zip(idx, vals)]
-        out.extend(Choice(int(t), float(lp), tp) for t, lp, tp in zip(ids, picked, tops))
+        out.extend(Choice(int(t), float(lp), tp, int(r)) for t, lp, tp, r in zip(ids, picked, tops, ranks))
     return out
 
 

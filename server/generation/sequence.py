@@ -93,4 +93,4 @@ def to_generated_token(choice: Choice, tokenizer: Tokenizer) -> GeneratedToken:
         return GeneratedToken(token_id=choice.token_id)
     top = tuple(TokenLogprob(token_id=t, token=tokenizer.decode([t], skip_special_tokens=False), logprob=lp)
                 for t, lp in choice.top)
-    return GeneratedToken(token_id=choice.token_id, logprob=choice.logprob, top_logprobs=top)
+    return GeneratedToken(token_id=choice.token_id, logprob=choice.logprob, top_logprobs=top, rank=choice.rank)

@@ -5,6 +5,7 @@
                                  presence_penalty, frequency_penalty, logit_bias, n,
                                  logprobs, echo (with logprobs: the prompt's tokens scored too, as lm-eval's
                                  loglikelihood requests ask), stream (server-sent events, `data: [DONE]`)
+                                 prompt_logprobs (vLLM's: each prompt token's logprob, rank and alternatives)
     POST /v1/chat/completions    models whose package carries a chat template; 400 otherwise
     POST /v1/embeddings          embedding models (task "embed")
     POST /tokenize, /detokenize  generation models' tokenizer, as vLLM's endpoints (prompt <-> token ids)
@@ -30,6 +31,7 @@ from starlette.routing import Route
 
 from server.errors import Code, ServingError
 from server.generation import GeneratedToken, GenerationParams, Usage
+from server.generation.params import MAX_TOP_LOGPROBS
 from server.http.app import OPENAI, Door, route
 from server.http.body import deadline_from_headers, field, json_object
 from server.http.chat import render_chat
@@ -206,16 +208,24 @@ async def completions(door: Door, request: Request) -> Response:
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise ServingError.invalid("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {logprobs}")
     echo = field(body, "echo", bool, False)
+    stream = field(body, "stream", bool, False)
+    vllm_scores = field(body, "prompt_logprobs", int, None)     # vLLM's own way to ask for prompt logprobs
+    if vllm_scores is not None and not 0 <= vllm_scores <= MAX_TOP_LOGPROBS:
+        raise ServingError.invalid("prompt_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {vllm_scores}")
+    if vllm_scores is not None and stream:
+        raise ServingError.invalid("prompt_logprobs", "is not supported with stream (echo with logprobs is)")
     params = _params(body, "max_tokens", logprobs)
-    if echo and logprobs is not None:    # the prompt's tokens are scored too, with as many alternatives
-        params = dataclasses.replace(params, prompt_logprobs=logprobs)
+    # With echo, logprobs scores the prompt's tokens too, with as many alternatives.
+    scores = [k for k in (logprobs if echo else None, vllm_scores) if k is not None]
+    if scores:
+        params = dataclasses.replace(params, prompt_logprobs=max(scores))
     choices = _choices(body, params)
     n = len(choices)
     # Choice k answers prompt k // n with the parameters of completion k % n (OpenAI's order).
     jobs = [(prompt, params) for prompt in prompts for params in choices]
     deadline = deadline_from_headers(request)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    if field(body, "stream", bool, False):
+    if stream:
         streams, firsts = await _opened([door.plane.generate_stream(model, 0, p, params, deadline)
                                          for p, params in jobs])
         echoed = [_echo_text(door, model, p) for p, _ in jobs] if echo else []   # token ids: checked by now
@@ -223,7 +233,7 @@ async def completions(door: Door, request: Request) -> Response:
                                                 _stream_options(body), n))
     results = await _all([door.plane.generate(model, 0, p, params, deadline) for p, params in jobs])
     echoed = [_echo_text(door, model, p) for p, _ in jobs] if echo else []
-    answers = [_completion_choice(door, k, r, echoed[k] if echo else None, logprobs is not None)
+    answers = [_completion_choice(door, k, r, echoed[k] if echo else None, logprobs, vllm_scores)
                for k, r in enumerate(results)]
     usage = _usage([r.output.usage for r in results], n)
     return JSONResponse({"id": ident, "object": "text_completion", "created": created, "model": model,
@@ -234,16 +244,39 @@ def _echo_text(door: Door, model: str, prompt: str | list[int]) -> str:
     return prompt if isinstance(prompt, str) else door.plane.detokenize(model, 0, prompt)
 
 
-def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str | None,
-                       logprobs: bool) -> dict[str, Any]:
-    """echo: the prompt's text when it is echoed (None: not echoed); with logprobs its tokens are scored too."""
+def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str | None, logprobs: int | None,
+                       vllm_scores: int | None) -> dict[str, Any]:
+    """echo: the prompt's text when it is echoed (None: not echoed); with logprobs its tokens are scored too (with
+    `logprobs` alternatives each). vllm_scores: vLLM's prompt_logprobs, with that many alternatives."""
     out = result.output
     scored: dict[str, Any] | None = None
-    if logprobs:
+    if logprobs is not None:
         lp = Logprobs(door, result.model, result.version)
-        scored = lp.of(out.tokens) if echo is None else lp.of_echo(out.prompt_tokens, out.tokens)
-    return {"index": index, "text": (echo or "") + out.text, "finish_reason": FINISH[out.finish_reason],
-            "logprobs": scored}
+        prompt = [_fewer(t, logprobs) for t in out.prompt_tokens]
+        scored = lp.of(out.tokens) if echo is None else lp.of_echo(prompt, out.tokens)
+    choice = {"index": index, "text": (echo or "") + out.text, "finish_reason": FINISH[out.finish_reason],
+              "logprobs": scored}
+    if vllm_scores is not None:
+        choice["prompt_logprobs"] = _vllm_prompt_logprobs(door, result, vllm_scores)
+    return choice
+
+
+def _fewer(token: GeneratedToken, alternatives: int) -> GeneratedToken:
+    return dataclasses.replace(token, top_logprobs=token.top_logprobs[:alternatives])
+
+
+def _vllm_prompt_logprobs(door: Door, result: GenerateResult, alternatives: int) -> list[dict[str, Any] | None]:
+    """vLLM's shape: null for the first prompt token, then per token {token id: {logprob, rank, decoded_token}} for
+    the token itself and its `alternatives` likeliest ones (ranks 1..n)."""
+    prompt = result.output.prompt_tokens
+    texts = door.plane.token_texts(result.model, result.version, [t.token_id for t in prompt])
+    out: list[dict[str, Any] | None] = [None]
+    for token, text in zip(prompt[1:], texts[1:]):
+        entry = {str(token.token_id): {"logprob": token.logprob, "rank": token.rank, "decoded_token": text}}
+        for rank, alt in enumerate(token.top_logprobs[:alternatives], start=1):
+            entry.setdefault(str(alt.token_id), {"logprob": alt.logprob, "rank": rank, "decoded_token": alt.token})
+        out.append(entry)
+    return out
 
 
 async def _all(calls: list[Awaitable[GenerateResult]]) -> list[GenerateResult]:
@@ -395,6 +428,8 @@ async def chat_completions(door: Door, request: Request) -> Response:
     model = request.state.model = field(body, "model", str)
     messages = _messages(body)
     _refuse_unsupported(body)
+    if field(body, "prompt_logprobs", int, None) is not None:
+        raise ServingError.invalid("prompt_logprobs", "is supported on /v1/completions only")
     top = field(body, "top_logprobs", int, None)
     logprobs = (top or 0) if field(body, "logprobs", bool, False) else None
     if logprobs is None and top:
