@@ -732,6 +732,25 @@ def test_vllm_prompt_logprobs_give_each_prompt_tokens_logprob_rank_and_alternati
     assert info.value.body["param"] == "prompt_logprobs"
 
 
+def test_max_tokens_zero_with_echo_scores_the_prompt_and_generates_nothing(
+        oai: openai.OpenAI, tiny_repository: Path) -> None:
+    """What older lm-evaluation-harness sends (echo, max_tokens 0, logprobs): the prompt back, scored, nothing more."""
+    session, manifest, tok = _gpt_reference(tiny_repository)
+    prompt = "Once more unto the breach, dear friends, once more"
+    ids = tok.encode(prompt).ids
+    want, _ = prompt_logprobs(session, manifest, ids)
+    out = oai.completions.create(model=GPT, prompt=[ids], echo=True, max_tokens=0, logprobs=3, temperature=0)
+    choice = out.choices[0]
+    assert choice.text == tok.decode(ids) and choice.finish_reason == "length"
+    assert len(choice.logprobs.tokens) == len(ids) and choice.logprobs.token_logprobs[0] is None
+    assert max(abs(a - b) for a, b in zip(choice.logprobs.token_logprobs[1:], want)) < 1e-4
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 0)
+    for kwargs in ({"echo": False}, {"echo": True, "stream": True}):
+        with pytest.raises(openai.BadRequestError) as info:
+            oai.completions.create(model=GPT, prompt=prompt, max_tokens=0, **kwargs)
+        assert info.value.body["param"] == "max_tokens"
+
+
 def test_a_scored_prompt_is_prefilled_whole_even_when_its_prefix_is_cached(
         oai: openai.OpenAI, tiny_repository: Path) -> None:
     """Prompt logprobs need the logits at every prompt position, so no prefix is copied for such a request."""

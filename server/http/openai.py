@@ -214,7 +214,12 @@ async def completions(door: Door, request: Request) -> Response:
         raise ServingError.invalid("prompt_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {vllm_scores}")
     if vllm_scores is not None and stream:
         raise ServingError.invalid("prompt_logprobs", "is not supported with stream (echo with logprobs is)")
-    params = _params(body, "max_tokens", logprobs)
+    # max_tokens 0 with echo scores the prompt and generates nothing (as older lm-evaluation-harness asks): one token
+    # is generated anyway, since the prompt's last logits come with it, and left out of the answer.
+    score_only = echo and field(body, "max_tokens", int, DEFAULT_MAX_TOKENS) == 0
+    if score_only and stream:
+        raise ServingError.invalid("max_tokens", "0 (score the echoed prompt only) is not supported with stream")
+    params = _params({**body, "max_tokens": 1} if score_only else body, "max_tokens", logprobs)
     # With echo, logprobs scores the prompt's tokens too, with as many alternatives.
     scores = [k for k in (logprobs if echo else None, vllm_scores) if k is not None]
     if scores:
@@ -233,11 +238,20 @@ async def completions(door: Door, request: Request) -> Response:
                                                 _stream_options(body), n))
     results = await _all([door.plane.generate(model, 0, p, params, deadline) for p, params in jobs])
     echoed = [_echo_text(door, model, p) for p, _ in jobs] if echo else []
+    if score_only:
+        results = [_nothing_generated(r) for r in results]
     answers = [_completion_choice(door, k, r, echoed[k] if echo else None, logprobs, vllm_scores)
                for k, r in enumerate(results)]
     usage = _usage([r.output.usage for r in results], n)
     return JSONResponse({"id": ident, "object": "text_completion", "created": created, "model": model,
                          "choices": answers, "usage": usage})
+
+
+def _nothing_generated(result: GenerateResult) -> GenerateResult:
+    """The answer of a request that only scores its prompt: its one generated token left out."""
+    out = result.output
+    return dataclasses.replace(result, output=dataclasses.replace(
+        out, text="", tokens=[], finish_reason="length", usage=dataclasses.replace(out.usage, completion_tokens=0)))
 
 
 def _echo_text(door: Door, model: str, prompt: str | list[int]) -> str:
