@@ -198,18 +198,23 @@ def _prompts(body: dict[str, Any]) -> list[str | list[int]]:
                                          "lists of token ids")
 
 
-@route("Completions", OPENAI)
-async def completions(door: Door, request: Request) -> Response:
-    body = await json_object(request, door.max_body_bytes)
-    model = request.state.model = field(body, "model", str)
-    prompts = _prompts(body)
-    _refuse_unsupported(body)
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """What a /v1/completions body asks for beyond the sampling parameters."""
+
+    logprobs: int | None          # alternatives per generated token (and per prompt token, with echo)
+    echo: bool
+    stream: bool
+    prompt_logprobs: int | None   # vLLM's: the prompt scored, in its own shape, with this many alternatives
+    score_only: bool              # echo with max_tokens 0: the prompt scored, nothing generated
+
+
+def _completion_ask(body: dict[str, Any]) -> tuple[_Asked, GenerationParams]:
     logprobs = field(body, "logprobs", int, None)
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise ServingError.invalid("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {logprobs}")
-    echo = field(body, "echo", bool, False)
-    stream = field(body, "stream", bool, False)
-    vllm_scores = field(body, "prompt_logprobs", int, None)     # vLLM's own way to ask for prompt logprobs
+    echo, stream = field(body, "echo", bool, False), field(body, "stream", bool, False)
+    vllm_scores = field(body, "prompt_logprobs", int, None)
     if vllm_scores is not None and not 0 <= vllm_scores <= MAX_TOP_LOGPROBS:
         raise ServingError.invalid("prompt_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {vllm_scores}")
     if vllm_scores is not None and stream:
@@ -220,27 +225,36 @@ async def completions(door: Door, request: Request) -> Response:
     if score_only and stream:
         raise ServingError.invalid("max_tokens", "0 (score the echoed prompt only) is not supported with stream")
     params = _params({**body, "max_tokens": 1} if score_only else body, "max_tokens", logprobs)
-    # With echo, logprobs scores the prompt's tokens too, with as many alternatives.
+    # With echo, logprobs scores the prompt's tokens too; the engine computes the most alternatives either asks for.
     scores = [k for k in (logprobs if echo else None, vllm_scores) if k is not None]
     if scores:
         params = dataclasses.replace(params, prompt_logprobs=max(scores))
+    return _Asked(logprobs, echo, stream, vllm_scores, score_only), params
+
+
+@route("Completions", OPENAI)
+async def completions(door: Door, request: Request) -> Response:
+    body = await json_object(request, door.max_body_bytes)
+    model = request.state.model = field(body, "model", str)
+    prompts = _prompts(body)
+    _refuse_unsupported(body)
+    ask, params = _completion_ask(body)
     choices = _choices(body, params)
     n = len(choices)
     # Choice k answers prompt k // n with the parameters of completion k % n (OpenAI's order).
     jobs = [(prompt, params) for prompt in prompts for params in choices]
     deadline = deadline_from_headers(request)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    if stream:
+    if ask.stream:
         streams, firsts = await _opened([door.plane.generate_stream(model, 0, p, params, deadline)
                                          for p, params in jobs])
-        echoed = [_echo_text(door, model, p) for p, _ in jobs] if echo else []   # token ids: checked by now
-        return _event_stream(_completion_events(door, streams, firsts, ident, created, echoed, logprobs is not None,
-                                                _stream_options(body), n))
+        echoed = [_echo_text(door, model, p) for p, _ in jobs] if ask.echo else []   # token ids: checked by now
+        return _event_stream(_completion_events(door, streams, firsts, ident, created, echoed,
+                                                ask.logprobs is not None, _stream_options(body), n))
     results = await _all([door.plane.generate(model, 0, p, params, deadline) for p, params in jobs])
-    echoed = [_echo_text(door, model, p) for p, _ in jobs] if echo else []
-    if score_only:
+    if ask.score_only:
         results = [_nothing_generated(r) for r in results]
-    answers = [_completion_choice(door, k, r, echoed[k] if echo else None, logprobs, vllm_scores)
+    answers = [_completion_choice(door, k, r, _echo_text(door, model, jobs[k][0]) if ask.echo else None, ask)
                for k, r in enumerate(results)]
     usage = _usage([r.output.usage for r in results], n)
     return JSONResponse({"id": ident, "object": "text_completion", "created": created, "model": model,
@@ -258,20 +272,19 @@ def _echo_text(door: Door, model: str, prompt: str | list[int]) -> str:
     return prompt if isinstance(prompt, str) else door.plane.detokenize(model, 0, prompt)
 
 
-def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str | None, logprobs: int | None,
-                       vllm_scores: int | None) -> dict[str, Any]:
-    """echo: the prompt's text when it is echoed (None: not echoed); with logprobs its tokens are scored too (with
-    `logprobs` alternatives each). vllm_scores: vLLM's prompt_logprobs, with that many alternatives."""
+def _completion_choice(door: Door, index: int, result: GenerateResult, echo: str | None, ask: _Asked
+                       ) -> dict[str, Any]:
+    """echo: the prompt's text when it is echoed (None: not echoed); with logprobs its tokens are scored too."""
     out = result.output
     scored: dict[str, Any] | None = None
-    if logprobs is not None:
+    if ask.logprobs is not None:
         lp = Logprobs(door, result.model, result.version)
-        prompt = [_fewer(t, logprobs) for t in out.prompt_tokens]
+        prompt = [_fewer(t, ask.logprobs) for t in out.prompt_tokens]
         scored = lp.of(out.tokens) if echo is None else lp.of_echo(prompt, out.tokens)
     choice = {"index": index, "text": (echo or "") + out.text, "finish_reason": FINISH[out.finish_reason],
               "logprobs": scored}
-    if vllm_scores is not None:
-        choice["prompt_logprobs"] = _vllm_prompt_logprobs(door, result, vllm_scores)
+    if ask.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = _vllm_prompt_logprobs(door, result, ask.prompt_logprobs)
     return choice
 
 
