@@ -26,7 +26,6 @@ from tokenizers import Tokenizer
 from .params import GenerationConfig, GenerationParams
 from .results import (FINISH_CANCELLED, FINISH_EOS, FINISH_LENGTH, FINISH_STOP, EngineStoppedError,
                       GenerationResult, OverloadedError, StreamChunk)
-from .sampling import score_tokens
 from .sequence import Sequence, to_generated_token
 from .spec import DecoderSpec
 
@@ -394,14 +393,6 @@ class GenerationEngine:
             seq.finish(FINISH_LENGTH, text, [generated])
         else:
             seq.queue.put_nowait(StreamChunk(text=text, tokens=[generated], prompt_tokens=seq.take_prompt_tokens()))
-
-    def _score_prompt(self, seq: Sequence, start: int, logits: np.ndarray) -> None:
-        """logits [L, vocab] at prompt positions start .. start + L - 1: each scores the prompt token after it."""
-        n = min(len(logits), len(seq.prompt_ids) - 1 - start)
-        if n > 0 and seq.prompt_tokens is not None:
-            choices = score_tokens(logits[:n], np.asarray(seq.prompt_ids[start + 1:start + 1 + n]),
-                                   seq.params.prompt_logprobs or 0)
-            seq.prompt_tokens.extend(to_generated_token(c, self._tokenizer) for c in choices)
 
     # ------------------------------------------------------------------ metrics
 
