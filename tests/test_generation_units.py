@@ -86,6 +86,19 @@ def test_score_tokens_gives_each_rows_log_softmax_and_its_best_first_alternative
     assert np.allclose(got, want, atol=1e-6)
 
 
+def test_top_alternatives_break_ties_by_lower_id_even_at_the_cut() -> None:
+    """Rows of many tied values: the n best are the plain sort's (value down, id up), including which of the tied
+    values at the cut get in (argpartition, used before, picked any of them)."""
+    from server.generation.sampling import score_tokens, top_n
+
+    rows = np.random.default_rng(1).integers(0, 4, size=(40, 30)).astype(np.float32)
+    for n in (1, 3, 9, 20):
+        want = [sorted(range(30), key=lambda k: (-row[k], k))[:n] for row in rows]
+        assert [[t for t, _ in top_n(row.astype(np.float64), n)] for row in rows] == want
+        # score_tokens ranks a row's log-softmax, which keeps the order and the ties of the row
+        assert [[t for t, _ in c.top] for c in score_tokens(rows, np.zeros(40, dtype=np.int64), n)] == want
+
+
 def test_config_rejects_nonpositive_sizes() -> None:
     with pytest.raises(ValueError, match="generation.max_batch_size"):
         GenerationConfig(max_batch_size=0)

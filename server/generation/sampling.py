@@ -124,24 +124,33 @@ def score_tokens(logits: np.ndarray, token_ids: np.ndarray, top: int) -> list[Ch
         ranks = (block > picked[:, None]).sum(axis=1) + 1
         tops: list[tuple[tuple[int, float], ...]] = [()] * len(ids)
         if top > 0:
-            n = min(top, block.shape[1])
-            idx = np.argpartition(-block, n - 1, axis=1)[:, :n]
-            vals = np.take_along_axis(block, idx, axis=1)
-            order = np.lexsort((idx, -vals), axis=1)
-            idx, vals = np.take_along_axis(idx, order, axis=1), np.take_along_axis(vals, order, axis=1)
+            idx, vals = _best(block, min(top, block.shape[1]))
             tops = [tuple(zip(map(int, i), map(float, v))) for i, v in zip(idx, vals)]
         out.extend(Choice(int(t), float(lp), tp, int(r)) for t, lp, tp, r in zip(ids, picked, tops, ranks))
     return out
+
+
+def _best(block: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The n largest entries of each row [rows, n] (ids, values), best first, ties by lower id. Overwrites block.
+
+    n argmax passes (each takes the lowest id among ties): exact at the cut too, where argpartition picks any of
+    the tied entries, and no slower for the n <= 20 asked of it (argpartition took ~10x an argmax per row here)."""
+    rows = np.arange(block.shape[0])
+    idx = np.empty((block.shape[0], n), dtype=np.int64)
+    vals = np.empty((block.shape[0], n), dtype=block.dtype)
+    for j in range(n):
+        idx[:, j] = block.argmax(axis=1)
+        vals[:, j] = block[rows, idx[:, j]]
+        block[rows, idx[:, j]] = -np.inf
+    return idx, vals
 
 
 def top_n(logp: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
     """The n most likely tokens, best first (ties by lower id)."""
     if n <= 0:
         return ()
-    n = min(n, logp.shape[0])
-    idx = np.argpartition(-logp, n - 1)[:n]
-    idx = idx[np.lexsort((idx, -logp[idx]))]
-    return tuple((int(i), float(logp[i])) for i in idx)
+    idx, vals = _best(logp[None, :].copy(), min(n, logp.shape[0]))
+    return tuple(zip(map(int, idx[0]), map(float, vals[0])))
 
 
 def sample(scores: np.ndarray, top_k: int, top_p: float, rng: np.random.Generator) -> int:

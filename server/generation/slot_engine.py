@@ -150,7 +150,7 @@ class SlotEngine(GenerationEngine):
     async def _score_prompts(self, written: list[tuple[Chunk, np.ndarray]]) -> dict[int, list[Choice]]:
         """id(chunk) -> the scores of the prompt tokens after each of its positions, for sequences that asked
         (prompt_logprobs). A log-softmax over every position's logits is work for the worker thread, not the
-        event loop (1024 positions of a 32k vocabulary: ~0.3 s)."""
+        event loop (1024 positions of a 32k vocabulary: 0.09 s, 0.2 s with 20 alternatives, measured here)."""
         jobs = []
         for chunk, rows in written:
             seq = chunk.seq.owner
