@@ -19,6 +19,7 @@ import time
 from typing import AsyncIterator
 
 import numpy as np
+from prometheus_client import generate_latest
 
 from server.admission import AdmissionLimits
 from server.batching import BatchConfig
@@ -143,6 +144,10 @@ class DataPlane:
     def ready(self) -> bool:
         """The server as a whole: repository loaded and not draining."""
         return self.loaded and not self.draining
+
+    def metrics_exposition(self) -> bytes:
+        """Every metric of the server in Prometheus' text format (what --metrics-port serves)."""
+        return generate_latest(self.metrics.registry)
 
     @property
     def inflight(self) -> int:

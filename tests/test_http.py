@@ -387,11 +387,33 @@ def test_oversize_bodies_are_413_declared_or_chunked(strict: ServerProcess) -> N
     assert _request(f"{strict.http_url}/v2/health/ready", cafile=cafile)[0] == 200
 
 
+def _sample(text: str, name: str, **labels: str) -> float:
+    want = {f'{k}="{v}"' for k, v in labels.items()}
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] == name and want <= set(head.partition("{")[2].rstrip("}").split(",")):
+            return float(value)
+    raise AssertionError(f"no {name} {labels} in the exposition")
+
+
+def test_vllm_health_and_metrics_routes(server: ServerProcess, oai: openai.OpenAI) -> None:
+    """GET /health and GET /metrics on the HTTP port, where vLLM serves them: the same counts as --metrics-port."""
+    status, _, body = _request(server.http_url + "/health")
+    assert status == 200 and body == b""
+    oai.completions.create(model=GPT, prompt="a", max_tokens=1)
+    status, headers, body = _request(server.http_url + "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    labels = {"model": GPT, "method": "http.Completions", "code": "OK"}
+    assert _sample(body.decode(), "ortserve_requests_total", **labels) == server.metric("ortserve_requests_total", **labels) >= 1
+
+
 def test_bearer_token_and_tls(strict: ServerProcess) -> None:
     cafile = strict.cert  # type: ignore[attr-defined]
     url = f"{strict.http_url}/v2/models/{CLASSIFIER}"
     assert strict.http_url.startswith("https://")
     assert _request(f"{strict.http_url}/v2/health/live", cafile=cafile)[0] == 200  # health stays open
+    assert _request(f"{strict.http_url}/health", cafile=cafile)[0] == 200            # vLLM's too, and metrics
+    assert b"ortserve_requests_total" in _request(f"{strict.http_url}/metrics", cafile=cafile)[2]
     status, headers, content = _request(url, cafile=cafile)
     assert status == 401 and "missing" in json.loads(content)["error"] and headers["www-authenticate"] == "Bearer"
     status, _, content = _request(url, headers={"authorization": "Bearer wrong"}, cafile=cafile)
@@ -933,13 +955,13 @@ def test_chat_with_template_equals_completion_of_rendered_prompt(chat_repository
 
 def test_drain_finishes_open_streams_and_refuses_new_work(tiny_repository: Path, tmp_path: Path) -> None:
     """SIGTERM: admitted streams (one decoding, the rest queued: one sequence at a time) run to [DONE], a new
-    request meanwhile gets 503 in OpenAI's shape, the process exits 0."""
+    request meanwhile gets 503 in OpenAI's shape (and GET /health 503), the process exits 0."""
     repo = repository_with(tiny_repository, tmp_path / "repo", GPT)
     proc = ServerProcess(repo, ["--http-port", "0", "--grace-period", "30", "--max-sequences", "1"])
     url = f"{proc.http_url}/v1/completions"
     body = {"model": GPT, "prompt": "a", "max_tokens": 120, "temperature": 0, "stream": True, "ignore_eos": True}
 
-    async def scenario() -> tuple[list[tuple[int, list[str]]], dict[str, Any] | None]:
+    async def scenario() -> tuple[list[tuple[int, list[str]]], dict[str, Any] | None, int]:
         async with httpx.AsyncClient(timeout=120) as client:
             first_event = asyncio.Event()
 
@@ -962,11 +984,12 @@ def test_drain_finishes_open_streams_and_refuses_new_work(tiny_repository: Path,
                     refused = response.json()
                     break
                 await asyncio.sleep(0.02)
-            return await asyncio.gather(*streams), refused
+            health = (await client.get(f"{proc.http_url}/health")).status_code   # draining: not ready
+            return await asyncio.gather(*streams), refused, health
 
     try:
-        results, refused = asyncio.run(scenario())
-        assert refused is not None and "shutting down" in refused["error"]["message"]
+        results, refused, health = asyncio.run(scenario())
+        assert refused is not None and "shutting down" in refused["error"]["message"] and health == 503
         assert refused["error"]["type"] == "service_unavailable"
         finished = [lines for status, lines in results if status == 200]
         assert len(finished) >= 2 and all(status in (200, 503) for status, _ in results)

@@ -7,4 +7,5 @@
     tensors.py  KServe REST tensors (JSON data and Triton's binary extension) <-> numpy
     kserve.py   /v2 routes
     openai.py   /v1 routes (models, completions, chat completions, embeddings)
+    ops.py      /health and /metrics, where vLLM serves them
 """

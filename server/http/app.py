@@ -122,9 +122,9 @@ async def _internal(request: Request, exc: Exception) -> Response:
 
 
 def build_app(plane: DataPlane, max_body_bytes: int, auth_token: str | None) -> Starlette:
-    from server.http import kserve, openai
+    from server.http import kserve, openai, ops
 
-    routes: list[Route] = [*kserve.routes(), *openai.routes()]
+    routes: list[Route] = [*kserve.routes(), *openai.routes(), *ops.routes()]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception, Exception: _internal})
     app.state.door = Door(plane, max_body_bytes, auth_token)
     return app
