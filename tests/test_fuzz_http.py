@@ -72,7 +72,8 @@ completion_bodies = st.fixed_dictionaries(
                         | st.lists(st.lists(st.integers(-3, 10 ** 6), max_size=4), max_size=3),
               "max_tokens": st.integers(-2, 24) | values, "temperature": st.floats(-1, 3) | values,
               "top_p": st.floats(-0.5, 1.5) | values, "top_k": values, "stop": values, "seed": values,
-              "logprobs": st.integers(-1, 7) | values, "echo": values, "n": values, "stream": st.booleans(),
+              "logprobs": st.integers(-1, 7) | values, "echo": st.booleans() | values, "n": values, "stream": st.booleans(),
+              "prompt_logprobs": st.integers(-1, 22) | values,
               "stream_options": values, "presence_penalty": values, "frequency_penalty": values,
               "logit_bias": values | st.dictionaries(st.text(max_size=6), values, max_size=3), "ignore_eos": st.booleans(),
               "messages": values})

@@ -221,7 +221,10 @@ def _completion_ask(body: dict[str, Any]) -> tuple[_Asked, GenerationParams]:
         raise ServingError.invalid("prompt_logprobs", "is not supported with stream (echo with logprobs is)")
     # max_tokens 0 with echo scores the prompt and generates nothing (as older lm-evaluation-harness asks): one token
     # is generated anyway, since the prompt's last logits come with it, and left out of the answer.
-    score_only = echo and field(body, "max_tokens", int, DEFAULT_MAX_TOKENS) == 0
+    max_tokens_zero = field(body, "max_tokens", int, DEFAULT_MAX_TOKENS) == 0
+    if max_tokens_zero and not echo:
+        raise ServingError.invalid("max_tokens", "must be >= 1 (0 only with echo, to score the prompt), got 0")
+    score_only = echo and max_tokens_zero
     if score_only and stream:
         raise ServingError.invalid("max_tokens", "0 (score the echoed prompt only) is not supported with stream")
     params = _params({**body, "max_tokens": 1} if score_only else body, "max_tokens", logprobs)
