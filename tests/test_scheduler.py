@@ -433,3 +433,20 @@ def test_waiting_requests_without_free_slots_do_not_widen_the_budget() -> None:
         s.add(SeqState(4))
     plan = s.plan()
     assert [(c.seq, c.length) for call in plan.prefill for c in call.chunks][0] == (long, 8)
+
+
+def test_a_burst_of_one_prompt_is_prefilled_once_and_the_rest_join_in_one_decode_call() -> None:
+    """32 identical prompts at once (a benchmark client, or n = 32): one prefill; the next iteration copies the
+    prompt into the other 31 slots and their last tokens are 31 rows of the one decode call."""
+    s = reusing(slots=32, chunk=8, max_prefill=64, min_reuse=4)
+    burst = [SeqState.of(list(range(40))) for _ in range(32)]
+    for q in burst:
+        s.add(q)
+    plan = s.plan()
+    assert [c.seq for call in plan.prefill for c in call.chunks] == [burst[0]] and len(s.waiting) == 31
+    execute(s, plan)
+    plan = s.plan()
+    assert plan.decode == (burst[0],) and plan.prefill == () and len(plan.copies) == 31
+    assert [c.seq for c in plan.tails] == burst[1:] and plan.reused_tokens == 31 * 39
+    execute(s, plan)
+    assert all(q.status is Status.DECODING for q in burst) and not s.waiting
