@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frequency-penalty", type=float, default=None, help="[-2, 2], OpenAI's")
     p.add_argument("--seed", type=non_negative_int, default=None)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop sequence (repeatable)")
+    p.add_argument("--prompt-logprobs", type=non_negative_int, default=None, metavar="K",
+                   help="score the prompt: its log-likelihood and perplexity on stderr (with --json, each token with "
+                        "its logprob and K alternatives)")
     model_args(p, "generate")
 
     commands.add_parser("models", help="list the models the server knows")
@@ -93,7 +96,8 @@ def _emit_json(value: Any) -> None:
 def _generation_params(args: argparse.Namespace) -> dict[str, Any]:
     params = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                  stop=args.stop, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+                  stop=args.stop, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                  prompt_logprobs=args.prompt_logprobs)
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -111,8 +115,10 @@ def run_command(client: OrtserveClient, args: argparse.Namespace) -> int:
         vectors = client.embed(args.texts, args.model, version=args.version, truncate=args.truncate)
         _emit_json(vectors) if args.json else print(render.embeddings(args.texts, vectors))
     elif args.command == "generate" and args.stream:
+        scored = []
         for chunk in client.generate_stream(args.prompt, args.model, version=args.version,
                                             **_generation_params(args)):
+            scored += chunk.prompt_tokens
             if args.json:
                 _emit_json(chunk)
             else:
@@ -120,6 +126,8 @@ def run_command(client: OrtserveClient, args: argparse.Namespace) -> int:
             sys.stdout.flush()
         if not args.json:
             sys.stdout.write("\n")
+            if scored:
+                print(render.prompt_score(scored), file=sys.stderr)
     elif args.command == "generate":
         result = client.generate(args.prompt, args.model, version=args.version, **_generation_params(args))
         if args.json:
@@ -127,6 +135,8 @@ def run_command(client: OrtserveClient, args: argparse.Namespace) -> int:
         else:
             print(result.text)
             print(render.generation_footer(result), file=sys.stderr)
+            if result.prompt_tokens:
+                print(render.prompt_score(result.prompt_tokens), file=sys.stderr)
     elif args.command == "models":
         statuses = client.list_models()
         _emit_json(statuses) if args.json else print(render.models(statuses))

@@ -1,9 +1,10 @@
 """Human-readable rendering of results for the CLI (the --json form is types.to_jsonable)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from .types import Classification, Embedding, FillMaskResult, Generation, ModelStatus
+from .types import Classification, Embedding, FillMaskResult, GeneratedToken, Generation, ModelStatus
 
 
 def _quote(text: str, width: int = 70) -> str:
@@ -46,6 +47,15 @@ def generation_footer(result: Generation) -> str:
     return (f"[{result.finish_reason or 'done'}; {result.usage.prompt_tokens} prompt + "
             f"{result.usage.completion_tokens} generated tokens; {result.total_time_ms:.0f} ms, "
             f"first token {result.time_to_first_token_ms:.0f} ms]")
+
+
+def prompt_score(prompt_tokens: Sequence[GeneratedToken]) -> str:
+    """The scored prompt in one line: its log-likelihood (the first token has no context) and perplexity."""
+    scored = [t.logprob for t in prompt_tokens[1:] if t.logprob is not None]
+    total = sum(scored)
+    perplexity = math.exp(-total / len(scored)) if scored else float("nan")
+    return (f"[prompt: {len(prompt_tokens)} tokens; log-likelihood {total:.4f} over the last {len(scored)}, "
+            f"perplexity {perplexity:.3f}]")
 
 
 def models(statuses: Sequence[ModelStatus]) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,37 @@ def test_generate_unary_stream_and_json_stream_agree(address: str, capsys: pytes
     assert code == 0 and chunks[-1]["final"] and "".join(c["text"] for c in chunks) + "\n" == unary
     code, out, _ = cli(capsys, "--json", *args)
     assert code == 0 and json.loads(out)["text"] + "\n" == unary
+
+
+def test_generate_scores_the_prompt_as_offline(address: str, tiny_repository: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    """--prompt-logprobs: the prompt's log-likelihood and perplexity on stderr, as one offline run computes them;
+    with --json each prompt token with its logprob (the first has none)."""
+    import math
+
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from testing.offline import prompt_logprobs
+
+    prompt = "Once upon a time there was a king who had three daughters"
+    pkg = tiny_repository / "tiny-gpt" / "1"
+    ids = Tokenizer.from_file(str(pkg / "tokenizer.json")).encode(prompt).ids
+    want, _ = prompt_logprobs(ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"]),
+                              json.loads((pkg / "model.json").read_text()), ids)
+    args = ["--address", address, "generate", prompt, "--model", "tiny-gpt", "--max-new-tokens", "2"]
+    for extra in ([], ["--stream"]):
+        code, _, err = cli(capsys, *args, *extra, "--prompt-logprobs", "0")
+        line = err.strip().splitlines()[-1]
+        found = re.fullmatch(r"\[prompt: (\d+) tokens; log-likelihood (\S+) over the last (\d+), perplexity (\S+)\]", line)
+        assert code == 0 and found, line
+        assert (int(found[1]), int(found[3])) == (len(ids), len(ids) - 1)
+        assert float(found[2]) == pytest.approx(sum(want), abs=1e-3)
+        assert float(found[4]) == pytest.approx(math.exp(-sum(want) / len(want)), rel=1e-3)
+    code, out, _ = cli(capsys, "--json", *args, "--prompt-logprobs", "2")
+    scored = json.loads(out)["prompt_tokens"]
+    assert code == 0 and [t["token_id"] for t in scored] == ids and scored[0]["logprob"] is None
+    assert all(len(t["top_logprobs"]) == 2 for t in scored[1:])
 
 
 def test_models_and_health(address: str, capsys: pytest.CaptureFixture) -> None:
