@@ -38,6 +38,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def prometheus_sample(text: str, name: str, **labels: str) -> float:
+    """The value of the sample `name` whose labels include `labels`, in a Prometheus text exposition; 0 if absent."""
+    want = {f'{k}="{v}"' for k, v in labels.items()}
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] == name and want <= set(head.partition("{")[2].rstrip("}").split(",")):
+            return float(value)
+    return 0.0
+
+
 class ServerProcess:
     """A real server process on a loopback port.
 
@@ -96,13 +106,7 @@ class ServerProcess:
             raise RuntimeError("the server has no metrics endpoint (pass --metrics-port 0)")
         url = f"http://{found[-1].group(1)}:{found[-1].group(2)}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        want = {f'{k}="{v}"' for k, v in labels.items()}
-        for line in text.splitlines():
-            head, _, value = line.rpartition(" ")
-            if head.split("{")[0] == name and want <= set(head.partition("{")[2].rstrip("}").split(",")):
-                return float(value)
-        return 0.0
+            return prometheus_sample(response.read().decode(), name, **labels)
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None

@@ -31,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
+from testing.launch import prometheus_sample
 from testing.offline import greedy_with_logprobs, prompt_distributions, prompt_logprobs
 from testing.tls import self_signed
 
@@ -387,15 +388,6 @@ def test_oversize_bodies_are_413_declared_or_chunked(strict: ServerProcess) -> N
     assert _request(f"{strict.http_url}/v2/health/ready", cafile=cafile)[0] == 200
 
 
-def _sample(text: str, name: str, **labels: str) -> float:
-    want = {f'{k}="{v}"' for k, v in labels.items()}
-    for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        if head.split("{")[0] == name and want <= set(head.partition("{")[2].rstrip("}").split(",")):
-            return float(value)
-    raise AssertionError(f"no {name} {labels} in the exposition")
-
-
 def test_vllm_health_and_metrics_routes(server: ServerProcess, oai: openai.OpenAI) -> None:
     """GET /health and GET /metrics on the HTTP port, where vLLM serves them: the same counts as --metrics-port."""
     status, _, body = _request(server.http_url + "/health")
@@ -404,7 +396,8 @@ def test_vllm_health_and_metrics_routes(server: ServerProcess, oai: openai.OpenA
     status, headers, body = _request(server.http_url + "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     labels = {"model": GPT, "method": "http.Completions", "code": "OK"}
-    assert _sample(body.decode(), "ortserve_requests_total", **labels) == server.metric("ortserve_requests_total", **labels) >= 1
+    assert prometheus_sample(body.decode(), "ortserve_requests_total", **labels) == \
+        server.metric("ortserve_requests_total", **labels) >= 1
 
 
 def test_bearer_token_and_tls(strict: ServerProcess) -> None:

@@ -89,7 +89,8 @@ class GenerationParams:
                  stop: Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
                  seed: int | None = None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
-                 prompt_logprobs: int | None = None, truncate_prompt: bool | None = None, ignore_eos: bool | None = None) -> "GenerationParams":
+                 prompt_logprobs: int | None = None, truncate_prompt: bool | None = None,
+                 ignore_eos: bool | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
         temp = _float("temperature", temperature, 0.0)
         if temp < 0:

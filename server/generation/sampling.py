@@ -106,8 +106,9 @@ def apply_repetition_penalty(scores: np.ndarray, seen: np.ndarray, penalty: floa
 
 
 def log_softmax(scores: np.ndarray) -> np.ndarray:
-    shifted = scores - np.max(scores)
-    return shifted - np.log(np.sum(np.exp(shifted)))
+    """Over the last axis: one row [V], or each row of [L, V]."""
+    shifted = scores - np.max(scores, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
 
 
 def score_tokens(logits: np.ndarray, token_ids: np.ndarray, top: int) -> list[Choice]:
@@ -116,9 +117,7 @@ def score_tokens(logits: np.ndarray, token_ids: np.ndarray, top: int) -> list[Ch
     logprobs are reported (a prompt is given, not sampled)."""
     out: list[Choice] = []
     for lo in range(0, len(token_ids), 64):     # float64 temporaries of 64 rows, however long the prompt
-        block = logits[lo:lo + 64].astype(np.float64)
-        block -= block.max(axis=1, keepdims=True)
-        block -= np.log(np.exp(block).sum(axis=1, keepdims=True))
+        block = log_softmax(logits[lo:lo + 64].astype(np.float64))
         ids = np.asarray(token_ids[lo:lo + 64], dtype=np.int64)
         picked = block[np.arange(len(ids)), ids]
         ranks = (block > picked[:, None]).sum(axis=1) + 1
