@@ -348,6 +348,7 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 
 MIXED_FILE = "model.mixed.onnx"
 KV8_MIXED_FILE = "model.kv8.mixed.onnx"    # the kv8 variant's mixed twin (cache.mixed_graphs in model.json)
+FP16_MIXED_FILE = "model.fp16.mixed.onnx"  # the fp16 variant's mixed twin (for the CUDA provider)
 
 
 INT8_MAX = 127

@@ -366,33 +366,42 @@ class Gate:
     def _kv8(self, sess: ort.InferenceSession, path: Path, res: VariantResult) -> None:
         """The int8 cache: teacher-forced decoding on text its scales were not calibrated on."""
         from .decoder_graph import KV8_MIXED_FILE
+
+        if not self.inplace:
+            raise ValueError("variant kv8: only the in-place decoder graph has an int8 cache")
+        t = self.inp.tolerances
+        self._teacher_forced(sess, path.parent / KV8_MIXED_FILE, res, "kv8", "the int8 cache", t.kv8_max_kl,
+                             t.kv8_max_perplexity_ratio, t.kv8_mixed_atol)
+
+    def _teacher_forced(self, sess: ort.InferenceSession, mixed_path: Path, res: VariantResult, label: str,
+                        what: str, max_kl: float, max_ratio: float, mixed_atol: float) -> None:
+        """A variant of the in-place graph that is not fp32 throughout (an int8 cache, fp16): judged by what it
+        changes — the next-token distributions (KL) and perplexity, teacher-forced on held-out text — and its
+        mixed twin by equality with the plain graph on each sequence alone."""
         from .heldout import kv8_texts
         from .parity_inplace import InplaceChecks
 
-        inp, t = self.inp, self.inp.tolerances
-        if not self.inplace:
-            raise ValueError("variant kv8: only the in-place decoder graph has an int8 cache")
+        inp = self.inp
         # atol / rtol apply to the mixed twin's check only; the teacher-forced one has its own limits.
         checks = InplaceChecks(inp.model, token_stream(inp), inp.num_layers, inp.num_kv_heads or inp.num_heads,
-                               inp.head_dim, inp.max_length, _pad_id(inp), t.kv8_mixed_atol, t.kv8_mixed_atol, 0)
+                               inp.head_dim, inp.max_length, _pad_id(inp), mixed_atol, mixed_atol, 0)
         stream = np.array(inp.tokenizer.encode(kv8_texts(inp.texts)[1]).ids, dtype=np.int64)
         agree, total, kl, ratio, worst = checks.quantized_cache(sess, stream)
-        mixed_path = path.parent / KV8_MIXED_FILE
         if mixed_path.is_file():
-            # PyTorch has no int8 cache: the mixed twin must give what the plain kv8 graph gives each sequence alone.
-            for name, passed, diff, worst_name, detail in checks.mixed(sess, session(mixed_path, inp.threads),
+            # PyTorch has no such graph: the mixed twin must give what the plain one gives each sequence alone.
+            mixed = session(mixed_path, inp.threads, sess.get_providers())
+            for name, passed, diff, worst_name, detail in checks.mixed(sess, mixed,
                                                                        reference=lambda ids: checks.alone(sess, ids)):
                 res.checks.append(Check(name, passed, max_abs_diff=diff, worst_output=worst_name,
-                                        detail=detail + "; reference: the plain kv8 graph on each sequence alone"))
+                                        detail=detail + f"; reference: the plain {label} graph on each sequence alone"))
                 res.max_abs_diff[name] = diff
         res.max_abs_diff["logits"] = worst
-        detail = (f"{total} decode steps through the int8 cache, teacher-forced on held-out text; top-1 agreement "
+        detail = (f"{total} decode steps through {what}, teacher-forced on held-out text; top-1 agreement "
                   f"{agree}/{total} (recorded, not judged: near-flat distributions flip their top-1 on any noise)")
-        res.checks.append(Check("mean KL divergence (PyTorch || kv8), nats", kl <= t.kv8_max_kl, value=kl,
-                                threshold=t.kv8_max_kl, detail=detail, upper=True))
-        res.checks.append(Check("perplexity ratio (kv8 / PyTorch)", ratio <= t.kv8_max_perplexity_ratio, value=ratio,
-                                threshold=t.kv8_max_perplexity_ratio, upper=True,
-                                detail=f"on the next true token at the same {total} steps"))
+        res.checks.append(Check(f"mean KL divergence (PyTorch || {label}), nats", kl <= max_kl, value=kl,
+                                threshold=max_kl, detail=detail, upper=True))
+        res.checks.append(Check(f"perplexity ratio ({label} / PyTorch)", ratio <= max_ratio, value=ratio,
+                                threshold=max_ratio, upper=True, detail=f"on the next true token at the same {total} steps"))
 
     def _agreement(self, sess: ort.InferenceSession, threshold: float, res: VariantResult) -> None:
         agree = total = 0
@@ -451,12 +460,18 @@ class Gate:
             res = VariantResult(variant, "", {"max_kl": t.kv8_max_kl, "max_perplexity_ratio": t.kv8_max_perplexity_ratio})
             self._kv8(session(path, threads), path, res)
         elif variant == "fp16":
-            res = VariantResult(variant, "", {"top1_agreement": t.fp16_top1_agreement})
+            res = VariantResult(variant, "", {"max_kl": t.fp16_max_kl, "max_perplexity_ratio": t.fp16_max_perplexity_ratio}
+                                if self.inplace else {"top1_agreement": t.fp16_top1_agreement})
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 res.status = "not run: no CUDA"
                 return res
             sess = session(path, threads, ["CUDAExecutionProvider"])
-            self._agreement(sess, t.fp16_top1_agreement, res)
+            if self.inplace:
+                from .decoder_graph import FP16_MIXED_FILE
+                self._teacher_forced(sess, path.parent / FP16_MIXED_FILE, res, "fp16", "the fp16 graph and cache",
+                                     t.fp16_max_kl, t.fp16_max_perplexity_ratio, t.fp16_mixed_atol)
+            else:
+                self._agreement(sess, t.fp16_top1_agreement, res)
         else:
             raise ValueError(f"variant: unknown {variant!r}")
         res.status = "passed" if all(c.passed for c in res.checks) else "failed"

@@ -132,6 +132,11 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
             builds[v] = variants.build_optimized(fp32, path, arch, info.num_layers, info.num_heads, info.hidden_size)
         elif v == "int8":
             builds[v] = variants.build_int8(fp32, path)
+        elif v == "fp16" and inplace:
+            for src, dst in ((fp32, path), (out / decoder_graph.MIXED_FILE, out / decoder_graph.FP16_MIXED_FILE)):
+                variants.build_inplace_fp16(src, dst, keep_fp32=[o.name for o in onnx.load(str(src)).graph.output
+                                                                 if o.name.endswith("logits")])
+            builds[v] = variants.VariantBuild("fp16", path.name, notes=["fp16 weights, compute and cache; fp32 logits"])
         elif v == "fp16":
             builds[v] = variants.build_fp16(fp32, path)
     removed = package_tokenizer(info.path, out, info.max_positions)
@@ -142,7 +147,8 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
                                          [calibration])
         builds["kv8"] = variants.VariantBuild("kv8", variants.FILES["kv8"],
                                               notes=[f"int8 cache scales calibrated on {len(calibration)} tokens"])
-    mixed_graphs = {"fp32": decoder_graph.MIXED_FILE, **({"kv8": decoder_graph.KV8_MIXED_FILE} if "kv8" in builds else {})}
+    mixed_graphs = {"fp32": decoder_graph.MIXED_FILE, **({"kv8": decoder_graph.KV8_MIXED_FILE} if "kv8" in builds else {}),
+                    **({"fp16": decoder_graph.FP16_MIXED_FILE} if "fp16" in builds else {})}
     target = os.environ.get(PERTURB_ENV)
     if target:
         _perturb(out / variants.FILES[target])
@@ -213,9 +219,10 @@ def validate_config(cfg: ExportConfig) -> None:
     if unknown:
         raise ExportError(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
     inplace = cfg.task == "generate" and cfg.cache_layout == "inplace"
-    if inplace and set(cfg.variants) - {"fp32", "kv8"}:
+    if inplace and set(cfg.variants) - {"fp32", "kv8", "fp16"}:
         raise ExportError("--variants: the in-place decoder graph is written already fused (GroupQueryAttention, "
-                          "SkipLayerNormalization, FastGelu); it ships fp32 and kv8 only (or use --cache-layout concat)")
+                          "SkipLayerNormalization, FastGelu); it ships fp32, kv8 and fp16 (for CUDA) only "
+                          "(or use --cache-layout concat)")
     if "kv8" in cfg.variants and not inplace:
         raise ExportError("--variants: kv8 (an int8 KV cache) is a variant of the in-place decoder graph only "
                           "(--task generate --cache-layout inplace)")

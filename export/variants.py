@@ -103,3 +103,18 @@ def build_fp16(fp32: Path, out: Path) -> VariantBuild:
     onnx.checker.check_model(model)
     onnx.save(model, str(out))
     return VariantBuild("fp16", out.name, notes=["convert_float_to_float16 keep_io_types=True"])
+
+
+def build_inplace_fp16(fp32: Path, out: Path, keep_fp32: list[str]) -> None:
+    """An in-place decoder in fp16 for the CUDA provider, whose GroupQueryAttention kernel takes fp16 (or bf16)
+    only: weights, compute AND the cache buffers in fp16 (half the cache memory); the `keep_fp32` outputs (the
+    logits the sampler reads) stay fp32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=keep_fp32)
+    wrapped = OnnxModel(model)
+    wrapped.topological_sort()
+    model = wrapped.model
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out))

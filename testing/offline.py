@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from modelpkg import CacheSpec, past_names, present_names
+from modelpkg import CACHE_ELEMENT_TYPES, CacheSpec, past_names, present_names
 
 
 def greedy_generate(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int],
@@ -27,7 +27,7 @@ def greedy_with_logprobs(session: ort.InferenceSession, manifest: dict[str, Any]
     if not prompt_ids:
         raise ValueError("prompt_ids: must not be empty")
     inputs, outputs = past_names(cache.num_layers), present_names(cache.num_layers)
-    past = {n: np.zeros((1, cache.kv_heads, 0, cache.head_dim), dtype=np.float32) for n in inputs}
+    past = {n: np.zeros((1, cache.kv_heads, 0, cache.head_dim), dtype=_past_dtype(session)) for n in inputs}
     ids = np.asarray([prompt_ids], dtype=np.int64)
     positions = np.arange(len(prompt_ids), dtype=np.int64)[None, :]
     takes_positions = "position_ids" in {i.name for i in session.get_inputs()}
@@ -56,7 +56,7 @@ def prompt_distributions(session: ort.InferenceSession, manifest: dict[str, Any]
     cache = CacheSpec.from_dict(manifest["cache"])
     n = len(prompt_ids)
     feeds = {"input_ids": np.asarray([prompt_ids], dtype=np.int64), "attention_mask": np.ones((1, n), dtype=np.int64),
-             **{name: np.zeros((1, cache.kv_heads, 0, cache.head_dim), dtype=np.float32)
+             **{name: np.zeros((1, cache.kv_heads, 0, cache.head_dim), dtype=_past_dtype(session))
                 for name in past_names(cache.num_layers)}}
     if "position_ids" in {i.name for i in session.get_inputs()}:
         feeds["position_ids"] = np.arange(n, dtype=np.int64)[None, :]
@@ -72,3 +72,9 @@ def prompt_logprobs(session: ort.InferenceSession, manifest: dict[str, Any], pro
     each of those positions."""
     rows = prompt_distributions(session, manifest, prompt_ids)
     return ([float(rows[i, t]) for i, t in enumerate(prompt_ids[1:])], [int(i) for i in rows.argmax(axis=1)])
+
+
+def _past_dtype(session: ort.InferenceSession) -> type:
+    """The graph's cache element type (float32; float16 for an fp16 graph)."""
+    past = next(i for i in session.get_inputs() if i.name.startswith("past_key_values."))
+    return CACHE_ELEMENT_TYPES[past.type]

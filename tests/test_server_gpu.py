@@ -75,3 +75,45 @@ def test_session_runner_binds_io_on_cuda(tiny_repository: Path) -> None:
              "token_type_ids": np.zeros((1, 4), np.int64)}
     cpu = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
     np.testing.assert_allclose(runner.run(feeds)["logits"], cpu, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def inplace_fp16_repository(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny GPT as an in-place package with its fp16 variant (the gate runs it on CUDA here)."""
+    from export import ExportConfig, export_checkpoint
+
+    repo = tmp_path_factory.mktemp("inplace-fp16")
+    export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo, name=GPT,
+                                   cache_layout="inplace", variants=("fp32", "fp16")))
+    return repo
+
+
+def test_inplace_engine_serves_fp16_with_its_cache_on_the_gpu(inplace_fp16_repository: Path) -> None:
+    """The in-place engine on CUDA: the gate passed the fp16 variant, the server picks it, its cache lives in GPU
+    memory (the log says so), and concurrent greedy streams joining one batch equal an offline run of the same
+    fp16 graph on CUDA, one sequence at a time."""
+    from tokenizers import Tokenizer
+
+    from testing.offline import greedy_generate
+
+    package = inplace_fp16_repository / GPT / "1"
+    manifest = json.loads((package / "model.json").read_text())
+    parity = json.loads((package / "parity.json").read_text())
+    assert parity["variants"]["fp16"]["passed"] is True, parity["variants"]["fp16"]
+    assert manifest["default_variant"]["cuda"] == "fp16"
+    tok = Tokenizer.from_file(str(package / "tokenizer.json"))
+    prompts = ["To be or not", "ROMEO.", "Now is the winter of our discontent"]
+    offline = ort.InferenceSession(str(package / "model.fp16.onnx"), providers=[CUDA])
+    want = [greedy_generate(offline, manifest, tok.encode(p).ids, 12, stop_at_eos=False) for p in prompts]
+    with ServerProcess(inplace_fp16_repository, ["--providers", f"{CUDA},CPUExecutionProvider", "--max-sequences", "4",
+                                                 "--prefill-chunk-tokens", "4"], startup_timeout=180) as proc, \
+            grpc.insecure_channel(proc.address) as channel:
+        stub = pb_grpc.TaskServiceStub(channel)
+        info = stub.ModelInfo(pb.ModelInfoRequest(model=GPT))
+        assert info.providers[0] == CUDA and info.variant == "fp16"
+        calls = [stub.Generate.future(pb.GenerateRequest(model=GPT, prompt=p, parameters=pb.GenerationParameters(
+            max_new_tokens=12, ignore_eos=True))) for p in prompts]
+        got = [[t.token_id for t in c.result().tokens] for c in calls]
+        log = proc.output(last=400)
+    assert "on cuda" in log, log[-2000:]
+    assert got == want

@@ -38,9 +38,9 @@ class SlotEngine(GenerationEngine):
                                                     prefix_reuse=cfg.prefix_caching,
                                                     slot_length=self.spec.max_length))
         self._runner = SlotRunner(self.session, self.spec, cfg.max_batch_size, self._mixed_session)
-        logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB of %s), prefill chunk %d tokens, %s",
+        logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB of %s on %s), prefill chunk %d tokens, %s",
                     self._label, cfg.max_batch_size, self.spec.max_length, self._runner.cache_bytes / 2 ** 20,
-                    np.dtype(self.spec.past_dtype).name, cfg.prefill_chunk_tokens,
+                    np.dtype(self.spec.past_dtype).name, self._runner.device.kind, cfg.prefill_chunk_tokens,
                     "mixed graph (decode rows and a chunk in one run)" if self._mixed_session is not None
                     else "no mixed graph")
 

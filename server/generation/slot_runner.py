@@ -1,9 +1,10 @@
 """onnxruntime calls of an in-place-cache decoder: the slot buffers and the two kinds of call.
 
-The cache is one buffer per layer and kind, `[slots, kv_heads, max_length, head_dim]`, allocated (and
-touched, so no page faults land in a step) once when the model loads. A call binds a contiguous slice of
-slots as both `past_key_values.*` and `present.*`; the graph writes the new keys/values in place.
-Nothing of the cache is copied, and a sequence leaving costs nothing but its slot number.
+The cache is one buffer per layer and kind, `[slots, kv_heads, max_length, head_dim]`, allocated once when
+the model loads on the session's own device (device_cache.py: host memory for the CPU provider, GPU memory
+for CUDA). A call binds a contiguous slice of slots, by address, as both `past_key_values.*` and `present.*`;
+the graph writes the new keys/values in place. Nothing of the cache is copied, not even between host and
+device, and a sequence leaving costs nothing but its slot number.
 
 Rows of a call are told where to write through the attention mask: row b holds `lens[b]` ones, and its
 new tokens land at [lens[b] - sequence, lens[b]). A decode call covers slots [0, hi): slots in that range
@@ -29,6 +30,7 @@ import onnxruntime as ort
 
 from modelpkg import MIXED_PREFIX
 
+from .device_cache import CacheBuffers, Device
 from .spec import DecoderSpec
 
 
@@ -48,26 +50,27 @@ class PrefillRow:
 
 class SlotRunner:
     def __init__(self, session: ort.InferenceSession, spec: DecoderSpec, num_slots: int,
-                 mixed: ort.InferenceSession | None = None) -> None:
+                 mixed: ort.InferenceSession | None = None, device: Device | None = None) -> None:
+        """device: where the cache lives; the session's own device unless told (another device works, at the
+        price of onnxruntime copying every bound slice there and back each call: bench/gpu_slots.py's A/B)."""
         self.session = session
         self.mixed_session = mixed   # the package's two-group graph (decode rows + one prompt chunk), if any
         self.spec = spec
         self.num_slots = num_slots
         self.scratch = num_slots          # the throw-away slot of the mixed graph's filler rows
         self.mixed_only = mixed is not None and _spins(mixed) and _own_pool(mixed)
-        shape = (num_slots + (1 if mixed is not None else 0), spec.num_kv_heads, spec.max_length, spec.head_dim)
-        # np.ones then zero: every page is touched now, not during the first steps that reach it.
-        self.buffers: dict[str, np.ndarray] = {}
-        for name in spec.past_names:
-            buf = np.ones(shape, dtype=spec.past_dtype)
-            buf.fill(0)
-            self.buffers[name] = buf
+        self.cache = CacheBuffers(spec.past_names, num_slots + (1 if mixed is not None else 0), spec.num_kv_heads,
+                                  spec.max_length, spec.head_dim, spec.past_dtype, device or Device.of(session))
         self._bindings: dict[tuple, ort.IOBinding] = {}
         self._has_positions = spec.has_position_ids
 
     @property
     def cache_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers.values())
+        return self.cache.nbytes
+
+    @property
+    def device(self) -> Device:
+        return self.cache.device
 
     # ------------------------------------------------------------------ calls
 
@@ -114,8 +117,7 @@ class SlotRunner:
         """Positions [0, length) of one slot into another, every layer and kind (a reused prompt prefix)."""
         if not (0 <= source < self.num_slots and 0 <= target < self.num_slots and 0 < length < self.spec.max_length):
             raise ValueError(f"copy_prefix: slots {source} -> {target}, {length} tokens out of range")
-        for buf in self.buffers.values():
-            buf[target, :, :length] = buf[source, :, :length]
+        self.cache.copy_prefix(source, target, length)
 
     # ------------------------------------------------------------------ inputs
 
@@ -154,16 +156,14 @@ class SlotRunner:
     # ------------------------------------------------------------------ binding
 
     def _binding(self, session: ort.InferenceSession, slices: tuple[tuple[str, int, int], ...]) -> ort.IOBinding:
-        """Cache buffers bound once per (session, slot ranges): the views share the buffers' memory."""
+        """Cache buffers bound once per (session, slot ranges), by address: the graph reads and writes them."""
         key = (id(session), slices)
         io = self._bindings.get(key)
         if io is None:
             io = session.io_binding()
             for prefix, lo, hi in slices:
                 for past, present in zip(self.spec.past_names, self.spec.present_names):
-                    view = ort.OrtValue.ortvalue_from_numpy(self.buffers[past][lo:hi])
-                    io.bind_ortvalue_input(prefix + past, view)
-                    io.bind_ortvalue_output(prefix + present, view)
+                    self.cache.bind(io, past, prefix + past, prefix + present, lo, hi)
             self._bindings[key] = io
         return io
 

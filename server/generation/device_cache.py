@@ -1,0 +1,135 @@
+"""The in-place decoder's cache buffers, allocated once on the session's device and bound by pointer.
+
+One buffer per layer and kind, `[slots, kv_heads, max_length, head_dim]`, each an onnxruntime OrtValue on
+the device the session computes on ("cpu" or "cuda"). A call binds a contiguous slice of slots as both the
+graph's `past_key_values.*` input and its `present.*` output: the slice is the buffer's base address plus
+`lo` slot strides, so nothing of the cache crosses between host and device, whatever the provider.
+
+The few operations on the memory itself — zeroing at allocation, copying a prompt prefix from one slot to
+another — go through `Device`, which does them with the C library on the host and with the CUDA runtime
+on a GPU (ctypes calls into libraries onnxruntime already loaded; no compiled code of ours). Everything
+else — shapes, offsets, bindings — is the same code for every device, so the CPU tests exercise it.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import onnxruntime as ort
+
+CUDA_PROVIDER = "CUDAExecutionProvider"
+_CUDA_MEMCPY_DEVICE_TO_DEVICE = 3
+_CUDART_NAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where a session computes: onnxruntime's device name ("cpu", "cuda") and index."""
+
+    kind: str = "cpu"
+    index: int = 0
+
+    @classmethod
+    def of(cls, session: ort.InferenceSession) -> "Device":
+        """The device of the session's first provider (the one its attention runs on)."""
+        provider = session.get_providers()[0]
+        if provider == CUDA_PROVIDER:
+            options = session.get_provider_options().get(CUDA_PROVIDER, {})
+            return cls("cuda", int(options.get("device_id", 0)))
+        return cls("cpu", 0)
+
+    # -------------------------------------------------------------- memory
+
+    def zeros(self, shape: tuple[int, ...], dtype: type) -> ort.OrtValue:
+        """A zero-filled tensor on this device. Zero matters: attention weighs masked positions by 0, and
+        0 x NaN of uninitialised memory would still be NaN. On the host the fill also touches every page
+        now rather than in the first steps that reach it."""
+        value = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.kind, self.index)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self.kind == "cuda":
+            _check(self._cudart.cudaMemset(ctypes.c_void_p(value.data_ptr()), 0, ctypes.c_size_t(nbytes)),
+                   "cudaMemset")
+        else:
+            ctypes.memset(value.data_ptr(), 0, nbytes)
+        return value
+
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int) -> None:
+        """`rows` blocks of `width` bytes, block r from src + r*src_pitch to dst + r*dst_pitch (a strided copy:
+        the first positions of every head of one slot). Returns when the copy is done."""
+        if self.kind == "cuda":
+            rt = self._cudart
+            _check(rt.cudaMemcpy2DAsync(ctypes.c_void_p(dst), ctypes.c_size_t(dst_pitch), ctypes.c_void_p(src),
+                                        ctypes.c_size_t(src_pitch), ctypes.c_size_t(width), ctypes.c_size_t(rows),
+                                        _CUDA_MEMCPY_DEVICE_TO_DEVICE, ctypes.c_void_p(0)), "cudaMemcpy2DAsync")
+            return
+        for r in range(rows):
+            ctypes.memmove(dst + r * dst_pitch, src + r * src_pitch, width)
+
+    def synchronize(self) -> None:
+        """Wait for copies queued on the device (onnxruntime's own runs already wait at their end)."""
+        if self.kind == "cuda":
+            _check(self._cudart.cudaStreamSynchronize(ctypes.c_void_p(0)), "cudaStreamSynchronize")
+
+    @cached_property
+    def _cudart(self) -> ctypes.CDLL:
+        """The CUDA runtime onnxruntime's CUDA provider loaded (same library, same context)."""
+        for name in _CUDART_NAMES:
+            try:
+                rt = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        else:
+            raise RuntimeError(f"cache on cuda: none of {', '.join(_CUDART_NAMES)} can be loaded")
+        _check(rt.cudaSetDevice(self.index), "cudaSetDevice")
+        return rt
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} failed with CUDA error {status}")
+
+
+class CacheBuffers:
+    """Every layer's key and value buffer of one decoder, on one device."""
+
+    def __init__(self, names: list[str], slots: int, kv_heads: int, max_length: int, head_dim: int,
+                 dtype: type, device: Device) -> None:
+        self.device = device
+        self.dtype = np.dtype(dtype).type
+        self.shape = (slots, kv_heads, max_length, head_dim)
+        self._item = np.dtype(dtype).itemsize
+        self.slot_bytes = kv_heads * max_length * head_dim * self._item
+        self.values = {name: device.zeros(self.shape, self.dtype) for name in names}
+
+    @property
+    def nbytes(self) -> int:
+        return self.slot_bytes * self.shape[0] * len(self.values)
+
+    def bind(self, io: ort.IOBinding, name: str, input_name: str, output_name: str, lo: int, hi: int) -> None:
+        """Slots [lo, hi) of buffer `name` as the graph's input and output of the same memory."""
+        if not 0 <= lo < hi <= self.shape[0]:
+            raise ValueError(f"cache slots [{lo}, {hi}) outside [0, {self.shape[0]})")
+        ptr = self.values[name].data_ptr() + lo * self.slot_bytes
+        shape = [hi - lo, *self.shape[1:]]
+        io.bind_input(input_name, self.device.kind, self.device.index, self.dtype, shape, ptr)
+        io.bind_output(output_name, self.device.kind, self.device.index, self.dtype, shape, ptr)
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Positions [0, length) of slot `source` into slot `target`, every buffer, on the device."""
+        slots, heads, max_length, head_dim = self.shape
+        if not (0 <= source < slots and 0 <= target < slots and 0 < length <= max_length):
+            raise ValueError(f"copy_prefix: slots {source} -> {target}, {length} tokens out of range")
+        pitch = max_length * head_dim * self._item          # one head's positions
+        for value in self.values.values():
+            base = value.data_ptr()
+            self.device.copy_rows(base + target * self.slot_bytes, pitch, base + source * self.slot_bytes, pitch,
+                                  length * head_dim * self._item, heads)
+        self.device.synchronize()
+
+    def host_copy(self, name: str) -> np.ndarray:
+        """The whole buffer as a host array (tests and debugging; a device-to-host copy on a GPU)."""
+        return self.values[name].numpy()
