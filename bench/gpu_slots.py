@@ -187,13 +187,15 @@ def main() -> None:
         spec = DecoderSpec.from_package(manifest, plain)
         result["cache_dtype"] = np.dtype(spec.past_dtype).name
         host = Device("cpu")
-        # Same sessions, the two placements: logits must be identical (only where the memory lives differs).
+        # Same sessions, the two placements. Not bit-identical on CUDA: with the cache in host memory onnxruntime
+        # binds a device copy of the input and a separate output buffer, so the attention op cannot share
+        # past/present and takes its other (copying) path; the largest logit difference is recorded.
         steps = {}
         for batch, context in ((1, 64), (8, 64), (32, 64), (8, 900), (32, 900)):
             dev_ms, dev_logits = step_times(plain, mixed, spec, 32, batch, context, None)
             host_ms, host_logits = step_times(plain, mixed, spec, 32, batch, context, host)
             steps[f"b{batch}-ctx{context}"] = {"device_ms": round(dev_ms, 3), "host_ms": round(host_ms, 3),
-                                               "logits_equal": bool(np.array_equal(dev_logits, host_logits))}
+                                               "max_abs_logit_diff": float(np.abs(dev_logits - host_logits).max())}
             log.info("step b%d ctx%d: device %.2f ms, host %.2f ms", batch, context, dev_ms, host_ms)
         result["decode_step_32_slots"] = steps
         result["profile_device"] = profile_decode(out, args.provider, spec, 32, None)
