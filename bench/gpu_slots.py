@@ -26,11 +26,13 @@ import onnx
 import onnxruntime as ort
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from modelpkg import FORMAT, Manifest
 from export.decoder_graph import MIXED_FILE, DecoderWeights, LayerWeights, build_decoder_graph
 from server.generation.device_cache import Device
 from server.generation.engine import GenerationEngine
 from server.generation.params import GenerationConfig, GenerationParams
 from server.generation.slot_runner import DecodeRow, PrefillRow, SlotRunner
+from server.generation.spec import DecoderSpec
 
 log = logging.getLogger("bench.gpu_slots")
 CUDA = "CUDAExecutionProvider"
@@ -54,7 +56,7 @@ def random_gpt2(layers: int = 12, hidden: int = 768, heads: int = 12, vocab: int
                           positions=w(max_length, hidden))
 
 
-def write_package(weights: DecoderWeights, out: Path, fp16: bool) -> dict:
+def write_package(weights: DecoderWeights, out: Path, fp16: bool) -> Manifest:
     """model.onnx + its mixed twin (fp16 when asked, logits fp32) and the manifest fields the engine reads."""
     from export.variants import build_inplace_fp16
 
@@ -64,10 +66,14 @@ def write_package(weights: DecoderWeights, out: Path, fp16: bool) -> dict:
         if fp16:
             keep = ["logits", "chunk.logits"] if mixed else ["logits"]
             build_inplace_fp16(path, path, keep_fp32=keep)
-    return {"max_length": weights.max_length, "vocab_size": weights.vocab_size,
-            "special_tokens": {"eos": None, "bos": None, "pad": 0},
-            "cache": {"num_layers": weights.num_layers, "num_heads": weights.num_heads, "head_dim": weights.head_dim,
-                      "num_kv_heads": weights.num_kv_heads, "layout": "inplace"}}
+    io = [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}]
+    return Manifest.from_dict({
+        "format": FORMAT, "name": "model", "task": "generate", "max_length": weights.max_length,
+        "vocab_size": weights.vocab_size, "special_tokens": {"eos": None, "bos": None, "pad": 0}, "inputs": io,
+        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", "sequence", "vocab"]}],
+        "variants": {"fp16" if fp16 else "fp32": "model.onnx"},
+        "cache": {"num_layers": weights.num_layers, "num_heads": weights.num_heads, "head_dim": weights.head_dim,
+                  "num_kv_heads": weights.num_kv_heads, "layout": "inplace"}})
 
 
 def word_tokenizer(vocab: int) -> Tokenizer:
@@ -150,12 +156,14 @@ async def streams(engine: GenerationEngine, n: int, prompt_len: int, new_tokens:
     return {"streams": n, "tokens": tokens, "seconds": round(wall, 3), "tokens_per_s": round(tokens / wall, 1)}
 
 
-async def engine_streams(plain, mixed, manifest: dict, tok: Tokenizer, device: Device | None, levels: list[int],
+async def engine_streams(plain, mixed, manifest: Manifest, tok: Tokenizer, device: Device | None, levels: list[int],
                          new_tokens: int) -> list[dict]:
     config = GenerationConfig(max_batch_size=max(levels), max_waiting=256)
-    engine = GenerationEngine(plain, manifest, tok, config, mixed_session=mixed)
+    runner = None
     if device is not None:   # the same engine, its cache kept in host memory
-        engine._runner = SlotRunner(plain, engine.spec, config.max_batch_size, mixed, device=device)
+        spec = DecoderSpec.from_package(manifest, plain)
+        runner = SlotRunner(plain, spec, config.max_batch_size, mixed, device=device)
+    engine = GenerationEngine(plain, manifest, tok, config, mixed_session=mixed, runner=runner)
     engine.warmup()
     await engine.start()
     try:
@@ -183,7 +191,6 @@ def main() -> None:
         out = Path(tmp)
         manifest = write_package(weights, out, fp16)
         plain, mixed = sessions(out, args.provider)
-        from server.generation.spec import DecoderSpec
         spec = DecoderSpec.from_package(manifest, plain)
         result["cache_dtype"] = np.dtype(spec.past_dtype).name
         host = Device("cpu")

@@ -1,24 +1,22 @@
-"""A served decoder (generate): the continuous-batching generation engine, plus raw graph calls.
+"""A served decoder (generate): the continuous-batching generation engine.
 
-The engine (server/generation/) is built here exactly as
-`GenerationEngine(session, manifest_dict, tokenizer, config, metrics, label)` and driven through
-start() / warmup() / generate() / stream() / stop(). Raw KServe ModelInfer runs a concat-layout graph directly:
-the caller brings its own cache tensors, which do not batch with the engine's sequences. An in-place-cache
-graph (cache.layout "inplace") is refused raw calls: its cache buffers belong to the engine, and onnxruntime's
-GroupQueryAttention kernel can crash the process on inconsistent caller tensors.
+The engine (server/generation/) is built here as `GenerationEngine(session, manifest, tokenizer, config,
+metrics, label, mixed_session)` from the typed manifest, and driven through start() / warmup() / generate() /
+stream() / stop(). Raw KServe ModelInfer on a decoder's graph tensors is refused (INVALID_ARGUMENT naming the
+model): its cache buffers belong to the engine, and onnxruntime's GroupQueryAttention kernel can crash the
+process on inconsistent caller tensors. KServe's text mode (a BYTES input "prompt") generates through the engine.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import AsyncIterator, Iterator
 
-from modelpkg import LAYOUT_INPLACE, TOKENIZER_FILE
+from modelpkg import TOKENIZER_FILE
 from server.errors import Code, ServingError
 from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
                                OverloadedError, StreamChunk)
 from server.model import Feeds, Loaded, ServedModel
-from server.sessions import create_session, run_failure
+from server.sessions import create_session
 from server.tokenization import load_tokenizer
 from server.types import ChatTemplate
 
@@ -48,9 +46,8 @@ class DecoderModel(ServedModel):
         mixed = None
         if mixed_file is not None:
             mixed = create_session(self.package, self.variant, self.runtime.session, file=mixed_file)
-        # The engine takes the manifest as a plain dict (model.json as written).
-        self.engine = GenerationEngine(self.runner.session, self.manifest.to_dict(), tokenizer,
-                                       self.runtime.generation, self.metrics, self.name, mixed_session=mixed)
+        self.engine = GenerationEngine(self.runner.session, self.manifest, tokenizer, self.runtime.generation,
+                                       self.metrics, self.name, mixed_session=mixed)
 
     @property
     def max_batch_size(self) -> int:
@@ -106,20 +103,6 @@ class DecoderModel(ServedModel):
             await chunks.aclose()
 
     async def infer(self, inputs: Feeds, outputs: list[str] | None, deadline: float | None) -> Feeds:
-        if self.manifest.cache is not None and self.manifest.cache.layout == LAYOUT_INPLACE:
-            raise ServingError.invalid("model", f"{self.name!r} has an in-place KV cache (cache.layout "
-                                                f"'inplace'): raw graph calls are not served; use Generate, "
-                                                f"GenerateStream or ModelInfer text mode (input 'prompt')")
-        self.check_raw_inputs(inputs)
-        self.check_deadline(deadline)
-        wanted = self.wanted_outputs(outputs)
-        self.check_raw_cost(inputs, wanted)
-        rows = next(iter(inputs.values())).shape[0] if next(iter(inputs.values())).ndim else 1
-        started = asyncio.get_running_loop().time()
-        try:
-            result = await asyncio.get_running_loop().run_in_executor(None, self.runner.run, inputs, wanted)
-        except Exception as exc:
-            raise run_failure(exc) from None
-        self.stats.record_execution(rows, asyncio.get_running_loop().time() - started)
-        self.metrics.batch_size.labels(self.name).observe(rows)
-        return result
+        raise ServingError.invalid("model", f"{self.name!r} is a decoder whose KV cache belongs to the generation "
+                                            f"engine: raw graph calls are not served; use Generate, GenerateStream "
+                                            f"or ModelInfer text mode (input 'prompt')")

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from server import eventloop
 from server.generation import (GenerationConfig, GenerationEngine, GenerationParams, OverloadedError,
                                StreamChunk)
+from modelpkg import Manifest
 from server.metrics import Metrics
 from testing.offline import greedy_generate
 
@@ -57,7 +58,7 @@ class Package:
     @contextlib.asynccontextmanager
     async def engine(self, metrics: Metrics | None = None, manifest: dict | None = None,
                      **config: int) -> AsyncIterator[GenerationEngine]:
-        engine = GenerationEngine(self.session, manifest or self.manifest, self.tokenizer,
+        engine = GenerationEngine(self.session, Manifest.from_dict(manifest or self.manifest), self.tokenizer,
                                   GenerationConfig(**config), metrics, "test")
         await engine.start()
         try:
@@ -106,26 +107,23 @@ def byte_ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def _bigram_graph(table: np.ndarray) -> onnx.ModelProto:
-    """Decoder signature with 1 layer, 1 head, head_dim 1: logits = table[input_ids]; K/V = the ids."""
+    """An in-place decoder signature with 1 layer, 1 head, head_dim 1: logits = table[input_ids]; the cache is
+    passed through untouched (present = past, the buffer the engine binds to both)."""
     vocab = table.shape[0]
     i64, f32 = TensorProto.INT64, TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "sequence"]),
               helper.make_tensor_value_info("attention_mask", i64, ["batch", "total"]),
-              helper.make_tensor_value_info("position_ids", i64, ["batch", "sequence"]),
-              helper.make_tensor_value_info("past_key_values.0.key", f32, ["batch", 1, "past", 1]),
-              helper.make_tensor_value_info("past_key_values.0.value", f32, ["batch", 1, "past", 1])]
+              helper.make_tensor_value_info("past_key_values.0.key", f32, ["batch", 1, "max_sequence", 1]),
+              helper.make_tensor_value_info("past_key_values.0.value", f32, ["batch", 1, "max_sequence", 1])]
     outputs = [helper.make_tensor_value_info("logits", f32, ["batch", "sequence", vocab]),
-               helper.make_tensor_value_info("present.0.key", f32, ["batch", 1, "total", 1]),
-               helper.make_tensor_value_info("present.0.value", f32, ["batch", 1, "total", 1])]
+               helper.make_tensor_value_info("present.0.key", f32, ["batch", 1, "max_sequence", 1]),
+               helper.make_tensor_value_info("present.0.value", f32, ["batch", 1, "max_sequence", 1])]
     nodes = [
         helper.make_node("Gather", ["table", "input_ids"], ["logits"], axis=0),
-        helper.make_node("Cast", ["input_ids"], ["ids_f"], to=f32),
-        helper.make_node("Unsqueeze", ["ids_f", "axes"], ["new_kv"]),
-        helper.make_node("Concat", ["past_key_values.0.key", "new_kv"], ["present.0.key"], axis=2),
-        helper.make_node("Concat", ["past_key_values.0.value", "new_kv"], ["present.0.value"], axis=2),
+        helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"]),
+        helper.make_node("Identity", ["past_key_values.0.value"], ["present.0.value"]),
     ]
-    inits = [numpy_helper.from_array(table.astype(np.float32), "table"),
-             numpy_helper.from_array(np.array([1, 3], dtype=np.int64), "axes")]
+    inits = [numpy_helper.from_array(table.astype(np.float32), "table")]
     graph = helper.make_graph(nodes, "bigram", inputs, outputs, inits)
     # IR 10 is what every onnxruntime >= 1.17 reads (a newer onnx would default to an IR some runtimes refuse).
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
@@ -157,8 +155,8 @@ def bigram(gpt: Package, tmp_path_factory: pytest.TempPathFactory) -> Package:
     script.chain("Q", "Wy", end=script.x)               # "Wy" then x forever
     path = tmp_path_factory.mktemp("bigram") / "model.onnx"
     onnx.save(_bigram_graph(script.table), str(path))
-    manifest = dict(gpt.manifest, cache={"num_layers": 1, "num_heads": 1, "head_dim": 1}, max_length=64,
-                    vocab_size=script.vocab)
+    manifest = dict(gpt.manifest, cache={"num_layers": 1, "num_heads": 1, "head_dim": 1, "layout": "inplace"},
+                    max_length=64, vocab_size=script.vocab)
     return Package(_session(path), manifest, gpt.tokenizer)
 
 
@@ -358,7 +356,7 @@ def duet(gpt: Package, tmp_path_factory: pytest.TempPathFactory) -> Package:
     table[:, gpt.tokenizer.token_to_id("y")] = 9.0
     path = tmp_path_factory.mktemp("duet") / "model.onnx"
     onnx.save(_bigram_graph(table), str(path))
-    manifest = dict(gpt.manifest, cache={"num_layers": 1, "num_heads": 1, "head_dim": 1}, max_length=64,
+    manifest = dict(gpt.manifest, cache={"num_layers": 1, "num_heads": 1, "head_dim": 1, "layout": "inplace"}, max_length=64,
                     vocab_size=vocab)
     return Package(_session(path), manifest, gpt.tokenizer)
 
@@ -527,10 +525,10 @@ def test_empty_prompt_starts_from_bos_or_is_refused(gpt: Package) -> None:
 
 
 def test_warmup_runs_and_a_wrong_manifest_is_refused(gpt: Package) -> None:
-    GenerationEngine(gpt.session, gpt.manifest, gpt.tokenizer, GenerationConfig(), None, "w").warmup()
+    GenerationEngine(gpt.session, Manifest.from_dict(gpt.manifest), gpt.tokenizer, GenerationConfig(), None, "w").warmup()
     wrong = dict(gpt.manifest, cache=dict(gpt.manifest["cache"], num_layers=gpt.manifest["cache"]["num_layers"] + 1))
     with pytest.raises(ValueError, match="past_key_values"):
-        GenerationEngine(gpt.session, wrong, gpt.tokenizer, GenerationConfig(), None, "w")
+        GenerationEngine(gpt.session, Manifest.from_dict(wrong), gpt.tokenizer, GenerationConfig(), None, "w")
 
 # ---------------------------------------------------------------- metrics
 
@@ -597,7 +595,7 @@ def test_a_padding_tokenizer_does_not_change_the_prompt(gpt: Package) -> None:
     params = GenerationParams.validate(max_new_tokens=6, ignore_eos=True)
 
     async def body() -> Any:
-        engine = GenerationEngine(gpt.session, gpt.manifest, padded, GenerationConfig(), None, "padded")
+        engine = GenerationEngine(gpt.session, Manifest.from_dict(gpt.manifest), padded, GenerationConfig(), None, "padded")
         await engine.start()
         try:
             return await engine.generate(PROMPTS[1], params)
@@ -638,7 +636,7 @@ def test_stop_cancels_running_streams_and_refuses_new_ones(gpt: Package) -> None
     from server.generation import EngineStoppedError
 
     async def body() -> None:
-        engine = GenerationEngine(gpt.session, gpt.manifest, gpt.tokenizer, GenerationConfig(), None, "stop")
+        engine = GenerationEngine(gpt.session, Manifest.from_dict(gpt.manifest), gpt.tokenizer, GenerationConfig(), None, "stop")
         with pytest.raises(EngineStoppedError):
             await engine.generate("a", GenerationParams.validate())
         await engine.start()

@@ -1,5 +1,5 @@
-"""The in-place-cache engine through a real server process: same ids as offline greedy and as the concat
-engine on the same weights, with sequences joining and leaving mid-run and long prompts prefilled in chunks."""
+"""The in-place-cache engine through a real server process: same ids as offline greedy on the traced (concat)
+graph and on the in-place graph of the same weights, with sequences joining and leaving mid-run and long prompts prefilled in chunks."""
 from __future__ import annotations
 
 import json
@@ -62,16 +62,15 @@ def test_manifest_records_the_cache_layout(repository: Path) -> None:
     assert json.loads((repository / CONCAT / "1" / "model.json").read_text())["cache"]["layout"] == "concat"
 
 
-def test_inplace_engine_equals_offline_greedy_and_the_concat_engine(server: ServerProcess, repository: Path) -> None:
+def test_inplace_engine_equals_offline_greedy_of_both_graphs(server: ServerProcess, repository: Path) -> None:
     tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
     chunks_before = server.metric("ortserve_prefill_chunks_total", model=INPLACE)
     inplace = _run_all(server, INPLACE)
-    concat = _run_all(server, CONCAT)
     for i, prompt in enumerate(PROMPTS):
         ids = tok.encode(prompt).ids
+        # The traced graph (torch.onnx, the concat cache), run offline one sequence at a time.
         want = _offline(repository, CONCAT, ids, NEW_TOKENS[i])
         assert inplace[i] == want, f"prompt {i}: in-place engine differs from offline greedy"
-        assert concat[i] == want, f"prompt {i}: concat engine differs from offline greedy"
         # The in-place graph run offline without a shared buffer (it then concatenates) agrees too.
         assert _offline(repository, INPLACE, ids, NEW_TOKENS[i]) == want
     chunks = server.metric("ortserve_prefill_chunks_total", model=INPLACE) - chunks_before
@@ -198,10 +197,18 @@ def test_a_scored_prompt_prefilled_in_chunks_beside_a_stream_scores_as_offline(
     assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed[0][1:], scored[1:])) < 1e-4
 
 
-def test_prompt_logprobs_on_a_concat_package_are_refused_naming_the_field(server: ServerProcess) -> None:
-    with OrtserveClient(server.address, timeout=60) as client, pytest.raises(OrtserveError) as err:
-        client.generate("a", CONCAT, max_new_tokens=2, prompt_logprobs=0)
-    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "parameters.prompt_logprobs" in str(err.value)
+def test_a_concat_package_is_not_served_and_says_how_to_re_export_it(server: ServerProcess, repository: Path) -> None:
+    """Packages published before the in-place cache became the engine's only layout: NOT_SERVING, the reason
+    naming the command that re-exports their checkpoint; requests to them get UNAVAILABLE, the other models serve."""
+    checkpoint = json.loads((repository / CONCAT / "1" / "model.json").read_text())["source"]["checkpoint"]
+    with OrtserveClient(server.address, timeout=60) as client:
+        status = {m.name: m for m in client.list_models()}[CONCAT]
+        assert status.state == "NOT_SERVING"
+        assert f"re-export the checkpoint: python -m export {checkpoint} --task generate" in status.reason
+        with pytest.raises(OrtserveError) as err:
+            client.generate("a", CONCAT, max_new_tokens=2)
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert client.generate("a", INPLACE, max_new_tokens=2, ignore_eos=True).usage.completion_tokens == 2
 
 
 def test_a_request_cut_by_its_deadline_frees_its_slot(server: ServerProcess, repository: Path) -> None:
@@ -254,6 +261,7 @@ def test_spinning_graphs_with_a_pool_each_run_everything_through_the_mixed_graph
     call through the mixed graph (the idle group filled by a throw-away row in the scratch slot). Greedy ids of
     two rows, one prefilled in chunks while the other decodes, equal offline greedy."""
     from server.generation.slot_runner import DecodeRow, PrefillRow, SlotRunner
+    from modelpkg import Manifest
     from server.generation.spec import DecoderSpec
 
     pkg = repository / INPLACE / "1"
@@ -263,7 +271,7 @@ def test_spinning_graphs_with_a_pool_each_run_everything_through_the_mixed_graph
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     plain = ort.InferenceSession(str(pkg / "model.onnx"), options, providers=["CPUExecutionProvider"])
     mixed = ort.InferenceSession(str(pkg / manifest["cache"]["mixed_graph"]), options, providers=["CPUExecutionProvider"])
-    runner = SlotRunner(plain, DecoderSpec.from_package(manifest, plain), 2, mixed)
+    runner = SlotRunner(plain, DecoderSpec.from_package(Manifest.from_dict(manifest), plain), 2, mixed)
     assert runner.mixed_only
     tok = Tokenizer.from_file(str(pkg / "tokenizer.json"))
     a, b = tok.encode(PROMPTS[0]).ids, tok.encode(PROMPTS[1]).ids

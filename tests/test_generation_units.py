@@ -11,7 +11,6 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from server.generation import GenerationConfig, GenerationParams
 from server.generation.detokenize import IncrementalDetokenizer, StopMatcher
-from server.generation.kvcache import BatchCache
 from server.generation.sampling import Sampler, nucleus, apply_repetition_penalty, log_softmax, top_n
 
 # ---------------------------------------------------------------- parameters
@@ -299,25 +298,3 @@ def test_detokenizer_releases_an_unfinished_character_at_the_end(bpe_tokenizer: 
     first = byte_token_ids(bpe_tokenizer, "漢")[0]
     assert detok.push(first) == ""
     assert detok.flush() == "\ufffd"
-
-# ---------------------------------------------------------------- KV cache bookkeeping
-
-
-def _cache(rows: list[list[int]], tag: float) -> BatchCache:
-    mask = np.asarray(rows, dtype=np.int64)
-    k = np.full((len(rows), 2, mask.shape[1], 3), tag, dtype=np.float32)
-    return BatchCache([k, k + 1], [k + 2, k + 3], mask)
-
-
-def test_concat_left_pads_the_shorter_past() -> None:
-    merged = BatchCache.concat(_cache([[1, 1, 1]], 1.0), _cache([[0, 1], [1, 1]], 5.0))
-    assert merged.mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
-    assert merged.keys[0].shape == (3, 2, 3, 3)
-    assert (merged.keys[0][1, :, 0] == 0).all() and (merged.keys[0][1, :, 1:] == 5).all()
-
-
-def test_select_drops_rows_and_dead_leading_columns() -> None:
-    cache = _cache([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1]], 2.0)
-    kept = cache.select([1, 2])
-    assert kept.mask.tolist() == [[0, 1, 1], [1, 1, 1]]
-    assert kept.values[1].shape == (2, 2, 3, 3)

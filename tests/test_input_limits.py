@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
+from modelpkg import Manifest
 from server.errors import ServingError
 from server.generation import GenerationConfig, GenerationEngine, GenerationParams
 from server.tokenization import CHARS_PER_TOKEN_BOUND, TextEncoder
@@ -50,7 +51,7 @@ def _tiny_engine(tiny_repository: Path) -> tuple[GenerationEngine, dict, Tokeniz
     manifest = json.loads((package / "model.json").read_text())
     tokenizer = Tokenizer.from_file(str(package / "tokenizer.json"))
     session = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
-    return GenerationEngine(session, manifest, tokenizer, GenerationConfig(), None, "limits"), manifest, tokenizer
+    return GenerationEngine(session, Manifest.from_dict(manifest), tokenizer, GenerationConfig(), None, "limits"), manifest, tokenizer
 
 
 def test_huge_prompt_is_refused_fast_and_truncate_prompt_keeps_the_exact_tail(tiny_repository: Path) -> None:

@@ -201,9 +201,10 @@ def test_the_contract_is_torch_and_onnxruntime_free() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_raw_decoder_calls_concat_served_inplace_refused(tiny_checkpoints, tmp_path: Path) -> None:
-    """DecoderModel.infer: a concat-layout graph answers raw calls as onnxruntime does; an in-place-cache
-    graph refuses them with INVALID_ARGUMENT naming the model (never reaching onnxruntime)."""
+def test_raw_decoder_calls_refused_concat_packages_not_served(tiny_checkpoints, tmp_path: Path) -> None:
+    """DecoderModel.infer: a decoder refuses raw graph calls with INVALID_ARGUMENT naming the model (never
+    reaching onnxruntime; docs/protocol.md); a concat-layout package is not served (its reason says how to
+    re-export it), which leaves the in-place one serving."""
     from conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
     from server.dataplane import DataPlane
@@ -223,10 +224,8 @@ def test_raw_decoder_calls_concat_served_inplace_refused(tiny_checkpoints, tmp_p
     async def run() -> None:
         plane = await DataPlane.start(ServerSettings(repository=repo, providers=["CPUExecutionProvider"]), poll=False)
         try:
-            result = await plane.infer("gpt-concat", 0, feeds, ["logits", cache.present_names[0]])
-            assert list(result.outputs) == ["logits", "present.0.key"]
-            assert result.outputs["logits"].shape[:2] == (1, 3)
-            assert result.outputs["present.0.key"].shape == (1, cache.kv_heads, 3, cache.head_dim)
+            status = {m.name: m for m in plane.list_models()}["gpt-concat"]
+            assert status.state == "NOT_SERVING" and "re-export the checkpoint" in status.reason
             with pytest.raises(ServingError) as info:
                 await plane.infer("gpt-inplace", 0, feeds)
             assert info.value.code is Code.INVALID_ARGUMENT and info.value.message.startswith("model:")

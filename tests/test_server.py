@@ -209,35 +209,13 @@ def test_kserve_infer_raw_tensors_equals_onnxruntime(server: Running, kserve: tr
     assert response.id == "r-1" and response.model_version == "1"
 
 
-def test_kserve_infer_decoder_graph_with_past_length_zero(server: Running, kserve: triton.InferenceServerClient) -> None:
-    """A concat-layout graph answers raw calls like onnxruntime itself; an in-place-cache graph refuses them
-    (its buffers are the engine's; tests/test_modelpkg.py runs both layouts in-process)."""
-    m = manifest(server, GPT)
-    cache = m["cache"]
-    if cache.get("layout") == "inplace":
-        ids = np.array([[1, 2, 3]], dtype=np.int64)
-        with pytest.raises(triton.InferenceServerException, match="in-place KV cache"):
-            kserve.infer(GPT, _triton_inputs({"input_ids": ids, "attention_mask": np.ones_like(ids),
-                                              "position_ids": np.arange(3, dtype=np.int64)[None]}))
-        return
-    ids = np.array([tokenizer(server, GPT).encode("To be or not").ids], dtype=np.int64)
-    feeds: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": np.ones_like(ids),
-                                    "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None]}
-    inputs = _triton_inputs(feeds)
-    empty = np.zeros((1, cache["num_heads"], 0, cache["head_dim"]), np.float32)
-    for i in range(cache["num_layers"]):
-        for kind in ("key", "value"):
-            name = f"past_key_values.{i}.{kind}"
-            feeds[name] = empty
-            tensor = triton.InferInput(name, list(empty.shape), "FP32")
-            tensor.set_data_from_numpy(empty)
-            inputs.append(tensor)
-    result = kserve.infer(GPT, inputs, outputs=[triton.InferRequestedOutput("logits"),
-                                                triton.InferRequestedOutput("present.0.key")])
-    expected = reference_session(server, GPT, "fp32").run(["logits", "present.0.key"], feeds)
-    np.testing.assert_allclose(result.as_numpy("logits"), expected[0], rtol=1e-4, atol=1e-5)
-    assert result.as_numpy("present.0.key").shape == expected[1].shape
-    assert result.as_numpy("present.1.key") is None  # not requested, not sent
+def test_kserve_infer_on_a_decoder_graph_is_refused_naming_the_model(server: Running,
+                                                                     kserve: triton.InferenceServerClient) -> None:
+    """A decoder's cache buffers are the engine's: raw tensor calls are refused (text mode generates)."""
+    ids = np.array([[1, 2, 3]], dtype=np.int64)
+    with pytest.raises(triton.InferenceServerException, match="raw graph calls are not served"):
+        kserve.infer(GPT, _triton_inputs({"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                          "position_ids": np.arange(3, dtype=np.int64)[None]}))
 
 
 def test_kserve_infer_bytes_tensors_run_the_task(server: Running, kserve: triton.InferenceServerClient) -> None:

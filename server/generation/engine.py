@@ -1,15 +1,17 @@
-"""The generation engine's request side, shared by both cache layouts.
+"""The generation engine: continuous batching over an in-place-cache decoder (numpy + onnxruntime only).
 
-`GenerationEngine(session, manifest, tokenizer, ...)` gives the engine the package's cache layout needs:
-  - "inplace" (model.json cache.layout): SlotEngine — slot scheduler, cache written in place, chunked prefill;
-  - "concat" (packages published before the in-place graph): ConcatEngine — the batch cache grown by the graph.
-Both share what a request sees: prompt validation, admission control, streaming chunks, sampling, stop
-handling, deadlines and metrics. A subclass supplies the iteration loop.
+A request's path, in four parts with one job each:
+  - input processing (inputs.py): prompt text or ids -> checked ids that fit the context, on arrival;
+  - the core loop (this module): each iteration the scheduler (scheduler.py, pure Python) plans which slots
+    decode a token and which prompt chunks go in; the executor (executor.py) runs the plan in the engine's one
+    worker thread — the onnxruntime calls over the slot cache on the session's device (slot_runner.py,
+    device_cache.py), then the next token of every row that gets one, all rows together (sampling.py);
+  - output processing (outputs.py): each chosen token -> text, stop checks, a chunk on the request's queue.
+The loop is free while the thread computes: consumers take their chunks (and the doors send them) meanwhile.
 
-onnxruntime runs in the engine's own single worker thread, so the event loop keeps serving meanwhile.
-Deadlines (time.monotonic() values): a request whose deadline passes before its prefill raises
-TimeoutError from `stream`/`generate` and is never computed; a running one ends with finish_reason
-"cancelled" and keeps the text produced so far.
+Deadlines are time.monotonic() values: a request whose deadline passes before its prefill raises TimeoutError
+from `stream`/`generate` and is never computed; a running one ends with finish_reason "cancelled" and keeps the
+text produced so far.
 """
 from __future__ import annotations
 
@@ -17,16 +19,23 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
+from typing import TYPE_CHECKING, AsyncIterator
 
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from modelpkg import Manifest
+
+from .executor import Outcome, SlotExecutor
+from .inputs import PromptProcessor
+from .outputs import emit_token
 from .params import GenerationConfig, GenerationParams
-from .results import (FINISH_CANCELLED, FINISH_EOS, FINISH_LENGTH, FINISH_STOP, EngineStoppedError,
-                      GenerationResult, OverloadedError, StreamChunk)
+from .results import FINISH_CANCELLED, EngineStoppedError, GenerationResult, OverloadedError, StreamChunk
+from .sampling import Choice
+from .scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
 from .sequence import Sequence, to_generated_token
+from .slot_runner import DecodeRow, PrefillRow, SlotRunner
 from .spec import DecoderSpec
 
 if TYPE_CHECKING:
@@ -35,92 +44,39 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _unpadded(tokenizer: Tokenizer) -> Tokenizer:
-    """The tokenizer itself, or a copy without padding/truncation (they would corrupt prompt ids)."""
-    if tokenizer.padding is None and tokenizer.truncation is None:
-        return tokenizer
-    logger.info("generation: using a copy of the tokenizer with padding and truncation turned off")
-    copy = Tokenizer.from_str(tokenizer.to_str())
-    copy.no_padding()
-    copy.no_truncation()
-    return copy
-
-
-def _layout(manifest: dict[str, Any]) -> str:
-    cache = manifest.get("cache") if isinstance(manifest, dict) else None
-    return cache.get("layout", "concat") if isinstance(cache, dict) else "concat"
-
-
 class GenerationEngine:
-    gives_prompt_logprobs = False   # whether every prompt position's logits come back (prompt_logprobs)
-
-    def __new__(cls, session: ort.InferenceSession, manifest: dict[str, Any], *args: Any, **kwargs: Any):
-        if cls is GenerationEngine:
-            from .concat_engine import ConcatEngine
-            from .slot_engine import SlotEngine
-            cls = SlotEngine if _layout(manifest) == "inplace" else ConcatEngine
-        return super().__new__(cls)
-
-    def __init__(self, session: ort.InferenceSession, manifest: dict[str, Any], tokenizer: Tokenizer,
+    def __init__(self, session: ort.InferenceSession, manifest: Manifest, tokenizer: Tokenizer,
                  config: GenerationConfig | None = None, metrics: "Metrics | None" = None,
-                 model_label: str = "model", mixed_session: ort.InferenceSession | None = None) -> None:
-        """mixed_session: an in-place package's mixed graph (cache.mixed_graphs: decode rows and a prompt chunk
-        in one run); without it they run one after the other."""
-        if mixed_session is not None and _layout(manifest) != "inplace":
-            raise ValueError("mixed_session: only an in-place-cache package has a mixed graph")
-        self._mixed_session = mixed_session
+                 model_label: str = "model", mixed_session: ort.InferenceSession | None = None,
+                 runner: SlotRunner | None = None) -> None:
+        """mixed_session: the package's mixed graph (cache.mixed_graphs: decode rows and a prompt chunk in one
+        run); without it they run one after the other. runner: the cache and calls, when not the default (the
+        session's own device: bench.gpu_slots compares another placement). ValueError names what does not fit
+        (a concat-layout package is refused with the command that re-exports it)."""
         self.session = session
         self.spec = DecoderSpec.from_package(manifest, session)
-        self.config = config or GenerationConfig()
-        self._tokenizer = _unpadded(tokenizer)
-        self._metrics = metrics
+        self.config = cfg = config or GenerationConfig()
+        self.inputs = PromptProcessor(self.spec, tokenizer)
+        self._tokenizer = self.inputs.tokenizer
         self._label = model_label
+        self._metrics = metrics
         # Labelled children looked up once: labels() locks and builds a key per call, and these run per token.
         self._per_model = None if metrics is None else _ModelMetrics(metrics, model_label)
+        self._scheduler = Scheduler(SchedulerConfig(num_slots=cfg.max_batch_size,
+                                                    chunk_tokens=cfg.prefill_chunk_tokens,
+                                                    max_prefill_tokens=cfg.max_prefill_tokens,
+                                                    prefix_reuse=cfg.prefix_caching,
+                                                    slot_length=self.spec.max_length))
+        self._runner = runner or SlotRunner(session, self.spec, cfg.max_batch_size, mixed_session)
+        self._executor = SlotExecutor(self._runner)
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
-        self._executor: ThreadPoolExecutor | None = None
-
-    # ------------------------------------------------------------------ what a subclass supplies
-
-    @property
-    def active_sequences(self) -> int:
-        """Sequences holding a place in the running batch (not counting waiting ones)."""
-        raise NotImplementedError
-
-    @property
-    def waiting_requests(self) -> int:
-        raise NotImplementedError
-
-    def warmup(self) -> None:
-        """Run the graph the way serving will; raises on any failure."""
-        raise NotImplementedError
-
-    def _sequences(self) -> Iterable[Sequence]:
-        """Every waiting or running request."""
-        raise NotImplementedError
-
-    def _enqueue(self, seq: Sequence) -> None:
-        raise NotImplementedError
-
-    def _dequeue_waiting(self, seq: Sequence) -> bool:
-        """Remove a request that has not started; False when it already runs."""
-        raise NotImplementedError
-
-    def _has_work(self) -> bool:
-        raise NotImplementedError
-
-    def _retire(self) -> None:
-        """Drop sequences that are done, cancelled, or past their deadline."""
-        raise NotImplementedError
-
-    async def _iterate(self) -> bool:
-        """One iteration: admit, prefill, decode. True when it ran the graph (awaited the worker thread)."""
-        raise NotImplementedError
-
-    def _clear(self) -> None:
-        """Forget every sequence (after they were failed or finished)."""
-        raise NotImplementedError
+        self._thread: ThreadPoolExecutor | None = None
+        logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB of %s on %s), prefill chunk %d tokens, %s",
+                    model_label, cfg.max_batch_size, self.spec.max_length, self._runner.cache_bytes / 2 ** 20,
+                    np.dtype(self.spec.past_dtype).name, self._runner.device.kind, cfg.prefill_chunk_tokens,
+                    "mixed graph (decode rows and a chunk in one run)" if mixed_session is not None
+                    else "no mixed graph")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,14 +84,22 @@ class GenerationEngine:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    @property
+    def active_sequences(self) -> int:
+        """Sequences holding a cache slot (not counting waiting ones)."""
+        return len(self._scheduler.running)
+
+    @property
+    def waiting_requests(self) -> int:
+        return len(self._scheduler.waiting)
+
     async def start(self) -> None:
         if self.running:
             return
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"generate-{self._label}")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"generate-{self._label}")
         self._task = asyncio.create_task(self._loop(), name=f"generation-loop-{self._label}")
-        logger.info("generation engine %s started (%s, max_batch_size=%d)", self._label, type(self).__name__,
-                    self.config.max_batch_size)
+        logger.info("generation engine %s started (max_batch_size=%d)", self._label, self.config.max_batch_size)
 
     async def stop(self) -> None:
         """Stop the loop; every waiting or running request ends with finish_reason "cancelled"."""
@@ -146,15 +110,34 @@ class GenerationEngine:
                 await task
             except asyncio.CancelledError:
                 pass
-        for seq in list(self._sequences()):
+        for seq in self._sequences():
             seq.finish(FINISH_CANCELLED)
         self._clear()
-        if self._executor is not None:
+        if self._thread is not None:
             # A step still running in the thread finishes on its own; do not block the event loop on it.
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
         self._record_gauges()
         logger.info("generation engine %s stopped", self._label)
+
+    def warmup(self) -> None:
+        """Every kind of run serving will make, at full width (so onnxruntime sizes its buffers now, not during
+        the first requests): a two-row first prompt, a continuation chunk, a decode step over every slot with
+        a hole, and the mixed graph's decode + chunk. Raises on any failure; the slots' contents do not matter
+        afterwards (every position is written before it is read)."""
+        start = next((t for t in (self.spec.bos_id, self.spec.eos_id) if t is not None), 0)
+        r, n = self._runner, self._runner.num_slots
+        chunk = max(1, min(self.config.prefill_chunk_tokens, self.spec.max_length // 2))
+        pair = [PrefillRow(0, [start] * chunk, 0)] + ([PrefillRow(1, [start], 0)] if n > 1 else [])
+        self._check_logits(r.prefill(pair, first_prompt=True)[:, 0], len(pair), "prefill")
+        more = r.prefill([PrefillRow(0, [start] * 2, chunk)], first_prompt=False)
+        self._check_logits(more[:, -1], 1, "prefill chunk")
+        rows = [DecodeRow(slot, start, 1) for slot in range(n) if slot != 1 or n == 1]
+        self._check_logits(r.decode(rows, {1: 1}), len(rows), "step")   # slot 1 sits in the range, idle
+        if r.mixed_session is not None:
+            dec, pre = r.decode_and_prefill(rows, {}, [PrefillRow(1 if n > 1 else 0, [start] * chunk, 0)], True)
+            self._check_logits(dec, len(rows), "mixed step")
+            self._check_logits(pre[:, -1], 1, "mixed chunk")
 
     # ------------------------------------------------------------------ requests
 
@@ -203,79 +186,18 @@ class GenerationEngine:
                                 prompt_tokens=prompt_tokens)
 
     def encode_prompt(self, prompt: str | list[int], params: GenerationParams) -> list[int]:
-        """Prompt ids (from text, or given as token ids) that fit the context with max_new_tokens, or ValueError
-        naming the field."""
-        if not isinstance(params, GenerationParams):
-            raise TypeError("params must be a GenerationParams (use GenerationParams.validate)")
-        spec = self.spec
-        if isinstance(prompt, str):
-            ids = self.tokenize(prompt, params.truncate_prompt)
-        elif isinstance(prompt, list):
-            ids = self._token_prompt(prompt, params)
-        else:
-            raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
-        if not ids:
-            start = spec.bos_id if spec.bos_id is not None else spec.eos_id
-            if start is None:
-                raise ValueError("prompt: must not be empty (the model has no bos/eos token to start from)")
-            ids = [start]
-        context, wanted = spec.max_length, params.max_new_tokens
-        if wanted >= context:
-            raise ValueError(f"parameters.max_new_tokens: must be < the model's context of {context} tokens "
-                             f"(room for at least one prompt token), got {wanted}")
-        room = context - wanted
-        if len(ids) > room:
-            if not params.truncate_prompt:
-                raise ValueError(f"prompt: {len(ids)} tokens + parameters.max_new_tokens {wanted} exceed the model's "
-                                 f"context of {context} tokens (shorten it, lower max_new_tokens, or set truncate_prompt)")
-            ids = ids[-room:]
-        for i, token in enumerate(params.stop_token_ids):
-            if token >= spec.vocab_size:
-                raise ValueError(f"parameters.stop_token_ids[{i}]: {token} is outside the vocabulary "
-                                 f"(size {spec.vocab_size})")
-        for token, _ in params.logit_bias:
-            if token >= spec.vocab_size:
-                raise ValueError(f"parameters.logit_bias: token {token} is outside the vocabulary "
-                                 f"(size {spec.vocab_size})")
-        if params.prompt_logprobs is not None and not self.gives_prompt_logprobs:
-            raise ValueError("parameters.prompt_logprobs: this model's package has the concat cache layout, whose "
-                             "engine keeps no prompt logits; re-export it (the default in-place cache gives them)")
-        return ids
+        return self.inputs.encode(prompt, params)
 
     def tokenize(self, text: str, truncate: bool = False) -> list[int]:
-        """The ids of a text prompt, as generation makes them (before fitting them to the context).
-
-        The last `context` tokens of a text lie within its last (context + 1) * 100 characters (no token covers
-        more), so a longer text is refused (or, with `truncate`, cut) before tokenizing: tokenizing megabytes
-        would hold the event loop for seconds."""
-        max_chars = (self.spec.max_length + 1) * 100
-        if len(text) > max_chars:
-            if not truncate:
-                raise ValueError(f"prompt: {len(text)} characters cannot fit the model's context of "
-                                 f"{self.spec.max_length} tokens (shorten it, or set truncate_prompt)")
-            text = text[-max_chars:]
-        return list(self._tokenizer.encode(text).ids) if text else []
+        return self.inputs.tokenize(text, truncate)
 
     def detokenize(self, token_ids: list[int]) -> str:
-        """The text of token ids, each checked against the vocabulary (ValueError naming `tokens[i]`)."""
-        _check_token_ids(token_ids, self.spec.vocab_size, "tokens")
-        return self._tokenizer.decode(token_ids, skip_special_tokens=False)
-
-    def _token_prompt(self, prompt: list[int], params: GenerationParams) -> list[int]:
-        vocab, context = self.spec.vocab_size, self.spec.max_length
-        first = 0
-        if len(prompt) > context:      # only the tail that can fit is checked (the list may be huge)
-            if not params.truncate_prompt:
-                raise ValueError(f"prompt: {len(prompt)} tokens cannot fit the model's context of {context} tokens "
-                                 "(shorten it, or set truncate_prompt)")
-            first = len(prompt) - context
-        _check_token_ids(prompt[first:], vocab, "prompt", first)
-        return list(prompt[first:])
+        return self.inputs.detokenize(token_ids)
 
     def _submit(self, prompt: str | list[int], params: GenerationParams, deadline: float | None) -> Sequence:
         if not self.running:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
-        ids = self.encode_prompt(prompt, params)
+        ids = self.inputs.encode(prompt, params)
         if deadline is not None and deadline <= time.monotonic():
             raise TimeoutError("deadline passed before generation started")
         cfg = self.config
@@ -291,7 +213,10 @@ class GenerationEngine:
             raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
                                   f"this request needs {budget}, the limit is {cfg.max_tokens_in_flight}")
         seq = Sequence.create(ids, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id)
-        self._enqueue(seq)
+        # A request scoring its prompt needs the logits at every prompt position, so none may come from a copied
+        # prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
+        seq.state = SeqState.of(ids, owner=seq) if params.prompt_logprobs is None else SeqState(len(ids), owner=seq)
+        self._scheduler.add(seq.state)
         self._record_gauges()
         self._kick()
         return seq
@@ -306,7 +231,8 @@ class GenerationEngine:
     def _abandon(self, seq: Sequence) -> None:
         """The consumer went away: a waiting request leaves now, a running one at the next iteration."""
         seq.cancelled = True
-        if self._dequeue_waiting(seq):
+        if seq.state is not None and seq.state.status is Status.WAITING:
+            self._scheduler.finish(seq.state)
             seq.finish_reason = FINISH_CANCELLED
         self._record_gauges()
         self._kick()
@@ -314,6 +240,14 @@ class GenerationEngine:
     def _kick(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    def _sequences(self) -> list[Sequence]:
+        """Every waiting or running request."""
+        return [s.owner for s in (*self._scheduler.waiting, *self._scheduler.running)]
+
+    def _clear(self) -> None:
+        for state in (*self._scheduler.waiting, *self._scheduler.running):
+            self._scheduler.finish(state)
 
     # ------------------------------------------------------------------ the loop
 
@@ -324,7 +258,7 @@ class GenerationEngine:
             ran = False
             try:
                 self._retire()
-                if not self._has_work():
+                if not (self._scheduler.waiting or self._scheduler.running):
                     self._record_gauges()  # the last retire must show up before idling
                     self._wake.clear()
                     await self._wake.wait()
@@ -335,15 +269,73 @@ class GenerationEngine:
                 raise
             except Exception as exc:   # a bug here must not leave consumers waiting forever
                 logger.exception("generation loop of %s failed; failing its requests", self._label)
-                for seq in list(self._sequences()):
+                for seq in self._sequences():
                     seq.fail(RuntimeError(f"generation failed: {exc}"))
                 self._clear()
             self._record_gauges()
-            # No yield between steps: consumers take their chunks (and gRPC sends them) while the NEXT step
+            # No yield between steps: consumers take their chunks (and the doors send them) while the NEXT step
             # computes, since the loop is free while it awaits the worker thread. Only an iteration that ran
             # nothing yields here, so the loop never spins without letting others run.
             if not ran:
                 await asyncio.sleep(0)
+
+    async def _iterate(self) -> bool:
+        """One iteration: plan, run the plan in the worker thread, apply the outcome. True when it ran."""
+        plan = self._scheduler.plan()
+        if plan.empty:
+            return False
+        work = self._executor.prepare(plan, self._scheduler)
+        if self._thread is None:
+            raise EngineStoppedError(f"generation engine {self._label} is not running")
+        outcome = await asyncio.get_running_loop().run_in_executor(self._thread, self._executor.run, work)
+        self._apply(outcome)
+        self._retire()     # a sequence that just finished gives its slot back before anyone looks
+        self._record_plan(plan)
+        return True
+
+    def _apply(self, outcome: Outcome) -> None:
+        for states, what, exc in outcome.failed:
+            logger.error("%s on %s for %d sequences: %s", what, self._label, len(states), exc)
+            for state in states:
+                state.owner.fail(RuntimeError(f"{what}: {exc}"))
+                self._scheduler.finish(state, reusable=False)
+        for state, choice in outcome.decoded:
+            self._scheduler.decoded(state, state.owner.generated[-1])
+            self._take(state.owner, choice)
+        for w in outcome.written:
+            self._scheduler.prefilled(w.chunk)
+            seq = w.chunk.seq.owner
+            if seq.cancelled or seq.done:
+                continue
+            if seq.prompt_tokens is not None:
+                seq.prompt_tokens.extend(to_generated_token(c, self._tokenizer) for c in w.prompt_scores)
+            if w.chunk.completes_prompt:      # the prompt is in: its last position's logits gave the first token
+                self._take(seq, w.first_token)
+
+    def _take(self, seq: Sequence, choice: Choice | None) -> None:
+        if choice is None or seq.cancelled or seq.done:
+            return
+        self._record_token(seq)
+        emit_token(seq, choice, self._tokenizer, self.spec.eos_id)
+
+    def _retire(self) -> None:
+        """Drop sequences that are done, cancelled, or past their deadline; their slots are free again."""
+        now = time.monotonic()
+        for state in list(self._scheduler.waiting):
+            seq = state.owner
+            if seq.cancelled or seq.done:
+                self._scheduler.finish(state)
+            elif _deadline_passed(seq, now):
+                self._scheduler.finish(state)
+                seq.fail(TimeoutError("deadline passed while waiting; nothing was generated"))
+        for state in list(self._scheduler.running):
+            seq = state.owner
+            if seq.cancelled and not seq.done:
+                seq.finish_reason = FINISH_CANCELLED    # nobody listens: no chunk
+            elif _deadline_passed(seq, now):
+                seq.finish(FINISH_CANCELLED)
+            if seq.done:
+                self._scheduler.finish(state)
 
     async def _settle_arrivals(self) -> None:
         """Woken from idle: requests sent in the same instant reach the engine a few hundred microseconds apart
@@ -362,38 +354,6 @@ class GenerationEngine:
             if now - last >= 0.001 or now >= end:
                 return
 
-    async def _in_thread(self, fn, *args):
-        if self._executor is None:
-            raise EngineStoppedError(f"generation engine {self._label} is not running")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    def _deadline_passed(self, seq: Sequence, now: float) -> bool:
-        return seq.deadline is not None and seq.deadline <= now
-
-    def _advance(self, seq: Sequence, logits: np.ndarray) -> None:
-        """Choose the sequence's next token and send it (with its text, if complete) to the consumer."""
-        choice = seq.sampler.choose(logits)
-        token = choice.token_id
-        seq.sampler.observe(token)
-        seq.generated.append(token)
-        self._record_token(seq)
-        generated = to_generated_token(choice, self._tokenizer)
-        params = seq.params
-        # eos and stop-token ids end the sequence; their text is not part of the output.
-        if token == self.spec.eos_id and not params.ignore_eos:
-            seq.finish(FINISH_EOS, tokens=[generated])
-            return
-        if token in params.stop_token_ids:
-            seq.finish(FINISH_STOP, tokens=[generated])
-            return
-        text = seq.stopper.feed(seq.detokenizer.push(token))
-        if seq.stopper.stopped:
-            seq.finish(FINISH_STOP, text, [generated])
-        elif len(seq.generated) >= params.max_new_tokens:
-            seq.finish(FINISH_LENGTH, text, [generated])
-        else:
-            seq.queue.put_nowait(StreamChunk(text=text, tokens=[generated], prompt_tokens=seq.take_prompt_tokens()))
-
     # ------------------------------------------------------------------ metrics
 
     def _record_token(self, seq: Sequence) -> None:
@@ -409,12 +369,27 @@ class GenerationEngine:
             seq.first_token_at = now
         seq.last_token_at = now
 
+    def _record_plan(self, plan: Plan) -> None:
+        m = self._per_model
+        if m is None:
+            return
+        if plan.decode:
+            m.batch_size.observe(len(plan.decode))
+        if plan.reused_tokens:
+            m.prefix_reused_tokens.inc(plan.reused_tokens)
+        chunks = sum(len(call.chunks) for call in plan.prefill) + len(plan.tails)
+        if chunks:
+            m.prefill_chunks.inc(chunks)
+            m.prefill_tokens.inc(plan.prefill_tokens)
+
     def _record_gauges(self) -> None:
         m = self._per_model
         if m is not None:
             m.active_sequences.set(self.active_sequences)
             m.queued_requests.set(self.waiting_requests)
             m.tokens_in_flight.set(sum(s.budget for s in self._sequences()))
+            m.slots_used.set(self._scheduler.occupied_slots)
+            m.slots_total.set(self._scheduler.config.num_slots)
 
     def _check_logits(self, logits: np.ndarray, batch: int, what: str) -> None:
         if logits.ndim != 2 or logits.shape[0] != batch or logits.shape[1] < self.spec.vocab_size:
@@ -422,6 +397,10 @@ class GenerationEngine:
                                f"[{batch}, >= vocab_size {self.spec.vocab_size}]")
         if not np.isfinite(logits).all():
             raise RuntimeError(f"warmup {what}: logits are not finite")
+
+
+def _deadline_passed(seq: Sequence, now: float) -> bool:
+    return seq.deadline is not None and seq.deadline <= now
 
 
 class _ModelMetrics:
@@ -441,12 +420,3 @@ class _ModelMetrics:
         self.prefix_reused_tokens = metrics.prefix_reused_tokens.labels(model=label)
         self.slots_used = metrics.cache_slots.labels(model=label, state="used")
         self.slots_total = metrics.cache_slots.labels(model=label, state="total")
-
-
-def _check_token_ids(ids: list[Any], vocab: int, name: str, offset: int = 0) -> None:
-    """ValueError naming `name[i]` for the first entry that is not a token id of the vocabulary."""
-    for i, token in enumerate(ids, start=offset):
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise ValueError(f"{name}[{i}]: must be a token id, got {type(token).__name__}")
-        if not 0 <= token < vocab:
-            raise ValueError(f"{name}[{i}]: token id {token} is outside the vocabulary (size {vocab})")

@@ -59,6 +59,14 @@ class Sampler:
             self._bias = (np.array([t for t, _ in params.logit_bias], dtype=np.int64),
                           np.array([b for _, b in params.logit_bias], dtype=np.float64))
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Its next choice is the argmax of the raw logits: greedy, nothing added to or masked in the logits,
+        no logprobs."""
+        p = self.params
+        return (p.temperature == 0 and not p.wants_logprobs and self._bias is None and self._seen is None
+                and self._counts is None and (self._enders is None or self.generated >= p.min_tokens))
+
     def observe(self, token_id: int) -> None:
         """Record a generated token (for the penalties)."""
         self.generated += 1
@@ -95,6 +103,24 @@ class Sampler:
             return Choice(token, None, ())
         logp = log_softmax(scores)
         return Choice(token, float(logp[token]), top_n(logp, p.top_logprobs))
+
+
+def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
+    """The next token of each row of logits [rows, >= V], row i with samplers[i], each then observed. The rows
+    whose sampler is plain greedy take one argmax over all of them (the same token `choose` would pick: the
+    first index on ties, on the same values); the others are chosen one by one."""
+    choices: list[Choice | None] = [None] * len(samplers)
+    plain = [i for i, s in enumerate(samplers) if s.plain_greedy]
+    if plain:
+        picks = np.argmax(logits[plain, :samplers[plain[0]].vocab_size], axis=1)
+        for i, token in zip(plain, picks):
+            choices[i] = Choice(int(token), None, ())
+    out: list[Choice] = []
+    for i, sampler in enumerate(samplers):
+        choice = choices[i] or sampler.choose(logits[i])
+        sampler.observe(choice.token_id)
+        out.append(choice)
+    return out
 
 
 def apply_repetition_penalty(scores: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
