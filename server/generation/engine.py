@@ -72,6 +72,11 @@ class GenerationEngine:
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._thread: ThreadPoolExecutor | None = None
+        if self._runner.device.kind == "cuda" and self.spec.past_dtype is not np.float16:
+            logger.warning("generation %s: a %s cache on CUDA: onnxruntime's CUDA GroupQueryAttention takes fp16 "
+                           "only, so attention runs on the CPU provider and the cache crosses to the host every "
+                           "step; export the package with --variants fp32,fp16", model_label,
+                           np.dtype(self.spec.past_dtype).name)
         logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB of %s on %s), prefill chunk %d tokens, %s",
                     model_label, cfg.max_batch_size, self.spec.max_length, self._runner.cache_bytes / 2 ** 20,
                     np.dtype(self.spec.past_dtype).name, self._runner.device.kind, cfg.prefill_chunk_tokens,
