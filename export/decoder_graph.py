@@ -22,16 +22,23 @@ fixed scale (calibrated here from the PyTorch model's keys/values on sample text
 beyond it saturate) and reads the cache dequantized. A quarter of the fp32 cache's memory; onnxruntime 1.32's
 CPU kernel alone, batch 8 over 1000 cached tokens, 12 heads: 0.50x fp32's time, and an fp16 cache 1.09x
 (6 interleaved rounds, 2026-11-23), so no fp16 cache is offered.
+
+Head sizes that are not a multiple of 16 (which onnxruntime's CPU kernel refuses) are zero-padded (pad_heads):
+every head's q/k/v projection gains zero columns, the output projection zero rows, and the op's `scale` stays
+1/sqrt(the model's head size), so q.k, the softmax and the output are those of the model. The model's channels
+sit in the two halves of the padded head (modelpkg/heads.py), which keeps rotate-half rotary pairs together:
+the rotary tables of the padded channels rotate zeros into zeros.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from modelpkg import MIXED_PREFIX, past_name, present_name
+from modelpkg import MIXED_PREFIX, head_channels, padded_head_dim, past_name, present_name
 
 MS = "com.microsoft"
 LAYOUT = "inplace"   # model.json cache.layout of graphs made here ("concat" = the traced graph)
@@ -73,6 +80,7 @@ class DecoderWeights:
     positions: np.ndarray | None = None  # GPT-2 wpe [max_length, hidden]
     activation: str = "gelu_tanh"       # GPT-2 MLP: "gelu_tanh" (gelu_new) or "gelu" (exact erf form)
     rope_theta: float = 10000.0
+    model_head_dim: int | None = None   # the model's head size when head_dim is padded (pad_heads); None = head_dim
 
     @property
     def num_layers(self) -> int:
@@ -104,14 +112,48 @@ class _Graph:
 
 
 def _rope_caches(w: DecoderWeights) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [max_length, head_dim / 2] for HF's rotate-half rotary (computed in float64, stored fp32)."""
-    half = w.head_dim // 2
-    inv = 1.0 / (w.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2 / w.head_dim))
+    """cos/sin [max_length, head_dim / 2] for HF's rotate-half rotary (computed in float64, stored fp32). The
+    frequencies are the model's head size's; a padded head's extra pairs get the identity rotation (cos 1, sin 0):
+    they hold zeros either way."""
+    d = w.model_head_dim or w.head_dim
+    inv = 1.0 / (w.rope_theta ** (np.arange(0, d // 2, dtype=np.float64) * 2 / d))
     angles = np.arange(w.max_length, dtype=np.float64)[:, None] * inv[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = np.ones((w.max_length, w.head_dim // 2)), np.zeros((w.max_length, w.head_dim // 2))
+    cos[:, :d // 2], sin[:, :d // 2] = np.cos(angles), np.sin(angles)
+    return cos.astype(np.float32), sin.astype(np.float32)
 
 
-KvScales = list[tuple[np.ndarray, np.ndarray]]   # per layer: (key scale, value scale), each [kv_heads * head_dim]
+def _spread(a: np.ndarray, heads: int, d: int, padded: int, fill: float = 0.0) -> np.ndarray:
+    """Last axis [heads * d] -> [heads * padded], each head's channels moved where modelpkg.head_channels puts
+    them, the new channels set to `fill`."""
+    out = np.full((*a.shape[:-1], heads, padded), fill, dtype=a.dtype)
+    out[..., head_channels(d, padded)] = a.reshape(*a.shape[:-1], heads, d)
+    return out.reshape(*a.shape[:-1], heads * padded)
+
+
+def pad_heads(w: DecoderWeights) -> DecoderWeights:
+    """The same model with every head widened by zero channels to the next multiple of 16 (unchanged when its
+    head size already is one): q/k/v projection columns and biases, and the output projection's rows."""
+    d = w.head_dim
+    padded = padded_head_dim(d)
+    if padded == d:
+        return w
+    nq, nkv = w.num_heads * d, w.num_kv_heads * d
+
+    def qkv(a: np.ndarray | None) -> np.ndarray | None:
+        if a is None:
+            return None
+        parts = (a[..., :nq], a[..., nq:nq + nkv], a[..., nq + nkv:])
+        return np.concatenate([_spread(p, h, d, padded) for p, h in zip(parts, (w.num_heads, w.num_kv_heads,
+                                                                              w.num_kv_heads))], axis=-1)
+
+    layers = [dataclasses.replace(lw, qkv_w=qkv(lw.qkv_w), qkv_b=qkv(lw.qkv_b),
+                                  out_w=_spread(lw.out_w.T, w.num_heads, d, padded).T.copy()) for lw in w.layers]
+    return dataclasses.replace(w, head_dim=padded, model_head_dim=d, layers=layers)
+
+
+# per layer: (key scale, value scale), each [kv_heads * the model's head size] (head-major)
+KvScales = list[tuple[np.ndarray, np.ndarray]]
 
 
 def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False,
@@ -119,9 +161,14 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False,
     """The in-place decoder. mixed=True adds a second group of rows (inputs and outputs prefixed "chunk.")
     that shares every weight multiplication with the first but has its own attention call: one run then
     decodes one token for some slots AND prefills a prompt chunk for another, reading the weights once.
-    kv_scales: an int8 cache, quantized per channel with these scales (calibrate_kv_scales)."""
+    kv_scales: an int8 cache, quantized per channel with these scales (calibrate_kv_scales: per channel of the
+    model's heads, spread here over padded heads)."""
     if kv_scales is not None and len(kv_scales) != w.num_layers:
         raise ValueError(f"kv_scales: {len(kv_scales)} layers, the model has {w.num_layers}")
+    if kv_scales is not None and w.model_head_dim:
+        # Scales come per model channel; a padded channel only ever holds 0, any positive scale quantizes it to 0.
+        kv_scales = [tuple(_spread(t, w.num_kv_heads, w.model_head_dim, w.head_dim, fill=1.0) for t in pair)
+                     for pair in kv_scales]
     g = _Graph()
     gpt2 = w.family == "gpt2"
     f32 = TensorProto.FLOAT
@@ -189,6 +236,8 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False,
         cos, sin = _rope_caches(w)
         extra_attn = [g.const("rope.cos", cos), g.const("rope.sin", sin)]
         attrs = {"do_rotary": 1, "rotary_interleaved": 0}
+    if w.model_head_dim:   # padded heads: the op would scale q.k by 1/sqrt(the padded size)
+        attrs["scale"] = float(1.0 / np.sqrt(w.model_head_dim))
     if kv_scales is not None:
         attrs.update(k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL", kv_cache_bit_width=8)
 
@@ -359,10 +408,11 @@ HEADROOM = 2.0
 
 
 def _weights(model, model_type: str, max_length: int) -> DecoderWeights:
+    """The model's weights, heads zero-padded to a size the attention op takes."""
     if model_type == "gpt2":
-        return gpt2_weights(model, max_length)
+        return pad_heads(gpt2_weights(model, max_length))
     if model_type in LLAMA_FAMILY:
-        return llama_weights(model, max_length)
+        return pad_heads(llama_weights(model, max_length))
     raise ValueError(f"model_type: no in-place decoder graph for {model_type!r}")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from modelpkg import CACHE_ELEMENT_TYPES, MIXED_PREFIX, past_name, present_name
+from modelpkg import CACHE_ELEMENT_TYPES, MIXED_PREFIX, head_channels, past_name, present_name
 
 Check = tuple[str, bool, float, str, str]   # name, passed, max_abs_diff, worst output, detail
 
@@ -25,11 +25,16 @@ class SlotDriver:
 
     def __init__(self, sess: ort.InferenceSession, num_layers: int, kv_heads: int, head_dim: int,
                  max_length: int, slots: int) -> None:
+        """head_dim: the model's head size. The buffers take the graph's cache shape, whose head size is larger
+        when the export padded the heads; cache() then reads the model's channels out of it."""
         self.sess, self.max_length = sess, max_length
         self.names = [(past_name(i, k), present_name(i, k)) for i in range(num_layers) for k in ("key", "value")]
-        cache_type = {i.name: i.type for i in sess.get_inputs()}[self.names[0][0]]
-        dtype = CACHE_ELEMENT_TYPES[cache_type]    # float32, or the kv8 variant's int8
-        self.bufs = {p: np.zeros((slots, kv_heads, max_length, head_dim), dtype) for p, _ in self.names}
+        past = {i.name: i for i in sess.get_inputs()}[self.names[0][0]]
+        dtype = CACHE_ELEMENT_TYPES[past.type]    # float32, or the kv8 variant's int8
+        graph_dim = past.shape[3] if isinstance(past.shape[3], int) else head_dim
+        self.channels = head_channels(head_dim, graph_dim)
+        self.padding_channels = sorted(set(range(graph_dim)) - set(self.channels))
+        self.bufs = {p: np.zeros((slots, kv_heads, max_length, graph_dim), dtype) for p, _ in self.names}
         self.positions = "position_ids" in {i.name for i in sess.get_inputs()}
 
     def run(self, lo: int, ids: np.ndarray, lens: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -66,7 +71,16 @@ class SlotDriver:
         return self.run(0, np.array(tokens)[:, None], pos + 1, pos)[:, 0]
 
     def cache(self, slot: int, length: int) -> list[np.ndarray]:
-        return [self.bufs[p][slot, :, :length] for p, _ in self.names]
+        """Per layer and kind, the slot's first `length` positions over the model's channels [kv_heads, length, d]."""
+        if not self.padding_channels:
+            return [self.bufs[p][slot, :, :length] for p, _ in self.names]
+        return [self.bufs[p][slot, :, :length][..., self.channels] for p, _ in self.names]
+
+    def padding(self, slot: int, length: int) -> list[np.ndarray]:
+        """The padded heads' extra channels over the same positions (empty list when the heads are not padded)."""
+        if not self.padding_channels:
+            return []
+        return [self.bufs[p][slot, :, :length][..., self.padding_channels] for p, _ in self.names]
 
 
 class InplaceChecks:
@@ -131,6 +145,8 @@ class InplaceChecks:
         for r, s in enumerate(seqs):
             pairs += [(f"row{r} cache after steps", got, want)
                       for got, want in zip(d.cache(r, len(s)), self._torch(s)[1])]
+            # Zero-padded heads: their extra channels must stay zero (else they would add to q.k and the output).
+            pairs += [(f"row{r} padded head channels", got, np.zeros_like(got)) for got in d.padding(r, len(s))]
         ok1, d1, w1 = self._compare(pairs)
         checks: list[Check] = [("rows of different lengths in one batch", ok1, d1, w1,
                                 "prompts 5/11/8 right-padded in one call, then 4 decode steps together")]

@@ -15,6 +15,8 @@ import onnxruntime
 import torch
 from tokenizers import Tokenizer
 
+from modelpkg import padded_head_dim
+
 from . import decoder_graph, graphs, package, variants
 from .config import OPSET, TASKS, VARIANTS, ExportConfig
 from .errors import ExportError, ParityFailure
@@ -28,8 +30,6 @@ log = logging.getLogger(__name__)
 # Test hook: perturb one weight of the named variant's graph after it is built, so a test can prove the gate
 # refuses to publish. Never set in production.
 PERTURB_ENV = "ORTSERVE_EXPORT_PERTURB"
-# onnxruntime's CPU GroupQueryAttention kernel refuses other head sizes ("head_size shall be a multiple of 16").
-GQA_HEAD_DIM_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,14 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     vocab = int(info.config["vocab_size"])
     fp32 = out / variants.FILES["fp32"]
     inplace = cfg.task == "generate" and cfg.cache_layout == "inplace"
+    padded = {}
     if inplace:
         spec = decoder_graph.export_inplace(model, info.model_type, info.max_positions, fp32)
+        # The attention op takes head sizes in multiples of 16: other heads are zero-padded (exact); the cache
+        # tensor then has the padded size, and the model's own is recorded beside it.
+        head_dim = padded_head_dim(info.head_dim)
+        if head_dim != info.head_dim:
+            padded = {"model_head_dim": info.head_dim}
     elif cfg.task == "generate":
         if info.model_type in LLAMA_TYPES:
             raise ExportError("--cache-layout: a Llama-family decoder exports with the in-place cache only "
@@ -125,6 +131,9 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     else:
         spec = graphs.export_encoder(model, cfg.task, vocab, fp32, token_types=info.token_types)
     builds: dict[str, variants.VariantBuild] = {"fp32": variants.VariantBuild("fp32", fp32.name)}
+    if padded:
+        builds["fp32"].notes.append(f"attention heads zero-padded from {info.head_dim} to {head_dim} channels "
+                                    f"(q.k scaled by 1/sqrt({info.head_dim})); every in-place graph shares them")
     arch = info.model_type
     for v in cfg.variants:
         path = out / variants.FILES[v]
@@ -162,7 +171,7 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
         "special_tokens": ids, "mask_token": mask_token if cfg.task == "fill-mask" else None,
         "inputs": [t.as_json() for t in spec.inputs], "outputs": [t.as_json() for t in spec.outputs],
         "cache": ({"num_layers": info.num_layers, "num_heads": info.num_heads, "head_dim": head_dim,
-                   "num_kv_heads": info.num_kv_heads,
+                   "num_kv_heads": info.num_kv_heads, **padded,
                    "layout": decoder_graph.LAYOUT if inplace else "concat",
                    # mixed_graph: the fp32 twin, as servers before mixed_graphs read it
                    **({"mixed_graph": decoder_graph.MIXED_FILE, "mixed_graphs": mixed_graphs} if inplace else {})}
@@ -239,11 +248,6 @@ def export_checkpoint(cfg: ExportConfig) -> ExportResult:
         return export_embedding(cfg)
     validate_config(cfg)
     info = inspect_checkpoint(cfg.checkpoint, cfg.task)
-    if cfg.task == "generate" and cfg.cache_layout == "inplace" and info.head_dim % GQA_HEAD_DIM_MULTIPLE:
-        # Found out up front: onnxruntime would only say so from inside the gate's first run.
-        other = " (or export it with --cache-layout concat)" if info.model_type not in LLAMA_TYPES else ""
-        raise ExportError(f"checkpoint: head_dim {info.head_dim} is not a multiple of {GQA_HEAD_DIM_MULTIPLE}, which "
-                          f"onnxruntime's GroupQueryAttention (the in-place cache) requires{other}")
     repo = Path(cfg.repository)
     if repo.exists() and not repo.is_dir():
         raise ExportError(f"--repository: {repo} is not a directory")

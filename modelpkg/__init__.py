@@ -6,6 +6,7 @@ version rules of a repository, file hashing, the graph I/O names, and the typed 
 from __future__ import annotations
 
 from .hashing import file_hashes, sha256_file
+from .heads import HEAD_MULTIPLE, head_channels, padded_head_dim
 from .io_names import (CACHE_ELEMENT_TYPES, DECODER_INPUTS, ENCODER_INPUTS, KV_KINDS, MIXED_PREFIX, past_name,
                        past_names, present_name, present_names)
 from .layout import (FORMAT, MANIFEST_FILE, NAME_PATTERN, PARITY_FILE, TASKS, TOKENIZER_FILE, existing_versions,
@@ -14,8 +15,9 @@ from .manifest import (CACHE_LAYOUTS, LAYOUT_CONCAT, LAYOUT_INPLACE, CacheSpec, 
                        TensorDecl)
 
 __all__ = [
-    "CACHE_ELEMENT_TYPES", "CACHE_LAYOUTS", "CacheSpec", "DECODER_INPUTS", "ENCODER_INPUTS", "FORMAT", "KV_KINDS",
-    "LAYOUT_CONCAT", "LAYOUT_INPLACE", "MANIFEST_FILE", "MIXED_PREFIX", "Manifest", "ManifestError", "NAME_PATTERN",
-    "PARITY_FILE", "TASKS", "TOKENIZER_FILE", "TensorDecl", "existing_versions", "file_hashes", "parse_version",
-    "past_name", "past_names", "present_name", "present_names", "sha256_file", "valid_name",
+    "CACHE_ELEMENT_TYPES", "CACHE_LAYOUTS", "CacheSpec", "DECODER_INPUTS", "ENCODER_INPUTS", "FORMAT", "HEAD_MULTIPLE",
+    "KV_KINDS", "LAYOUT_CONCAT", "LAYOUT_INPLACE", "MANIFEST_FILE", "MIXED_PREFIX", "Manifest", "ManifestError",
+    "NAME_PATTERN", "PARITY_FILE", "TASKS", "TOKENIZER_FILE", "TensorDecl", "existing_versions", "file_hashes",
+    "head_channels", "padded_head_dim", "parse_version", "past_name", "past_names", "present_name", "present_names",
+    "sha256_file", "valid_name",
 ]

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .heads import head_channels
 from .io_names import past_names, present_names
 from .layout import FORMAT, TASKS
 
@@ -21,7 +22,7 @@ CACHE_LAYOUTS = (LAYOUT_CONCAT, LAYOUT_INPLACE)
 _KEYS = ("format", "name", "version", "task", "architecture", "labels", "max_length", "vocab_size",
          "special_tokens", "mask_token", "inputs", "outputs", "cache", "variants", "default_variant", "opset",
          "source", "created_at")
-_CACHE_KEYS = ("num_layers", "num_heads", "head_dim", "layout", "num_kv_heads")
+_CACHE_KEYS = ("num_layers", "num_heads", "head_dim", "layout", "num_kv_heads", "model_head_dim")
 
 
 class ManifestError(ValueError):
@@ -62,19 +63,32 @@ class TensorDecl:
 @dataclass(frozen=True)
 class CacheSpec:
     """A decoder's KV cache: `layout` "concat" (default when absent) or "inplace"; `num_kv_heads` defaults to
-    num_heads (multi-head attention; fewer for grouped-query attention)."""
+    num_heads (multi-head attention; fewer for grouped-query attention). `head_dim` is the cache tensor's last
+    axis; `model_head_dim` the model's own head size when the heads were zero-padded up to head_dim
+    (modelpkg/heads.py says where its channels sit)."""
 
     num_layers: int
     num_heads: int
     head_dim: int
     layout: str = LAYOUT_CONCAT
     num_kv_heads: int | None = None   # None: absent from model.json (= num_heads)
+    model_head_dim: int | None = None  # None: absent from model.json (= head_dim, no padding)
     extra: Mapping[str, Any] = field(default_factory=dict)
     has_layout: bool = False          # whether model.json wrote "layout" (so to_dict writes it back)
 
     @property
     def kv_heads(self) -> int:
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def real_head_dim(self) -> int:
+        """The model's head size (smaller than head_dim when the heads were padded)."""
+        return self.head_dim if self.model_head_dim is None else self.model_head_dim
+
+    @property
+    def channels(self) -> list[int]:
+        """Where the model's head channels sit on the cache's last axis (all of them when not padded)."""
+        return head_channels(self.real_head_dim, self.head_dim)
 
     @property
     def past_names(self) -> list[str]:
@@ -106,7 +120,13 @@ class CacheSpec:
             if sizes["num_heads"] % kv_heads:
                 raise ManifestError(f"model.json: cache.num_kv_heads ({kv_heads}) must divide cache.num_heads "
                                     f"({sizes['num_heads']})")
-        return cls(**sizes, layout=layout, num_kv_heads=kv_heads,
+        model_head_dim = d.get("model_head_dim")
+        if model_head_dim is not None:
+            model_head_dim = _positive("cache.model_head_dim", model_head_dim)
+            if model_head_dim > sizes["head_dim"] or (model_head_dim < sizes["head_dim"] and sizes["head_dim"] % 2):
+                raise ManifestError(f"model.json: cache.model_head_dim ({model_head_dim}) must not exceed cache.head_dim "
+                                    f"({sizes['head_dim']}), which is even when padded")
+        return cls(**sizes, layout=layout, num_kv_heads=kv_heads, model_head_dim=model_head_dim,
                    extra={k: v for k, v in d.items() if k not in _CACHE_KEYS}, has_layout="layout" in d)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +135,8 @@ class CacheSpec:
             out["layout"] = self.layout
         if self.num_kv_heads is not None:
             out["num_kv_heads"] = self.num_kv_heads
+        if self.model_head_dim is not None:
+            out["model_head_dim"] = self.model_head_dim
         return {**out, **self.extra}
 
 

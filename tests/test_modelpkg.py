@@ -76,12 +76,26 @@ def test_a_variants_mixed_graph_with_and_without_mixed_graphs() -> None:
     assert CacheSpec.from_dict({**base, "mixed_graphs": {"fp32": 3}}).mixed_graph("fp32") is None
 
 
+def test_padded_heads_round_trip_and_say_where_the_model_channels_sit() -> None:
+    data = {"num_layers": 2, "num_heads": 2, "head_dim": 32, "num_kv_heads": 2, "model_head_dim": 24,
+            "layout": "inplace", "future_cache_key": [1]}
+    cache = CacheSpec.from_dict(data)
+    assert cache.to_dict() == data and cache.extra == {"future_cache_key": [1]}
+    assert (cache.head_dim, cache.real_head_dim) == (32, 24)
+    assert cache.channels == [*range(12), *range(16, 28)]      # each half of the model's head starts a half
+    plain = CacheSpec.from_dict({"num_layers": 2, "num_heads": 2, "head_dim": 32})
+    assert plain.real_head_dim == 32 and plain.channels == list(range(32)) and "model_head_dim" not in plain.to_dict()
+
+
 @pytest.mark.parametrize("change, field", [
     ({"format": "other/1"}, "format"), ({"task": "summarize"}, "task"), ({"max_length": 0}, "max_length"),
     ({"inputs": []}, "inputs"), ({"variants": {"fp32": "../x.onnx"}}, "variants"),
     ({"cache": {"num_layers": 2, "num_heads": 4}}, "cache.head_dim"),
     ({"cache": {"num_layers": 2, "num_heads": 4, "head_dim": 8, "layout": "paged"}}, "cache.layout"),
     ({"cache": {"num_layers": 2, "num_heads": 4, "head_dim": 8, "num_kv_heads": 3}}, "cache.num_kv_heads"),
+    ({"cache": {"num_layers": 2, "num_heads": 4, "head_dim": 8, "model_head_dim": 12}}, "cache.model_head_dim"),
+    ({"cache": {"num_layers": 2, "num_heads": 4, "head_dim": 9, "model_head_dim": 6}}, "cache.model_head_dim"),
+    ({"cache": {"num_layers": 2, "num_heads": 4, "head_dim": 8, "model_head_dim": 0}}, "cache.model_head_dim"),
     ({"task": "classify", "labels": []}, "labels"), ({"task": "fill-mask"}, "mask_token"),
     ({"special_tokens": {"pad": "zero"}}, "special_tokens"),
 ])
