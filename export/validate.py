@@ -66,7 +66,7 @@ def validate_package(pkg: Path, threads: int = 1, eval_data: Path | None = None)
                                  manifest["max_length"], [])
     inp = GateInputs(model=model, task=task, tokenizer=tok, special_tokens=manifest["special_tokens"],
                      max_length=manifest["max_length"], num_layers=info.num_layers, num_heads=info.num_heads,
-                     head_dim=info.hidden_size // info.num_heads, texts=list(BUILTIN_TEXTS), labelled=labelled,
+                     head_dim=info.head_dim, texts=list(BUILTIN_TEXTS), labelled=labelled,
                      tolerances=cfg.tolerances, grid=cfg.grid, threads=threads,
                      cache_layout=(manifest.get("cache") or {}).get("layout", "concat"),
                      num_kv_heads=(manifest.get("cache") or {}).get("num_kv_heads"),

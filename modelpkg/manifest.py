@@ -124,8 +124,8 @@ class CacheSpec:
         if model_head_dim is not None:
             model_head_dim = _positive("cache.model_head_dim", model_head_dim)
             if model_head_dim > sizes["head_dim"] or (model_head_dim < sizes["head_dim"] and sizes["head_dim"] % 2):
-                raise ManifestError(f"model.json: cache.model_head_dim ({model_head_dim}) must not exceed cache.head_dim "
-                                    f"({sizes['head_dim']}), which is even when padded")
+                raise ManifestError(f"model.json: cache.model_head_dim ({model_head_dim}) must not exceed "
+                                    f"cache.head_dim ({sizes['head_dim']}), which is even when padded")
         return cls(**sizes, layout=layout, num_kv_heads=kv_heads, model_head_dim=model_head_dim,
                    extra={k: v for k, v in d.items() if k not in _CACHE_KEYS}, has_layout="layout" in d)
 

@@ -103,6 +103,14 @@ def test_padded_package_describes_its_cache_and_passes_the_gate(packages, name: 
             "mixed graph: decode rows and a prompt chunk in one run"} <= names
 
 
+def test_validate_reruns_the_gate_on_a_padded_package(packages) -> None:
+    from export.validate import validate_package
+
+    repo, _, _ = packages
+    passed, table = validate_package(repo / LLAMA / "1")
+    assert passed, table
+
+
 def test_the_padded_channels_stay_zero_and_the_model_channels_equal_pytorch(packages) -> None:
     """The cache layout modelpkg.head_channels documents, read straight from the buffers the graph wrote."""
     repo, models, tok = packages
