@@ -507,7 +507,9 @@ def failure_table(results: dict[str, VariantResult], tokenizer: dict[str, Any] |
             continue
         if "atol" in r.tolerance:
             limit = f"atol {r.tolerance['atol']:g} rtol {r.tolerance['rtol']:g}"
-            bad = {c.worst_output for c in r.checks if not c.passed and c.worst_output}
+            # A row is an output (the grid's) or a check (the in-place checks key their differences by name).
+            bad = {c.worst_output for c in r.checks if not c.passed and c.worst_output} | \
+                  {c.name for c in r.checks if not c.passed}
             for name, d in r.max_abs_diff.items():
                 rows.append(f"{v:<10} {name:<44} {d:>12.3e}  {limit:<22} {'FAIL' if name in bad else 'ok'}")
         for c in r.checks:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,6 +131,12 @@ def test_perturbed_inplace_decoder_is_refused(tiny_checkpoints, tmp_path: Path) 
     assert proc.returncode == 1, proc.stderr
     assert "parity gate failed" in proc.stderr and "Traceback" not in proc.stderr
     assert "FAIL" in proc.stderr and not (tmp_path / "repo" / "g" / "1").exists()
+    # Each failed check's row of the table says FAIL too (the in-place checks key their rows by check name).
+    failed = re.findall(r"^fp32 +failed: (.+?) \(", proc.stderr, re.M)
+    assert failed
+    for name in failed:
+        row = next(line for line in proc.stderr.splitlines() if line.startswith(f"fp32       {name[:44]}"))
+        assert row.rstrip().endswith("FAIL"), row
 
 
 def test_inplace_decoder_refuses_other_variants(tiny_checkpoints, tmp_path: Path) -> None:
