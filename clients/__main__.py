@@ -17,6 +17,7 @@ import grpc
 
 from . import render
 from .cli_args import (
+    DEFAULT_MODELS,
     OneLineParser,
     add_connection_args,
     addresses,
@@ -31,8 +32,6 @@ from .errors import OrtserveError
 from .types import to_jsonable
 
 log = logging.getLogger("clients")
-
-DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Argument parsing shared by the CLI and the batch script: connection options and value checks."""
+"""Argument parsing shared by the CLI and the batch script: default models, connection options and value checks."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,8 @@ from .config import Backoff, TLSConfig
 DEFAULT_ADDRESS = "localhost:8001"
 ADDRESS_ENV = "ORTSERVE_ADDRESS"
 TOKEN_ENV = "ORTSERVE_TOKEN"
+# The model each task's command uses without --model: the names `python -m pipeline` publishes (its default).
+DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
 
 
 class OneLineParser(argparse.ArgumentParser):

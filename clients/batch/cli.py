@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..aio import AsyncOrtserveClient
 from ..cli_args import (
+    DEFAULT_MODELS,
     OneLineParser,
     add_connection_args,
     addresses,
@@ -36,8 +37,6 @@ from .server import ServerRunner
 from .tasks import TASKS, Runner, TaskConfig
 
 log = logging.getLogger("clients.batch")
-
-DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
 
 
 @dataclass(frozen=True)
