@@ -16,17 +16,8 @@ from typing import Any
 import grpc
 
 from . import render
-from .cli_args import (
-    DEFAULT_MODELS,
-    OneLineParser,
-    add_connection_args,
-    addresses,
-    client_kwargs,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
+from .cli_args import (DEFAULT_MODELS, OneLineParser, add_connection_args, addresses, client_kwargs,
+                       non_negative_float, non_negative_int, positive_float, positive_int)
 from .client import OrtserveClient
 from .errors import OrtserveError
 from .types import to_jsonable

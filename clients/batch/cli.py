@@ -18,17 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..aio import AsyncOrtserveClient
-from ..cli_args import (
-    DEFAULT_MODELS,
-    OneLineParser,
-    add_connection_args,
-    addresses,
-    client_kwargs,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
+from ..cli_args import (DEFAULT_MODELS, OneLineParser, add_connection_args, addresses, client_kwargs,
+                        non_negative_float, non_negative_int, positive_float, positive_int)
 from ..types import GenerationParams
 from .input import FORMATS, count_records, detect_format, read_records
 from .output import OutputLog

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from training import data as data_mod
+from training.checkpoint import save_model
 from training.tokenizer import TOKENIZER_FILES, copy_tokenizer_dir
 
 Batch = dict[str, torch.Tensor]
@@ -35,6 +36,33 @@ class Task(Protocol):
     def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None: ...
     def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None: ...
     def summary(self) -> dict[str, Any]: ...
+
+
+class HeldOutTask:
+    """What the three tasks share: training rows in `train`, held-out rows per split in `held`, scoring of a
+    split, and checkpoints that ship the cleaned tokenizer copy."""
+
+    train: list
+    held: dict[str, list]
+    tokenizer_copy: Path  # set by the trainer (prepare_tokenizer_copy)
+
+    def num_examples(self) -> int:
+        return len(self.train)
+
+    @torch.inference_mode()
+    def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None:
+        """The split's metrics (None when it has no held-out rows), the model in eval mode, no gradients."""
+        rows = self.held.get(split) or []
+        if not rows:
+            return None
+        model.eval()
+        return self.score(model, rows, device)
+
+    def score(self, model: nn.Module, rows: list, device: torch.device) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None:
+        save_model(model, out_dir, tokenizer_files=tokenizer_files(self.tokenizer_copy), extra_files=extra_files)
 
 
 def pad_ids(seqs: Sequence[Sequence[int]], value: int) -> torch.Tensor:

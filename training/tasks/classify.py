@@ -14,11 +14,11 @@ from torch import nn
 
 from training import data as data_mod
 from training.bert import init_weights
-from training.checkpoint import checkpoint_kind, family_of_kind, load_model, save_model
+from training.checkpoint import checkpoint_kind, family_of_kind, load_model
 from training.metrics import classification_metrics
 from training.tokenizer import load_tokenizer
 
-from .base import Batch, pad_ids, sample_capped, tokenizer_files
+from .base import Batch, HeldOutTask, pad_ids, sample_capped
 from .mlm import MLM_KINDS
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _pooler_dense(model: nn.Module) -> nn.Linear:
             "electra": lambda: model.classifier.dense}[family]()
 
 
-class ClassifyTask:
+class ClassifyTask(HeldOutTask):
     name = "classify"
     kind = "bert-classifier"  # per instance: <family of --init>-classifier
     eval_key = "macro_f1"
@@ -146,9 +146,6 @@ class ClassifyTask:
         finally:
             tok.no_truncation()
         return [(e.ids, e.type_ids, self.label_index[x.label]) for e, x in zip(encs, exs)]
-
-    def num_examples(self) -> int:
-        return len(self.train)
 
     def build_model(self, resume: Path | None, dropout: float | None) -> nn.Module:
         over: dict[str, Any] = {
@@ -216,12 +213,7 @@ class ClassifyTask:
                 aux, local["labels"], reduction="sum", label_smoothing=label_smoothing) / n
         return loss
 
-    @torch.inference_mode()
-    def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None:
-        examples = self.held.get(split) or []
-        if not examples:
-            return None
-        model.eval()
+    def score(self, model: nn.Module, examples: list, device: torch.device) -> dict[str, Any]:
         # Length-sorted batches waste less padding; predictions are put back in order.
         order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
         preds = [0] * len(examples)
@@ -237,9 +229,6 @@ class ClassifyTask:
         out["loss"] = nll / len(examples)
         return out
 
-    def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None:
-        save_model(model, out_dir, tokenizer_files=tokenizer_files(self.tokenizer_copy), extra_files=extra_files)
-
     def summary(self) -> dict[str, Any]:
         s: dict[str, Any] = {"data": self.source, "labels": self.labels, "class_counts": self.class_counts,
                              "init": str(self.cfg.init), "arch": self.kind.rsplit("-", 1)[0]}
@@ -248,8 +237,6 @@ class ClassifyTask:
         if self.baseline is not None:
             s["majority_baseline_test"] = self.baseline
         return s
-
-    tokenizer_copy: Path
 
 
 def _counts(exs: Sequence[data_mod.Example]) -> dict[str, int]:

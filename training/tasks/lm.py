@@ -11,13 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from training import data as data_mod
-from training.checkpoint import load_model, save_model
+from training.checkpoint import load_model
 from training.gpt import GPT2LMHeadModel, GPTConfig
 from training.llama import LlamaConfig, LlamaForCausalLM
 from training.metrics import perplexity
 from training.tokenizer import load_tokenizer
 
-from .base import Batch, default_corpus, sample_capped, tokenizer_files, user_corpus
+from .base import Batch, HeldOutTask, default_corpus, sample_capped, user_corpus
 
 @dataclass
 class LMConfig:
@@ -34,7 +34,7 @@ class LMConfig:
 LM_ARCHS = {"gpt2": "gpt", "llama": "llama"}
 
 
-class LMTask:
+class LMTask(HeldOutTask):
     name = "lm"
     kind = "gpt"  # per instance: gpt | llama
     eval_key = "perplexity"
@@ -68,9 +68,6 @@ class LMTask:
             stream.append(self.tok.eos_id)
         w = self.cfg.max_length + 1
         return [stream[i:i + w] for i in range(0, len(stream) - w + 1, self.cfg.max_length)]
-
-    def num_examples(self) -> int:
-        return len(self.train)
 
     def build_model(self, resume: Path | None, dropout: float | None) -> nn.Module:
         if self.kind == "llama":
@@ -108,12 +105,7 @@ class LMTask:
         n = ids.shape[0] * (ids.shape[1] - 1)
         return self._nll(model, ids[rows], label_smoothing) / n
 
-    @torch.inference_mode()
-    def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None:
-        blocks = self.held.get(split) or []
-        if not blocks:
-            return None
-        model.eval()
+    def score(self, model: nn.Module, blocks: list, device: torch.device) -> dict[str, Any]:
         nll, n = 0.0, 0
         for start in range(0, len(blocks), 32):
             ids = torch.tensor(blocks[start:start + 32], dtype=torch.long, device=device)
@@ -126,11 +118,6 @@ class LMTask:
         return {"loss": nll / n, "perplexity": perplexity(nll, n), "bits_per_char": nll / math.log(2) / max(chars, 1),
                 "tokens": n, "chars": chars, "blocks": len(blocks)}
 
-    def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None:
-        save_model(model, out_dir, tokenizer_files=tokenizer_files(self.tokenizer_copy), extra_files=extra_files)
-
     def summary(self) -> dict[str, Any]:
         return {"corpus": self.corpus_source, "train_blocks": len(self.train), "arch": self.cfg.arch,
                 "heldout_blocks": {k: len(v) for k, v in self.held.items()}, "vocab_size": self.tok.vocab_size}
-
-    tokenizer_copy: Path

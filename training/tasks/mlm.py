@@ -15,13 +15,13 @@ from torch import nn
 from training import data as data_mod
 from training.albert import AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining
 from training.bert import BertConfig, BertForMaskedLM, BertForPreTraining
-from training.checkpoint import checkpoint_kind, load_model, save_model
+from training.checkpoint import checkpoint_kind, load_model
 from training.masking import IGNORE_INDEX, MaskingConfig, build_pairs, mask_tokens, non_special_ids
 from training.metrics import topk_hits
 from training.roberta import RobertaConfig, RobertaForMaskedLM
 from training.tokenizer import TokenizerInfo, load_tokenizer
 
-from .base import Batch, default_corpus, pad_ids, sample_capped, tokenizer_files, user_corpus
+from .base import Batch, HeldOutTask, default_corpus, pad_ids, sample_capped, user_corpus
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class MLMConfig:
 EVAL_MASKING = MaskingConfig()
 
 
-class MLMTask:
+class MLMTask(HeldOutTask):
     name = "mlm"
     eval_key = "loss"
     higher_is_better = False
@@ -131,9 +131,6 @@ class MLMTask:
                 if len(chunk) >= 8:
                     out.append((chunk, None, 0))
         return out
-
-    def num_examples(self) -> int:
-        return len(self.train)
 
     def build_model(self, resume: Path | None, dropout: float | None) -> nn.Module:
         over = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
@@ -248,12 +245,7 @@ class MLMTask:
             loss = loss + F.cross_entropy(rel, local["pair_labels"], reduction="sum") / n
         return loss
 
-    @torch.inference_mode()
-    def evaluate(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any] | None:
-        examples = self.held.get(split) or []
-        if not examples:
-            return None
-        model.eval()
+    def score(self, model: nn.Module, examples: list, device: torch.device) -> dict[str, Any]:
         nll, n, hits = 0.0, 0, {1: 0, 5: 0}
         bs = 64
         for start in range(0, len(examples), bs):
@@ -270,16 +262,11 @@ class MLMTask:
         return {"loss": nll / max(n, 1), "top1": hits[1] / max(n, 1), "top5": hits[5] / max(n, 1),
                 "masked_tokens": n, "examples": len(examples)}
 
-    def save(self, model: nn.Module, out_dir: Path, extra_files: dict[str, bytes]) -> None:
-        save_model(model, out_dir, tokenizer_files=tokenizer_files(self.tokenizer_copy), extra_files=extra_files)
-
     def summary(self) -> dict[str, Any]:
         return {"corpus": self.corpus_source, "train_examples": len(self.train),
                 "heldout_examples": {k: len(v) for k, v in self.held.items()}, "arch": self.cfg.arch,
                 "pair_objective": self.cfg.pair_objective, "vocab_size": self.tok.vocab_size,
                 "init": self.cfg.init}
-
-    tokenizer_copy: Path  # set by the trainer: a cleaned copy of the tokenizer dir
 
 
 def _mlm_bias(model: nn.Module) -> nn.Parameter:
