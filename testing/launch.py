@@ -21,8 +21,8 @@ import threading
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from pathlib import Path
+from types import TracebackType
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (python -m server runs there)
 _LISTENING = re.compile(r"(?<!http )listening on (\S+):(\d+)")
