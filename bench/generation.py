@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 
 from modelpkg import CACHE_ELEMENT_TYPES, past_names, present_names
+from testing.launch import ChildProcess as Process, ServerProcess, free_port
 
 from .blocks import write_block
 from .machine import describe
 from .material import bpe_tokenizer_dir, random_gpt
-from .serverproc import Process, ServerProcess, free_port
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent

@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from testing.launch import ChildProcess as Process, ServerProcess, free_port
+
 from .config import PeerConfig
 from .encoder import encode
 from .material import classifier_checkpoint, export_package, passages, shared_dir
 from .ortprofile import session
 from .pyprofile import profile_server
-from .serverproc import Process, ServerProcess, free_port
 from .stats import Summary, percentile, ratio
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testing.launch import ServerProcess
+
 from .config import ServerBenchConfig
 from .material import classifier_checkpoint, export_package, lm_checkpoint, passages, shared_dir
 from .pyprofile import profile_server
-from .serverproc import ServerProcess
 from .stats import Summary, percentile, ratio
 
 log = logging.getLogger(__name__)

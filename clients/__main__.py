@@ -16,23 +16,13 @@ from typing import Any
 import grpc
 
 from . import render
-from .cli_args import (
-    OneLineParser,
-    add_connection_args,
-    addresses,
-    client_kwargs,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
+from .cli_args import (DEFAULT_MODELS, OneLineParser, add_connection_args, addresses, client_kwargs,
+                       non_negative_float, non_negative_int, positive_float, positive_int)
 from .client import OrtserveClient
 from .errors import OrtserveError
 from .types import to_jsonable
 
 log = logging.getLogger("clients")
-
-DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
 
 
 def build_parser() -> argparse.ArgumentParser:

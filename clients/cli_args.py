@@ -1,4 +1,4 @@
-"""Argument parsing shared by the CLI and the batch script: connection options and value checks."""
+"""Argument parsing shared by the CLI and the batch script: default models, connection options and value checks."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,8 @@ from .config import Backoff, TLSConfig
 DEFAULT_ADDRESS = "localhost:8001"
 ADDRESS_ENV = "ORTSERVE_ADDRESS"
 TOKEN_ENV = "ORTSERVE_TOKEN"
+# The model each task's command uses without --model: the names `python -m pipeline` publishes (its default).
+DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -22,24 +24,22 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(lowest: int, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {lowest}, got {text!r}") from None
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {lowest}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(1, text)
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _int_at_least(0, text)
 
 
 def non_negative_float(text: str) -> float:

@@ -1,19 +1,19 @@
-"""Moved: the export-and-deploy pipeline is the `pipeline` package (`python -m pipeline`).
+"""Moved: the export-and-deploy pipeline is its own package, `python -m pipeline` (same flags).
 
-`python -m clients.deploy ...` still works and runs it with the same flags.
+`python -m clients.deploy` only says so, in one line, and exits 2: the client library never imports the
+pipeline (the pipeline is the one that imports the client library, for its channel and configuration).
 """
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
-from pipeline import Pipeline, PipelineConfig, PipelineError
-from pipeline.cli import main as _main, parse_args
-
-__all__ = ["Pipeline", "PipelineConfig", "PipelineError", "main", "parse_args"]
+MOVED = "python -m clients.deploy has moved: run `python -m pipeline` with the same flags"
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _main(argv, prog="python -m clients.deploy")
+def main(argv: Sequence[str] | None = None) -> int:
+    print(f"error: {MOVED}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ log = logging.getLogger("ortserve.pipeline")
 USAGE = "python -m pipeline --workdir artifacts --repository model_repository [--server localhost:8001]"
 
 
-def parse_args(argv: list[str] | None = None, prog: str = "python -m pipeline") -> PipelineConfig:
-    p = argparse.ArgumentParser(prog=prog, description="The export-and-deploy pipeline: text corpus -> trained "
-                                "checkpoints -> parity-checked packages -> live models.")
+def parse_args(argv: list[str] | None = None) -> PipelineConfig:
+    p = argparse.ArgumentParser(prog="python -m pipeline", description="The export-and-deploy pipeline: text "
+                                "corpus -> trained checkpoints -> parity-checked packages -> live models.")
     p.add_argument("--workdir", type=Path, default=Path("artifacts"), help="tokenizers and checkpoints go here")
     p.add_argument("--repository", type=Path, default=Path("model_repository"), help="model repository to publish into")
     p.add_argument("--corpus", type=Path, nargs="*", default=[], help="text files (default: Shakespeare)")
@@ -114,9 +114,9 @@ def _assignments(p: argparse.ArgumentParser, flag: str, form: str, items: list[s
     return out
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m pipeline") -> int:
+def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg = parse_args(argv, prog)
+    cfg = parse_args(argv)
     started = time.monotonic()
     try:
         pipeline = Pipeline(cfg)

@@ -1,12 +1,11 @@
 """Publishing a checkpoint as a new package version, unless the latest version already holds it."""
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
 
-from modelpkg import MANIFEST_FILE, existing_versions, sha256_file
+from modelpkg import MANIFEST_FILE, Manifest, ManifestError, existing_versions, sha256_file
 
 from .errors import PipelineError
 from .steps import run_command
@@ -20,11 +19,10 @@ def latest_source(repository: Path, name: str) -> tuple[int, str | None]:
     if not versions:
         return 0, None
     try:
-        manifest = json.loads((repository / name / str(versions[-1]) / MANIFEST_FILE).read_text())
-        source = manifest.get("source") or {}
-        return versions[-1], source.get("checkpoint_sha256")
-    except (OSError, ValueError, AttributeError):
+        manifest = Manifest.from_json((repository / name / str(versions[-1]) / MANIFEST_FILE).read_text())
+    except (OSError, ManifestError):  # unreadable: treated as not holding this checkpoint, so it is exported again
         return versions[-1], None
+    return versions[-1], manifest.source.get("checkpoint_sha256")
 
 
 def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: str) -> int | None:

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clients.cli_args import DEFAULT_MODELS
 from clients.config import ClientConfig
 from training import recipes
 
@@ -23,8 +24,7 @@ class PipelineConfig:
     repository: Path = Path("model_repository")
     corpus: list[Path] = field(default_factory=list)  # empty = the default Shakespeare corpus
     preset: str | None = None                          # None = each trainer's default (small)
-    names: dict[str, str] = field(default_factory=lambda: {"classify": "genre", "fill-mask": "fill-mask",
-                                                          "generate": "gpt", "embed": "minilm"})
+    names: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))  # task -> published name
     # "minilm": fill-mask continues MLM training from the packaged MiniLM (its tokenizer) and the classifier is
     # fine-tuned from MiniLM; "scratch": a WordPiece tokenizer and a BERT pre-trained from random weights on the
     # corpus, the classifier fine-tuned from it (any language, e.g. Chinese: README).

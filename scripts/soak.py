@@ -7,7 +7,7 @@
 It passes (exit 0) when no request failed, the server's RSS grew by at most --max-rss-growth between
 the end of the warm-up (--warmup-seconds into the run) and the end of the run, and, when this script
 started the server, the server drained and exited 0 on SIGTERM. Exit 1 on a failed run, 2 on bad
-arguments. Load is generated on loopback only (scripts/loadgen_lib.py).
+arguments. Load is generated on loopback only (testing/loadgen.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:  # `python scripts/soak.py` puts scripts/ first, n
     sys.path.insert(0, str(ROOT))
 
 from testing.launch import ServerProcess, ServerStartError  # noqa: E402
-from loadgen_lib import KINDS, LoadConfig, LoadConfigError, LoadReport, format_report, run_load  # noqa: E402
+from testing.loadgen import KINDS, LoadConfig, LoadConfigError, LoadReport, format_report, run_load  # noqa: E402
 
 log = logging.getLogger("ortserve.soak")
 PROG = "soak.py"

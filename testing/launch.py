@@ -1,5 +1,6 @@
-"""Start `python -m server` as a child process and wait until it serves: the one launcher that the tests,
-the benchmarks and the soak script use.
+"""Start a server as a child process and wait until it serves: the one launcher that the tests, the benchmarks
+and the soak script use, for ortserve (`ServerProcess`: `python -m server`) and for the peers' servers
+(`ChildProcess`: MLServer, vLLM).
 
 The port is read from the server's "listening on HOST:PORT" log line (so `--port 0` works; the HTTP port,
 when `--http-port` is given in extra_args, from "http listening on HOST:PORT"), then
@@ -8,6 +9,7 @@ The child's output is pumped by a thread, so a full pipe never blocks it, and ke
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -20,6 +22,7 @@ import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (python -m server runs there)
 _LISTENING = re.compile(r"(?<!http )listening on (\S+):(\d+)")
@@ -28,7 +31,7 @@ _METRICS = re.compile(r"metrics on (\S+):(\d+)")
 
 
 class ServerStartError(RuntimeError):
-    """The server did not start or never became SERVING; the message ends with its last output."""
+    """A server did not start (or never became SERVING); the message ends with its last output."""
 
 
 def free_port() -> int:
@@ -48,28 +51,107 @@ def prometheus_sample(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-class ServerProcess:
-    """A real server process on a loopback port.
+class ChildProcess:
+    """A child process whose combined stdout and stderr a thread keeps in `lines`.
 
-    extra_args go after the defaults, so they override them (`--metrics-port 0` for a metrics endpoint).
-    profile_to runs it under cProfile; the statistics are written when it exits after SIGTERM.
+    own_group: the child leads a process group of its own, and stop() / kill() signal the whole group (servers
+    that fork workers: MLServer, vLLM); else only the child is signalled, and a Ctrl-C of ours reaches it too.
     """
 
-    def __init__(self, repository: Path, extra_args: Sequence[str] = (), port: int = 0,
-                 startup_timeout: float = 60.0, root_cert: Path | None = None,
-                 env: Mapping[str, str] | None = None, profile_to: Path | None = None) -> None:
+    def __init__(self, cmd: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path = ROOT,
+                 own_group: bool = True) -> None:
+        self.cmd = list(cmd)
+        self.own_group = own_group
+        self.proc = subprocess.Popen(self.cmd, cwd=cwd, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                     start_new_session=own_group)
+        self.lines: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self, last: int = 30) -> str:
+        return "".join(self.lines[-last:])
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for_line(self, pattern: re.Pattern[str], timeout: float, what: str = "") -> re.Match[str]:
+        """The first line not yet waited on that matches `pattern`. If the child exits or `timeout` passes
+        first, it is killed and ServerStartError says so (`what`: the line expected, in words)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self._lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            match = pattern.search(line)
+            if match:
+                return match
+        self.kill()
+        raise ServerStartError(f"{Path(self.cmd[0]).name} did not report {what or repr(pattern.pattern)}; "
+                               "its output:\n" + self.output(200))
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):  # gone between poll() and here
+            if self.own_group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL: the process vanishes mid-request, as in a crash."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (a server drains), then its exit code; SIGKILL and -9 after `timeout`."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def __enter__(self) -> "ChildProcess":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class ServerProcess(ChildProcess):
+    """A real `python -m server` process on a loopback port.
+
+    extra_args go after the defaults, so they override them (`--metrics-port 0` for a metrics endpoint).
+    startup_timeout bounds each of the two waits (listening, then SERVING); a model build can be slow on a
+    loaded machine. profile_to runs it under cProfile; the statistics are written when it exits after SIGTERM.
+    """
+
+    def __init__(self, repository: Path, extra_args: Sequence[str] = (), startup_timeout: float = 120.0, *,
+                 port: int = 0, root_cert: Path | None = None, env: Mapping[str, str] | None = None,
+                 profile_to: Path | None = None) -> None:
         self.repository = repository
         self.tls = root_cert is not None
         prefix = [sys.executable] + (["-m", "cProfile", "-o", str(profile_to)] if profile_to else [])
         cmd = [*prefix, "-m", "server", "--repository", str(repository), "--port", str(port),
                "--metrics-port", "-1", "--http-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-        self.lines: list[str] = []
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        super().__init__(cmd, env=env, own_group=False)
         try:
-            self.host, self.port = self._wait_listening(startup_timeout)
+            listening = self.wait_for_line(_LISTENING, startup_timeout, "'listening on HOST:PORT'")
+            self.host, self.port = listening.group(1), int(listening.group(2))
             self._wait_serving(startup_timeout, root_cert)
         except ServerStartError:
             self.kill()
@@ -92,13 +174,6 @@ class ServerProcess:
         """http(s)://HOST:PORT of the HTTP front door."""
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def output(self, last: int = 30) -> str:
-        return "".join(self.lines[-last:])
-
     def metric(self, name: str, **labels: str) -> float:
         """A sample of the Prometheus endpoint (start with extra_args ["--metrics-port", "0"]); 0 if absent."""
         found = [m for m in (_METRICS.search(line) for line in self.lines) if m]
@@ -107,27 +182,6 @@ class ServerProcess:
         url = f"http://{found[-1].group(1)}:{found[-1].group(2)}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             return prometheus_sample(response.read().decode(), name, **labels)
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _wait_listening(self, timeout: float) -> tuple[str, int]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                line = self._lines.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            match = _LISTENING.search(line)
-            if match:
-                return match.group(1), int(match.group(2))
-        raise ServerStartError("server did not report 'listening on HOST:PORT'; its output:\n" + self.output(200))
 
     def _wait_serving(self, timeout: float, root_cert: Path | None) -> None:
         import grpc
@@ -150,24 +204,5 @@ class ServerProcess:
                 time.sleep(0.05)
         raise ServerStartError("server did not become SERVING; its output:\n" + self.output(200))
 
-    def kill(self) -> None:
-        """SIGKILL: the server vanishes mid-request, as in a crash."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM (the server drains), then its exit code; SIGKILL and -9 after `timeout`."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return -9
-
     def __enter__(self) -> "ServerProcess":
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

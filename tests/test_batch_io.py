@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from clients.batch_input import count_records, detect_format, read_records
-from clients.batch_output import OutputLog, ResumeFilter, id_key
+from clients.batch.input import count_records, detect_format, read_records
+from clients.batch.output import OutputLog, ResumeFilter, id_key
 
 
 def test_jsonl_ids_and_malformed_lines_become_failed_records(tmp_path: Path) -> None:

@@ -215,7 +215,7 @@ def test_in_process_and_grpc_paths_serve_the_same_models(tiny_repository: Path, 
     import shutil
 
     from bench.server import InProcess, OverGrpc, closed_loop
-    from bench.serverproc import ServerProcess
+    from testing.launch import ServerProcess
 
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repository, repo)

@@ -106,6 +106,13 @@ def test_export_pipeline_and_training_under_a_file_are_one_line(tiny_checkpoints
     assert line.startswith("error: ") and str(a_file) in line
 
 
+def test_the_moved_deploy_command_is_one_line_naming_the_pipeline(tmp_path: Path) -> None:
+    result = run_cli([sys.executable, "-m", "clients.deploy", "--workdir", str(tmp_path / "w"),
+                      "--repository", str(tmp_path / "r")])
+    assert result.returncode == 2 and "python -m pipeline" in one_line_error(result)
+    assert list(tmp_path.iterdir()) == []  # it ran nothing
+
+
 def test_server_with_an_unreadable_file_is_one_line(tmp_path: Path) -> None:
     """/proc/self/mem is a regular file that fails to read (EIO): a certificate that cannot be read."""
     result = run_cli([sys.executable, "-m", "server", "--repository", str(tmp_path), "--tls-cert", "/proc/self/mem",

@@ -62,8 +62,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return files
 
 
-def deploy(workdir: Path, repo: Path, inputs: dict[str, Path], *extra: str, module: str = "pipeline") -> dict:
-    cmd = [sys.executable, "-m", module, "--workdir", str(workdir), "--repository", str(repo),
+def deploy(workdir: Path, repo: Path, inputs: dict[str, Path], *extra: str) -> dict:
+    cmd = [sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--repository", str(repo),
            "--corpus", str(inputs["corpus"]), "--encoder", "scratch", "--preset", "tiny",
            "--classify-data", str(inputs["train"]), str(inputs["validation"]), str(inputs["test"]),
            "--steps", "mlm=10", "--steps", "lm=10", "--quiet", *extra]
@@ -81,8 +81,8 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
         parity = json.loads((repo / name / "1" / "parity.json").read_text())
         assert parity["passed"] is True
 
-    # A re-run with nothing changed does no work (through the old entry point, which still works).
-    again = deploy(workdir, repo, inputs, "--steps", "classify=30", module="clients.deploy")
+    # A re-run with nothing changed does no work.
+    again = deploy(workdir, repo, inputs, "--steps", "classify=30")
     assert again["published"] == {} and again["ran"] == []
 
     cert, key = self_signed(tmp_path, "server")

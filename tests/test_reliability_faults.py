@@ -17,7 +17,6 @@ import json
 import re
 import shutil
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,14 +26,12 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_process import ROOT, ServerProcess, repository_with
+from server_process import ServerProcess, repository_with
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from loadgen_lib import LoadConfig, LoadReport, run_load  # noqa: E402
+from testing.loadgen import LoadConfig, LoadReport, run_load
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -18,8 +18,7 @@ import pytest
 from server_process import ROOT, ServerProcess, repository_with, shared_server
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
-sys.path.insert(0, str(ROOT / "scripts"))  # scripts/ is not a package: its modules run as scripts too
-from loadgen_lib import KINDS, LoadConfig, LoadConfigError, run_load  # noqa: E402
+from testing.loadgen import KINDS, LoadConfig, LoadConfigError, run_load
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
 MODEL_OF = {"classify": CLASSIFIER, "fill-mask": FILL_MASK, "generate-stream": GPT}

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .batch_input import RecordId
+from .input import RecordId
 
 log = logging.getLogger(__name__)
 

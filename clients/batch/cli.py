@@ -1,4 +1,4 @@
-"""`python -m clients.batch` / `ortserve-batch`: batch inference over a JSONL, CSV or text file.
+"""The `ortserve-batch` command line: batch inference over a JSONL, CSV or text file.
 
     ortserve-batch classify reviews.jsonl -o labels.jsonl --address host:8001 --concurrency 16
     ortserve-batch generate prompts.txt -o out.jsonl --local model_repository --max-new-tokens 20
@@ -17,27 +17,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .aio import AsyncOrtserveClient
-from .batch_input import FORMATS, count_records, detect_format, read_records
-from .batch_output import OutputLog
-from .batch_run import Counts, RunAborted, run_records
-from .batch_server import ServerRunner
-from .batch_tasks import TASKS, Runner, TaskConfig
-from .cli_args import (
-    OneLineParser,
-    add_connection_args,
-    addresses,
-    client_kwargs,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
-from .types import GenerationParams
+from ..aio import AsyncOrtserveClient
+from ..cli_args import (DEFAULT_MODELS, OneLineParser, add_connection_args, addresses, client_kwargs,
+                        non_negative_float, non_negative_int, positive_float, positive_int)
+from ..types import GenerationParams
+from .input import FORMATS, count_records, detect_format, read_records
+from .output import OutputLog
+from .run import Counts, RunAborted, run_records
+from .server import ServerRunner
+from .tasks import TASKS, Runner, TaskConfig
 
 log = logging.getLogger("clients.batch")
-
-DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +115,7 @@ def _progress_bar(config: BatchConfig, initial: int):
 
 async def _make_runner(config: BatchConfig, args: argparse.Namespace) -> Runner:
     if config.local_repository is not None:
-        from .batch_local import LocalRunner  # imports the server package: only when asked for
+        from .local import LocalRunner  # imports the server package: only when asked for
 
         return await LocalRunner.start(config.local_repository, config.task)
     return ServerRunner(AsyncOrtserveClient(addresses(args), **client_kwargs(args)), config.task)
@@ -145,7 +135,7 @@ def run(config: BatchConfig, args: argparse.Namespace) -> tuple[Counts, OutputLo
     try:
         with _progress_bar(config, out.written_before) as bar:
             if config.ray_workers:
-                from .batch_ray import run_with_ray
+                from .ray_pool import run_with_ray
 
                 counts = run_with_ray(config, out, bar)
             else:
@@ -177,7 +167,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     print(counts.summary(config.output), file=sys.stderr)
     return 1 if counts.failed or counts.failed_before else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,10 +10,10 @@ from typing import Any
 
 import grpc
 
-from .batch_input import Record
-from .batch_output import OutputLog, ResumeFilter, id_key
-from .batch_tasks import Runner
-from .errors import OrtserveError
+from ..errors import OrtserveError
+from .input import Record
+from .output import OutputLog, ResumeFilter, id_key
+from .tasks import Runner
 
 # Answers that say "this run cannot work" rather than "this record is bad": the run stops (and can
 # be resumed) instead of writing every remaining record as failed, which a re-run would then skip.

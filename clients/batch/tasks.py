@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from .batch_input import Record
-from .types import Classification, FillMaskResult, Generation, GenerationParams
+from ..types import Classification, FillMaskResult, Generation, GenerationParams
+from .input import Record
 
 TASKS = ("classify", "fill-mask", "generate", "embed")
 

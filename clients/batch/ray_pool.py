@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from .batch_input import Record
-from .batch_output import OutputLog
-from .batch_run import Counts, RunAborted, plan, write_answer
-from .batch_tasks import TaskConfig
-from .errors import OrtserveError
+from ..errors import OrtserveError
+from .input import Record
+from .output import OutputLog
+from .run import Counts, RunAborted, plan, write_answer
+from .tasks import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class _Worker:
     """Ray actor: one event loop and one in-process data plane for the actor's lifetime."""
 
     def __init__(self, repository: str, config: TaskConfig, concurrency: int) -> None:
-        from .batch_local import LocalRunner
+        from .local import LocalRunner
 
         self.loop = asyncio.new_event_loop()
         # One onnxruntime thread per actor: the actors themselves are the parallelism.
@@ -39,7 +39,7 @@ class _Worker:
         self.slots = concurrency
 
     async def _answer_all(self, records: list[Record]) -> list[str]:
-        from .batch_run import ABORT_CODES, error_payload
+        from .run import ABORT_CODES, error_payload
 
         slots = asyncio.Semaphore(self.slots)
 
@@ -66,7 +66,7 @@ def run_with_ray(config: Any, out: OutputLog, progress: Any) -> Counts:
     import ray
     import ray.data
 
-    from .batch_input import read_records
+    from .input import read_records
 
     counts = Counts(failed_before=out.failed_before)
     todo = list(plan(read_records(config.input, config.format, config.task.task), out, counts))

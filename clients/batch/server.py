@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from .aio import AsyncOrtserveClient
-from .batch_input import Record
-from .batch_tasks import TaskConfig, classification_payload, embedding_payload, fill_mask_payload, generation_payload
+from ..aio import AsyncOrtserveClient
+from .input import Record
+from .tasks import TaskConfig, classification_payload, embedding_payload, fill_mask_payload, generation_payload
 
 
 class ServerRunner:

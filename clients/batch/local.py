@@ -12,11 +12,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from .batch_input import Record
-from .batch_tasks import (TaskConfig, classification_payload, embedding_payload, fill_mask_payload,
-                          generation_payload)
-from .errors import OrtserveError
-from .types import (
+from ..errors import OrtserveError
+from ..types import (
     Classification,
     FillMaskResult,
     GeneratedToken,
@@ -27,6 +24,9 @@ from .types import (
     TokenLogprob,
     Usage,
 )
+from .input import Record
+from .tasks import (TaskConfig, classification_payload, embedding_payload, fill_mask_payload,
+                     generation_payload)
 
 log = logging.getLogger(__name__)
 
