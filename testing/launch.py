@@ -142,13 +142,16 @@ class ServerProcess(ChildProcess):
 
     def __init__(self, repository: Path, extra_args: Sequence[str] = (), startup_timeout: float = 120.0, *,
                  port: int = 0, root_cert: Path | None = None, env: Mapping[str, str] | None = None,
-                 profile_to: Path | None = None) -> None:
+                 profile_to: Path | None = None, root: Path = ROOT) -> None:
+        """root: the source tree whose server runs (another checkout for an A/B run: bench/engine_ab.py)."""
         self.repository = repository
         self.tls = root_cert is not None
         prefix = [sys.executable] + (["-m", "cProfile", "-o", str(profile_to)] if profile_to else [])
         cmd = [*prefix, "-m", "server", "--repository", str(repository), "--port", str(port),
                "--metrics-port", "-1", "--http-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args]
-        super().__init__(cmd, env=env, own_group=False)
+        if root != ROOT:
+            env = {**(env or {}), "PYTHONPATH": str(root)}
+        super().__init__(cmd, env=env, cwd=root, own_group=False)
         try:
             listening = self.wait_for_line(_LISTENING, startup_timeout, "'listening on HOST:PORT'")
             self.host, self.port = listening.group(1), int(listening.group(2))
