@@ -22,15 +22,15 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from prometheus_client import start_http_server
 
 from protos import grpc_service_pb2, grpc_service_pb2_grpc, ortserve_pb2, ortserve_pb2_grpc
-from server.auth import BearerTokenInterceptor
+from server.grpc.auth import BearerTokenInterceptor
 from server.dataplane import DataPlane
-from server.decoding import SafeRegistrar
+from server.grpc.decoding import SafeRegistrar
 from server.http.app import build_app
 from server.http.serve import HttpServer
 from server.metrics import Metrics
-from server.servicers.health import HealthServicer
-from server.servicers.kserve import KServeServicer
-from server.servicers.task import TaskServicer
+from server.grpc.health import HealthServicer
+from server.grpc.kserve import KServeServicer
+from server.grpc.task import TaskServicer
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class OrtServer:
                    ("grpc.so_reuseport", 0)]  # a second server on a busy port must fail, not share it
         interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
         server = grpc.aio.server(options=options, interceptors=interceptors)
-        services = SafeRegistrar(server)  # undecodable requests: INVALID_ARGUMENT naming the field (server/decoding.py)
+        services = SafeRegistrar(server)  # undecodable requests: INVALID_ARGUMENT naming the field (server/grpc/decoding.py)
         ortserve_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(self.plane), services)
         grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(self.plane), services)
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.plane), services)

@@ -2,7 +2,7 @@
 
 The gRPC servicers (task API, KServe v2, health) and in-process callers (batch jobs, benchmarks) call these
 methods and nothing below them. No gRPC here: errors are ServingError(code, message), which a front door
-maps to its status codes (server/servicers/status.py for gRPC).
+maps to its status codes (server/grpc/status.py for gRPC).
 
     plane = await DataPlane.start(settings)
     result = await plane.classify("genre", 0, [("To be or not to be", None)])

@@ -9,7 +9,7 @@ from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 from server.errors import Code, ServingError
 from server.generation import GeneratedToken, GenerationParams, Usage
-from server.servicers.common import Instrumented, deadline_of, streaming, unary
+from server.grpc.common import Instrumented, deadline_of, streaming, unary
 from server.types import ModelStatus, StreamPart
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
