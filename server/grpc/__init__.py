@@ -1,5 +1,6 @@
 """The gRPC front door: protobuf <-> data-plane calls (server/dataplane.py), nothing below it.
 
+    app.py       the grpc.aio server: services, reflection, the bearer-token interceptor, ports, TLS
     task.py      ortserve.v1.TaskService (protos/ortserve.proto)
     kserve.py    inference.GRPCInferenceService (KServe v2; text mode in server/kserve.py, shared with HTTP)
     health.py    grpc.health.v1

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 import server
 from server.errors import Code, ServingError
-from server.http.app import KSERVE, Door, route
+from server.http.guard import KSERVE, Door, route
 from server.http.body import deadline_from_headers, field, parse_json, read_body, require_content_type
 from server.http.errors import HttpError
 from server.http.tensors import HEADER_LENGTH, decode_request, encode_response, split_body

@@ -32,7 +32,7 @@ from starlette.routing import Route
 from server.errors import Code, ServingError
 from server.generation import GeneratedToken, GenerationParams, Usage
 from server.generation.params import MAX_TOP_LOGPROBS
-from server.http.app import OPENAI, Door, route
+from server.http.guard import OPENAI, Door, route
 from server.http.body import deadline_from_headers, field, json_object
 from server.http.chat import render_chat
 from server.http.errors import classify_error, openai_body
