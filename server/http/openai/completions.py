@@ -1,0 +1,212 @@
+"""POST /v1/completions: prompt (text or token ids, one or a list), the sampling fields, n, logprobs, echo (with
+logprobs: the prompt's tokens scored too, as lm-eval's loglikelihood requests ask), stream (server-sent events),
+and vLLM's prompt_logprobs (each prompt token's logprob, rank and alternatives).
+
+One pass: the body decoded into a CompletionRequest, its GenerationParams per choice, the data-plane calls,
+the answer encoded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.errors import ServingError
+from server.generation import GeneratedToken, GenerationParams, Usage
+from server.generation.params import MAX_TOP_LOGPROBS
+from server.http.body import deadline_from_headers
+from server.http.decode import typed_body
+from server.http.guard import OPENAI, Door, route
+from server.http.openai.answers import FINISH, json_answer, usage
+from server.http.openai.params import choices, generation_params, include_usage, refuse_unsupported
+from server.http.openai.protocol import CompletionRequest
+from server.http.openai.stream import event_stream, gather_all, merged, opened, sse
+from server.types import GenerateResult, StreamPart
+
+MAX_LOGPROBS = 5                  # OpenAI's limit for completions' logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """What a /v1/completions body asks for beyond the sampling parameters."""
+
+    logprobs: int | None          # alternatives per generated token (and per prompt token, with echo)
+    echo: bool
+    stream: bool
+    prompt_logprobs: int | None   # vLLM's: the prompt scored, in its own shape, with this many alternatives
+    score_only: bool              # echo with max_tokens 0: the prompt scored, nothing generated
+
+
+@route("Completions", OPENAI)
+async def completions(door: Door, request: Request) -> Response:
+    body = await typed_body(request, door.max_body_bytes, CompletionRequest)
+    model = request.state.model = body.model
+    prompts = _prompts(body.prompt)
+    refuse_unsupported(body)
+    ask, params = _ask(body)
+    per_prompt = choices(body, params)
+    n = len(per_prompt)
+    # Choice k answers prompt k // n with the parameters of completion k % n (OpenAI's order).
+    jobs = [(prompt, params) for prompt in prompts for params in per_prompt]
+    deadline = deadline_from_headers(request)
+    ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if ask.stream:
+        streams = [door.plane.generate_stream(model, 0, p, params, deadline) for p, params in jobs]
+        firsts = await opened(streams)
+        echoed = [_echo_text(door, model, p) for p, _ in jobs] if ask.echo else []   # token ids: checked by now
+        events = _events(door, streams, firsts, ident, created, echoed, ask.logprobs is not None,
+                         include_usage(body), n)
+        return event_stream(events, streams, "Completions")
+    results = await gather_all([door.plane.generate(model, 0, p, params, deadline) for p, params in jobs])
+    if ask.score_only:
+        results = [_nothing_generated(r) for r in results]
+    answers = [_choice(door, k, r, _echo_text(door, model, jobs[k][0]) if ask.echo else None, ask)
+               for k, r in enumerate(results)]
+    return json_answer({"id": ident, "object": "text_completion", "created": created, "model": model,
+                        "choices": answers, "usage": usage([r.output.usage for r in results], n)})
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompts(prompt: str | list[Any]) -> list[str | list[int]]:
+    """OpenAI's prompt: a string, a list of strings, a list of token ids, or a list of such lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise ServingError.invalid("prompt", "must not be an empty list")
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(_is_token(t) for t in prompt):
+        return [list(prompt)]
+    if all(isinstance(p, list) and all(_is_token(t) for t in p) for p in prompt):
+        return [list(p) for p in prompt]
+    raise ServingError.invalid("prompt", "must be a string, a list of strings, a list of token ids, or a list of "
+                                         "lists of token ids")
+
+
+def _ask(body: CompletionRequest) -> tuple[_Asked, GenerationParams]:
+    logprobs = body.logprobs
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise ServingError.invalid("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {logprobs}")
+    echo, stream = bool(body.echo), bool(body.stream)
+    vllm_scores = body.prompt_logprobs
+    if vllm_scores is not None and not 0 <= vllm_scores <= MAX_TOP_LOGPROBS:
+        raise ServingError.invalid("prompt_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {vllm_scores}")
+    if vllm_scores is not None and stream:
+        raise ServingError.invalid("prompt_logprobs", "is not supported with stream (echo with logprobs is)")
+    # max_tokens 0 with echo scores the prompt and generates nothing (as older lm-evaluation-harness asks): one token
+    # is generated anyway, since the prompt's last logits come with it, and left out of the answer.
+    if body.max_tokens == 0 and not echo:
+        raise ServingError.invalid("max_tokens", "must be >= 1 (0 only with echo, to score the prompt), got 0")
+    score_only = echo and body.max_tokens == 0
+    if score_only and stream:
+        raise ServingError.invalid("max_tokens", "0 (score the echoed prompt only) is not supported with stream")
+    params = generation_params(body, logprobs, 1 if score_only else body.max_tokens)
+    # With echo, logprobs scores the prompt's tokens too; the engine computes the most alternatives either asks for.
+    scores = [k for k in (logprobs if echo else None, vllm_scores) if k is not None]
+    if scores:
+        params = dataclasses.replace(params, prompt_logprobs=max(scores))
+    return _Asked(logprobs, echo, stream, vllm_scores, score_only), params
+
+
+class Logprobs:
+    """OpenAI's completion logprobs object, built token by token (texts from the model's tokenizer)."""
+
+    def __init__(self, door: Door, model: str, version: int, offset: int = 0) -> None:
+        self.door, self.model, self.version, self.offset = door, model, version, offset
+
+    def of(self, tokens: list[GeneratedToken]) -> dict[str, Any]:
+        texts = self.door.plane.token_texts(self.model, self.version, [t.token_id for t in tokens])
+        offsets = []
+        for text in texts:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        # A prompt's first token has no logprob (nothing precedes it): null, as OpenAI's echo gives it.
+        return {"tokens": texts, "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [None if t.logprob is None else {a.token: a.logprob for a in t.top_logprobs}
+                                 for t in tokens],
+                "text_offset": offsets}
+
+    def of_echo(self, prompt: list[GeneratedToken], tokens: list[GeneratedToken]) -> dict[str, Any]:
+        """The scored prompt's entries, then the completion's, in one object (offsets run on across both)."""
+        first, then = self.of(prompt), self.of(tokens)
+        return {key: first[key] + then[key] for key in first}
+
+
+def _nothing_generated(result: GenerateResult) -> GenerateResult:
+    """The answer of a request that only scores its prompt: its one generated token left out."""
+    out = result.output
+    return dataclasses.replace(result, output=dataclasses.replace(
+        out, text="", tokens=[], finish_reason="length", usage=dataclasses.replace(out.usage, completion_tokens=0)))
+
+
+def _echo_text(door: Door, model: str, prompt: str | list[int]) -> str:
+    return prompt if isinstance(prompt, str) else door.plane.detokenize(model, 0, prompt)
+
+
+def _choice(door: Door, index: int, result: GenerateResult, echo: str | None, ask: _Asked) -> dict[str, Any]:
+    """echo: the prompt's text when it is echoed (None: not echoed); with logprobs its tokens are scored too."""
+    out = result.output
+    scored: dict[str, Any] | None = None
+    if ask.logprobs is not None:
+        lp = Logprobs(door, result.model, result.version)
+        prompt = [_fewer(t, ask.logprobs) for t in out.prompt_tokens]
+        scored = lp.of(out.tokens) if echo is None else lp.of_echo(prompt, out.tokens)
+    choice = {"index": index, "text": (echo or "") + out.text, "finish_reason": FINISH[out.finish_reason],
+              "logprobs": scored}
+    if ask.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = _vllm_prompt_logprobs(door, result, ask.prompt_logprobs)
+    return choice
+
+
+def _fewer(token: GeneratedToken, alternatives: int) -> GeneratedToken:
+    return dataclasses.replace(token, top_logprobs=token.top_logprobs[:alternatives])
+
+
+def _vllm_prompt_logprobs(door: Door, result: GenerateResult, alternatives: int) -> list[dict[str, Any] | None]:
+    """vLLM's shape: null for the first prompt token, then per token {token id: {logprob, rank, decoded_token}} for
+    the token itself and its `alternatives` likeliest ones (ranks 1..n)."""
+    prompt = result.output.prompt_tokens
+    texts = door.plane.token_texts(result.model, result.version, [t.token_id for t in prompt])
+    out: list[dict[str, Any] | None] = [None]
+    for token, text in zip(prompt[1:], texts[1:]):
+        entry = {str(token.token_id): {"logprob": token.logprob, "rank": token.rank, "decoded_token": text}}
+        for rank, alt in enumerate(token.top_logprobs[:alternatives], start=1):
+            entry.setdefault(str(alt.token_id), {"logprob": alt.logprob, "rank": rank, "decoded_token": alt.token})
+        out.append(entry)
+    return out
+
+
+async def _events(door: Door, streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None],
+                  ident: str, created: int, echo: list[str], logprobs: bool, with_usage: bool,
+                  n: int) -> AsyncIterator[bytes]:
+    """One `text_completion` chunk per text delta of each choice (choices[0].index = the choice's index)."""
+    model = next((f.model for f in firsts if f is not None), "")
+    lps = [Logprobs(door, f.model, f.version) if f is not None else None for f in firsts]
+    usages: dict[int, Usage] = {}
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse({"id": ident, "object": "text_completion", "created": created, "model": model,
+                    "choices": choices, **extra})
+    for i, text in enumerate(echo):     # with logprobs, the scored prompt came with the first token
+        first, lp = firsts[i], lps[i]
+        scored = lp.of(first.chunk.prompt_tokens) if logprobs and lp is not None and first is not None else None
+        yield event([{"index": i, "text": text, "logprobs": scored, "finish_reason": None}])
+    async for i, part in merged(firsts, streams):
+        chunk = part.chunk
+        if not chunk.text and not chunk.final and not (logprobs and chunk.tokens):
+            continue
+        lp = lps[i]
+        yield event([{"index": i, "text": chunk.text,
+                      "logprobs": lp.of(chunk.tokens) if logprobs and lp is not None else None,
+                      "finish_reason": FINISH[chunk.finish_reason or "length"] if chunk.final else None}])
+        if chunk.final and chunk.usage is not None:
+            usages[i] = chunk.usage
+    if with_usage and len(usages) == len(streams):
+        yield event([], usage=usage([usages[k] for k in range(len(streams))], n))
