@@ -43,7 +43,7 @@ def prompt_from_proto(request: pb.GenerateRequest) -> str | list[int]:
 def tokens_to_proto(tokens: list[GeneratedToken]) -> list[pb.GeneratedToken]:
     out = []
     for t in tokens:
-        msg = pb.GeneratedToken(token_id=t.token_id, logprob=t.logprob or 0.0)
+        msg = pb.GeneratedToken(token_id=t.token_id, logprob=t.logprob or 0.0, token=t.token)
         msg.top_logprobs.extend(pb.TokenLogprob(token_id=a.token_id, token=a.token, logprob=a.logprob)
                                 for a in t.top_logprobs)
         out.append(msg)

@@ -65,30 +65,29 @@ async def chat_completions(door: Door, request: Request) -> Response:
     if body.stream:
         streams = [door.plane.generate_stream(model, 0, prompt, params, deadline) for params in per_request]
         firsts = await opened(streams)
-        events = _events(door, streams, firsts, ident, created, logprobs is not None, include_usage(body))
+        events = _events(streams, firsts, ident, created, logprobs is not None, include_usage(body))
         return event_stream(events, streams, "ChatCompletions")
     results = await gather_all([door.plane.generate(model, 0, prompt, params, deadline) for params in per_request])
     answers = [{"index": j, "message": {"role": "assistant", "content": r.output.text},
                 "finish_reason": FINISH[r.output.finish_reason],
-                "logprobs": _logprobs(door, r.model, r.version, r.output.tokens) if logprobs is not None
-                else None} for j, r in enumerate(results)]
+                "logprobs": _logprobs(r.output.tokens) if logprobs is not None else None}
+               for j, r in enumerate(results)]
     return json_answer({"id": ident, "object": "chat.completion", "created": created, "model": model,
                         "choices": answers, "usage": usage([r.output.usage for r in results], len(results))})
 
 
-def _logprobs(door: Door, model: str, version: int, tokens: list[GeneratedToken]) -> dict[str, Any]:
-    texts = door.plane.token_texts(model, version, [t.token_id for t in tokens])
-    return {"content": [{"token": text, "logprob": t.logprob, "bytes": list(text.encode()),
+def _logprobs(tokens: list[GeneratedToken]) -> dict[str, Any]:
+    """OpenAI's chat logprobs: each token's text (it came with the token), logprob, bytes, alternatives."""
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
                          "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
-                                          for a in t.top_logprobs]} for text, t in zip(texts, tokens)]}
+                                          for a in t.top_logprobs]} for t in tokens]}
 
 
-async def _events(door: Door, streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None],
-                  ident: str, created: int, logprobs: bool, with_usage: bool) -> AsyncIterator[bytes]:
+async def _events(streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None], ident: str,
+                  created: int, logprobs: bool, with_usage: bool) -> AsyncIterator[bytes]:
     """`chat.completion.chunk` events: each choice's role first, then its content deltas (choices[0].index =
     the choice's index)."""
     model = next((f.model for f in firsts if f is not None), "")
-    version = next((f.version for f in firsts if f is not None), 0)
     usages: dict[int, Usage] = {}
 
     def event(index: int, delta: dict[str, Any], finish: str | None, lp: Any = None) -> bytes:
@@ -98,9 +97,9 @@ async def _events(door: Door, streams: list[AsyncIterator[StreamPart]], firsts: 
         yield event(j, {"role": "assistant", "content": ""}, None)
     async for j, part in merged(firsts, streams):
         chunk = part.chunk
-        if not chunk.text and not chunk.final:
-            continue
-        lp = _logprobs(door, model, version, chunk.tokens) if logprobs else None
+        if not chunk.text and not chunk.final and not (logprobs and chunk.tokens):
+            continue    # (a token whose text is held back still brings its logprob)
+        lp = _logprobs(chunk.tokens) if logprobs else None
         yield event(j, {"content": chunk.text} if chunk.text else {},
                     FINISH[chunk.finish_reason or "length"] if chunk.final else None, lp)
         if chunk.final and chunk.usage is not None:

@@ -55,17 +55,15 @@ async def completions(door: Door, request: Request) -> Response:
     deadline = deadline_from_headers(request)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if ask.stream:
-        streams = [door.plane.generate_stream(model, 0, p, params, deadline) for p, params in jobs]
+        streams = [door.plane.generate_stream(model, 0, p, params, deadline, ask.echo) for p, params in jobs]
         firsts = await opened(streams)
-        echoed = [_echo_text(door, model, p) for p, _ in jobs] if ask.echo else []   # token ids: checked by now
-        events = _events(door, streams, firsts, ident, created, echoed, ask.logprobs is not None,
-                         include_usage(body), n)
+        events = _events(streams, firsts, ident, created, ask, include_usage(body), n)
         return event_stream(events, streams, "Completions")
-    results = await gather_all([door.plane.generate(model, 0, p, params, deadline) for p, params in jobs])
+    results = await gather_all([door.plane.generate(model, 0, p, params, deadline, ask.echo)
+                                for p, params in jobs])
     if ask.score_only:
         results = [_nothing_generated(r) for r in results]
-    answers = [_choice(door, k, r, _echo_text(door, model, jobs[k][0]) if ask.echo else None, ask)
-               for k, r in enumerate(results)]
+    answers = [_choice(k, r, ask) for k, r in enumerate(results)]
     return json_answer({"id": ident, "object": "text_completion", "created": created, "model": model,
                         "choices": answers, "usage": usage([r.output.usage for r in results], n)})
 
@@ -116,13 +114,13 @@ def _ask(body: CompletionRequest) -> tuple[_Asked, GenerationParams]:
 
 
 class Logprobs:
-    """OpenAI's completion logprobs object, built token by token (texts from the model's tokenizer)."""
+    """OpenAI's completion logprobs object, built token by token (each token's text came with it)."""
 
-    def __init__(self, door: Door, model: str, version: int, offset: int = 0) -> None:
-        self.door, self.model, self.version, self.offset = door, model, version, offset
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
 
     def of(self, tokens: list[GeneratedToken]) -> dict[str, Any]:
-        texts = self.door.plane.token_texts(self.model, self.version, [t.token_id for t in tokens])
+        texts = [t.token for t in tokens]
         offsets = []
         for text in texts:
             offsets.append(self.offset)
@@ -146,22 +144,17 @@ def _nothing_generated(result: GenerateResult) -> GenerateResult:
         out, text="", tokens=[], finish_reason="length", usage=dataclasses.replace(out.usage, completion_tokens=0)))
 
 
-def _echo_text(door: Door, model: str, prompt: str | list[int]) -> str:
-    return prompt if isinstance(prompt, str) else door.plane.detokenize(model, 0, prompt)
-
-
-def _choice(door: Door, index: int, result: GenerateResult, echo: str | None, ask: _Asked) -> dict[str, Any]:
-    """echo: the prompt's text when it is echoed (None: not echoed); with logprobs its tokens are scored too."""
+def _choice(index: int, result: GenerateResult, ask: _Asked) -> dict[str, Any]:
+    """With echo the prompt's text leads the answer, and with logprobs its tokens are scored too."""
     out = result.output
     scored: dict[str, Any] | None = None
     if ask.logprobs is not None:
-        lp = Logprobs(door, result.model, result.version)
         prompt = [_fewer(t, ask.logprobs) for t in out.prompt_tokens]
-        scored = lp.of(out.tokens) if echo is None else lp.of_echo(prompt, out.tokens)
-    choice = {"index": index, "text": (echo or "") + out.text, "finish_reason": FINISH[out.finish_reason],
-              "logprobs": scored}
+        scored = Logprobs().of_echo(prompt, out.tokens) if ask.echo else Logprobs().of(out.tokens)
+    choice = {"index": index, "text": (result.prompt_text or "") + out.text,
+              "finish_reason": FINISH[out.finish_reason], "logprobs": scored}
     if ask.prompt_logprobs is not None:
-        choice["prompt_logprobs"] = _vllm_prompt_logprobs(door, result, ask.prompt_logprobs)
+        choice["prompt_logprobs"] = _vllm_prompt_logprobs(out.prompt_tokens, ask.prompt_logprobs)
     return choice
 
 
@@ -169,42 +162,40 @@ def _fewer(token: GeneratedToken, alternatives: int) -> GeneratedToken:
     return dataclasses.replace(token, top_logprobs=token.top_logprobs[:alternatives])
 
 
-def _vllm_prompt_logprobs(door: Door, result: GenerateResult, alternatives: int) -> list[dict[str, Any] | None]:
+def _vllm_prompt_logprobs(prompt: list[GeneratedToken], alternatives: int) -> list[dict[str, Any] | None]:
     """vLLM's shape: null for the first prompt token, then per token {token id: {logprob, rank, decoded_token}} for
     the token itself and its `alternatives` likeliest ones (ranks 1..n)."""
-    prompt = result.output.prompt_tokens
-    texts = door.plane.token_texts(result.model, result.version, [t.token_id for t in prompt])
     out: list[dict[str, Any] | None] = [None]
-    for token, text in zip(prompt[1:], texts[1:]):
-        entry = {str(token.token_id): {"logprob": token.logprob, "rank": token.rank, "decoded_token": text}}
+    for token in prompt[1:]:
+        entry = {str(token.token_id): {"logprob": token.logprob, "rank": token.rank, "decoded_token": token.token}}
         for rank, alt in enumerate(token.top_logprobs[:alternatives], start=1):
             entry.setdefault(str(alt.token_id), {"logprob": alt.logprob, "rank": rank, "decoded_token": alt.token})
         out.append(entry)
     return out
 
 
-async def _events(door: Door, streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None],
-                  ident: str, created: int, echo: list[str], logprobs: bool, with_usage: bool,
-                  n: int) -> AsyncIterator[bytes]:
-    """One `text_completion` chunk per text delta of each choice (choices[0].index = the choice's index)."""
+async def _events(streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None], ident: str,
+                  created: int, ask: _Asked, with_usage: bool, n: int) -> AsyncIterator[bytes]:
+    """One `text_completion` chunk per text delta of each choice (choices[0].index = the choice's index); with echo,
+    each choice's prompt first."""
     model = next((f.model for f in firsts if f is not None), "")
-    lps = [Logprobs(door, f.model, f.version) if f is not None else None for f in firsts]
+    logprobs = ask.logprobs is not None
+    lps = [Logprobs() for _ in firsts]
     usages: dict[int, Usage] = {}
 
     def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return sse({"id": ident, "object": "text_completion", "created": created, "model": model,
                     "choices": choices, **extra})
-    for i, text in enumerate(echo):     # with logprobs, the scored prompt came with the first token
-        first, lp = firsts[i], lps[i]
-        scored = lp.of(first.chunk.prompt_tokens) if logprobs and lp is not None and first is not None else None
-        yield event([{"index": i, "text": text, "logprobs": scored, "finish_reason": None}])
+    if ask.echo:     # with logprobs, the scored prompt came with the first token
+        for i, first in enumerate(firsts):
+            text = first.prompt_text or "" if first is not None else ""
+            scored = lps[i].of(first.chunk.prompt_tokens) if logprobs and first is not None else None
+            yield event([{"index": i, "text": text, "logprobs": scored, "finish_reason": None}])
     async for i, part in merged(firsts, streams):
         chunk = part.chunk
         if not chunk.text and not chunk.final and not (logprobs and chunk.tokens):
             continue
-        lp = lps[i]
-        yield event([{"index": i, "text": chunk.text,
-                      "logprobs": lp.of(chunk.tokens) if logprobs and lp is not None else None,
+        yield event([{"index": i, "text": chunk.text, "logprobs": lps[i].of(chunk.tokens) if logprobs else None,
                       "finish_reason": FINISH[chunk.finish_reason or "length"] if chunk.final else None}])
         if chunk.final and chunk.usage is not None:
             usages[i] = chunk.usage
