@@ -1,8 +1,8 @@
 """The data plane: the one door. Every operation a front door needs, with typed results (server/types.py).
 
-The gRPC servicers (task API, KServe v2, health) and in-process callers (batch jobs, benchmarks) call these
+The front doors (server/grpc/, server/http/) and in-process callers (batch jobs, benchmarks) call these
 methods and nothing below them. No gRPC here: errors are ServingError(code, message), which a front door
-maps to its status codes (server/grpc/status.py for gRPC).
+maps to its status codes (server/grpc/status.py for gRPC, server/http/errors.py for HTTP).
 
     plane = await DataPlane.start(settings)
     result = await plane.classify("genre", 0, [("To be or not to be", None)])

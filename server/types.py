@@ -1,4 +1,4 @@
-"""Results of the data plane (protocol-independent; the servicers turn them into protobuf)."""
+"""Results of the data plane (protocol-independent; the front doors turn them into protobuf or JSON)."""
 from __future__ import annotations
 
 import enum

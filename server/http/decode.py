@@ -42,9 +42,14 @@ def _decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
 
 
 async def typed_body(request: Request, limit: int, kind: type[T]) -> T:
-    """An application/json body decoded into `kind` (a msgspec Struct); 400 naming the field otherwise."""
+    """An application/json body decoded into `kind` (a msgspec Struct); 400 naming the field otherwise. A body
+    that names a model names it for the request metrics too (the guard reads `request.state.model`)."""
     require_content_type(request, JSON_TYPES)
-    return decode(await read_body(request, limit), kind)
+    body = decode(await read_body(request, limit), kind)
+    model = getattr(body, "model", None)
+    if isinstance(model, str):
+        request.state.model = model
+    return body
 
 
 def decode(data: bytes, kind: type[T]) -> T:

@@ -42,8 +42,7 @@ def _messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
 @route("ChatCompletions", OPENAI)
 async def chat_completions(door: Door, request: Request) -> Response:
     body = await typed_body(request, door.max_body_bytes, ChatCompletionRequest)
-    model = request.state.model = body.model
-    messages = _messages(body.messages)
+    model, messages = body.model, _messages(body.messages)
     refuse_unsupported(body)
     if body.prompt_logprobs is not None:
         raise ServingError.invalid("prompt_logprobs", "is supported on /v1/completions only")

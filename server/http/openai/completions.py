@@ -44,8 +44,7 @@ class _Asked:
 @route("Completions", OPENAI)
 async def completions(door: Door, request: Request) -> Response:
     body = await typed_body(request, door.max_body_bytes, CompletionRequest)
-    model = request.state.model = body.model
-    prompts = _prompts(body.prompt)
+    model, prompts = body.model, _prompts(body.prompt)
     refuse_unsupported(body)
     ask, params = _ask(body)
     per_prompt = choices(body, params)

@@ -29,8 +29,7 @@ def _inputs(given: str | list[Any]) -> list[str]:
 @route("Embeddings", OPENAI)
 async def embeddings(door: Door, request: Request) -> Response:
     body = await typed_body(request, door.max_body_bytes, EmbeddingRequest)
-    model = request.state.model = body.model
-    texts = _inputs(body.input)
+    model, texts = body.model, _inputs(body.input)
     encoding = body.encoding_format or "float"
     if encoding not in ("float", "base64"):
         raise ServingError.invalid("encoding_format", f"must be float or base64, got {encoding!r}")

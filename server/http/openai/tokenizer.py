@@ -14,9 +14,8 @@ from server.http.openai.protocol import DetokenizeRequest, TokenizeRequest
 async def tokenize(door: Door, request: Request) -> Response:
     """{model, prompt} -> {count, max_model_len, tokens}: the ids generation would run."""
     body = await typed_body(request, door.max_body_bytes, TokenizeRequest)
-    model = request.state.model = body.model
-    tokens = door.plane.tokenize(model, 0, body.prompt)
-    return json_answer({"count": len(tokens), "max_model_len": door.plane.model_info(model).max_length,
+    tokens = door.plane.tokenize(body.model, 0, body.prompt)
+    return json_answer({"count": len(tokens), "max_model_len": door.plane.model_info(body.model).max_length,
                         "tokens": tokens})
 
 
@@ -24,5 +23,4 @@ async def tokenize(door: Door, request: Request) -> Response:
 async def detokenize(door: Door, request: Request) -> Response:
     """{model, tokens} -> {prompt}."""
     body = await typed_body(request, door.max_body_bytes, DetokenizeRequest)
-    request.state.model = body.model
     return json_answer({"prompt": door.plane.detokenize(body.model, 0, body.tokens)})
