@@ -187,7 +187,7 @@ async def _events(streams: list[AsyncIterator[StreamPart]], firsts: list[StreamP
                     "choices": choices, **extra})
     if ask.echo:     # with logprobs, the scored prompt came with the first token
         for i, first in enumerate(firsts):
-            text = first.prompt_text or "" if first is not None else ""
+            text = (first.prompt_text or "") if first is not None else ""
             scored = lps[i].of(first.chunk.prompt_tokens) if logprobs and first is not None else None
             yield event([{"index": i, "text": text, "logprobs": scored, "finish_reason": None}])
     async for i, part in merged(firsts, streams):
