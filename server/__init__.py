@@ -1,4 +1,5 @@
-"""ortserve server: gRPC (task API + KServe v2) on onnxruntime. Never imports torch."""
+"""ortserve server: gRPC (task API, KServe v2) and HTTP (KServe v2 REST, OpenAI API) on onnxruntime. Never imports
+torch. server/README.md maps its parts."""
 from importlib import metadata as _metadata
 
 try:

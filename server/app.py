@@ -1,6 +1,6 @@
-"""The server process: one grpc.aio server (task API, KServe v2, health, reflection), the HTTP front door
-(KServe v2 REST, OpenAI-compatible API; server/http/) on the same event loop and data plane, and a metrics
-endpoint.
+"""The server process: the gRPC front door (task API, KServe v2, health, reflection; server/grpc/), the HTTP
+front door (KServe v2 REST, OpenAI-compatible API; server/http/) on the same event loop and data plane, and a
+metrics endpoint.
 
 Start-up order: bind and start gRPC (health answers NOT_SERVING meanwhile), then HTTP, start the metrics
 endpoint, load the repository, then SERVING. SIGTERM / SIGINT: health NOT_SERVING and new work refused with
@@ -15,32 +15,16 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-from google.protobuf import descriptor_pool
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2
 from prometheus_client import start_http_server
 
-from protos import grpc_service_pb2, grpc_service_pb2_grpc, ortserve_pb2, ortserve_pb2_grpc
-from server.auth import BearerTokenInterceptor
 from server.dataplane import DataPlane
-from server.decoding import SafeRegistrar
+from server.grpc.app import GrpcServer
 from server.http.app import build_app
 from server.http.serve import HttpServer
 from server.metrics import Metrics
-from server.servicers.health import HealthServicer
-from server.servicers.kserve import KServeServicer
-from server.servicers.task import TaskServicer
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAMES = (
-    ortserve_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
-    grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
-    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-    reflection.SERVICE_NAME,
-)
 
 
 class StartupError(Exception):
@@ -54,46 +38,23 @@ class Endpoints:
     http_port: int | None = None
 
 
-def reflection_pool() -> descriptor_pool.DescriptorPool:
-    """One pool with every served file: the KServe messages live outside the default pool."""
-    pool = descriptor_pool.DescriptorPool()
-    for module in (health_pb2, reflection_pb2, ortserve_pb2, grpc_service_pb2):
-        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
-    return pool
-
-
 class OrtServer:
     def __init__(self, settings: ServerSettings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.plane = DataPlane(settings, self.metrics)
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: GrpcServer | None = None
         self._metrics_httpd: Any = None
         self._http: HttpServer | None = None
         self.endpoints: Endpoints | None = None
 
     async def start(self) -> Endpoints:
         s = self.settings
-        options = [("grpc.max_send_message_length", s.max_message_bytes),
-                   ("grpc.max_receive_message_length", s.max_message_bytes),
-                   ("grpc.so_reuseport", 0)]  # a second server on a busy port must fail, not share it
-        interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
-        server = grpc.aio.server(options=options, interceptors=interceptors)
-        services = SafeRegistrar(server)  # undecodable requests: INVALID_ARGUMENT naming the field (server/decoding.py)
-        ortserve_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(self.plane), services)
-        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(self.plane), services)
-        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.plane), services)
-        reflection.enable_server_reflection(SERVICE_NAMES, server, pool=reflection_pool())
-        address = f"{s.host}:{s.port}"
+        server = GrpcServer(self.plane, s)
         try:
-            if s.tls_cert is not None and s.tls_key is not None:
-                credentials = grpc.ssl_server_credentials([(s.tls_key.read_bytes(), s.tls_cert.read_bytes())])
-                port = server.add_secure_port(address, credentials)
-            else:
-                port = server.add_insecure_port(address)
-            await server.start()
+            port = await server.start()
         except Exception as exc:  # grpc reports bind and certificate problems as RuntimeError
-            raise StartupError(f"--port: cannot serve on {address}: {exc}") from None
+            raise StartupError(f"--port: cannot serve on {s.host}:{s.port}: {exc}") from None
         self._grpc = server
         scheme = "TLS" if s.tls_cert else "plaintext"
         log.info("listening on %s:%d (%s)", s.host, port, scheme, extra={"port": port})

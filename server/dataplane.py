@@ -1,8 +1,8 @@
 """The data plane: the one door. Every operation a front door needs, with typed results (server/types.py).
 
-The gRPC servicers (task API, KServe v2, health) and in-process callers (batch jobs, benchmarks) call these
+The front doors (server/grpc/, server/http/) and in-process callers (batch jobs, benchmarks) call these
 methods and nothing below them. No gRPC here: errors are ServingError(code, message), which a front door
-maps to its status codes (server/servicers/status.py for gRPC).
+maps to its status codes (server/grpc/status.py for gRPC, server/http/errors.py for HTTP).
 
     plane = await DataPlane.start(settings)
     result = await plane.classify("genre", 0, [("To be or not to be", None)])
@@ -72,6 +72,11 @@ def select_outputs(result: dict[str, np.ndarray], outputs: list[str] | None) -> 
         if name not in result:
             raise ServingError.invalid(f"outputs[{i}].name", f"{name!r} is not an output (outputs: {sorted(result)})")
     return {name: result[name] for name in outputs}
+
+
+def _prompt_text(served: ServedModel, prompt: str | list[int]) -> str:
+    """A prompt as text: token ids decoded by the version that generates from them (checked by then)."""
+    return prompt if isinstance(prompt, str) else served.detokenize(prompt)
 
 
 def _unknown(field: str, name: str, version: int) -> ServingError:
@@ -224,25 +229,27 @@ class DataPlane:
             return await served.embed(texts, truncate, deadline)
 
     async def generate(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
-                       deadline: float | None = None) -> GenerateResult:
+                       deadline: float | None = None, echo: bool = False) -> GenerateResult:
+        """echo: the result carries the prompt's text (what an echoing answer starts with)."""
         with self.lease(model, version) as served:
             output = await served.generate(prompt, params, deadline)
-            return GenerateResult(model=served.name, version=served.version, output=output)
+            return GenerateResult(model=served.name, version=served.version, output=output,
+                                  prompt_text=_prompt_text(served, prompt) if echo else None)
 
     async def generate_stream(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
-                              deadline: float | None = None) -> AsyncIterator[StreamPart]:
-        """Chunks with the version that produces them; closing the iterator cancels the sequence."""
+                              deadline: float | None = None, echo: bool = False) -> AsyncIterator[StreamPart]:
+        """Chunks with the version that produces them; closing the iterator cancels the sequence. echo: the first
+        part carries the prompt's text."""
         with self.lease(model, version) as served:
             chunks = served.stream(prompt, params, deadline)
+            first = echo
             try:
                 async for chunk in chunks:
-                    yield StreamPart(model=served.name, version=served.version, chunk=chunk)
+                    text = _prompt_text(served, prompt) if first else None
+                    first = False
+                    yield StreamPart(model=served.name, version=served.version, chunk=chunk, prompt_text=text)
             finally:
                 await chunks.aclose()  # type: ignore[attr-defined]
-
-    def token_texts(self, model: str, version: int, token_ids: list[int]) -> list[str]:
-        """Tokens of a generation model, each decoded alone (for logprobs)."""
-        return self.repository.resolve(model, version).model.token_texts(token_ids)
 
     def tokenize(self, model: str, version: int, text: str) -> list[int]:
         """The ids a generation model makes of a text prompt."""

@@ -62,9 +62,6 @@ class DecoderModel(ServedModel):
     async def close(self) -> None:
         await self.engine.stop()
 
-    def token_texts(self, token_ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in token_ids]
-
     def tokenize(self, text: str) -> list[int]:
         with engine_errors():
             return self.engine.tokenize(text)

@@ -1,4 +1,4 @@
-"""The one error type of the data plane, independent of gRPC (the servicers map it to status codes)."""
+"""The one error type of the data plane, independent of any protocol (the front doors map it to status codes)."""
 from __future__ import annotations
 
 import enum

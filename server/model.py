@@ -124,10 +124,6 @@ class ServedModel(ABC):
                deadline: float | None) -> AsyncIterator[StreamChunk]:
         raise self._not("generate")
 
-    def token_texts(self, token_ids: list[int]) -> list[str]:
-        """Each token decoded alone (OpenAI logprobs name tokens by their text)."""
-        raise self._not("generate")
-
     def tokenize(self, text: str) -> list[int]:
         """The ids a text prompt becomes (what generation would run); INVALID_ARGUMENT when it cannot fit."""
         raise self._not("generate")

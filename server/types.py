@@ -1,4 +1,4 @@
-"""Results of the data plane (protocol-independent; the servicers turn them into protobuf)."""
+"""Results of the data plane (protocol-independent; the front doors turn them into protobuf or JSON)."""
 from __future__ import annotations
 
 import enum
@@ -162,6 +162,7 @@ class GenerateResult:
     model: str
     version: int
     output: GenerationResult
+    prompt_text: str | None = None   # asked with echo: the prompt as text (token ids decoded by this version)
 
 
 @dataclass(frozen=True)
@@ -177,3 +178,4 @@ class StreamPart:
     model: str
     version: int
     chunk: StreamChunk
+    prompt_text: str | None = None   # asked with echo, on the first part: as GenerateResult.prompt_text

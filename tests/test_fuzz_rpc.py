@@ -554,7 +554,7 @@ def test_fuzz_raw_bytes_on_every_method(channel: grpc.Channel) -> None:
         try:
             message = message_class.FromString(data)
         except DecodeError:
-            # Bytes that are not a message: the server's deserializer (server/decoding.py) answers
+            # Bytes that are not a message: the server's deserializer (server/grpc/decoding.py) answers
             # INVALID_ARGUMENT, naming the field when it is a string that is not UTF-8.
             allowed = {C.INVALID_ARGUMENT}
         else:

@@ -930,6 +930,16 @@ def test_chat_with_template_equals_completion_of_rendered_prompt(chat_repository
         parts = list(stream)
         assert "".join(p.choices[0].delta.content or "" for p in parts) == ref.choices[0].text
         assert parts[-1].choices[0].finish_reason == "length"
+        # logprobs: one entry per generated token, streamed as answered (each token's text came with it)
+        scored = client.chat.completions.create(model="chat-gpt", messages=messages, max_tokens=8, temperature=0,
+                                                logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+        entries = scored.choices[0].logprobs.content
+        assert len(entries) == 8 and "".join(e.token for e in entries) == ref.choices[0].text
+        assert all(len(e.top_logprobs) == 2 and e.bytes == list(e.token.encode()) for e in entries)
+        streamed_entries = [e for p in client.chat.completions.create(
+            model="chat-gpt", messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
+            stream=True, extra_body={"ignore_eos": True}) for c in p.choices if c.logprobs for e in c.logprobs.content]
+        assert [(e.token, e.logprob) for e in streamed_entries] == [(e.token, e.logprob) for e in entries]
         # n choices: choice j draws with seed + j, as a lone request with that seed does.
         sampled = dict(max_tokens=6, temperature=1.0, extra_body={"ignore_eos": True})
         three = client.chat.completions.create(model="chat-gpt", messages=messages, n=3, seed=5, **sampled)

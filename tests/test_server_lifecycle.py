@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -13,11 +14,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import grpc
+import httpx2 as httpx
 import pytest
 import tritonclient.grpc as triton
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server_process import ServerProcess, repository_with
 from test_server import metrics_url_of, rpc_error, sample, wait_ready
+from tokenizers import Tokenizer
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -198,6 +201,101 @@ def test_new_version_swaps_in_under_load_without_failures(tiny_repository: Path,
             os.rename(repo / CLASSIFIER / ".tmp-3", repo / CLASSIFIER / "3")
             triton.InferenceServerClient(proc.address).load_model(CLASSIFIER)
             assert stub.Classify(classify()).version == 3
+
+
+
+GPT = "tiny-gpt"
+
+
+def test_logprobs_requests_across_version_swaps_all_succeed(tiny_repository: Path, tmp_path: Path) -> None:
+    """Logprobs requests running while new versions are published and loaded, over HTTP (streamed with echo, and
+    unary with a token-id prompt and echo) and gRPC (streamed): none fails, since each token's text comes with the
+    token from the version that generated it (the doors look no version up again); over gRPC every token's
+    `token` is its text as the tokenizer decodes it alone."""
+    repo = repository_with(tiny_repository, tmp_path / "repo", GPT)
+    tokenizer = Tokenizer.from_file(str(repo / GPT / "1" / "tokenizer.json"))
+    prompt = "To be, or not to be"
+    prompt_ids = tokenizer.encode(prompt).ids
+    new_tokens = 60
+    with ServerProcess(repo, ["--http-port", "0"]) as proc:
+        url = f"{proc.http_url}/v1/completions"
+        stop = threading.Event()
+        spans: dict[str, list[tuple[float, float]]] = {"http stream": [], "http unary": [], "grpc": []}
+        failures: list[str] = []
+        grpc_versions: set[int] = set()
+
+        def http_stream(client: httpx.Client) -> None:
+            body = {"model": GPT, "prompt": prompt, "max_tokens": new_tokens, "logprobs": 2, "echo": True,
+                    "stream": True, "ignore_eos": True}
+            with client.stream("POST", url, json=body) as response:
+                assert response.status_code == 200, response.read()
+                lines = [line for line in response.iter_lines() if line]
+            assert lines[-1] == "data: [DONE]", lines[-3:]
+            events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+            assert not [e for e in events if "error" in e], [e for e in events if "error" in e]
+            texts = [t for e in events for c in e["choices"] for t in (c["logprobs"] or {}).get("tokens", [])]
+            assert len(texts) == len(prompt_ids) + new_tokens and texts[0] == tokenizer.decode(prompt_ids[:1])
+            assert events[0]["choices"][0]["text"] == prompt and events[-1]["choices"][0]["finish_reason"] == "length"
+
+        def http_unary(client: httpx.Client) -> None:
+            body = {"model": GPT, "prompt": prompt_ids, "max_tokens": new_tokens, "logprobs": 1, "echo": True,
+                    "ignore_eos": True}
+            response = client.post(url, json=body)
+            assert response.status_code == 200, response.text
+            choice = response.json()["choices"][0]
+            assert choice["text"].startswith(tokenizer.decode(prompt_ids))
+            assert len(choice["logprobs"]["tokens"]) == len(prompt_ids) + new_tokens
+
+        def grpc_stream(stub: pb_grpc.TaskServiceStub) -> None:
+            request = pb.GenerateRequest(model=GPT, prompt=prompt, parameters=pb.GenerationParameters(
+                max_new_tokens=new_tokens, ignore_eos=True, logprobs=True, top_logprobs=2))
+            tokens = []
+            for message in stub.GenerateStream(request, timeout=60):
+                tokens += message.tokens
+                grpc_versions.add(message.version)
+            assert len(tokens) == new_tokens
+            assert [t.token for t in tokens] == [tokenizer.decode([t.token_id], skip_special_tokens=False)
+                                                 for t in tokens]
+
+        def loop(kind: str, one: Any) -> None:
+            with httpx.Client(timeout=60) as client, grpc.insecure_channel(proc.address) as channel:
+                target = pb_grpc.TaskServiceStub(channel) if kind == "grpc" else client
+                while not stop.is_set():
+                    started = time.monotonic()
+                    try:
+                        one(target)
+                    except Exception as exc:  # noqa: BLE001 - every failure is reported at the end
+                        failures.append(f"{kind}: {exc!r}"[:400])
+                    spans[kind].append((started, time.monotonic()))
+
+        threads = [threading.Thread(target=loop, args=args) for args in (
+            ("http stream", http_stream), ("http stream", http_stream), ("http unary", http_unary),
+            ("grpc", grpc_stream))]
+        for thread in threads:
+            thread.start()
+        swaps: list[tuple[float, float]] = []
+        try:
+            wait_for(lambda: all(len(s) >= 2 for s in spans.values()), 60, "every client running on version 1")
+            loader = triton.InferenceServerClient(proc.address)
+            for version in (2, 3, 4):
+                staging = repo / GPT / ".tmp-publish"   # published the way export does: write, then rename
+                shutil.copytree(repo / GPT / "1", staging)
+                os.rename(staging, repo / GPT / str(version))
+                began = time.monotonic()
+                loader.load_model(GPT)                  # loads the new version and retires the one serving
+                swaps.append((began, time.monotonic()))
+                marks = {k: len(s) for k, s in spans.items()}
+                wait_for(lambda: all(len(s) >= marks[k] + 2 for k, s in spans.items()), 60, "traffic goes on")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+        assert not failures, failures[:5]
+        assert grpc_versions >= {1, 4}, grpc_versions
+        # Requests that began before a swap started and ended after it: they straddled a version's retirement.
+        straddled = {kind: sum(1 for a, b in s for began, done in swaps if a < began and b > done)
+                     for kind, s in spans.items()}
+        assert straddled["http stream"] >= 1 and straddled["grpc"] >= 1, straddled
 
 
 # ---------------------------------------------------------------- corrupted package, traversal, TLS, auth

@@ -308,3 +308,42 @@ def test_generation_settings_default_to_the_engines_own_defaults() -> None:
     # max_queued_requests feeds both queues of a model (said on the setting and in --help)
     assert passed.max_waiting == settings.max_queued_requests
     assert "decoder's batch" in " ".join(a.help or "" for a in build_parser()._actions)
+
+
+# ---------------------------------------------------------------- HTTP bodies decoded into typed requests
+
+@pytest.mark.parametrize("body, status, message", [
+    (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}', 200, None),
+    (b'{"messages": []}', 400, "model: is required"),
+    (b'{"model": null, "messages": []}', 400, "model: is required"),
+    (b'{"model": 5, "messages": []}', 400, "model: must be a string, got 5"),
+    (b'{"model": "m", "messages": [{"role": "user"}, {"content": "x"}]}', 400, "messages[1].role: is required"),
+    (b'{"model": "m", "messages": [7]}', 400, "messages[0]: must be an object, got 7"),
+    (b'{"model": "m", "messages": [], "n": true}', 400, "n: must be an integer, got true"),
+    (b'{"model": "m", "messages": [], "n": 2.5}', 400, "n: must be an integer, got 2.5"),
+    (b'{"model": "m", "messages": [], "stop": 5}', 400, "stop: must be a string or a list, got 5"),
+    (b'{"model": "m", "messages": [], "temperature": "hot"}', 400, 'temperature: must be a number, got "hot"'),
+    (b'{"model": "m", "messages": [], "temperature": NaN}', 400, "temperature: must be finite, got nan"),
+    (b'{"model": "m", "messages": [], "temperature": 1e400}', 400, "temperature: must be finite, got inf"),
+    (b'{"model": "m", "messages": [], "logit_bias": {"5": -1e999}}', 400, "logit_bias.5: must be finite, got -inf"),
+    (b'{"model": "m", "messages": [], "stream_options": {"include_usage": "y"}}', 400,
+     'stream_options.include_usage: must be a boolean, got "y"'),
+    (b"[1]", 400, "body: must be a JSON object, got list"),
+    (b'{"model": ', 400, "body: malformed JSON (Expecting value at line 1 column 11)"),
+    (b'{"model": "\xff"}', 400, "body: not UTF-8 text"),
+])
+def test_http_bodies_decode_once_into_typed_requests_naming_the_bad_field(body: bytes, status: int,
+                                                                          message: str | None) -> None:
+    from server.http.decode import decode
+    from server.http.errors import classify_error
+    from server.http.openai.protocol import ChatCompletionRequest
+
+    try:
+        request = decode(body, ChatCompletionRequest)
+    except Exception as exc:  # noqa: BLE001 - the HTTP door's own mapping decides the status
+        assert classify_error(exc, "test")[:2] == (status, message)
+    else:
+        assert status == 200
+        assert (request.model, request.messages[0].role, request.messages[0].content, request.n) == ("m", "user",
+                                                                                                   "hi", 2)
+        assert request.temperature is None and request.stream_options is None   # absent: the route's defaults

@@ -30,6 +30,9 @@ class GeneratedToken:
     logprob: float | None = None                      # set when logprobs (or top_logprobs) was asked for
     top_logprobs: tuple[TokenLogprob, ...] = ()       # best first
     rank: int | None = None                           # scored prompt tokens: 1 + how many tokens were likelier
+    # The token decoded alone (as TokenLogprob.token), by the version that produced it: set with logprob, and on a
+    # scored prompt's first token; "" otherwise.
+    token: str = ""
 
 
 @dataclass(frozen=True)

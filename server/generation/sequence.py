@@ -47,7 +47,8 @@ class Sequence:
         return cls(prompt_ids=prompt_ids, params=params, sampler=Sampler(params, vocab_size, prompt_ids, eos_id),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), stopper=StopMatcher(params.stop),
                    deadline=deadline,
-                   prompt_tokens=None if params.prompt_logprobs is None else [GeneratedToken(prompt_ids[0])])
+                   prompt_tokens=None if params.prompt_logprobs is None
+                   else [GeneratedToken(prompt_ids[0], token=token_text(tokenizer, prompt_ids[0]))])
 
     def take_prompt_tokens(self) -> list[GeneratedToken]:
         """The scored prompt, once (for the chunk that carries the first generated token); [] afterwards."""
@@ -88,9 +89,16 @@ class Sequence:
                                           usage=self.usage(), prompt_tokens=self.take_prompt_tokens()))
 
 
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """One token decoded alone, special tokens included (may be U+FFFD for part of a UTF-8 character)."""
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
 def to_generated_token(choice: Choice, tokenizer: Tokenizer) -> GeneratedToken:
+    """The chosen token with its text, logprob and alternatives, when logprobs were asked for: the text travels
+    with the token, decoded by the tokenizer of the version that generated it."""
     if choice.logprob is None:
         return GeneratedToken(token_id=choice.token_id)
-    top = tuple(TokenLogprob(token_id=t, token=tokenizer.decode([t], skip_special_tokens=False), logprob=lp)
-                for t, lp in choice.top)
-    return GeneratedToken(token_id=choice.token_id, logprob=choice.logprob, top_logprobs=top, rank=choice.rank)
+    top = tuple(TokenLogprob(token_id=t, token=token_text(tokenizer, t), logprob=lp) for t, lp in choice.top)
+    return GeneratedToken(token_id=choice.token_id, logprob=choice.logprob, top_logprobs=top, rank=choice.rank,
+                          token=token_text(tokenizer, choice.token_id))

@@ -1,11 +1,13 @@
 """The HTTP front door: KServe v2 REST and an OpenAI-compatible API over the same data plane as gRPC.
 
-    app.py      the Starlette application: routes, the per-route guard (auth, errors, metrics)
+    app.py      the Starlette application: every route family's routes, Starlette's own 404 / 405
+    guard.py    the guard every route runs in (auth, errors, metrics) and what routes share (Door)
     serve.py    uvicorn on the server's event loop: bind, TLS, graceful stop
     errors.py   THE data-plane error -> HTTP status mapping, error bodies (KServe and OpenAI shapes)
-    body.py     request bodies: size limit, content type, JSON, typed fields, deadlines
+    body.py     request bodies: size limit, content type, JSON, fields of a JSON object, deadlines
+    decode.py   JSON bodies decoded once into typed requests (msgspec), refusals naming the field
     tensors.py  KServe REST tensors (JSON data and Triton's binary extension) <-> numpy
     kserve.py   /v2 routes
-    openai.py   /v1 routes (models, completions, chat completions, embeddings)
+    openai/     /v1 routes, one module per resource (models, completions, chat, embeddings, tokenizer)
     ops.py      /health and /metrics, where vLLM serves them
 """

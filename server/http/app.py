@@ -1,103 +1,21 @@
-"""The Starlette application of the HTTP front door, and the guard every route runs in.
-
-A route is a converter: request -> one data-plane call -> response. The guard around it checks the bearer
-token (health routes stay open, as grpc.health.v1 does), turns any exception into the route family's error
-body with errors.py's status, and records the same per-model request metrics as the gRPC servicers.
+"""The Starlette application of the HTTP front door: every route family's routes, each in the guard
+(guard.py), and Starlette's own refusals (unknown route, wrong method) in the family's error shape.
 """
 from __future__ import annotations
 
-import functools
-import hmac
 import logging
-import time
-from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from server.dataplane import DataPlane
-from server.http.errors import HttpError, classify_error, kserve_body, openai_body
+from server.http import kserve, openai, ops
+from server.http.guard import KSERVE, OPENAI, Door, error_response
 
 log = logging.getLogger(__name__)
-
-KSERVE = "kserve"
-OPENAI = "openai"
-Handler = Callable[["Door", Request], Awaitable[Response]]
-
-
-class Door:
-    """What the routes share: the data plane, the body limit, the token, the request metrics."""
-
-    def __init__(self, plane: DataPlane, max_body_bytes: int, auth_token: str | None) -> None:
-        self.plane = plane
-        self.max_body_bytes = max_body_bytes
-        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
-
-    def authorize(self, request: Request) -> None:
-        if self._expected is None:
-            return
-        given = request.headers.get("authorization")
-        if given is None:
-            raise HttpError(401, "authorization: missing 'Authorization: Bearer <token>' header")
-        if not hmac.compare_digest(given.encode("latin-1", errors="replace"), self._expected):
-            raise HttpError(401, "authorization: invalid bearer token")
-
-    def record(self, model: str, method: str, code: str, started: float) -> None:
-        self.plane.record_request(model, method, code, time.perf_counter() - started)
-
-
-def error_response(flavor: str, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    body = openai_body(status, message) if flavor == OPENAI else kserve_body(message)
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handler], Callable[[Request], Any]]:
-    """Wraps a handler: auth, the error mapping, metrics. `request.state.model` names the model for metrics
-    when the path does not."""
-    def wrap(fn: Handler) -> Callable[[Request], Any]:
-        @functools.wraps(fn)
-        async def endpoint(request: Request) -> Response:
-            door: Door = request.app.state.door
-            started = time.perf_counter()
-            code = "CANCELLED"
-            streaming = False
-            try:
-                if not open_route:
-                    door.authorize(request)
-                response = await fn(door, request)
-                code = "OK"
-                if isinstance(response, StreamingResponse):  # recorded when its last event is sent, as gRPC streams
-                    streaming = True
-                    response.body_iterator = _recorded(response.body_iterator, door, request, method, started)
-                return response
-            except Exception as exc:
-                status, message, code = classify_error(exc, f"http {method}")
-                headers = {"www-authenticate": "Bearer"} if status == 401 else None
-                return error_response(flavor, status, message, headers)
-            finally:
-                if not streaming:
-                    door.record(_model_of(request), f"http.{method}", code, started)
-        return endpoint
-    return wrap
-
-
-def _model_of(request: Request) -> str:
-    return getattr(request.state, "model", None) or request.path_params.get("model", "")
-
-
-async def _recorded(events: AsyncIterator[Any], door: Door, request: Request, method: str,
-                    started: float) -> AsyncIterator[Any]:
-    """A stream's events; its request is counted once they are all sent (CANCELLED when the client left)."""
-    code = "CANCELLED"
-    try:
-        async for event in events:
-            yield event
-        code = "OK"
-    finally:
-        door.record(_model_of(request), f"http.{method}", code, started)
 
 
 def _flavor(path: str) -> str:
@@ -122,8 +40,6 @@ async def _internal(request: Request, exc: Exception) -> Response:
 
 
 def build_app(plane: DataPlane, max_body_bytes: int, auth_token: str | None) -> Starlette:
-    from server.http import kserve, openai, ops
-
     routes: list[Route] = [*kserve.routes(), *openai.routes(), *ops.routes()]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception, Exception: _internal})
     app.state.door = Door(plane, max_body_bytes, auth_token)

@@ -61,15 +61,6 @@ def parse_json(data: bytes, what: str = "body") -> Any:
         raise HttpError(400, f"{what}: malformed JSON ({problem}{where})") from None
 
 
-async def json_object(request: Request, limit: int) -> dict[str, Any]:
-    """An application/json body holding one JSON object."""
-    require_content_type(request, JSON_TYPES)
-    body = parse_json(await read_body(request, limit))
-    if not isinstance(body, dict):
-        raise HttpError(400, f"body: must be a JSON object, got {type(body).__name__}")
-    return body
-
-
 def _type_name(kind: type | tuple[type, ...]) -> str:
     names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list",
              dict: "an object"}

@@ -9,7 +9,7 @@
     POST /v2/repository/index                      repository extension
     POST /v2/repository/models/{model}/load|unload
 
-The same text mode as gRPC (server/servicers/kserve_text.py): BYTES `text` / `prompt` inputs run the task.
+The same text mode as gRPC (server/kserve.py): BYTES `text` / `prompt` inputs run the task.
 """
 from __future__ import annotations
 
@@ -24,12 +24,11 @@ from starlette.routing import Route
 
 import server
 from server.errors import Code, ServingError
-from server.http.app import KSERVE, Door, route
+from server.http.guard import KSERVE, Door, route
 from server.http.body import deadline_from_headers, field, parse_json, read_body, require_content_type
 from server.http.errors import HttpError
 from server.http.tensors import HEADER_LENGTH, decode_request, encode_response, split_body
-from server.servicers import kserve_text
-from server.servicers.kserve import EXTENSIONS, parse_version
+from server.kserve import EXTENSIONS, model_infer, parse_version
 from server.types import ModelMetadata, ModelStatistics
 
 INFER_TYPES = ("application/json", "application/octet-stream")
@@ -127,7 +126,7 @@ async def infer(door: Door, request: Request) -> Response:
         parameters["stop"] = json.dumps(parameters["stop"])
     if isinstance(parameters.get("logit_bias"), dict):
         parameters["logit_bias"] = json.dumps(parameters["logit_bias"])
-    result = await kserve_text.infer(door.plane, model, _version(request), parsed.inputs, parsed.outputs,
+    result = await model_infer(door.plane, model, _version(request), parsed.inputs, parsed.outputs,
                                      parameters, _deadline(request, parameters))
     content, header_length = encode_response(parsed, model, result.version, result.outputs)
     if header_length is None:

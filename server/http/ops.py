@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.http.app import KSERVE, Door, route
+from server.http.guard import KSERVE, Door, route
 
 @route("Health", KSERVE, open_route=True)
 async def health(door: Door, request: Request) -> Response:

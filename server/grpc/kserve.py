@@ -6,30 +6,16 @@ from typing import Any
 import grpc
 import numpy as np
 
-import modelpkg
 import server
 from protos import grpc_service_pb2 as pb
 from protos import grpc_service_pb2_grpc as pb_grpc
 from server.codecs import decode_tensor, encode_tensor
 from server.errors import ServingError
-from server.servicers import kserve_text
-from server.servicers.common import Instrumented, deadline_of, unary
+from server.grpc.common import Instrumented, deadline_of, unary
+from server.kserve import EXTENSIONS, model_infer, parse_version
 from server.types import DurationStat, InferResult, ModelMetadata, ModelStatistics, RepositoryEntry
 
-EXTENSIONS = ["model_repository", "statistics", "parameters"]
-
-
 # ---------------------------------------------------------------------- protobuf -> arguments
-
-
-def parse_version(text: str, field: str = "version") -> int:
-    """KServe versions are strings; "" = the latest; otherwise the repository's one version rule (modelpkg)."""
-    if not text:
-        return 0
-    version = modelpkg.parse_version(text)
-    if version is None:
-        raise ServingError.invalid(field, f"must be a positive integer (no leading zero) or empty, got {text!r}")
-    return version
 
 
 def parameter_value(p: pb.InferParameter) -> Any:
@@ -129,7 +115,7 @@ class KServeServicer(Instrumented, pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         version = parse_version(request.model_version, "model_version")
         parameters = {k: parameter_value(v) for k, v in request.parameters.items()}
-        result = await kserve_text.infer(self.plane, request.model_name, version, infer_inputs(request),
+        result = await model_infer(self.plane, request.model_name, version, infer_inputs(request),
                                          [o.name for o in request.outputs] or None, parameters, deadline_of(context))
         return infer_response(request, result)
 

@@ -1,4 +1,5 @@
-"""KServe ModelInfer "text mode": a codec of the KServe front door over the data plane's task calls.
+"""KServe v2 as both front doors speak it (gRPC server/grpc/kserve.py, REST server/http/kserve.py): the
+version-string rule, the extensions served, and ModelInfer's "text mode" over the data plane's task calls.
 
 A request whose inputs are all BYTES tensors named as below (for the model's task) runs the task instead of
 the graph; anything else goes to the graph (DataPlane.infer). Request parameters: `truncate` (bool);
@@ -17,14 +18,26 @@ from typing import Any
 
 import numpy as np
 
+import modelpkg
 from server.dataplane import DataPlane, select_outputs
 from server.errors import Code, ServingError
 from server.generation import GenerationParams
 from server.types import FillMaskResult, InferResult, MaskPrediction
 
+EXTENSIONS = ["model_repository", "statistics", "parameters"]
 TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}, "embed": {"text"}}
 _PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "min_tokens", "repetition_penalty",
                "presence_penalty", "frequency_penalty", "seed", "truncate_prompt", "ignore_eos")
+
+
+def parse_version(text: str, field: str = "version") -> int:
+    """KServe versions are strings; "" = the latest; otherwise the repository's one version rule (modelpkg)."""
+    if not text:
+        return 0
+    version = modelpkg.parse_version(text)
+    if version is None:
+        raise ServingError.invalid(field, f"must be a positive integer (no leading zero) or empty, got {text!r}")
+    return version
 
 
 def is_text_request(task: str, inputs: dict[str, np.ndarray]) -> bool:
@@ -32,7 +45,7 @@ def is_text_request(task: str, inputs: dict[str, np.ndarray]) -> bool:
         a.dtype == object for a in inputs.values())
 
 
-async def infer(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
+async def model_infer(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
                 outputs: list[str] | None, parameters: dict[str, Any], deadline: float | None) -> InferResult:
     """ModelInfer over the data plane: text mode when the request is one, the graph otherwise."""
     task = plane.task_of(model, version) if inputs else ""

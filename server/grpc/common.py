@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import grpc
 
 from server.dataplane import DataPlane
-from server.servicers.status import guarded
+from server.grpc.status import guarded
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ class Instrumented:
 
 
 def unary(method: str, model_field: str = "model") -> Callable[..., Any]:
-    """Wraps a unary handler in the status guard (server/servicers/status.py)."""
+    """Wraps a unary handler in the status guard (server/grpc/status.py)."""
     def wrap(fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         @functools.wraps(fn)
         async def handler(self: Instrumented, request: Any, context: grpc.aio.ServicerContext) -> T:

@@ -9,7 +9,7 @@ from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 from server.errors import Code, ServingError
 from server.generation import GeneratedToken, GenerationParams, Usage
-from server.servicers.common import Instrumented, deadline_of, streaming, unary
+from server.grpc.common import Instrumented, deadline_of, streaming, unary
 from server.types import ModelStatus, StreamPart
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
@@ -43,7 +43,7 @@ def prompt_from_proto(request: pb.GenerateRequest) -> str | list[int]:
 def tokens_to_proto(tokens: list[GeneratedToken]) -> list[pb.GeneratedToken]:
     out = []
     for t in tokens:
-        msg = pb.GeneratedToken(token_id=t.token_id, logprob=t.logprob or 0.0)
+        msg = pb.GeneratedToken(token_id=t.token_id, logprob=t.logprob or 0.0, token=t.token)
         msg.top_logprobs.extend(pb.TokenLogprob(token_id=a.token_id, token=a.token, logprob=a.logprob)
                                 for a in t.top_logprobs)
         out.append(msg)

@@ -4,7 +4,7 @@ grpcio's aio server runs a method's request deserializer before any of our code;
 field with invalid UTF-8, bytes that are no message at all) grpcio logs a traceback at ERROR and answers
 UNKNOWN. Registering our services through SafeRegistrar gives every handler a deserializer that cannot raise: an undecodable request
 becomes an `Undecodable` value, which the wrapped handler answers with INVALID_ARGUMENT (the field that holds
-bad UTF-8 is named, server/wire.py), logged at DEBUG only (an unauthenticated caller must not be able to
+bad UTF-8 is named, server/grpc/wire.py), logged at DEBUG only (an unauthenticated caller must not be able to
 fill the log).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from server.wire import bad_utf8_field
+from server.grpc.wire import bad_utf8_field
 
 log = logging.getLogger(__name__)
 

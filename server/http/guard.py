@@ -1,0 +1,94 @@
+"""The guard every HTTP route runs in, and what the routes share.
+
+A route is a converter: request -> one data-plane call -> response. The guard around it checks the bearer
+token (health routes stay open, as grpc.health.v1 does), turns any exception into the route family's error
+body with errors.py's status, and records the same per-model request metrics as the gRPC servicers.
+"""
+from __future__ import annotations
+
+import functools
+import hmac
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from server.dataplane import DataPlane
+from server.http.errors import HttpError, classify_error, kserve_body, openai_body
+
+KSERVE = "kserve"
+OPENAI = "openai"
+Handler = Callable[["Door", Request], Awaitable[Response]]
+
+
+class Door:
+    """What the routes share: the data plane, the body limit, the token, the request metrics."""
+
+    def __init__(self, plane: DataPlane, max_body_bytes: int, auth_token: str | None) -> None:
+        self.plane = plane
+        self.max_body_bytes = max_body_bytes
+        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+
+    def authorize(self, request: Request) -> None:
+        if self._expected is None:
+            return
+        given = request.headers.get("authorization")
+        if given is None:
+            raise HttpError(401, "authorization: missing 'Authorization: Bearer <token>' header")
+        if not hmac.compare_digest(given.encode("latin-1", errors="replace"), self._expected):
+            raise HttpError(401, "authorization: invalid bearer token")
+
+    def record(self, model: str, method: str, code: str, started: float) -> None:
+        self.plane.record_request(model, method, code, time.perf_counter() - started)
+
+
+def error_response(flavor: str, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = openai_body(status, message) if flavor == OPENAI else kserve_body(message)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handler], Callable[[Request], Any]]:
+    """Wraps a handler: auth, the error mapping, metrics. `request.state.model` names the model for metrics
+    when the path does not."""
+    def wrap(fn: Handler) -> Callable[[Request], Any]:
+        @functools.wraps(fn)
+        async def endpoint(request: Request) -> Response:
+            door: Door = request.app.state.door
+            started = time.perf_counter()
+            code = "CANCELLED"
+            streaming = False
+            try:
+                if not open_route:
+                    door.authorize(request)
+                response = await fn(door, request)
+                code = "OK"
+                if isinstance(response, StreamingResponse):  # recorded when its last event is sent, as gRPC streams
+                    streaming = True
+                    response.body_iterator = _recorded(response.body_iterator, door, request, method, started)
+                return response
+            except Exception as exc:
+                status, message, code = classify_error(exc, f"http {method}")
+                headers = {"www-authenticate": "Bearer"} if status == 401 else None
+                return error_response(flavor, status, message, headers)
+            finally:
+                if not streaming:
+                    door.record(_model_of(request), f"http.{method}", code, started)
+        return endpoint
+    return wrap
+
+
+def _model_of(request: Request) -> str:
+    return getattr(request.state, "model", None) or request.path_params.get("model", "")
+
+
+async def _recorded(events: AsyncIterator[Any], door: Door, request: Request, method: str,
+                    started: float) -> AsyncIterator[Any]:
+    """A stream's events; its request is counted once they are all sent (CANCELLED when the client left)."""
+    code = "CANCELLED"
+    try:
+        async for event in events:
+            yield event
+        code = "OK"
+    finally:
+        door.record(_model_of(request), f"http.{method}", code, started)

@@ -1,0 +1,108 @@
+"""POST /v1/chat/completions: models whose package carries a chat template (chat_template.py renders the
+messages into one prompt); 400 naming `model` otherwise. Streamed as `chat.completion.chunk` events."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.errors import ServingError
+from server.generation import GeneratedToken, Usage
+from server.http.body import deadline_from_headers
+from server.http.decode import typed_body
+from server.http.guard import OPENAI, Door, route
+from server.http.openai.answers import FINISH, json_answer, usage
+from server.http.openai.chat_template import render_chat
+from server.http.openai.params import choices, generation_params, include_usage, refuse_unsupported
+from server.http.openai.protocol import ChatCompletionRequest, ChatMessage
+from server.http.openai.stream import event_stream, gather_all, merged, opened, sse
+from server.types import StreamPart
+
+
+def _messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    if not messages:
+        raise ServingError.invalid("messages", "must not be empty")
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content or ""
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts = []
+            for j, p in enumerate(content):
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise ServingError.invalid(f"messages[{i}].content[{j}]", "only text parts are supported")
+                parts.append(p["text"])
+            content = "".join(parts)
+        out.append({"role": m.role, "content": content})
+    return out
+
+
+@route("ChatCompletions", OPENAI)
+async def chat_completions(door: Door, request: Request) -> Response:
+    body = await typed_body(request, door.max_body_bytes, ChatCompletionRequest)
+    model, messages = body.model, _messages(body.messages)
+    refuse_unsupported(body)
+    if body.prompt_logprobs is not None:
+        raise ServingError.invalid("prompt_logprobs", "is supported on /v1/completions only")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    if logprobs is None and body.top_logprobs:
+        raise ServingError.invalid("top_logprobs", "needs logprobs: true")
+    if body.max_completion_tokens is not None:
+        params = generation_params(body, logprobs, body.max_completion_tokens, "max_completion_tokens")
+    else:
+        params = generation_params(body, logprobs, body.max_tokens)
+    per_request = choices(body, params)
+    template = door.plane.chat_template(model)
+    if template is None:
+        raise ServingError.invalid("model", f"{model!r} has no chat template (its package's tokenizer carries "
+                                            f"none): use /v1/completions with a prompt")
+    prompt = render_chat(template.template, messages, template.variables)
+    deadline = deadline_from_headers(request)
+    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        streams = [door.plane.generate_stream(model, 0, prompt, params, deadline) for params in per_request]
+        firsts = await opened(streams)
+        events = _events(streams, firsts, ident, created, logprobs is not None, include_usage(body))
+        return event_stream(events, streams, "ChatCompletions")
+    results = await gather_all([door.plane.generate(model, 0, prompt, params, deadline) for params in per_request])
+    answers = [{"index": j, "message": {"role": "assistant", "content": r.output.text},
+                "finish_reason": FINISH[r.output.finish_reason],
+                "logprobs": _logprobs(r.output.tokens) if logprobs is not None else None}
+               for j, r in enumerate(results)]
+    return json_answer({"id": ident, "object": "chat.completion", "created": created, "model": model,
+                        "choices": answers, "usage": usage([r.output.usage for r in results], len(results))})
+
+
+def _logprobs(tokens: list[GeneratedToken]) -> dict[str, Any]:
+    """OpenAI's chat logprobs: each token's text (it came with the token), logprob, bytes, alternatives."""
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+                         "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
+                                          for a in t.top_logprobs]} for t in tokens]}
+
+
+async def _events(streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None], ident: str,
+                  created: int, logprobs: bool, with_usage: bool) -> AsyncIterator[bytes]:
+    """`chat.completion.chunk` events: each choice's role first, then its content deltas (choices[0].index =
+    the choice's index)."""
+    model = next((f.model for f in firsts if f is not None), "")
+    usages: dict[int, Usage] = {}
+
+    def event(index: int, delta: dict[str, Any], finish: str | None, lp: Any = None) -> bytes:
+        return sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+    for j in range(len(streams)):
+        yield event(j, {"role": "assistant", "content": ""}, None)
+    async for j, part in merged(firsts, streams):
+        chunk = part.chunk
+        if not chunk.text and not chunk.final and not (logprobs and chunk.tokens):
+            continue    # (a token whose text is held back still brings its logprob)
+        lp = _logprobs(chunk.tokens) if logprobs else None
+        yield event(j, {"content": chunk.text} if chunk.text else {},
+                    FINISH[chunk.finish_reason or "length"] if chunk.final else None, lp)
+        if chunk.final and chunk.usage is not None:
+            usages[j] = chunk.usage
+    if with_usage and len(usages) == len(streams):
+        yield sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [], "usage": usage([usages[j] for j in range(len(streams))], len(streams))})

@@ -1,0 +1,70 @@
+"""A typed completion / chat request -> the GenerationParams of each completion it asks for (`n`).
+
+OpenAI's defaults where they differ from the engine's (max_tokens 16, temperature 1), its limits (n), and
+its field names in refusals (GenerationParams names its fields "parameters.<name>").
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from server.errors import Code, ServingError
+from server.generation import GenerationParams
+from server.http.openai.protocol import SamplingRequest
+
+DEFAULT_MAX_TOKENS = 16           # OpenAI's default for /v1/completions
+DEFAULT_TEMPERATURE = 1.0         # OpenAI's (the engine's own default is greedy)
+MAX_CHOICES = 16                  # n: completions per prompt
+_RENAMED = {"parameters.top_logprobs": "logprobs", "parameters.stop": "stop", "parameters.": ""}
+
+
+def refuse_unsupported(request: SamplingRequest) -> None:
+    """Fields we do not implement are refused when they would change the answer, never ignored."""
+    if request.suffix:
+        raise ServingError.invalid("suffix", "is not supported")
+
+
+def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens: int | None,
+                      max_tokens_field: str = "max_tokens") -> GenerationParams:
+    """logprobs: alternatives per generated token (None: no logprobs); max_tokens: the token budget asked for
+    (None: OpenAI's default), named `max_tokens_field` in a refusal."""
+    stop = [request.stop] if isinstance(request.stop, str) else request.stop
+    if stop is not None and not all(isinstance(s, str) for s in stop):
+        raise ServingError.invalid("stop", "must be a string or a list of strings")
+    try:
+        return GenerationParams.validate(
+            max_new_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=request.top_p, top_k=request.top_k, repetition_penalty=request.repetition_penalty,
+            presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
+            logit_bias=request.logit_bias, min_p=request.min_p, min_tokens=request.min_tokens,
+            stop_token_ids=request.stop_token_ids, stop=stop, seed=request.seed, logprobs=logprobs is not None,
+            top_logprobs=logprobs or 0, ignore_eos=request.ignore_eos)
+    except ValueError as exc:
+        raise _invalid(exc, max_tokens_field) from None
+
+
+def _invalid(exc: ValueError, max_tokens_field: str) -> ServingError:
+    message = str(exc)
+    for ours, theirs in {"parameters.max_new_tokens": max_tokens_field, **_RENAMED}.items():
+        if message.startswith(ours):
+            message = theirs + message[len(ours):]
+            break
+    return ServingError(Code.INVALID_ARGUMENT, message)
+
+
+def choices(request: SamplingRequest, params: GenerationParams) -> list[GenerationParams]:
+    """One GenerationParams per completion asked of each prompt (`n`). With a seed, completion j draws with
+    seed + j: reproducible, and not n copies of one draw."""
+    n = 1 if request.n is None else request.n
+    if not 1 <= n <= MAX_CHOICES:
+        raise ServingError.invalid("n", f"must be in [1, {MAX_CHOICES}], got {n}")
+    if request.best_of is not None and request.best_of != n:
+        raise ServingError.invalid("best_of", f"only best_of = n is supported (no ranking), got {request.best_of}")
+    if params.seed is None:
+        return [params] * n
+    return [dataclasses.replace(params, seed=(params.seed + j) % 2 ** 64) for j in range(n)]
+
+
+def include_usage(request: SamplingRequest) -> bool:
+    """stream_options.include_usage: a last event with the usage of the whole request."""
+    return bool(request.stream_options is not None and request.stream_options.include_usage)

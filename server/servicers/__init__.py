@@ -1,1 +1,0 @@
-"""gRPC servicers: thin adapters from protobuf to the data plane (server/dataplane.py)."""
