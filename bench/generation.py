@@ -706,9 +706,12 @@ def main(argv: list[str] | None = None) -> int:
     ckpt, repo, pool = material(cfg)
     tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
     report: dict[str, Any] = json.loads(a.out.read_text()) if a.merge and a.out.is_file() else {}
+    # Each run records how its sides ran (threads, binding, preloads): with --merge, pieces of several runs share
+    # the report, and each piece's figures are described by the run that measured them.
+    sides: dict[str, Any] = {"ortserve": ortserve_side(cfg, cfg.variant)}
     runs = current_runs([*report.get("runs", []), {
         "command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]), "pieces": list(pieces),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}])
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sides": sides}])
     report.update({"machine": describe(ROOT), "config": {k: str(v) for k, v in cfg.__dict__.items()}, "runs": runs,
                    "command": runs[0]["command"], "started": runs[0]["started"]})
 
@@ -723,8 +726,6 @@ def main(argv: list[str] | None = None) -> int:
         save()
     vllm_proc: VllmServer | None = None
     vllm = None
-    sides = report.setdefault("sides", {})
-    sides["ortserve"] = ortserve_side(cfg, cfg.variant)
 
     def start_peer() -> tuple[VllmServer, VllmStreams]:
         server = start_vllm(ckpt, cfg)
@@ -801,19 +802,22 @@ def render_section(r: dict[str, Any]) -> list[str]:
     shape = ("GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, fp32)"
              if model == "gpt2" else "Llama ~124M shape with grouped-query attention (12 layers, 768 wide, 12 heads / "
              "4 kv heads, SwiGLU 2048, tied head, vocab 8000, 1024 positions, random init, fp32)")
-    lines = [f"## Generation vs peers: {model} (bench/generation.py --model {model})", "",
-             *[f"- Command: `{x['command']}` at {x['started']}" + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else "")
-               for x in runs],
+    lines = [f"## Generation vs peers: {model} (bench/generation.py --model {model})", ""]
+    for x in runs:     # each run, and how its sides ran (threads, binding)
+        lines.append(f"- Command: `{x['command']}` at {x['started']}"
+                     + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else ""))
+        lines += sides_lines(x.get("sides"), vllm_ran=_run_had_vllm(x, r), indent="  ")
+    lines += [
              f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
              f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
              f"- Checkpoint: {shape} saved in HF layout; ortserve serves its `python -m export` package (in-place cache "
              "+ mixed graph), "
              "vLLM 0.32.0 CPU loads the checkpoint directory (`--dtype float32`, OpenAI server), onnxruntime-genai "
-             "0.18.0 runs the same model.onnx in-process. One side under load at a time. Each side's threads and binding:",
-             *sides_lines(r.get("sides"), vllm_ran=_vllm_ran(r)), ""]
-    vl = vllm_label(r.get("sides"))
+             "0.18.0 runs the same model.onnx in-process. One side under load at a time; each run above lists its "
+             "sides' threads and binding.", ""]
     st = r.get("streams")
     if st:
+        vl = _vllm_label_of(runs, "streams")
         lines += ["### Aggregate tokens/s and time to first token (32-token prompts, 128 new tokens, greedy, ignore eos)", "",
                   "Each cell: median of the runs; the sides take turns run by run, a second apart. \"previous engine\" "
                   "is the concat-cache package of the same weights in the same server.", "",
@@ -837,7 +841,7 @@ def render_section(r: dict[str, Any]) -> list[str]:
 
         lines += [row("ortserve", chunk, v) for chunk, v in ar.get("ortserve", {}).items()]
         if "vllm" in ar:
-            lines.append(row(vl, "(its own)", ar["vllm"]))
+            lines.append(row(_vllm_label_of(runs, "arrival"), "(its own)", ar["vllm"]))
         lines.append("")
     lv = r.get("leave")
     if lv:
@@ -879,7 +883,8 @@ def render_section(r: dict[str, Any]) -> list[str]:
                   "| server | first request TTFT ms | second request TTFT ms | second / first | second while the first "
                   "decodes TTFT ms |", "|---|---|---|---|---|"]
         names = {"ortserve_prefix_on": "ortserve, prefix caching on (default)",
-                 "ortserve_prefix_off": "ortserve, --prefix-caching off", "vllm": f"{vl} (automatic prefix caching)"}
+                 "ortserve_prefix_off": "ortserve, --prefix-caching off",
+                 "vllm": f"{_vllm_label_of(runs, 'prefix')} (automatic prefix caching)"}
         lines += [f"| {label} | {_f(pf[k]['first_ttft_ms'], 0)} | {_f(pf[k]['second_ttft_ms'], 0)} | "
                   f"{_f(pf[k]['second_over_first'], 3)} | {_f(pf[k]['during_ttft_ms'], 0) if 'during_ttft_ms' in pf[k] else '–'} |"
                   for k, label in names.items() if k in pf]
@@ -899,6 +904,21 @@ def render_section(r: dict[str, Any]) -> list[str]:
 def _vllm_ran(r: dict[str, Any]) -> bool:
     return any("vllm" in (r.get(piece) or {}) for piece in ("arrival", "prefix")) or \
         any(isinstance(v, dict) and "vllm" in v for v in (r.get("streams") or {}).values())
+
+
+def _run_had_vllm(run: dict[str, Any], r: dict[str, Any]) -> bool:
+    """Whether a run measured vLLM (a piece that starts it, without --no-vllm); unknown pieces: the report says."""
+    if not run.get("pieces"):
+        return _vllm_ran(r)
+    return bool({"streams", "arrival", "prefix"} & set(run["pieces"])) and "--no-vllm" not in (run.get("command") or "")
+
+
+def _vllm_label_of(runs: list[dict[str, Any]], piece: str) -> str:
+    """The vLLM column's name for a piece, from the run that measured it (the last one naming it)."""
+    for run in reversed(runs):
+        if piece in (run.get("pieces") or []):
+            return vllm_label(run.get("sides"))
+    return vllm_label(None)
 
 
 def write_docs(r: dict[str, Any], path: Path) -> None:

@@ -11,6 +11,11 @@ The file is written as f32 (every tensor as in the checkpoint); llama-quantize m
 import sys
 from pathlib import Path
 
+# Run as a script, this file's folder (bench/) heads sys.path, and bench/http.py would shadow the standard library's
+# http for everything the converter imports.
+_HERE = Path(__file__).resolve().parent
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
 
 def main() -> None:
     src, ckpt, out, pre = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]

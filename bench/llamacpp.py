@@ -143,7 +143,7 @@ class LlamaServer:
                      "-c", str(parallel * ctx_per_slot), "--host", "127.0.0.1", "--port", str(self.port)]
         self.threads, self.parallel, self.gguf = threads, parallel, gguf
         self.proc = Process([str(tool("llama-server")), *self.args])
-        self.proc.wait_for_line(re.compile(r"server is listening|HTTP server listening"), startup_timeout)
+        self.proc.wait_for_line(re.compile(r"listening on http|server is listening"), startup_timeout)
         self._wait_healthy(startup_timeout)
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -179,7 +179,7 @@ class LlamaServer:
         return [int(t) for t in r.json()["tokens"]]
 
     def describe(self) -> dict[str, Any]:
-        return {"threads": self.threads, "binding": "not pinned (its default: no --cpu-mask / --cpu-strict)",
+        return {"threads": self.threads, "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50)",
                 "parallel": self.parallel, "quant": self.gguf.stem.rsplit("-", 1)[-1],
                 "args": ["llama-server", *[a if a != str(self.gguf) else self.gguf.name for a in self.args]]}
 
@@ -453,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             save()
         if "raw" in pieces:
             report["raw"] = raw_piece(cfg, repo, ggufs)
-            report["sides"]["llamacpp_bench"] = {"threads": cfg.threads, "binding": "not pinned (its default)",
+            report["sides"]["llamacpp_bench"] = {"threads": cfg.threads,
+                                                 "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50)",
                                                  "args": ["llama-bench", "-t", str(cfg.threads), "-p", "0", "-n",
                                                           str(cfg.new_tokens), "-r", "1"]}
             report["sides"]["ortserve_graph"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",

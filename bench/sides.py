@@ -36,12 +36,12 @@ def side_line(name: str, side: dict[str, Any]) -> str:
     return f"{label}: " + "; ".join(parts)
 
 
-def sides_lines(sides: dict[str, Any] | None, vllm_ran: bool) -> list[str]:
+def sides_lines(sides: dict[str, Any] | None, vllm_ran: bool, indent: str = "") -> list[str]:
     """Markdown bullets, one per side; a vLLM that ran without a recorded configuration is the one-core legacy."""
     sides = sides or {}
-    lines = [f"- {side_line(name, s)}" for name, s in sides.items()]
+    lines = [f"{indent}- {side_line(name, s)}" for name, s in sides.items()]
     if vllm_ran and "vllm" not in sides:
-        lines.append(f"- {LEGACY_VLLM}")
+        lines.append(f"{indent}- {LEGACY_VLLM}")
     return lines
 
 

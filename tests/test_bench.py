@@ -319,6 +319,58 @@ def test_peer_throughput_evidence_states_the_cpu_budget() -> None:
 # vLLM 0.32's binding report (vllm/utils/ompmultiprocessing.py logs "OpenMP thread binding info:" then one line per
 # rank), as its log showed it with VLLM_CPU_OMP_THREADS_BIND=0-1 on this machine.
 VLLM_BIND_LINE = "\tlocal_rank=0, core ids=[0, 1]"
+# `llama-bench -m ...-q4_0.gguf -t 2 -p 0 -n 32 -r 1 -o json` as the build of bench/setup_llamacpp.sh printed it
+# (2026-11-26, a loaded machine: the rate means nothing).
+LLAMA_BENCH_OUTPUT = """[
+  {
+    "build_commit": "unknown",
+    "build_number": 0,
+    "cpu_info": "Intel(R) Xeon(R) Processor",
+    "gpu_info": "",
+    "backends": "CPU",
+    "model_filename": "bench/results/generation-work/gguf/llama-124m-gqa-random-q4_0.gguf",
+    "model_type": "llama ?B Q4_0",
+    "model_size": 47584128,
+    "model_n_params": 81660672,
+    "n_batch": 2048,
+    "n_ubatch": 512,
+    "n_threads": 2,
+    "cpu_mask": "0x0",
+    "cpu_strict": false,
+    "poll": 50,
+    "type_k": "f16",
+    "type_v": "f16",
+    "n_gpu_layers": -1,
+    "n_cpu_moe": 0,
+    "split_mode": "layer",
+    "main_gpu": 0,
+    "no_kv_offload": false,
+    "flash_attn": -1,
+    "devices": "auto",
+    "tensor_split": "0.00",
+    "tensor_buft_overrides": "none",
+    "load_mode": "auto",
+    "lazy_mode": "auto",
+    "embeddings": false,
+    "no_op_offload": 0,
+    "no_host": false,
+    "repack": true,
+    "fit_target": 0,
+    "fit_min_ctx": 0,
+    "n_prompt": 0,
+    "n_gen": 32,
+    "n_depth": 0,
+    "test_time": "2026-11-26T09:32:01Z",
+    "avg_ns": 1438163071,
+    "stddev_ns": 0,
+    "avg_ts": 22.250606,
+    "stddev_ts": 0.000000,
+    "samples_ns": [ 1438163071 ],
+    "samples_ts": [ 22.2506 ]
+  }
+]
+"""
+LLAMA_BENCH_TG_RATE = 22.250606
 
 
 def test_vllm_cpu_list_names_every_core_it_is_given() -> None:
@@ -400,11 +452,12 @@ def test_bound_cores_reads_vllms_binding_log_line() -> None:
 def _streams_report(sides: dict | None) -> dict:
     cell = {"ortserve": {"tokens_per_s": 70.0, "ttft_p50_ms": 50.0}, "vllm": {"tokens_per_s": 50.0, "ttft_p50_ms": 80.0},
             "ratio_tokens_per_s": 1.4}
-    report = {"config": {"model": "gpt2"}, "machine": {"nproc": 2}, "streams": {"1": cell},
-              "runs": [{"command": "python -m bench.generation", "started": "t", "pieces": ["streams"]}]}
+    run = {"command": "python -m bench.generation --pieces streams", "started": "t", "pieces": ["streams"]}
     if sides is not None:
-        report["sides"] = sides
-    return report
+        run["sides"] = sides
+    return {"config": {"model": "gpt2"}, "machine": {"nproc": 2}, "streams": {"1": cell},
+            "runs": [{"command": "python -m bench.generation --pieces step --no-vllm", "started": "t0",
+                      "pieces": ["step"]}, run]}
 
 
 def test_generation_report_prints_each_sides_threads_and_binding() -> None:
@@ -416,8 +469,8 @@ def test_generation_report_prints_each_sides_threads_and_binding() -> None:
                       "env": {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                               "OMP_NUM_THREADS": "2", "LD_PRELOAD": "/t.so:/i.so"}, "unset": ["OMP_WAIT_POLICY"]}}
     text = "\n".join(render_section(_streams_report(sides)))
-    assert "- ortserve: 2 threads; not pinned (onnxruntime's default); intra op spinning on; max sequences 32" in text
-    assert ("- vLLM: 2 threads; cores 0-1 (its log: core ids=[0, 1]); VLLM_CPU_OMP_THREADS_BIND=0-1, "
+    assert "  - ortserve: 2 threads; not pinned (onnxruntime's default); intra op spinning on; max sequences 32" in text
+    assert ("  - vLLM: 2 threads; cores 0-1 (its log: core ids=[0, 1]); VLLM_CPU_OMP_THREADS_BIND=0-1, "
             "VLLM_CPU_NUM_OF_RESERVED_CPU=0, OMP_NUM_THREADS=2, LD_PRELOAD=/t.so:/i.so; unset OMP_WAIT_POLICY") in text
     assert "| ortserve tok/s | vLLM tok/s |" in text and "ONE core" not in text
 
@@ -425,9 +478,13 @@ def test_generation_report_prints_each_sides_threads_and_binding() -> None:
 def test_generation_report_marks_vllm_figures_without_a_recorded_configuration_as_one_core() -> None:
     from bench.generation import render_section
 
-    text = "\n".join(render_section(_streams_report(None)))
+    lines = render_section(_streams_report(None))
+    text = "\n".join(lines)
     assert "| ortserve tok/s | vLLM (1 core) tok/s | ortserve / vLLM (1 core) |" in text
-    assert "vLLM: ONE core" in text and "core ids=[0]" in text
+    # Under the run that measured vLLM, not under the --no-vllm run before it.
+    at = lines.index("- Command: `python -m bench.generation --pieces streams` at t (pieces: streams)")
+    assert lines[at + 1].startswith("  - vLLM: ONE core") and "core ids=[0]" in lines[at + 1]
+    assert text.count("ONE core") == 1
 
 
 def test_gguf_tokenizer_check_catches_a_pre_tokenizer_that_differs(tmp_path: Path) -> None:
