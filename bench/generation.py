@@ -818,7 +818,9 @@ def render_section(r: dict[str, Any]) -> list[str]:
     st = r.get("streams")
     if st:
         vl = _vllm_label_of(runs, "streams")
-        lines += ["### Aggregate tokens/s and time to first token (32-token prompts, 128 new tokens, greedy, ignore eos)", "",
+        c = r.get("config", {})
+        lines += [f"### Aggregate tokens/s and time to first token ({c.get('prompt_tokens', 32)}-token prompts, "
+                  f"{c.get('new_tokens', 128)} new tokens, greedy, ignore eos)", "",
                   "Each cell: median of the runs; the sides take turns run by run, a second apart. \"previous engine\" "
                   "is the concat-cache package of the same weights in the same server.", "",
                   f"| streams | ortserve tok/s | {vl} tok/s | ortserve / {vl} | ortserve TTFT p50 ms | {vl} TTFT p50 ms "

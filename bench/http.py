@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import threading
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=300, help="sequential requests per protocol (overhead)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--throughput-requests", type=int, default=1600)
-    ap.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads of the servers")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="threads of every server (default: this process's cores)")
     ap.add_argument("--stream-levels", default="1,8,16")
     ap.add_argument("--stream-tokens", type=int, default=128)
     ap.add_argument("--stream-model", default="gpt2", choices=("gpt2", "llama"),

@@ -11,6 +11,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # tcmalloc: a system library, checked on every run (a venv built before it was installed is still usable after).
 tcmalloc_found() { "${PYTHON:-python3.11}" -c "import sys; sys.path.insert(0, '$here/..'); from bench.vllm_env import find_tcmalloc; find_tcmalloc()" >/dev/null 2>&1; }
+if [[ -n "${VLLM_TCMALLOC:-}" && ! -f "$VLLM_TCMALLOC" ]]; then
+  echo "setup_vllm.sh: VLLM_TCMALLOC=$VLLM_TCMALLOC is not a file" >&2
+  exit 1
+fi
 if ! tcmalloc_found; then
   sudo=(); [[ $(id -u) -eq 0 ]] || sudo=(sudo -n)
   echo "installing libtcmalloc-minimal4 (apt-get)"
