@@ -786,8 +786,15 @@ def main(argv: list[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- report
 
-def _block(model: str) -> str:
-    return f"generation:{model}"
+def _variant_of(r: dict[str, Any]) -> str | None:
+    """The served variant a report was measured with, when one was asked for other than fp32 (config holds strings)."""
+    v = r.get("config", {}).get("variant")
+    return None if v in (None, "None", "fp32") else v
+
+
+def _block(model: str, variant: str | None = None) -> str:
+    """One block per model, and one per model and weight variant (w8, w4 ...) so their runs sit side by side."""
+    return f"generation:{model}" + (f":{variant}" if variant else "")
 
 
 def _f(x: float, d: int = 1) -> str:
@@ -802,7 +809,9 @@ def render_section(r: dict[str, Any]) -> list[str]:
     shape = ("GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, fp32)"
              if model == "gpt2" else "Llama ~124M shape with grouped-query attention (12 layers, 768 wide, 12 heads / "
              "4 kv heads, SwiGLU 2048, tied head, vocab 8000, 1024 positions, random init, fp32)")
-    lines = [f"## Generation vs peers: {model} (bench/generation.py --model {model})", ""]
+    variant = _variant_of(r)
+    lines = [f"## Generation vs peers: {model}" + (f", ortserve serving its {variant} variant" if variant else "")
+             + f" (bench/generation.py --model {model}" + (f" --variant {variant}" if variant else "") + ")", ""]
     for x in runs:     # each run, and how its sides ran (threads, binding)
         lines.append(f"- Command: `{x['command']}` at {x['started']}"
                      + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else ""))
@@ -925,7 +934,7 @@ def _vllm_label_of(runs: list[dict[str, Any]], piece: str) -> str:
 
 def write_docs(r: dict[str, Any], path: Path) -> None:
     """Replace (or append) this model's generation block of docs/BENCHMARKS.md."""
-    write_block(path, _block(r.get("config", {}).get("model", "gpt2")), render_section(r))
+    write_block(path, _block(r.get("config", {}).get("model", "gpt2"), _variant_of(r)), render_section(r))
 
 
 if __name__ == "__main__":

@@ -527,3 +527,19 @@ def test_llamacpp_cli_bad_input_and_missing_tools_are_one_line(tmp_path: Path) -
                           text=True, timeout=60, env=env)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and "run bash bench/setup_llamacpp.sh" in lines[0]
+
+
+def test_a_weight_variant_run_gets_its_own_generation_block(tmp_path: Path) -> None:
+    """`--variant w4` results sit beside the fp32 block of the same model instead of replacing it."""
+    from bench.generation import write_docs
+
+    docs = tmp_path / "BENCHMARKS.md"
+    fp32 = {**_streams_report(None), "config": {"model": "llama", "variant": "None"}}
+    w4 = {**_streams_report(None), "config": {"model": "llama", "variant": "w4"}}
+    write_docs(fp32, docs)
+    write_docs(w4, docs)
+    write_docs(w4, docs)       # again: replaced, not appended
+    text = docs.read_text()
+    assert text.count("<!-- generation:llama:begin -->") == 1 and text.count("<!-- generation:llama:w4:begin -->") == 1
+    assert "## Generation vs peers: llama, ortserve serving its w4 variant (bench/generation.py --model llama " \
+           "--variant w4)" in text
