@@ -1,0 +1,339 @@
+"""Weight-quantized in-place decoders (MatMulNBits): accuracy against fp32 and the in-process step time.
+
+    python -m bench.quantized --lm gpt2=artifacts/checkpoints/lm --lm llama=artifacts/checkpoints/lm-llama \
+        --out bench/results/quantized.json --docs docs/BENCHMARKS.md
+    python -m bench.quantized --lm gpt2=artifacts/checkpoints/lm --grid   # the choice of block / accuracy / head
+    python -m bench.quantized --render-only --out bench/results/quantized.json --docs docs/BENCHMARKS.md
+
+Per checkpoint and candidate (bits, block size, accuracy level, algorithm, LM head quantized or not):
+  accuracy   the gate's own figures (export/parity_inplace.py, the same code the exporter judges with):
+             teacher-forced perplexity ratio and mean KL against PyTorch fp32 on the gate's held-out sentences,
+             greedy agreement (identical leading ids of 32-token greedy continuations, 24 prompts); plus the
+             perplexity of the corpus' held-out test plays (64-token blocks, one prefill each) for fp32 and it
+  speed      one decode step (one new token per row at past 128) at batch 1 and 8, in-process, IOBinding with
+             the cache bound in place, spinning threads (what the server does), candidates interleaved round by
+             round so load drifts hit them alike; median over rounds
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("bench.quantized")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    bits: int                 # 32 = the fp32 graph
+    kv8: bool = False
+    block_size: int = 32
+    accuracy_level: int = 4
+    algorithm: str = "rtn"
+    lm_head: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def default_candidates() -> list[Candidate]:
+    """The variants as the exporter makes them (export/config.py WEIGHT_QUANT), and fp32 / kv8."""
+    from export.config import WEIGHT_QUANT
+    from export.weights import WEIGHT_VARIANTS
+
+    out = [Candidate("fp32", 32), Candidate("kv8", 32, kv8=True)]
+    for name, (bits, kv8) in WEIGHT_VARIANTS.items():
+        q = WEIGHT_QUANT[bits]
+        out.append(Candidate(name, bits, kv8, q.block_size, q.accuracy_level, q.algorithm, q.lm_head))
+    return out
+
+
+def grid_candidates() -> list[Candidate]:
+    """The choices measured before fixing WEIGHT_QUANT: block size, accuracy level, LM head, RTN vs HQQ."""
+    out = [Candidate("fp32", 32)]
+    for bits in (8, 4):
+        for block in (32, 64, 128):
+            for level in (0, 4):
+                for head in (True, False):
+                    out.append(Candidate(f"w{bits} b{block} acc{level} {'head' if head else 'nohead'}", bits,
+                                         block_size=block, accuracy_level=level, lm_head=head))
+    for block in (32, 64):
+        for head in (True, False):
+            out.append(Candidate(f"w4 hqq b{block} acc4 {'head' if head else 'nohead'}", 4, block_size=block,
+                                 algorithm="hqq", lm_head=head))
+    return out
+
+
+# ----------------------------------------------------------------------------- graphs
+
+
+def build_graph(cand: Candidate, weights, kv_scales):
+    from export import decoder_graph
+    from export.weights import WeightQuantConfig, quantize_graph
+
+    graph = decoder_graph.build_decoder_graph(weights, kv_scales=kv_scales if cand.kv8 else None)
+    if cand.bits == 32:
+        return graph
+    cfg = WeightQuantConfig(block_size=cand.block_size, accuracy_level=cand.accuracy_level,
+                            algorithm=cand.algorithm, lm_head=cand.lm_head)
+    return quantize_graph(graph, cand.bits, cfg)[0]
+
+
+def session(graph, threads: int, spinning: bool = True, profile: str | None = None):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if profile:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile
+    return ort.InferenceSession(graph.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+class Stepper:
+    """Decode steps of one graph on `batch` slots whose caches hold `past` positions (contents irrelevant to
+    the time), bound in place as the server binds them."""
+
+    def __init__(self, sess, weights, batch: int, past: int) -> None:
+        import onnxruntime as ort
+
+        from modelpkg import CACHE_ELEMENT_TYPES, past_name, present_name
+
+        self.sess = sess
+        names = [(past_name(i, k), present_name(i, k)) for i in range(weights.num_layers) for k in ("key", "value")]
+        dtype = CACHE_ELEMENT_TYPES[{i.name: i.type for i in sess.get_inputs()}[names[0][0]]]
+        shape = (batch, weights.num_kv_heads, weights.max_length, weights.head_dim)
+        self.bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype)) for _ in names]
+        self.io = sess.io_binding()
+        for (p, q), buf in zip(names, self.bufs):
+            self.io.bind_ortvalue_input(p, buf)
+            self.io.bind_ortvalue_output(q, buf)
+        self.ids = np.ones((batch, 1), np.int64)
+        self.mask = np.ones((batch, past + 1), np.int64)
+        self.pos = np.full((batch, 1), past, np.int64)
+        self.positions = "position_ids" in {i.name for i in sess.get_inputs()}
+
+    def step(self) -> None:
+        self.io.bind_cpu_input("input_ids", self.ids)
+        self.io.bind_cpu_input("attention_mask", self.mask)
+        if self.positions:
+            self.io.bind_cpu_input("position_ids", self.pos)
+        self.io.bind_output("logits")
+        self.sess.run_with_iobinding(self.io)
+
+
+def step_times(steppers: dict[str, Stepper], rounds: int, steps: int) -> dict[str, list[float]]:
+    """Per candidate, `rounds` medians (ms) of `steps` timed steps; candidates interleaved within each round."""
+    out: dict[str, list[float]] = {name: [] for name in steppers}
+    for s in steppers.values():
+        for _ in range(3):
+            s.step()
+    for _ in range(rounds):
+        for name, s in steppers.items():
+            s.step()
+            samples = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                s.step()
+                samples.append((time.perf_counter() - t0) * 1e3)
+            out[name].append(statistics.median(samples))
+    return out
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+
+def heldout_blocks(tokenizer, eos: int | None, blocks: int, length: int = 64) -> list[list[int]]:
+    """The corpus' test plays (the LM trainer's held-out split) as `blocks` windows of length + 1 ids."""
+    from training.data import pretraining_texts
+
+    stream: list[int] = []
+    for doc in pretraining_texts()["test"]:
+        stream += tokenizer.encode(doc).ids + ([eos] if eos is not None else [])
+        if len(stream) > blocks * length + 1:
+            break
+    return [stream[i:i + length + 1] for i in range(0, blocks * length, length)]
+
+
+def block_perplexity(sess, weights, blocks: list[list[int]]) -> float:
+    """exp(mean NLL) of each block's next tokens, one prefill per block through the graph."""
+    from export.parity_inplace import SlotDriver
+
+    nll, n = 0.0, 0
+    for ids in blocks:
+        d = SlotDriver(sess, weights.num_layers, weights.num_kv_heads, weights.head_dim, weights.max_length, 1)
+        logits = d.first_prompt(0, [ids[:-1]], 0)[0].astype(np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        nll -= float(logp[np.arange(len(ids) - 1), ids[1:]].sum())
+        n += len(ids) - 1
+    return float(np.exp(nll / n))
+
+
+def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: int, rounds: int, steps: int,
+            past: int, blocks: int) -> dict[str, Any]:
+    import torch
+    from tokenizers import Tokenizer
+
+    from export import decoder_graph
+    from export.heldout import BUILTIN_TEXTS, kv8_texts
+    from export.parity_inplace import InplaceChecks
+    from export.source import inspect_checkpoint, load_torch_model
+    from export.heldout import greedy_prompts
+
+    torch.set_num_threads(threads)
+    info = inspect_checkpoint(checkpoint, "generate")
+    model = load_torch_model(info, "generate")
+    weights = decoder_graph.inplace_weights(model, info.model_type, info.max_positions)
+    tok = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    eos = tok.token_to_id("<|endoftext|>")
+    calibration = tok.encode(kv8_texts()[0]).ids[:info.max_positions]
+    kv_scales = decoder_graph.calibrate_kv_scales(model, [calibration])
+    stream = np.array(tok.encode(" ".join(BUILTIN_TEXTS)).ids, dtype=np.int64)
+    checks = InplaceChecks(model, stream, weights.num_layers, weights.num_kv_heads, weights.head_dim,
+                           weights.max_length, eos or 0, 1e-4, 1e-4, 0)
+    held = np.array(tok.encode(kv8_texts()[1]).ids, dtype=np.int64)
+    prompts = greedy_prompts(tok)
+    corpus = heldout_blocks(tok, eos, blocks) if blocks else []
+    rows: dict[str, dict[str, Any]] = {}
+    sessions = {}
+    for cand in candidates:
+        t0 = time.perf_counter()
+        graph = build_graph(cand, weights, kv_scales)
+        sess = session(graph, threads)
+        sessions[cand.name] = sess
+        agree, total, kl, ratio, worst = checks.quantized_cache(sess, held)
+        same = checks.greedy_prefixes(sess, prompts, 32)
+        row = {**cand.as_json(), "bytes": graph.ByteSize(), "perplexity_ratio": ratio, "kl": kl,
+               "top1": agree / total, "greedy_same_mean": float(np.mean(same)), "greedy_same": same,
+               "greedy_full": sum(s == 32 for s in same)}
+        if corpus:
+            row["corpus_perplexity"] = block_perplexity(sess, weights, corpus)
+        rows[cand.name] = row
+        log.info("%s %s: ppl ratio %.4f, KL %.5f, greedy %.1f/32 (%d full), %.1f s", label, cand.name, ratio, kl,
+                 row["greedy_same_mean"], row["greedy_full"], time.perf_counter() - t0)
+    for batch in (1, 8):
+        load = os.getloadavg()
+        steppers = {name: Stepper(s, weights, batch, past) for name, s in sessions.items()}
+        times = step_times(steppers, rounds, steps)
+        for name, samples in times.items():
+            rows[name][f"step_ms_b{batch}"] = statistics.median(samples)
+            rows[name][f"step_ms_b{batch}_rounds"] = samples
+        rows[next(iter(rows))][f"loadavg_b{batch}"] = [load, os.getloadavg()]
+        log.info("%s batch %d: %s", label, batch, ", ".join(f"{n} {statistics.median(t):.2f} ms"
+                                                             for n, t in times.items()))
+    return {"label": label, "checkpoint": str(checkpoint), "family": weights.family,
+            "shape": {"layers": weights.num_layers, "hidden": weights.hidden, "heads": weights.num_heads,
+                      "kv_heads": weights.num_kv_heads, "vocab": weights.vocab_size, "max_length": weights.max_length},
+            "threads": threads, "past": past, "rounds": rounds, "steps": steps, "corpus_blocks": len(corpus),
+            "rows": list(rows.values())}
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def render(report: dict[str, Any]) -> list[str]:
+    m = report["machine"]
+    lines = ["## Weight-quantized decoders (bench/quantized.py)", "",
+             f"`{report['command']}`", "",
+             f"{m.get('cpu_model', '?')} ({m.get('nproc', '?')} cores), onnxruntime {m.get('versions', {}).get('onnxruntime')}, {report['when']}, git {m.get('git_commit') or '?'}; `uptime` before: "
+             f"{report['uptime_before']}; after: {report['uptime_after']}.", "",
+             "Accuracy: teacher-forced perplexity ratio and mean KL (nats) against PyTorch fp32 on the gate's "
+             "held-out sentences; greedy: identical leading ids of 32-token greedy continuations (mean over 24 "
+             "prompts, and how many of the 24 are identical throughout); corpus perplexity: the held-out test "
+             "plays in 64-token blocks. Step: one decode step at past "
+             f"{report['results'][0]['past'] if report['results'] else '?'}, in-process, IOBinding, "
+             f"{report['results'][0]['threads'] if report['results'] else '?'} threads spinning, median of "
+             "interleaved rounds.", ""]
+    for res in report["results"]:
+        s = res["shape"]
+        lines += [f"**{res['label']}** ({res['family']}, {s['layers']} layers, width {s['hidden']}, "
+                  f"{s['heads']}/{s['kv_heads']} heads, vocab {s['vocab']}; `{res['checkpoint']}`)", "",
+                  "| variant | bits | block | acc. level | algorithm | LM head | graph MB | ppl ratio | KL | "
+                  "greedy same /32 | full /24 | corpus ppl | step b1 ms | step b8 ms | b1 vs fp32 | b8 vs fp32 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        base = res["rows"][0]
+        for r in res["rows"]:
+            q = r["bits"] != 32
+            lines.append(
+                f"| {r['name']} | {r['bits']}{' +kv8' if r['kv8'] else ''} | {r['block_size'] if q else '-'} | "
+                f"{r['accuracy_level'] if q else '-'} | {r['algorithm'] if q else '-'} | "
+                f"{('int' + str(r['bits'])) if q and r['lm_head'] else 'fp32'} | {r['bytes'] / 1e6:.1f} | "
+                f"{r['perplexity_ratio']:.4f} | {r['kl']:.5f} | {r['greedy_same_mean']:.1f} | {r['greedy_full']} | "
+                f"{r.get('corpus_perplexity', float('nan')):.2f} | {r['step_ms_b1']:.3f} | {r['step_ms_b8']:.3f} | "
+                f"{base['step_ms_b1'] / r['step_ms_b1']:.2f}x | {base['step_ms_b8'] / r['step_ms_b8']:.2f}x |")
+        lines.append("")
+    return lines
+
+
+def _uptime() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.quantized", description=__doc__.split("\n")[0])
+    ap.add_argument("--lm", action="append", default=[], metavar="LABEL=CHECKPOINT")
+    ap.add_argument("--grid", action="store_true", help="measure the choice grid instead of the exported variants")
+    ap.add_argument("--only", default="", help="comma list of candidate names (default: all)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--past", type=int, default=128)
+    ap.add_argument("--corpus-blocks", type=int, default=64, help="held-out 64-token blocks (0: none)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "quantized.json")
+    ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
+    ap.add_argument("--render-only", action="store_true")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("export").setLevel(logging.WARNING)
+    from bench.blocks import write_block
+
+    if a.render_only:
+        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "quantized", render(json.loads(a.out.read_text())))
+        return 0
+    if not a.lm:
+        print("error: --lm: give at least one LABEL=CHECKPOINT", file=sys.stderr)
+        return 2
+    from bench.machine import describe
+
+    cands = grid_candidates() if a.grid else default_candidates()
+    if a.only:
+        keep = {n.strip() for n in a.only.split(",")}
+        cands = [c for c in cands if c.name in keep or c.name == "fp32"]
+    report = {"command": "python -m bench.quantized " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "machine": describe(ROOT), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "uptime_before": _uptime(), "results": []}
+    for spec in a.lm:
+        label, _, path = spec.partition("=")
+        report["results"].append(measure(label, Path(path), cands, a.threads, a.rounds, a.steps, a.past,
+                                         a.corpus_blocks))
+    report["uptime_after"] = _uptime()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, a.out)
+    print("\n".join(render(report)))
+    if a.docs:
+        write_block(a.docs, "quantized", render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
