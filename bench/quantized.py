@@ -11,7 +11,7 @@ Per checkpoint and candidate (bits, block size, accuracy level, algorithm, LM he
              greedy agreement (identical leading ids of 32-token greedy continuations, 24 prompts); plus the
              perplexity of the corpus' held-out test plays (64-token blocks, one prefill each) for fp32 and it
   speed      one decode step (one new token per row at past 128) at batch 1 and 8, in-process, IOBinding with
-             the cache bound in place, spinning threads (what the server does), candidates interleaved round by
+             the cache bound in place, spinning threads (--spinning), candidates interleaved round by
              round so load drifts hit them alike; median over rounds
 """
 from __future__ import annotations
@@ -80,7 +80,8 @@ def grid_candidates() -> list[Candidate]:
 
 def build_graph(cand: Candidate, weights, kv_scales):
     from export import decoder_graph
-    from export.weights import WeightQuantConfig, quantize_graph
+    from export.config import WeightQuantConfig
+    from export.weights import quantize_graph
 
     graph = decoder_graph.build_decoder_graph(weights, kv_scales=kv_scales if cand.kv8 else None)
     if cand.bits == 32:
@@ -88,70 +89,6 @@ def build_graph(cand: Candidate, weights, kv_scales):
     cfg = WeightQuantConfig(block_size=cand.block_size, accuracy_level=cand.accuracy_level,
                             algorithm=cand.algorithm, lm_head=cand.lm_head)
     return quantize_graph(graph, cand.bits, cfg)[0]
-
-
-def session(graph, threads: int, spinning: bool = True, profile: str | None = None):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if profile:
-        opts.enable_profiling = True
-        opts.profile_file_prefix = profile
-    return ort.InferenceSession(graph.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
-class Stepper:
-    """Decode steps of one graph on `batch` slots whose caches hold `past` positions (contents irrelevant to
-    the time), bound in place as the server binds them."""
-
-    def __init__(self, sess, weights, batch: int, past: int) -> None:
-        import onnxruntime as ort
-
-        from modelpkg import CACHE_ELEMENT_TYPES, past_name, present_name
-
-        self.sess = sess
-        names = [(past_name(i, k), present_name(i, k)) for i in range(weights.num_layers) for k in ("key", "value")]
-        dtype = CACHE_ELEMENT_TYPES[{i.name: i.type for i in sess.get_inputs()}[names[0][0]]]
-        shape = (batch, weights.num_kv_heads, weights.max_length, weights.head_dim)
-        self.bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype)) for _ in names]
-        self.io = sess.io_binding()
-        for (p, q), buf in zip(names, self.bufs):
-            self.io.bind_ortvalue_input(p, buf)
-            self.io.bind_ortvalue_output(q, buf)
-        self.ids = np.ones((batch, 1), np.int64)
-        self.mask = np.ones((batch, past + 1), np.int64)
-        self.pos = np.full((batch, 1), past, np.int64)
-        self.positions = "position_ids" in {i.name for i in sess.get_inputs()}
-
-    def step(self) -> None:
-        self.io.bind_cpu_input("input_ids", self.ids)
-        self.io.bind_cpu_input("attention_mask", self.mask)
-        if self.positions:
-            self.io.bind_cpu_input("position_ids", self.pos)
-        self.io.bind_output("logits")
-        self.sess.run_with_iobinding(self.io)
-
-
-def step_times(steppers: dict[str, Stepper], rounds: int, steps: int) -> dict[str, list[float]]:
-    """Per candidate, `rounds` medians (ms) of `steps` timed steps; candidates interleaved within each round."""
-    out: dict[str, list[float]] = {name: [] for name in steppers}
-    for s in steppers.values():
-        for _ in range(3):
-            s.step()
-    for _ in range(rounds):
-        for name, s in steppers.items():
-            s.step()
-            samples = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                s.step()
-                samples.append((time.perf_counter() - t0) * 1e3)
-            out[name].append(statistics.median(samples))
-    return out
 
 
 # ----------------------------------------------------------------------------- accuracy
@@ -185,7 +122,7 @@ def block_perplexity(sess, weights, blocks: list[list[int]]) -> float:
 
 
 def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: int, rounds: int, steps: int,
-            past: int, blocks: int) -> dict[str, Any]:
+            past: int, blocks: int, spinning: bool) -> dict[str, Any]:
     import torch
     from tokenizers import Tokenizer
 
@@ -194,6 +131,7 @@ def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: 
     from export.parity_inplace import InplaceChecks
     from export.source import inspect_checkpoint, load_torch_model
     from export.heldout import greedy_prompts
+    from export.speed import Stepper, interleaved, session
 
     torch.set_num_threads(threads)
     info = inspect_checkpoint(checkpoint, "generate")
@@ -214,7 +152,7 @@ def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: 
     for cand in candidates:
         t0 = time.perf_counter()
         graph = build_graph(cand, weights, kv_scales)
-        sess = session(graph, threads)
+        sess = session(graph.SerializeToString(), threads, spinning)
         sessions[cand.name] = sess
         agree, total, kl, ratio, worst = checks.quantized_cache(sess, held)
         same = checks.greedy_prefixes(sess, prompts, 32)
@@ -228,8 +166,9 @@ def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: 
                  row["greedy_same_mean"], row["greedy_full"], time.perf_counter() - t0)
     for batch in (1, 8):
         load = os.getloadavg()
-        steppers = {name: Stepper(s, weights, batch, past) for name, s in sessions.items()}
-        times = step_times(steppers, rounds, steps)
+        steppers = {name: Stepper(s, weights.num_layers, weights.num_kv_heads, weights.head_dim, weights.max_length,
+                                  batch, past) for name, s in sessions.items()}
+        times = interleaved(steppers, rounds, steps)
         for name, samples in times.items():
             rows[name][f"step_ms_b{batch}"] = statistics.median(samples)
             rows[name][f"step_ms_b{batch}_rounds"] = samples
@@ -239,7 +178,7 @@ def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: 
     return {"label": label, "checkpoint": str(checkpoint), "family": weights.family,
             "shape": {"layers": weights.num_layers, "hidden": weights.hidden, "heads": weights.num_heads,
                       "kv_heads": weights.num_kv_heads, "vocab": weights.vocab_size, "max_length": weights.max_length},
-            "threads": threads, "past": past, "rounds": rounds, "steps": steps, "corpus_blocks": len(corpus),
+            "threads": threads, "spinning": spinning, "past": past, "rounds": rounds, "steps": steps, "corpus_blocks": len(corpus),
             "rows": list(rows.values())}
 
 
@@ -296,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--past", type=int, default=128)
+    ap.add_argument("--spinning", choices=("on", "off"), default="on",
+                    help="onnxruntime intra-op threads spin between steps (the server: --intra-op-spinning)")
     ap.add_argument("--corpus-blocks", type=int, default=64, help="held-out 64-token blocks (0: none)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "quantized.json")
     ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
@@ -323,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in a.lm:
         label, _, path = spec.partition("=")
         report["results"].append(measure(label, Path(path), cands, a.threads, a.rounds, a.steps, a.past,
-                                         a.corpus_blocks))
+                                         a.corpus_blocks, a.spinning == "on"))
     report["uptime_after"] = _uptime()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")

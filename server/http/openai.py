@@ -36,7 +36,7 @@ from server.http.app import OPENAI, Door, route
 from server.http.body import deadline_from_headers, field, json_object
 from server.http.chat import render_chat
 from server.http.errors import classify_error, openai_body
-from server.types import GenerateResult, ModelState, StreamPart
+from server.types import GenerateResult, ModelState, ModelStatus, StreamPart
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
 DEFAULT_MAX_TOKENS = 16           # OpenAI's default for /v1/completions
@@ -127,27 +127,29 @@ DONE = b"data: [DONE]\n\n"
 # ---------------------------------------------------------------------- models
 
 
-def _serving(door: Door) -> dict[str, str]:
-    """name -> task of every model with a SERVING version."""
-    return {s.name: s.task for s in door.plane.list_models() if s.state is ModelState.SERVING}
+def _serving(door: Door) -> dict[str, ModelStatus]:
+    """name -> the status of its latest SERVING version (the one a request without a version reaches)."""
+    return {s.name: s for s in door.plane.list_models() if s.state is ModelState.SERVING}   # ascending versions
 
 
-def _model_json(name: str, task: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "ortserve", "task": task}
+def _model_json(s: ModelStatus) -> dict[str, Any]:
+    # task, version and variant (fp32, w4, ...) are ortserve's additions to OpenAI's model object
+    return {"id": s.name, "object": "model", "created": 0, "owned_by": "ortserve", "task": s.task,
+            "version": s.version, "variant": s.variant}
 
 
 @route("ListModels", OPENAI)
 async def list_models(door: Door, request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_json(n, t) for n, t in sorted(_serving(door).items())]})
+    return JSONResponse({"object": "list", "data": [_model_json(s) for _, s in sorted(_serving(door).items())]})
 
 
 @route("ModelInfo", OPENAI)
 async def get_model(door: Door, request: Request) -> Response:
     name = request.path_params["model"]
-    task = _serving(door).get(name)
-    if task is None:
+    status = _serving(door).get(name)
+    if status is None:
         raise ServingError(Code.NOT_FOUND, f"model: no SERVING model {name!r}")
-    return JSONResponse(_model_json(name, task))
+    return JSONResponse(_model_json(status))
 
 
 # ---------------------------------------------------------------------- completions
