@@ -41,7 +41,8 @@ class Candidate:
     block_size: int = 32
     accuracy_level: int = 4
     algorithm: str = "rtn"
-    lm_head: bool = True
+    lm_head_bits: int | None = 8
+    symmetric: bool = True
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -55,7 +56,7 @@ def default_candidates() -> list[Candidate]:
     out = [Candidate("fp32", 32), Candidate("kv8", 32, kv8=True)]
     for name, (bits, kv8) in WEIGHT_VARIANTS.items():
         q = WEIGHT_QUANT[bits]
-        out.append(Candidate(name, bits, kv8, q.block_size, q.accuracy_level, q.algorithm, q.lm_head))
+        out.append(Candidate(name, bits, kv8, q.block_size, q.accuracy_level, q.algorithm, q.lm_head_bits))
     return out
 
 
@@ -64,14 +65,15 @@ def grid_candidates() -> list[Candidate]:
     out = [Candidate("fp32", 32)]
     for bits in (8, 4):
         for block in (32, 64, 128):
-            for level in (0, 4):
-                for head in (True, False):
-                    out.append(Candidate(f"w{bits} b{block} acc{level} {'head' if head else 'nohead'}", bits,
-                                         block_size=block, accuracy_level=level, lm_head=head))
+            for level in ((0, 4) if block == 32 else (4,)):   # fp32 compute (0) measured 8-17x slower
+                for head in sorted({bits, 8, None}, key=lambda h: -(h or 32)):   # head fp32 / 8 bits / as the layers
+                    out.append(Candidate(f"w{bits} b{block} acc{level} head{head or 32}", bits, block_size=block,
+                                         accuracy_level=level, lm_head_bits=head))
     for block in (32, 64):
-        for head in (True, False):
-            out.append(Candidate(f"w4 hqq b{block} acc4 {'head' if head else 'nohead'}", 4, block_size=block,
-                                 algorithm="hqq", lm_head=head))
+        for head in (4, None):
+            out.append(Candidate(f"w4 hqq b{block} acc4 head{head or 32}", 4, block_size=block, algorithm="hqq",
+                                 lm_head_bits=head))
+    out.append(Candidate("w4 asym b32 acc4 head8", 4, symmetric=False, lm_head_bits=8))
     return out
 
 
@@ -86,8 +88,8 @@ def build_graph(cand: Candidate, weights, kv_scales):
     graph = decoder_graph.build_decoder_graph(weights, kv_scales=kv_scales if cand.kv8 else None)
     if cand.bits == 32:
         return graph
-    cfg = WeightQuantConfig(block_size=cand.block_size, accuracy_level=cand.accuracy_level,
-                            algorithm=cand.algorithm, lm_head=cand.lm_head)
+    cfg = WeightQuantConfig(block_size=cand.block_size, accuracy_level=cand.accuracy_level, symmetric=cand.symmetric,
+                            algorithm=cand.algorithm, lm_head_bits=cand.lm_head_bits)
     return quantize_graph(graph, cand.bits, cfg)[0]
 
 
@@ -122,7 +124,7 @@ def block_perplexity(sess, weights, blocks: list[list[int]]) -> float:
 
 
 def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: int, rounds: int, steps: int,
-            past: int, blocks: int, spinning: bool) -> dict[str, Any]:
+            past: int, blocks: int, spinning: bool, accuracy: bool = True) -> dict[str, Any]:
     import torch
     from tokenizers import Tokenizer
 
@@ -154,6 +156,9 @@ def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: 
         graph = build_graph(cand, weights, kv_scales)
         sess = session(graph.SerializeToString(), threads, spinning)
         sessions[cand.name] = sess
+        if not accuracy:
+            rows[cand.name] = {**cand.as_json(), "bytes": graph.ByteSize()}
+            continue
         agree, total, kl, ratio, worst = checks.quantized_cache(sess, held)
         same = checks.greedy_prefixes(sess, prompts, 32)
         row = {**cand.as_json(), "bytes": graph.ByteSize(), "perplexity_ratio": ratio, "kl": kl,
@@ -180,6 +185,75 @@ def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: 
                       "kv_heads": weights.num_kv_heads, "vocab": weights.vocab_size, "max_length": weights.max_length},
             "threads": threads, "spinning": spinning, "past": past, "rounds": rounds, "steps": steps, "corpus_blocks": len(corpus),
             "rows": list(rows.values())}
+
+
+# ----------------------------------------------------------------------------- profile
+
+
+def random_base(family: str, out: Path, tokenizer: Path = ROOT / "artifacts" / "tokenizers" / "bpe") -> Path:
+    """A random 124M-shaped checkpoint (12 layers, 768 wide, vocab 8000; Llama: 4 kv heads, tied head), the shape
+    the issue compares with llama.cpp: the time split of a step does not depend on the weights' values. It
+    carries the BPE tokenizer `python -m training tokenizer --kind bpe` writes (vocab 8000)."""
+    import torch
+
+    from training.checkpoint import save_model
+
+    torch.manual_seed(0)
+    if family == "llama":
+        from training.llama import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig.preset("base", vocab_size=8000, tie_word_embeddings=True))
+    else:
+        from training.gpt import GPT2LMHeadModel, GPTConfig
+
+        model = GPT2LMHeadModel(GPTConfig.preset("base", vocab_size=8000))
+    files = {p.name: p for p in tokenizer.iterdir() if p.is_file() and p.name.startswith(("tokenizer", "special"))}
+    return save_model(model.eval(), out, tokenizer_files=files)
+
+
+def profile(label: str, checkpoint: Path, candidates: list[Candidate], threads: int, steps: int, past: int,
+            spinning: bool, work: Path) -> dict[str, Any]:
+    """onnxruntime's own profile of `steps` batch-1 decode steps per candidate: node time per op type, the LM
+    head apart (the MatMul / MatMulNBits / Gemm over the vocabulary)."""
+    from collections import defaultdict
+
+    from export import decoder_graph
+    from export.source import inspect_checkpoint, load_torch_model
+    from export.speed import Stepper, session
+
+    info = inspect_checkpoint(checkpoint, "generate")
+    weights = decoder_graph.inplace_weights(load_torch_model(info, "generate"), info.model_type, info.max_positions)
+    out = {}
+    for cand in candidates:
+        graph = build_graph(cand, weights, None)
+        prefix = str(work / cand.name.replace(" ", "_"))
+        sess = session(graph.SerializeToString(), threads, spinning, profile=prefix)
+        stepper = Stepper(sess, weights.num_layers, weights.num_kv_heads, weights.head_dim, weights.max_length, 1,
+                          min(past, weights.max_length - 1))
+        for _ in range(steps + 5):
+            stepper.step()
+        events = json.loads(Path(sess.end_profiling()).read_text())
+        runs = sorted((float(e["ts"]), float(e["dur"])) for e in events
+                      if e.get("cat") == "Session" and e.get("name") == "model_run")[5:]
+        per: dict[str, float] = defaultdict(float)
+        for e in events:
+            if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+                continue
+            ts = float(e["ts"])
+            if not any(a <= ts <= a + d for a, d in runs):
+                continue
+            node = e["name"][:-len("_kernel_time")]
+            op = e.get("args", {}).get("op_name", "?")
+            # the graph's only Gemm is the fp32 LM head; a quantized head is the MatMulNBits named lm_head*
+            per[f"{op} (LM head)" if op == "Gemm" or node.startswith("lm_head") else op] += float(e["dur"])
+        run_ms = sum(d for _, d in runs) / len(runs) / 1e3
+        kernels = sum(per.values()) / len(runs) / 1e3
+        out[cand.name] = {"run_ms": run_ms, "kernel_ms": kernels,
+                          "ops": {op: us / len(runs) / 1e3 for op, us in sorted(per.items(), key=lambda kv: -kv[1])}}
+        log.info("%s %s: step %.3f ms (kernels %.3f): %s", label, cand.name, run_ms, kernels,
+                 ", ".join(f"{op} {ms:.3f}" for op, ms in list(out[cand.name]["ops"].items())[:8]))
+    return {"label": label, "checkpoint": str(checkpoint), "threads": threads, "past": past, "steps": steps,
+            "spinning": spinning, "profiles": out}
 
 
 # ----------------------------------------------------------------------------- report
@@ -211,12 +285,17 @@ def render(report: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {r['name']} | {r['bits']}{' +kv8' if r['kv8'] else ''} | {r['block_size'] if q else '-'} | "
                 f"{r['accuracy_level'] if q else '-'} | {r['algorithm'] if q else '-'} | "
-                f"{('int' + str(r['bits'])) if q and r['lm_head'] else 'fp32'} | {r['bytes'] / 1e6:.1f} | "
-                f"{r['perplexity_ratio']:.4f} | {r['kl']:.5f} | {r['greedy_same_mean']:.1f} | {r['greedy_full']} | "
-                f"{r.get('corpus_perplexity', float('nan')):.2f} | {r['step_ms_b1']:.3f} | {r['step_ms_b8']:.3f} | "
+                f"{('int' + str(r['lm_head_bits'])) if q and r['lm_head_bits'] else 'fp32'} | {r['bytes'] / 1e6:.1f} | "
+                f"{_num(r, 'perplexity_ratio', 4)} | {_num(r, 'kl', 5)} | {_num(r, 'greedy_same_mean', 1)} | "
+                f"{r.get('greedy_full', '-')} | {_num(r, 'corpus_perplexity', 2)} | {r['step_ms_b1']:.3f} | "
+                f"{r['step_ms_b8']:.3f} | "
                 f"{base['step_ms_b1'] / r['step_ms_b1']:.2f}x | {base['step_ms_b8'] / r['step_ms_b8']:.2f}x |")
         lines.append("")
     return lines
+
+
+def _num(row: dict[str, Any], key: str, digits: int) -> str:
+    return f"{row[key]:.{digits}f}" if key in row else "-"
 
 
 def _uptime() -> str:
@@ -241,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "quantized.json")
     ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
     ap.add_argument("--render-only", action="store_true")
+    ap.add_argument("--timing-only", action="store_true", help="step times only (no accuracy figures)")
+    ap.add_argument("--profile", action="store_true",
+                    help="onnxruntime's profile of batch-1 steps per candidate instead (op-type split)")
+    ap.add_argument("--random-base", action="append", default=[], choices=("gpt2", "llama"),
+                    help="also a random 124M-shaped checkpoint of this family (labelled <family>-124M-random)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("export").setLevel(logging.WARNING)
@@ -249,9 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.render_only:
         write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "quantized", render(json.loads(a.out.read_text())))
         return 0
-    if not a.lm:
-        print("error: --lm: give at least one LABEL=CHECKPOINT", file=sys.stderr)
+    if not a.lm and not a.random_base:
+        print("error: --lm: give at least one LABEL=CHECKPOINT (or --random-base)", file=sys.stderr)
         return 2
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="bench-quantized-"))
+    a.lm += [f"{family}-124M-random={random_base(family, work / family)}" for family in a.random_base]
     from bench.machine import describe
 
     cands = grid_candidates() if a.grid else default_candidates()
@@ -263,13 +351,20 @@ def main(argv: list[str] | None = None) -> int:
               "uptime_before": _uptime(), "results": []}
     for spec in a.lm:
         label, _, path = spec.partition("=")
+        if a.profile:
+            report["results"].append(profile(label, Path(path), cands, a.threads, a.steps, a.past,
+                                             a.spinning == "on", work))
+            continue
         report["results"].append(measure(label, Path(path), cands, a.threads, a.rounds, a.steps, a.past,
-                                         a.corpus_blocks, a.spinning == "on"))
+                                         a.corpus_blocks, a.spinning == "on", not a.timing_only))
     report["uptime_after"] = _uptime()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=1))
     os.replace(tmp, a.out)
+    if a.profile:
+        print(json.dumps(report["results"], indent=1))
+        return 0
     print("\n".join(render(report)))
     if a.docs:
         write_block(a.docs, "quantized", render(report))

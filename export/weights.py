@@ -6,8 +6,9 @@ A single step streams the weights once, so at batch 1 the step time follows thei
 8 bits ~1.1, 4 bits ~0.6 with block 32).
 
 The LM head is a Gemm over the (tied) embedding in the fp32 graph, which the quantizer does not touch; with
-`lm_head` it is rewritten as a MatMul over its own transposed copy first, so it gets quantized too (the
-embedding lookup keeps the fp32 table). Variants named here: w8, w4 and, over the int8-cache graph, w8kv8 / w4kv8.
+`lm_head_bits` it is rewritten as a MatMul over its own transposed copy first and quantized with that many bits
+(8 under 4-bit layers, as llama.cpp keeps its output matrix above Q4_0), the embedding lookup keeping the fp32
+table. Variants named here: w8, w4 and, over the int8-cache graph, w8kv8 / w4kv8.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ WEIGHT_VARIANTS: dict[str, tuple[int, bool]] = {"w8": (8, False), "w4": (4, Fals
                                                 "w4kv8": (4, True)}
 ALGORITHMS = ("rtn", "hqq")
 HEAD_WEIGHT = "lm_head.weight_t"   # the head's [hidden, vocab] copy a quantized head is made from
+MIN_BLOCK = 16                     # MatMulNBits' smallest block
 
 
 def variant_files(variant: str) -> tuple[str, str]:
@@ -65,22 +67,39 @@ def quantize_graph(model: onnx.ModelProto, bits: int, cfg: WeightQuantConfig) ->
     if cfg.algorithm == "hqq" and bits != 4:
         raise ValueError("algorithm: hqq is offered for 4 bits only")
     model = onnx.ModelProto.FromString(model.SerializeToString())   # the caller's graph stays as it was
-    head = _head_as_matmul(model) if cfg.lm_head else False
-    small = [n.name for n in model.graph.node if n.op_type == "MatMul" and _k_of(model, n) < cfg.block_size]
-    if cfg.algorithm == "hqq":
-        algo = HQQWeightOnlyQuantConfig(block_size=cfg.block_size, bits=bits)
-    else:
-        algo = DefaultWeightOnlyQuantConfig(block_size=cfg.block_size, is_symmetric=cfg.symmetric,
-                                            accuracy_level=cfg.accuracy_level, bits=bits)
-    quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=small, algo_config=algo)
-    _quiet(quantizer.process)
-    out = quantizer.model.model
+    head = _head_as_matmul(model) if cfg.lm_head_bits else False
+    # Block size per weight: the configured one, or for a narrower input (K < block) the largest power of two
+    # <= K (MatMulNBits takes 16, 32, 64, 128, 256); narrower than 16 stays fp32.
+    plan: dict[tuple[int, int], list[str]] = {}
+    for n in model.graph.node:
+        k = _k_of(model, n) if n.op_type == "MatMul" else 0
+        if k >= MIN_BLOCK:
+            block = min(cfg.block_size, 1 << (k.bit_length() - 1))
+            nbits = cfg.lm_head_bits if n.name == "lm_head" else bits
+            plan.setdefault((nbits, block), []).append(n.name)
+
+    def quantize(graph: onnx.ModelProto, nbits: int, block: int, names: list[str]) -> onnx.ModelProto:
+        if cfg.algorithm == "hqq":
+            algo = HQQWeightOnlyQuantConfig(block_size=block, bits=nbits)
+        else:
+            algo = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=cfg.symmetric,
+                                                accuracy_level=cfg.accuracy_level, bits=nbits)
+        others = [n.name for n in graph.graph.node if n.op_type == "MatMul" and n.name not in names]
+        quantizer = MatMulNBitsQuantizer(graph, nodes_to_exclude=others, algo_config=algo)
+        _quiet(quantizer.process)
+        return quantizer.model.model
+
+    out = model
+    for (nbits, block), names in sorted(plan.items()):   # one pass per (bits, block) group
+        out = quantize(out, nbits, block, names)
     if cfg.algorithm == "hqq" and cfg.accuracy_level:   # its quantizer writes no accuracy_level
         for n in out.graph.node:
             if n.op_type == "MatMulNBits":
                 n.attribute.append(helper.make_attribute("accuracy_level", cfg.accuracy_level))
     ops = Counter(n.op_type for n in out.graph.node)
-    stats = {"MatMulNBits": ops["MatMulNBits"], "MatMul left fp32": ops["MatMul"], "lm_head quantized": head}
+    stats = {"MatMulNBits": ops["MatMulNBits"], "MatMul left fp32": ops["MatMul"],
+             "lm_head bits": cfg.lm_head_bits if head else 32,
+             "blocks": {f"{nbits} bits block {block}": len(names) for (nbits, block), names in sorted(plan.items())}}
     out.graph.name = f"{out.graph.name}-w{bits}"
     return out, stats
 
@@ -126,7 +145,8 @@ def build_variant(variant: str, w, out_dir, quant: dict[int, WeightQuantConfig],
     notes = [f"MatMulNBits {bits} bits, block {cfg.block_size}, accuracy_level {cfg.accuracy_level}, "
              f"{cfg.algorithm}{' symmetric' if cfg.symmetric and cfg.algorithm == 'rtn' else ''}; "
              f"{stats['MatMulNBits']} weight MatMuls quantized, {stats['MatMul left fp32']} left fp32; LM head "
-             f"{'quantized' if stats['lm_head quantized'] else 'fp32'}"]
+             + (f"{stats['lm_head bits']} bits" if stats["lm_head bits"] != 32 else "fp32")
+             + "; per group: " + ", ".join(f"{g} x{n}" for g, n in stats["blocks"].items())]
     if kv8:
         notes.append(f"int8 cache scales calibrated on {calibrated} tokens")
     return VariantBuild(variant, plain, fused_operators={"MatMulNBits": stats["MatMulNBits"]}, notes=notes)

@@ -114,10 +114,14 @@ def test_weight_variants_pass_the_gate_and_the_package_records_them(repository: 
             nodes = onnx.load(str(pkg / f)).graph.node
             nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
             # every weight matrix, the LM head included when recorded so: no float MatMul / Gemm over weights left
-            assert nbits and all({a.name: a.i for a in n.attribute}["bits"] == bits for n in nbits)
-            assert all({a.name: a.i for a in n.attribute}["block_size"] == q["block_size"] for n in nbits)
+            attrs = [{a.name: a.i for a in n.attribute} for n in nbits]
+            head = [a for n, a in zip(nbits, attrs) if n.name.startswith("lm_head")]
+            assert nbits and all(a["bits"] == bits for n, a in zip(nbits, attrs) if not n.name.startswith("lm_head"))
+            assert [a["bits"] for a in head] == [q["lm_head_bits"]]
+            # the configured block, or for a narrower weight the largest power of two that fits its K
+            assert all(a["block_size"] == min(q["block_size"], 1 << (a["K"].bit_length() - 1)) for a in attrs)
             left = [n.op_type for n in nodes if n.op_type in ("MatMul", "Gemm")]
-            assert left == ([] if q["lm_head"] else ["Gemm"]), left
+            assert left == [], left
         assert (pkg / m["variants"][v]).stat().st_size < fp32_bytes * 0.6    # the embedding table stays fp32
         r = parity["variants"][v]
         checks = {c["name"]: c for c in r["checks"]}
@@ -224,27 +228,58 @@ def _manifest_dict(variants: dict[str, str], default: dict[str, str]) -> dict:
 # ---------------------------------------------------------------- serving
 
 
-def test_server_streams_what_the_quantized_graph_gives_each_prompt_alone(repository: Path) -> None:
+@pytest.fixture(scope="module")
+def quantized_server(repository: Path):
+    """--variant w4kv8 (4-bit weights over the int8 cache): 2 slots, prompts prefilled in chunks of 4."""
+    with ServerProcess(repository, ["--variant", "w4kv8", "--http-port", "0", "--max-sequences", "2",
+                                    "--prefill-chunk-tokens", "4"]) as server:
+        yield server
+
+
+def test_server_streams_what_the_quantized_graph_gives_each_prompt_alone(repository: Path,
+                                                                         quantized_server: ServerProcess) -> None:
     tok = Tokenizer.from_file(str(repository / GPT / "1" / "tokenizer.json"))
     llama_default = _manifest(repository, LLAMA)["default_variant"]["cpu"]
-    with ServerProcess(repository, ["--variant", "w4", "--max-sequences", "2", "--prefill-chunk-tokens", "4"]) as server:
-        with OrtserveClient(server.address, timeout=60) as client:
-            assert client.model_info(GPT).variant == "w4"
-            # packages without w4 keep their default
-            assert client.model_info(PLAIN).variant == "fp32" and client.model_info(LLAMA).variant == llama_default
-            statuses = {s.name: s for s in client.list_models()}
-            assert {n: s.variant for n, s in statuses.items()} == {GPT: "w4", LLAMA: llama_default, PLAIN: "fp32"}
-        served = staggered_streams(server.address, GPT, PROMPTS, NEW_TOKENS)   # 2 slots for 5 requests
-        llama = staggered_streams(server.address, LLAMA, PROMPTS[:3], NEW_TOKENS[:3])
-        loaded = [line for line in server.lines if f"model {GPT} version 1 SERVING" in line]
-    assert loaded and "variant w4" in loaded[0], loaded
+    with OrtserveClient(quantized_server.address, timeout=60) as client:
+        assert client.model_info(GPT).variant == "w4kv8"
+        # packages without w4kv8 keep their default
+        assert client.model_info(PLAIN).variant == "fp32" and client.model_info(LLAMA).variant == llama_default
+        statuses = {s.name: s for s in client.list_models()}
+        assert {n: s.variant for n, s in statuses.items()} == {GPT: "w4kv8", LLAMA: llama_default, PLAIN: "fp32"}
+    served = staggered_streams(quantized_server.address, GPT, PROMPTS, NEW_TOKENS)   # 2 slots for 5 requests
+    llama = staggered_streams(quantized_server.address, LLAMA, PROMPTS[:3], NEW_TOKENS[:3])
+    loaded = [line for line in quantized_server.lines if f"model {GPT} version 1 SERVING" in line]
+    assert loaded and "variant w4kv8" in loaded[0], loaded
     for i, prompt in enumerate(PROMPTS):
         ids = tok.encode(prompt).ids
-        assert served[i] == _greedy_inplace(repository, GPT, "w4", ids, NEW_TOKENS[i]), \
-            f"prompt {i}: the served w4 ids differ from the w4 graph's own greedy run"
+        assert served[i] == _greedy_inplace(repository, GPT, "w4kv8", ids, NEW_TOKENS[i]), \
+            f"prompt {i}: the served w4kv8 ids differ from the w4kv8 graph's own greedy run"
         if i < 3:
             assert llama[i] == _greedy_inplace(repository, LLAMA, llama_default, ids, NEW_TOKENS[i]), \
                 f"llama prompt {i}"
+
+
+def test_openai_and_kserve_doors_answer_on_a_quantized_package(repository: Path,
+                                                               quantized_server: ServerProcess) -> None:
+    tok = Tokenizer.from_file(str(repository / GPT / "1" / "tokenizer.json"))
+    prompt, n = "to be or not to be", 10
+    want = tok.decode(_greedy_inplace(repository, GPT, "w4kv8", tok.encode(prompt).ids, n))
+    url = quantized_server.http_url
+    models = _get(f"{url}/v1/models")["data"]
+    one = _get(f"{url}/v1/models/{GPT}")
+    completion = _post(f"{url}/v1/completions",
+                       {"model": GPT, "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True})
+    kserve = _post(f"{url}/v2/models/{GPT}/infer",
+                   {"inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
+                    "parameters": {"max_new_tokens": n, "ignore_eos": True}})
+    meta = _get(f"{url}/v2/models/{GPT}")
+    by_id = {m["id"]: m for m in models}
+    assert by_id[GPT]["variant"] == "w4kv8" and by_id[PLAIN]["variant"] == "fp32" and one == by_id[GPT]
+    assert completion["choices"][0]["text"] == want
+    assert {o["name"]: o["data"][0] for o in kserve["outputs"]}["text"] == want
+    # the metadata describes the graph served: its int8 cache
+    types = {t["name"]: t["datatype"] for t in meta["inputs"]}
+    assert types["past_key_values.0.key"] == "INT8"
 
 
 def test_auto_serves_the_package_default_and_the_cli_lists_it(repository: Path) -> None:
@@ -258,28 +293,6 @@ def test_auto_serves_the_package_default_and_the_cli_lists_it(repository: Path) 
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[1:]}
     assert proc.stdout.splitlines()[0].split() == ["NAME", "VERSION", "TASK", "STATE", "VARIANT", "REASON"]
     assert rows[GPT][3:5] == ["SERVING", default] and rows[PLAIN][4] == "fp32"
-
-
-def test_openai_and_kserve_doors_answer_on_a_quantized_package(repository: Path) -> None:
-    tok = Tokenizer.from_file(str(repository / GPT / "1" / "tokenizer.json"))
-    prompt, n = "to be or not to be", 10
-    want = tok.decode(_greedy_inplace(repository, GPT, "w4kv8", tok.encode(prompt).ids, n))
-    with ServerProcess(repository, ["--variant", "w4kv8", "--http-port", "0", "--max-sequences", "2"]) as server:
-        models = _get(f"{server.http_url}/v1/models")["data"]
-        one = _get(f"{server.http_url}/v1/models/{GPT}")
-        completion = _post(f"{server.http_url}/v1/completions",
-                           {"model": GPT, "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True})
-        kserve = _post(f"{server.http_url}/v2/models/{GPT}/infer",
-                       {"inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
-                        "parameters": {"max_new_tokens": n, "ignore_eos": True}})
-        meta = _get(f"{server.http_url}/v2/models/{GPT}")
-    by_id = {m["id"]: m for m in models}
-    assert by_id[GPT]["variant"] == "w4kv8" and by_id[PLAIN]["variant"] == "fp32" and one == by_id[GPT]
-    assert completion["choices"][0]["text"] == want
-    assert {o["name"]: o["data"][0] for o in kserve["outputs"]}["text"] == want
-    # the metadata describes the graph served: its int8 cache
-    types = {t["name"]: t["datatype"] for t in meta["inputs"]}
-    assert types["past_key_values.0.key"] == "INT8"
 
 
 def _get(url: str) -> dict:
