@@ -41,6 +41,11 @@ class Tolerances:
     w4_max_perplexity_ratio: float = 1.03
     w4_min_greedy_tokens: float = 20.0
     weights_mixed_atol: float = 1e-4  # a quantized mixed twin vs its plain graph on each sequence alone
+    # ... over an int8 cache (w8kv8, w4kv8): MatMulNBits rows differ across call shapes by ~1e-6, so a cache value
+    # on a rounding boundary may take the next int8 step, and the logits move with it: measured on the trained
+    # Llama's w4kv8, one value one step away and the logits 7.7e-3 (absolute; w8kv8 equal to 2e-6)
+    weights_kv8_mixed_cache_steps: float = 1.0
+    weights_kv8_mixed_atol: float = 3e-2
     greedy_agreement_tokens: int = 32
 
     def weight_limits(self, bits: int) -> tuple[float, float]:
