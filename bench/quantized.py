@@ -183,7 +183,8 @@ def measure(label: str, checkpoint: Path, candidates: list[Candidate], threads: 
     return {"label": label, "checkpoint": str(checkpoint), "family": weights.family,
             "shape": {"layers": weights.num_layers, "hidden": weights.hidden, "heads": weights.num_heads,
                       "kv_heads": weights.num_kv_heads, "vocab": weights.vocab_size, "max_length": weights.max_length},
-            "threads": threads, "spinning": spinning, "past": past, "rounds": rounds, "steps": steps, "corpus_blocks": len(corpus),
+            "threads": threads, "spinning": spinning, "past": past, "rounds": rounds, "steps": steps,
+            "corpus_blocks": len(corpus),
             "rows": list(rows.values())}
 
 
@@ -263,19 +264,24 @@ def render(report: dict[str, Any]) -> list[str]:
     m = report["machine"]
     lines = ["## Weight-quantized decoders (bench/quantized.py)", "",
              f"`{report['command']}`", "",
-             f"{m.get('cpu_model', '?')} ({m.get('nproc', '?')} cores), onnxruntime {m.get('versions', {}).get('onnxruntime')}, {report['when']}, git {m.get('git_commit') or '?'}; `uptime` before: "
+             f"{m.get('cpu_model', '?')} ({m.get('nproc', '?')} cores), onnxruntime "
+             f"{m.get('versions', {}).get('onnxruntime')}, {report['when']}, git {m.get('git_commit') or '?'}; "
+             "`uptime` before: "
              f"{report['uptime_before']}; after: {report['uptime_after']}.", "",
              "Accuracy: teacher-forced perplexity ratio and mean KL (nats) against PyTorch fp32 on the gate's "
              "held-out sentences; greedy: identical leading ids of 32-token greedy continuations (mean over 24 "
              "prompts, and how many of the 24 are identical throughout); corpus perplexity: the held-out test "
              "plays in 64-token blocks. Step: one decode step at past "
              f"{report['results'][0]['past'] if report['results'] else '?'}, in-process, IOBinding, "
-             f"{report['results'][0]['threads'] if report['results'] else '?'} threads spinning, median of "
-             "interleaved rounds.", ""]
+             f"{report['results'][0]['threads'] if report['results'] else '?'} threads, spinning "
+             f"{'on' if report['results'] and report['results'][0].get('spinning') else 'off'}, median of "
+             "interleaved rounds. A `-random` checkpoint (random weights, the 124M shape the issue compares with "
+             "llama.cpp) has step times only. Timings from a shared machine: compare rows within one table.", ""]
     for res in report["results"]:
         s = res["shape"]
         lines += [f"**{res['label']}** ({res['family']}, {s['layers']} layers, width {s['hidden']}, "
-                  f"{s['heads']}/{s['kv_heads']} heads, vocab {s['vocab']}; `{res['checkpoint']}`)", "",
+                  f"{s['heads']}/{s['kv_heads']} heads, vocab {s['vocab']}"
+                  f"{'' if res['label'].endswith('-random') else '; `' + res['checkpoint'] + '`'})", "",
                   "| variant | bits | block | acc. level | algorithm | LM head | graph MB | ppl ratio | KL | "
                   "greedy same /32 | full /24 | corpus ppl | step b1 ms | step b8 ms | b1 vs fp32 | b8 vs fp32 |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -284,13 +290,39 @@ def render(report: dict[str, Any]) -> list[str]:
             q = r["bits"] != 32
             lines.append(
                 f"| {r['name']} | {r['bits']}{' +kv8' if r['kv8'] else ''} | {r['block_size'] if q else '-'} | "
-                f"{r['accuracy_level'] if q else '-'} | {r['algorithm'] if q else '-'} | "
+                f"{r['accuracy_level'] if q else '-'} | "
+                f"{(r['algorithm'] + ('' if r.get('symmetric', True) else ' asym')) if q else '-'} | "
                 f"{('int' + str(r['lm_head_bits'])) if q and r['lm_head_bits'] else 'fp32'} | {r['bytes'] / 1e6:.1f} | "
                 f"{_num(r, 'perplexity_ratio', 4)} | {_num(r, 'kl', 5)} | {_num(r, 'greedy_same_mean', 1)} | "
                 f"{r.get('greedy_full', '-')} | {_num(r, 'corpus_perplexity', 2)} | {r['step_ms_b1']:.3f} | "
                 f"{r['step_ms_b8']:.3f} | "
                 f"{base['step_ms_b1'] / r['step_ms_b1']:.2f}x | {base['step_ms_b8'] / r['step_ms_b8']:.2f}x |")
         lines.append("")
+    return lines
+
+
+def render_profile(report: dict[str, Any]) -> list[str]:
+    m = report["machine"]
+    lines = ["## Where a quantized decode step goes (bench/quantized.py --profile)", "",
+             f"`{report['command']}`", "",
+             f"{m.get('cpu_model', '?')} ({m.get('nproc', '?')} cores), onnxruntime "
+             f"{m.get('versions', {}).get('onnxruntime')}, {report['when']}, git {m.get('git_commit') or '?'}; "
+             f"`uptime` before: {report['uptime_before']}; after: {report['uptime_after']}.", "",
+             "onnxruntime's own profile (SessionOptions.enable_profiling) of batch-1 decode steps at past "
+             f"{report['results'][0]['past'] if report['results'] else '?'}: node time per op type, ms per step "
+             "(the profiler's per-node cost inflates every figure; read the shares). \"outside kernels\": the step's "
+             "run time not spent in any node (session overhead, scheduling).", ""]
+    for res in report["results"]:
+        for name, p in res["profiles"].items():
+            lines += [f"**{res['label']}, {name}** ({res['threads']} threads, spinning "
+                      f"{'on' if res['spinning'] else 'off'}, {res['steps']} steps): step {p['run_ms']:.3f} ms", "",
+                      "| op | ms / step | share of step |", "|---|---|---|"]
+            for op, ms in list(p["ops"].items())[:10]:
+                lines.append(f"| {op} | {ms:.3f} | {ms / p['run_ms']:.0%} |")
+            rest = sum(list(p["ops"].values())[10:])
+            lines.append(f"| other ops | {rest:.3f} | {rest / p['run_ms']:.0%} |")
+            outside = p["run_ms"] - p["kernel_ms"]
+            lines += [f"| outside kernels | {outside:.3f} | {outside / p['run_ms']:.0%} |", ""]
     return lines
 
 
@@ -320,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "quantized.json")
     ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
     ap.add_argument("--render-only", action="store_true")
+    ap.add_argument("--block", default=None,
+                    help="name of the docs block (default: quantized; with --grid quantized-grid; with --profile "
+                         "quantized-profile)")
     ap.add_argument("--timing-only", action="store_true", help="step times only (no accuracy figures)")
     ap.add_argument("--profile", action="store_true",
                     help="onnxruntime's profile of batch-1 steps per candidate instead (op-type split)")
@@ -330,8 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("export").setLevel(logging.WARNING)
     from bench.blocks import write_block
 
+    block = a.block or ("quantized-profile" if a.profile else "quantized-grid" if a.grid else "quantized")
     if a.render_only:
-        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "quantized", render(json.loads(a.out.read_text())))
+        report = json.loads(a.out.read_text())
+        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", block,
+                    render_profile(report) if a.profile else render(report))
         return 0
     if not a.lm and not a.random_base:
         print("error: --lm: give at least one LABEL=CHECKPOINT (or --random-base)", file=sys.stderr)
@@ -356,18 +394,18 @@ def main(argv: list[str] | None = None) -> int:
                                              a.spinning == "on", work))
             continue
         report["results"].append(measure(label, Path(path), cands, a.threads, a.rounds, a.steps, a.past,
-                                         a.corpus_blocks, a.spinning == "on", not a.timing_only))
+                                         a.corpus_blocks, a.spinning == "on",
+                                         # random weights: their accuracy figures would say nothing
+                                         not a.timing_only and not label.endswith("-random")))
     report["uptime_after"] = _uptime()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=1))
     os.replace(tmp, a.out)
-    if a.profile:
-        print(json.dumps(report["results"], indent=1))
-        return 0
-    print("\n".join(render(report)))
+    lines = render_profile(report) if a.profile else render(report)
+    print("\n".join(lines))
     if a.docs:
-        write_block(a.docs, "quantized", render(report))
+        write_block(a.docs, block, lines)
     return 0
 
 
