@@ -20,8 +20,10 @@ from modelpkg import CACHE_ELEMENT_TYPES, past_name, present_name
 
 log = logging.getLogger(__name__)
 
-# Rank of exactness: on a near tie the more exact variant is kept (see pick_fastest).
-EXACTNESS = ("fp32", "kv8", "w8", "w8kv8", "w4", "w4kv8")
+# The variants the CPU default is picked from, most exact first: on a near tie the more exact one is kept. The
+# int8-cache variants (kv8, w8kv8, w4kv8) are asked for by name: their prompt prefill is slower (kv8: 1.04-1.34x,
+# docs/BENCHMARKS.md) and served kv8 came out even with fp32, which a decode-step timing cannot see.
+AUTO_DEFAULT = ("fp32", "w8", "w4")
 MARGIN = 0.05   # a less exact variant becomes the default only when at least 5% faster
 
 
@@ -122,8 +124,9 @@ def score(times: dict[str, float]) -> float:
 
 
 def pick_fastest(times: dict[str, dict[str, float]]) -> str:
-    """The fastest variant, walking from the most exact: a less exact one wins only by more than MARGIN."""
-    ranked = [v for v in EXACTNESS if v in times] + [v for v in times if v not in EXACTNESS]
+    """The fastest of the AUTO_DEFAULT variants timed, walking from the most exact: a less exact one wins only by
+    more than MARGIN."""
+    ranked = [v for v in AUTO_DEFAULT if v in times]
     best = ranked[0]
     for v in ranked[1:]:
         if score(times[v]) < score(times[best]) * (1 - MARGIN):
@@ -135,9 +138,9 @@ def record(staging: Path, manifest: dict, report: dict, cfg: SpeedConfig = Speed
     """Time every published variant of an in-place decoder that has more than one, into parity.json: per variant
     `step_ms`, and the conditions under `speed` (package.default_variants picks the CPU default from them)."""
     cache = manifest.get("cache") or {}
-    if cache.get("layout") != "inplace" or len(manifest["variants"]) < 2:
-        return
     files = {v: staging / f for v, f in manifest["variants"].items() if report["variants"].get(v, {}).get("passed")}
+    if cache.get("layout") != "inplace" or len(set(files) & set(AUTO_DEFAULT)) < 2:
+        return   # nothing to choose between (the int8-cache variants are timed only beside a choice)
     threads = cpu_threads()
     load = os.getloadavg()
     times = measure(files, cache, manifest["max_length"], cfg, threads)

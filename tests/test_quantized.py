@@ -147,8 +147,10 @@ def test_the_cpu_default_is_the_fastest_variant_that_passed(repository: Path) ->
 
     default = m["default_variant"]["cpu"]
     assert default == parity["speed"]["fastest"] and m["default_variant"]["cuda"] == "fp32"
-    # nothing recorded beats the default by more than the 5% margin, and the default beats fp32 (or is fp32)
-    assert all(score(v) >= score(default) * 0.95 for v in times)
+    # picked among fp32 / w8 / w4 (the int8-cache w4kv8 is asked for by name): none of them beats the default by
+    # more than the 5% margin, and the default beats fp32 by it (or is fp32)
+    assert default in ("fp32", "w8", "w4")
+    assert all(score(v) >= score(default) * 0.95 for v in ("fp32", "w8", "w4"))
     assert default == "fp32" or score(default) < score("fp32") * 0.95
     assert _manifest(repository, PLAIN)["default_variant"]["cpu"] == "fp32" and "speed" not in _parity(repository,
                                                                                                        PLAIN)
