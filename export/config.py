@@ -59,16 +59,17 @@ class Tolerances:
 class WeightQuantConfig:
     """How the weight-quantized variants are made (export/weights.py); recorded per variant in model.json
     `quantization`. Chosen by measurement (bench/quantized.py --grid, docs/BENCHMARKS.md), 2026-11-26, 2 cores:
-    - accuracy_level 4 (int8 activations): level 0 (fp32 compute) made the step 8-17x slower;
-    - block 128: the batch-1 step 11-19% faster than block 32 (trained Llama small 0.331 vs 0.373 ms, the
-      124M Llama shape 3.28 vs 4.04 ms), 4-bit mean KL 3.7e-4 vs 1.9e-4 nats (Llama) and 0.9e-4 vs 1.7e-4
-      (GPT-2), held-out corpus perplexity within 0.05% either way; a weight narrower than the block takes the
-      largest power of two that fits;
+    - accuracy_level 4 (int8 activations): at level 0 (fp32 compute) 8-bit weights ran 4-13 ms a step instead
+      of 0.5 (a dequantizing path), 4-bit 1.5-1.8x slower;
+    - block 128: vs block 32 the 124M Llama shape's batch-1 step 3.28 vs 4.04 ms and batch 8 10.4 vs 12.3; on
+      the small defaults batch 8 8-10% faster, batch 1 within noise; 4-bit mean KL 3.7e-4 vs 1.9e-4 nats
+      (Llama) and 0.9e-4 vs 1.7e-4 (GPT-2), held-out corpus perplexity within 0.05% either way; a weight
+      narrower than the block takes the largest power of two that fits;
     - LM head (tied: a transposed copy of the embedding, which stays fp32 for the lookup) in 8 bits: vs fp32
-      the 4-bit step 1.3-1.4x faster on the small models (the head is 40% of their weights) at the same KL;
-      in 4 bits 3% faster still but KL 5x and greedy agreement 22.5 instead of 29.8 (GPT-2);
-    - symmetric round-to-nearest: HQQ (float zero points) ran 7-9x slower through MatMulNBits; asymmetric
-      RTN gained nothing measurable."""
+      the 4-bit step 1.5x faster at batch 1 on the small defaults (the head is 40% of their weights) at the
+      same KL; in 4 bits 10-20% faster still but KL 5x and greedy agreement 22.5 instead of 29.8 (GPT-2);
+    - symmetric round-to-nearest: HQQ (float zero points) ran 8-13x slower through MatMulNBits; asymmetric
+      RTN: KL 0.7-1.4e-4, corpus perplexity and speed the same within noise (block 32)."""
 
     block_size: int = 128
     accuracy_level: int = 4      # MatMulNBits: 0 = fp32 compute, 4 = int8 activations per block

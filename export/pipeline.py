@@ -136,9 +136,10 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
             builds[v] = variants.build_fp16(fp32, path)
     removed = package_tokenizer(info.path, out, info.max_positions)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    calibration = tok.encode(kv8_texts()[0]).ids[:info.max_positions]
+    # The int8 cache's scales are calibrated on text (kv8 and the weight-quantized variants over it).
+    calibration = tok.encode(kv8_texts()[0]).ids[:info.max_positions] if inplace else []
     kv_scales = None
-    if "kv8" in cfg.variants:   # needs the tokenizer: its scales are calibrated on text
+    if "kv8" in cfg.variants:
         kv_scales = decoder_graph.export_inplace_kv8(model, info.model_type, info.max_positions,
                                                      out / variants.FILES["kv8"], [calibration])
         builds["kv8"] = variants.VariantBuild("kv8", variants.FILES["kv8"],
@@ -150,7 +151,10 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
         if kv_scales is None and any(weights.WEIGHT_VARIANTS[v][1] for v in wanted):
             kv_scales = decoder_graph.calibrate_kv_scales(model, [calibration])
         for v in wanted:
-            builds[v] = weights.build_variant(v, w, out, cfg.weight_quant, kv_scales, len(calibration))
+            try:
+                builds[v] = weights.build_variant(v, w, out, cfg.weight_quant, kv_scales, len(calibration))
+            except (ValueError, RuntimeError, onnx.checker.ValidationError) as exc:
+                raise ExportError(f"--variants: {v}: the quantizer failed ({str(exc).splitlines()[0]})") from None
             mixed_graphs[v] = weights.variant_files(v)[1]
     target = os.environ.get(PERTURB_ENV)
     if target:
@@ -258,6 +262,8 @@ def drop_refused(staging: Path, manifest: dict, report: dict, results) -> None:
         report["variants"][v]["status"] = "refused: " + "; ".join(
             f"{c['name']} {c['value']:.4f} (limit {c['threshold']:g})" if "value" in c else c["name"]
             for c in report["variants"][v]["checks"] if not c["passed"])
+    if not manifest.get("quantization", True):
+        del manifest["quantization"]
 
 
 def export_checkpoint(cfg: ExportConfig) -> ExportResult:
