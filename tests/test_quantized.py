@@ -203,6 +203,15 @@ def test_weight_variants_of_a_concat_graph_are_refused_in_one_line(tiny_checkpoi
     assert proc.returncode == 2 and len(lines) == 1 and "--variants: w4" in lines[0] and "in-place" in lines[0]
 
 
+def test_validate_rechecks_the_published_weight_variants(repository: Path) -> None:
+    from export.validate import validate_package
+
+    passed, table = validate_package(repository / GPT / "1")
+    assert passed, table
+    rows = {line.split()[0] for line in table.splitlines()[1:] if line.strip()}
+    assert {"w8", "w4", "w4kv8"} <= rows     # their perplexity and greedy rows were judged again
+
+
 # ---------------------------------------------------------------- variant choice
 
 
