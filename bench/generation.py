@@ -43,6 +43,7 @@ from testing.launch import ChildProcess as Process, ServerProcess, free_port
 
 from .blocks import write_block
 from .machine import describe
+from .stats import percentile
 from .material import bpe_tokenizer_dir, random_gpt
 from .sides import sides_lines, vllm_label
 from .vllm_env import VllmLaunch, bound_cores, vllm_launch
@@ -345,10 +346,6 @@ def ortserve_side(cfg: Config, variant: str | None = None) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- pieces
 
 
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
-
-
 def streams_piece(cfg: Config, clients: dict[str, Any], pool: list[int], tok) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in cfg.concurrency:
@@ -359,8 +356,8 @@ def streams_piece(cfg: Config, clients: dict[str, Any], pool: list[int], tok) ->
                 batch = prompts(pool, n, cfg.prompt_tokens, salt=1000 * n + 10 * rep + len(rows[name]))
                 wall, recs = run_streams(client, batch, cfg.new_tokens, tok)
                 tokens = sum(r.tokens for r in recs)
-                rows[name].append({"tokens_per_s": tokens / wall, "ttft_p50_ms": 1000 * _pct([r.ttft for r in recs], 50),
-                                   "itl_p50_ms": 1000 * _pct([g for r in recs for g in r.gaps()], 50), "tokens": tokens})
+                rows[name].append({"tokens_per_s": tokens / wall, "ttft_p50_ms": 1000 * percentile([r.ttft for r in recs], 50),
+                                   "itl_p50_ms": 1000 * percentile([g for r in recs for g in r.gaps()], 50), "tokens": tokens})
                 log.info("streams %d %s: %.1f tok/s", n, name, rows[name][-1]["tokens_per_s"])
         out[str(n)] = {name: {"runs": r, "tokens_per_s": statistics.median(x["tokens_per_s"] for x in r),
                               "ttft_p50_ms": statistics.median(x["ttft_p50_ms"] for x in r)} for name, r in rows.items()}

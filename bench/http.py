@@ -27,21 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from bench.blocks import write_block
 from bench.machine import describe
 from bench.sides import sides_lines, vllm_label
+from bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.http")
 TEXTS = ["Once more unto the breach, dear friends, once more;",
          "Now is the winter of our discontent made glorious summer by this sun of York.",
          "A man is eating food.", "The quality of mercy is not strained."]
-
-
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
 
 
 def _grpc_call(address: str, task: str, model: str) -> Callable[[int], Any]:
@@ -78,7 +73,7 @@ def overhead(calls: dict[str, Callable[[int], Any]], requests: int) -> dict[str,
             t = time.perf_counter()
             call(i)
             times[name].append((time.perf_counter() - t) * 1e3)
-    return {k: {"p50_ms": _pct(v, 50), "p90_ms": _pct(v, 90), "n": len(v)} for k, v in times.items()}
+    return {k: {"p50_ms": percentile(v, 50), "p90_ms": percentile(v, 90), "n": len(v)} for k, v in times.items()}
 
 
 def throughput(make: Callable[[], Callable[[int], Any]], clients: int, requests: int) -> dict[str, float]:

@@ -1,7 +1,6 @@
 """Held-out inputs for the gate: built-in sentences, a labelled JSONL file, or the default genre test split."""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,21 +61,19 @@ class LabelledExample:
 
 def read_eval_data(path: Path, labels: list[str]) -> list[LabelledExample]:
     """JSONL with `text` (+ optional `text_pair`) and `label` (a label name or its index)."""
+    from training.data import DataError, jsonl_rows
+
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        rows = jsonl_rows(path, path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ExportError(f"--eval-data: cannot read {path} ({exc})") from None
+    except DataError as exc:
+        raise ExportError(f"--eval-data: {exc}") from None
     index = {name: i for i, name in enumerate(labels)}
     out: list[LabelledExample] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ExportError(f"--eval-data: {path}:{n}: invalid JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+    for n, row in rows:
+        if not isinstance(row.get("text"), str):
             raise ExportError(f"--eval-data: {path}:{n}: field 'text' missing or not a string")
         pair = row.get("text_pair")
         if pair is not None and not isinstance(pair, str):

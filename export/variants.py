@@ -95,16 +95,7 @@ def build_int8(fp32: Path, out: Path) -> VariantBuild:
 
 def build_fp16(fp32: Path, out: Path) -> VariantBuild:
     """fp16 weights and compute, fp32 inputs/outputs (keep_io_types) so clients never see fp16."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-    from onnxruntime.transformers.onnx_model import OnnxModel
-
-    model = convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True)
-    # The converter appends the input casts after their consumers; the checker (and some runtimes) need order.
-    wrapped = OnnxModel(model)
-    wrapped.topological_sort()
-    model = wrapped.model
-    onnx.checker.check_model(model)
-    onnx.save(model, str(out))
+    _to_fp16(fp32, out, keep_io_types=True)
     return VariantBuild("fp16", out.name, notes=["convert_float_to_float16 keep_io_types=True"])
 
 
@@ -112,10 +103,15 @@ def build_inplace_fp16(fp32: Path, out: Path, keep_fp32: list[str]) -> None:
     """An in-place decoder in fp16 for the CUDA provider, whose GroupQueryAttention kernel takes fp16 (or bf16)
     only: weights, compute AND the cache buffers in fp16 (half the cache memory); the `keep_fp32` outputs (the
     logits the sampler reads) stay fp32."""
+    _to_fp16(fp32, out, keep_io_types=keep_fp32)
+
+
+def _to_fp16(src: Path, out: Path, keep_io_types: bool | list[str]) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    model = convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=keep_fp32)
+    model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=keep_io_types)
+    # The converter appends the input casts after their consumers; the checker (and some runtimes) need order.
     wrapped = OnnxModel(model)
     wrapped.topological_sort()
     model = wrapped.model

@@ -432,7 +432,7 @@ def read_labelled(path: str | os.PathLike, labels: Sequence[str] | None = None) 
         raw = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{p}: cannot read ({type(exc).__name__})") from exc
-    rows = _csv_rows(p, raw) if p.suffix.lower() == ".csv" else _jsonl_rows(p, raw)
+    rows = _csv_rows(p, raw) if p.suffix.lower() == ".csv" else jsonl_rows(p, raw)
     known = set(labels) if labels is not None else None
     out: list[Example] = []
     for lineno, row in rows:
@@ -457,7 +457,8 @@ def read_labelled(path: str | os.PathLike, labels: Sequence[str] | None = None) 
     return out
 
 
-def _jsonl_rows(p: Path, raw: str) -> list[tuple[int, dict]]:
+def jsonl_rows(p: Path, raw: str) -> list[tuple[int, dict]]:
+    """(line number, object) of every non-blank line of JSONL text; DataError naming `p:line` otherwise."""
     rows = []
     for i, line in enumerate(raw.splitlines(), start=1):
         if not line.strip():
