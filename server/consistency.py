@@ -59,7 +59,8 @@ def check_tokenizer(package: Package, tokenizer: Tokenizer) -> Vocabulary:
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     if not any(token not in special for token in vocab):
-        raise PackageError(f"tokenizer.json: its vocabulary is empty ({len(vocab)} special tokens and no others)")
+        raise PackageError(f"tokenizer.json: its vocabulary is empty (no token besides its {len(vocab)} special "
+                           f"one{'' if len(vocab) == 1 else 's'})")
     largest_token, largest = max(vocab.items(), key=lambda item: item[1])
     if manifest.vocab_size is not None and largest >= manifest.vocab_size:
         raise PackageError(f"tokenizer.json: token {largest_token!r} has id {largest}, outside the graph's vocabulary "
