@@ -1,10 +1,12 @@
 """Runs in bench/.venv-genai: onnxruntime-genai generating from our in-place model.onnx, in-process.
 
-    python genai_run.py PACKAGE_DIR PROMPTS_JSON NEW_TOKENS THREADS   ->  one JSON line {"tokens_per_s": ...}
+    python genai_run.py PACKAGE_DIR PROMPTS_JSON NEW_TOKENS THREADS [VARIANT]  ->  one JSON line {"tokens_per_s": ...}
 
-The package's model.onnx is linked into a temporary folder beside a genai_config.json written from
-model.json (model type "decoder": genai's default I/O names are the package's; the cache buffer is shared
-between past and present, as the in-place graph is made for).
+The package's files are linked into a temporary folder beside a genai_config.json written from model.json that
+names the VARIANT's graph (default fp32; e.g. w4, a weight-quantized graph, runs as it is: genai loads whatever
+operators onnxruntime has) (model type "decoder": genai's default I/O names are the package's; the cache buffer is
+shared between past and present, as the in-place graph is made for). All files are linked so that a graph's
+external data, named relative to it, is found.
 """
 import json
 import sys
@@ -16,7 +18,7 @@ import numpy as np
 import onnxruntime_genai as og
 
 
-def config(manifest: dict, max_length: int, threads: int) -> dict:
+def config(manifest: dict, max_length: int, threads: int, filename: str = "model.onnx") -> dict:
     c = manifest["cache"]
     special = manifest["special_tokens"]
     eos = special.get("eos") if special.get("eos") is not None else 0
@@ -25,7 +27,7 @@ def config(manifest: dict, max_length: int, threads: int) -> dict:
             "bos_token_id": special.get("bos") if special.get("bos") is not None else eos,
             "eos_token_id": eos, "pad_token_id": eos, "context_length": manifest["max_length"],
             "vocab_size": manifest["vocab_size"], "type": "decoder",
-            "decoder": {"filename": "model.onnx", "head_size": c["head_dim"],
+            "decoder": {"filename": filename, "head_size": c["head_dim"],
                         "hidden_size": c["head_dim"] * c["num_heads"], "num_attention_heads": c["num_heads"],
                         "num_key_value_heads": c.get("num_kv_heads", c["num_heads"]),
                         "num_hidden_layers": c["num_layers"],
@@ -40,11 +42,18 @@ def config(manifest: dict, max_length: int, threads: int) -> dict:
 
 def main() -> None:
     pkg, prompts, new_tokens, threads = Path(sys.argv[1]).resolve(), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    variant = sys.argv[5] if len(sys.argv) > 5 else "fp32"
     manifest = json.loads((pkg / "model.json").read_text())
+    graph = manifest["variants"].get(variant)
+    if graph is None:
+        sys.exit(f"error: variant: the package has no {variant!r} (it has {', '.join(manifest['variants'])})")
     ids = np.array(prompts, dtype=np.int32)
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "model.onnx").symlink_to(pkg / "model.onnx")
-        (Path(d) / "genai_config.json").write_text(json.dumps(config(manifest, ids.shape[1] + new_tokens, threads)))
+        for f in pkg.iterdir():
+            if f.name != "genai_config.json":
+                (Path(d) / f.name).symlink_to(f)
+        (Path(d) / "genai_config.json").write_text(json.dumps(config(manifest, ids.shape[1] + new_tokens, threads,
+                                                                    graph)))
         model = og.Model(d)
         for timed in (False, True):          # the first run warms the session up
             params = og.GeneratorParams(model)
@@ -57,7 +66,8 @@ def main() -> None:
                 gen.generate_next_token()
                 produced += len(prompts)
             wall = time.perf_counter() - t
-    print(json.dumps({"tokens_per_s": produced / wall, "tokens": produced, "wall_s": wall}))
+    print(json.dumps({"tokens_per_s": produced / wall, "tokens": produced, "wall_s": wall, "variant": variant,
+                      "graph": graph}))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ from testing.launch import ChildProcess as Process, ServerProcess, free_port
 from .blocks import write_block
 from .machine import describe
 from .material import bpe_tokenizer_dir, random_gpt
+from .sides import sides_lines, vllm_label
+from .vllm_env import VllmLaunch, bound_cores, vllm_launch
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -62,10 +64,12 @@ class Config:
     spinning: str = "on"             # the server's --intra-op-spinning (on: one shared pool, spinning)
     chunk_sizes: tuple[int, ...] = (16, 20, 28)   # 20 = the server's default
     long_prompt: int = 900
-    threads: int = 2
+    threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))   # every core, for every side
     work: Path = ROOT / "bench" / "results" / "generation-work"
     pieces: tuple[str, ...] = ("step", "streams", "arrival", "leave", "genai", "spinning", "prefix")
     model: str = "gpt2"             # "gpt2" or "llama" (grouped-query attention)
+    variant: str | None = None      # the package variant ortserve serves and genai runs (None: the package default)
+    extra_variants: tuple[str, ...] = ()   # exported beside fp32 and kv8 (e.g. w8, w4: weight-quantized)
 
     @classmethod
     def quick(cls) -> "Config":
@@ -99,7 +103,7 @@ def random_llama(work: Path) -> Path:
 
 
 def material(cfg: Config) -> tuple[Path, Path, list[int]]:
-    """(checkpoint dir, model repository with the in-place and concat exports, token ids to draw prompts from)."""
+    """(checkpoint dir, model repository with the in-place export, token ids to draw prompts from)."""
     from tokenizers import Tokenizer
 
     cfg.work.mkdir(parents=True, exist_ok=True)
@@ -109,23 +113,18 @@ def material(cfg: Config) -> tuple[Path, Path, list[int]]:
         repo = cfg.work / "repository-llama"
     else:
         ckpt = random_gpt(cfg.work, "gpt2-124m-random", overrides_from=SHAPE).path
-        exports = (("gpt", "inplace"), ("gpt-concat", "concat"))
+        exports = (("gpt", "inplace"),)
         repo = cfg.work / "repository"
     for name, layout in exports:
         pkg = repo / name / "1"
-        variants = "fp32,kv8" if layout == "inplace" else "fp32"
-        if (pkg / "parity.json").is_file() and layout == "inplace" \
-                and "kv8" not in json.loads((pkg / "model.json").read_text())["cache"].get("mixed_graphs", {}):
-            shutil.rmtree(pkg)     # made before the kv8 variant (and its mixed twin) existed: export it again
+        wanted = ("fp32", "kv8", *cfg.extra_variants) if layout == "inplace" else ("fp32",)
+        if (pkg / "parity.json").is_file() and layout == "inplace":
+            manifest = json.loads((pkg / "model.json").read_text())
+            if "kv8" not in manifest["cache"].get("mixed_graphs", {}) \
+                    or any(v not in manifest["variants"] for v in cfg.extra_variants):
+                shutil.rmtree(pkg)     # made before kv8 (and its mixed twin) existed, or without a wanted variant
         if not (pkg / "parity.json").is_file():
-            cmd = [sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
-                   "--name", name, "--version", "1", "--cache-layout", layout, "--threads", str(cfg.threads)]
-            done = subprocess.run([*cmd, "--variants", variants], cwd=ROOT)
-            if done.returncode == 1 and variants != "fp32":   # the gate refused kv8: the package without it
-                log.warning("%s: the parity gate refused the kv8 variant; exporting fp32 only", name)
-                subprocess.run([*cmd, "--variants", "fp32"], cwd=ROOT, check=True)
-            elif done.returncode != 0:
-                raise subprocess.CalledProcessError(done.returncode, done.args)
+            export_decoder(ckpt, repo, name, layout, wanted, cfg.threads)
     tok = Tokenizer.from_file(str(bpe_tokenizer_dir(cfg.work) / "tokenizer.json"))
     from .material import passages
 
@@ -133,6 +132,22 @@ def material(cfg: Config) -> tuple[Path, Path, list[int]]:
     for text in passages(400, 40, seed=1):
         ids += tok.encode(text).ids
     return ckpt, repo, ids
+
+
+def export_decoder(ckpt: Path, repo: Path, name: str, layout: str, wanted: tuple[str, ...], threads: int) -> None:
+    """`python -m export` with the wanted variants; when the gate refuses (exit 1), again without kv8, then with fp32
+    alone (a variant the gate refused is then missing from the package, and serving it fails naming it)."""
+    cmd = [sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
+           "--name", name, "--version", "1", "--cache-layout", layout, "--threads", str(threads)]
+    attempts = list(dict.fromkeys([wanted, tuple(v for v in wanted if v != "kv8"), ("fp32",)]))
+    for i, variants in enumerate(attempts):
+        done = subprocess.run([*cmd, "--variants", ",".join(variants)], cwd=ROOT)
+        if done.returncode == 0:
+            return
+        if done.returncode != 1 or i == len(attempts) - 1:
+            raise subprocess.CalledProcessError(done.returncode, done.args)
+        log.warning("%s: the parity gate refused variants of %s; exporting %s", name, ",".join(variants),
+                    ",".join(attempts[i + 1]))
 
 
 def prompts(pool: list[int], n: int, length: int, salt: int) -> list[list[int]]:
@@ -191,7 +206,9 @@ class OrtserveStreams:
         self.channel.close()
 
 
-class VllmStreams:
+class OpenAIStreams:
+    """Streamed /v1/completions of an OpenAI-compatible server (vLLM, llama-server), prompts sent as token ids."""
+
     def __init__(self, port: int, model: str) -> None:
         import requests
         import requests.adapters
@@ -213,7 +230,7 @@ class VllmStreams:
         except requests.ConnectionError:
             # A kept-alive connection that the server closed (its keep-alive timeout, 5 s) as this request went
             # out: nothing was generated, so send it again on a new connection.
-            log.warning("vLLM closed a kept-alive connection; sending the request again")
+            log.warning("the server closed a kept-alive connection; sending the request again")
             return self._stream(body)
 
     def _stream(self, body: dict[str, Any]) -> StreamRecord:
@@ -230,10 +247,15 @@ class VllmStreams:
                     rec.stamps.append(now)
                 if event.get("usage"):
                     rec.tokens = int(event["usage"]["completion_tokens"])
+        if not rec.tokens:      # a server that sends no usage: one event per token
+            rec.tokens = len(rec.stamps)
         return rec
 
     def close(self) -> None:
         self.session.close()
+
+
+VllmStreams = OpenAIStreams
 
 
 def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagger: float = 0.0
@@ -268,25 +290,56 @@ def start_ortserve(repo: Path, cfg: Config, chunk: int | None = None, slots: int
     spinning = spinning or cfg.spinning
     extra = ["--prefill-chunk-tokens", str(chunk)] if chunk is not None else []
     extra += ["--prefix-caching", prefix_caching]
+    if cfg.variant:
+        extra += ["--variant", cfg.variant]
     return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
                                 "--max-sequences", str(slots), "--poll-interval", "0",
                                 "--intra-op-spinning", spinning, *extra])
 
 
-def start_vllm(ckpt: Path, cfg: Config) -> tuple[Process, int]:
+@dataclass
+class VllmServer:
+    """vLLM's OpenAI server as started for a run, and the environment it was given (the report prints both)."""
+
+    proc: Process
+    port: int
+    launch: VllmLaunch
+
+    def describe(self) -> dict[str, Any]:
+        """Threads and binding as configured, and the cores vLLM's own log says it bound to."""
+        return {**self.launch.describe(), "logged_core_ids": bound_cores(self.proc.lines)}
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def start_vllm(ckpt: Path, cfg: Config) -> VllmServer:
+    """vLLM as its CPU docs recommend for a dedicated machine: compute bound to cfg.threads cores of this process's
+    affinity with none reserved (its default reserves one: on 2 cores it computed on one), tcmalloc + libiomp5
+    preloaded (bench/vllm_env.py)."""
     py = VLLM_VENV / "bin" / "python"
     if not py.is_file() or not (VLLM_VENV / ".complete").is_file():
         raise RuntimeError("vLLM peer not installed: run bash bench/setup_vllm.sh")
+    launch = vllm_launch(VLLM_VENV, sorted(os.sched_getaffinity(0))[:cfg.threads])
     port = free_port()
-    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
-           "OMP_NUM_THREADS": str(cfg.threads)}
-    proc = Process([str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--port", str(port),
-                    "--dtype", "float32", "--max-model-len", "1024", "--served-model-name", "gpt",
-                    "--max-num-seqs", "32"], env=env)
+    proc = Process([*launch.command_prefix(), str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
+                    "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--served-model-name", "gpt",
+                    "--max-num-seqs", "32"], env=launch.env)
     import re
 
     proc.wait_for_line(re.compile(r"Application startup complete|Uvicorn running"), 900)
-    return proc, port
+    server = VllmServer(proc, port, launch)
+    logged = bound_cores(proc.lines)
+    if logged is not None and sorted(logged) != list(launch.cores):
+        log.warning("vLLM bound its compute to cores %s, not %s as configured", logged, list(launch.cores))
+    log.info("vLLM: %s", server.describe())
+    return server
+
+
+def ortserve_side(cfg: Config, variant: str | None = None) -> dict[str, Any]:
+    """What start_ortserve gives the server (printed in the report beside the peers')."""
+    return {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
+            "intra_op_spinning": cfg.spinning, "max_sequences": 32, "variant": variant or "package default"}
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -313,9 +366,6 @@ def streams_piece(cfg: Config, clients: dict[str, Any], pool: list[int], tok) ->
                               "ttft_p50_ms": statistics.median(x["ttft_p50_ms"] for x in r)} for name, r in rows.items()}
         if "vllm" in out[str(n)]:
             out[str(n)]["ratio_tokens_per_s"] = out[str(n)]["ortserve"]["tokens_per_s"] / out[str(n)]["vllm"]["tokens_per_s"]
-        if "ortserve_concat_engine" in out[str(n)]:
-            out[str(n)]["ratio_vs_concat_engine"] = (out[str(n)]["ortserve"]["tokens_per_s"]
-                                                     / out[str(n)]["ortserve_concat_engine"]["tokens_per_s"])
     return out
 
 
@@ -485,7 +535,7 @@ def step_piece(cfg: Config, repo: Path, rounds: int = 4) -> dict[str, Any]:
     pkg = repo / "gpt" / "1"
     manifest = json.loads((pkg / "model.json").read_text())
     ort.set_global_thread_pool_sizes(cfg.threads, 1)
-    steppers = {v: _Stepper(pkg / manifest["variants"][v], manifest) for v in ("fp32", "kv8")
+    steppers = {v: Stepper(pkg / manifest["variants"][v], manifest) for v in ("fp32", "kv8")
                 if v in manifest["variants"]}
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
@@ -494,10 +544,10 @@ def step_piece(cfg: Config, repo: Path, rounds: int = 4) -> dict[str, Any]:
                 times.setdefault((v, past), []).append(stepper.step_ms(past))
     bw = read_bandwidth(cfg.threads)
     c = manifest["cache"]
-    out: dict[str, Any] = {"batch": _Stepper.BATCH, "rounds": rounds, "read_bandwidth_gb_s": bw / 1e9}
+    out: dict[str, Any] = {"batch": Stepper.BATCH, "rounds": rounds, "read_bandwidth_gb_s": bw / 1e9}
     for v in steppers:
         short, long = (statistics.median(times[v, p]) for p in (16, 1000))
-        extra = _Stepper.BATCH * c["num_layers"] * 2 * c["num_kv_heads"] * (1000 - 16) * c["head_dim"] * \
+        extra = Stepper.BATCH * c["num_layers"] * 2 * c["num_kv_heads"] * (1000 - 16) * c["head_dim"] * \
             steppers[v].itemsize
         floor = 1000 * extra / bw
         figures = {"past16_ms": short, "past1000_ms": long, "growth_ms": long - short, "extra_cache_bytes": extra,
@@ -509,12 +559,12 @@ def step_piece(cfg: Config, repo: Path, rounds: int = 4) -> dict[str, Any]:
     return out
 
 
-class _Stepper:
-    """One decode step of a graph at batch 8 over its own cache buffers (random contents), bound once."""
+class Stepper:
+    """One decode step of a graph at batch 8 (or `batch`) over its own cache buffers (random contents), bound once."""
 
     BATCH = 8
 
-    def __init__(self, graph: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, graph: Path, manifest: dict[str, Any], batch: int = BATCH) -> None:
         import onnxruntime as ort
 
         c = manifest["cache"]
@@ -524,7 +574,8 @@ class _Stepper:
         types = {i.name: i.type for i in self.sess.get_inputs()}
         dtype, self.positions = np.dtype(CACHE_ELEMENT_TYPES[types[past_names(1)[0]]]), "position_ids" in types
         self.itemsize = dtype.itemsize
-        shape = (self.BATCH, c["num_kv_heads"], manifest["max_length"], c["head_dim"])
+        self.batch = batch
+        shape = (batch, c["num_kv_heads"], manifest["max_length"], c["head_dim"])
         rng = np.random.default_rng(0)
         self.io = self.sess.io_binding()
         self.bufs = []
@@ -537,7 +588,7 @@ class _Stepper:
             self.io.bind_ortvalue_output(q, v)
 
     def step_ms(self, past: int, n: int = 15) -> float:
-        b, io = self.BATCH, self.io
+        b, io = self.batch, self.io
         io.bind_cpu_input("input_ids", np.ones((b, 1), np.int64))
         io.bind_cpu_input("attention_mask", np.ones((b, past + 1), np.int64))
         if self.positions:     # learned positions (GPT-2); rotary graphs derive them from the mask
@@ -570,7 +621,10 @@ def genai_piece(cfg: Config, repo: Path, client: Any, pool: list[int], tok) -> d
     py = GENAI_VENV / "bin" / "python"
     if not (GENAI_VENV / ".complete").is_file():
         raise RuntimeError("onnxruntime-genai peer not installed: run bash bench/setup_genai.sh")
-    out: dict[str, Any] = {}
+    # The variant the server runs: the one asked for, else the package's default for the CPU (what it serves).
+    manifest = json.loads((repo / "gpt" / "1" / "model.json").read_text())
+    genai_variant = cfg.variant or (manifest.get("default_variant") or {}).get("cpu") or "fp32"
+    out: dict[str, Any] = {"variant": genai_variant}
     for b in (1, 8):
         rows: dict[str, list[float]] = {"ortserve_grpc": [], "genai_in_process": []}
         for rep in range(cfg.repeats):
@@ -578,7 +632,9 @@ def genai_piece(cfg: Config, repo: Path, client: Any, pool: list[int], tok) -> d
             wall, recs = run_streams(client, batch, cfg.new_tokens, tok)
             rows["ortserve_grpc"].append(sum(r.tokens for r in recs) / wall)
             res = subprocess.run([str(py), str(HERE / "genai_run.py"), str(repo / "gpt" / "1"), json.dumps(batch),
-                                  str(cfg.new_tokens), str(cfg.threads)], capture_output=True, text=True, check=True)
+                                  str(cfg.new_tokens), str(cfg.threads), genai_variant], capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"genai_run.py failed: {(res.stderr.strip().splitlines() or ['no output'])[-1]}")
             rows["genai_in_process"].append(json.loads(res.stdout.strip().splitlines()[-1])["tokens_per_s"])
         med = {k: statistics.median(v) for k, v in rows.items()}
         out[str(b)] = {"runs": rows, **{k: v for k, v in med.items()},
@@ -617,6 +673,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help=f"runs per cell and side (default {Config.repeats})")
     ap.add_argument("--chunk-sizes", default=None, help="arrival piece: comma list of --prefill-chunk-tokens to try "
                                                         f"(default {','.join(map(str, Config.chunk_sizes))})")
+    ap.add_argument("--variant", default=None,
+                    help="package variant ortserve serves and genai runs (e.g. w8, w4); exported if the package lacks it")
+    ap.add_argument("--threads", type=int, default=None,
+                    help=f"threads of every side (default: this process's cores, {len(os.sched_getaffinity(0))})")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if a.render_only:
@@ -630,15 +690,25 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, spinning=a.spinning)
     if a.chunk_sizes:
         cfg = dataclasses.replace(cfg, chunk_sizes=tuple(int(x) for x in a.chunk_sizes.split(",")))
+    if a.variant:
+        extra = () if a.variant in ("fp32", "kv8") else (a.variant,)
+        cfg = dataclasses.replace(cfg, variant=a.variant, extra_variants=extra)
+    if a.threads:
+        if not 1 <= a.threads <= len(os.sched_getaffinity(0)):
+            ap.error(f"--threads: must be 1..{len(os.sched_getaffinity(0))} (this process's cores), got {a.threads}")
+        cfg = dataclasses.replace(cfg, threads=a.threads)
     pieces = tuple(a.pieces.split(",")) if a.pieces else cfg.pieces
     from tokenizers import Tokenizer
 
     ckpt, repo, pool = material(cfg)
     tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
     report: dict[str, Any] = json.loads(a.out.read_text()) if a.merge and a.out.is_file() else {}
+    # Each run records how its sides ran (threads, binding, preloads): with --merge, pieces of several runs share
+    # the report, and each piece's figures are described by the run that measured them.
+    sides: dict[str, Any] = {"ortserve": ortserve_side(cfg, cfg.variant)}
     runs = current_runs([*report.get("runs", []), {
         "command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]), "pieces": list(pieces),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}])
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sides": sides}])
     report.update({"machine": describe(ROOT), "config": {k: str(v) for k, v in cfg.__dict__.items()}, "runs": runs,
                    "command": runs[0]["command"], "started": runs[0]["started"]})
 
@@ -651,21 +721,22 @@ def main(argv: list[str] | None = None) -> int:
         report["step"] = step_piece(cfg, repo)
         log.info("step: %s", report["step"])
         save()
-    vllm_proc = None
+    vllm_proc: VllmServer | None = None
     vllm = None
+
+    def start_peer() -> tuple[VllmServer, VllmStreams]:
+        server = start_vllm(ckpt, cfg)
+        sides["vllm"] = server.describe()
+        return server, VllmStreams(server.port, "gpt")
     if not a.no_vllm and {"streams", "arrival", "prefix"} & set(pieces):
-        vllm_proc, port = start_vllm(ckpt, cfg)
-        vllm = VllmStreams(port, "gpt")
+        vllm_proc, vllm = start_peer()
     try:
         if {"streams", "leave", "genai"} & set(pieces):
             server = start_ortserve(repo, cfg)
             ours = OrtserveStreams(server.address, "gpt")
             try:
                 if "streams" in pieces:
-                    # The previous engine on the same weights (concat package), when the repository has it.
-                    concat = OrtserveStreams(server.address, "gpt-concat") if (repo / "gpt-concat").is_dir() else None
-                    clients = {"ortserve": ours, **({"vllm": vllm} if vllm else {}),
-                               **({"ortserve_concat_engine": concat} if concat else {})}
+                    clients = {"ortserve": ours, **({"vllm": vllm} if vllm else {})}
                     report["streams"] = streams_piece(cfg, clients, pool, tok)
                     save()
                 if "leave" in pieces:
@@ -676,6 +747,9 @@ def main(argv: list[str] | None = None) -> int:
                         vllm_proc.stop()
                         vllm_proc, vllm = None, None
                     report["genai"] = genai_piece(cfg, repo, ours, pool, tok)
+                    sides["genai"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
+                                      "intra_op_spinning": "on (onnxruntime's default)",
+                                      "variant": report["genai"]["variant"]}
                     save()
             finally:
                 ours.close()
@@ -690,8 +764,7 @@ def main(argv: list[str] | None = None) -> int:
             if piece not in pieces:
                 continue
             if vllm is None and not a.no_vllm:
-                vllm_proc, port = start_vllm(ckpt, cfg)
-                vllm = VllmStreams(port, "gpt")
+                vllm_proc, vllm = start_peer()
             report[piece] = run(cfg, repo, vllm, pool, tok)
             save()
     finally:
@@ -707,8 +780,15 @@ def main(argv: list[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- report
 
-def _block(model: str) -> str:
-    return f"generation:{model}"
+def _variant_of(r: dict[str, Any]) -> str | None:
+    """The served variant a report was measured with, when one was asked for other than fp32 (config holds strings)."""
+    v = r.get("config", {}).get("variant")
+    return None if v in (None, "None", "fp32") else v
+
+
+def _block(model: str, variant: str | None = None) -> str:
+    """One block per model, and one per model and weight variant (w8, w4 ...) so their runs sit side by side."""
+    return f"generation:{model}" + (f":{variant}" if variant else "")
 
 
 def _f(x: float, d: int = 1) -> str:
@@ -723,27 +803,38 @@ def render_section(r: dict[str, Any]) -> list[str]:
     shape = ("GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, fp32)"
              if model == "gpt2" else "Llama ~124M shape with grouped-query attention (12 layers, 768 wide, 12 heads / "
              "4 kv heads, SwiGLU 2048, tied head, vocab 8000, 1024 positions, random init, fp32)")
-    lines = [f"## Generation vs peers: {model} (bench/generation.py --model {model})", "",
-             *[f"- Command: `{x['command']}` at {x['started']}" + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else "")
-               for x in runs],
+    variant = _variant_of(r)
+    lines = [f"## Generation vs peers: {model}" + (f", ortserve serving its {variant} variant" if variant else "")
+             + f" (bench/generation.py --model {model}" + (f" --variant {variant}" if variant else "") + ")", ""]
+    for x in runs:     # each run, and how its sides ran (threads, binding)
+        lines.append(f"- Command: `{x['command']}` at {x['started']}"
+                     + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else ""))
+        lines += sides_lines(x.get("sides"), vllm_ran=_run_had_vllm(x, r), indent="  ")
+    lines += [
              f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
              f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
              f"- Checkpoint: {shape} saved in HF layout; ortserve serves its `python -m export` package (in-place cache "
              "+ mixed graph), "
              "vLLM 0.32.0 CPU loads the checkpoint directory (`--dtype float32`, OpenAI server), onnxruntime-genai "
-             "0.18.0 runs the same model.onnx in-process. 2 threads each; one side under load at a time.", ""]
+             "0.18.0 runs the same model.onnx in-process. One side under load at a time; each run above lists its "
+             "sides' threads and binding.", ""]
     st = r.get("streams")
     if st:
-        lines += ["### Aggregate tokens/s and time to first token (32-token prompts, 128 new tokens, greedy, ignore eos)", "",
-                  "Each cell: median of the runs; the sides take turns run by run, a second apart. \"previous engine\" "
-                  "is the concat-cache package of the same weights in the same server.", "",
-                  "| streams | ortserve tok/s | vLLM tok/s | ortserve / vLLM | ortserve TTFT p50 ms | vLLM TTFT p50 ms "
-                  "| previous engine tok/s |", "|---|---|---|---|---|---|---|"]
+        vl = _vllm_label_of(runs, "streams")
+        c = r.get("config", {})
+        # Results measured before the concat engine was retired also have its column ("previous engine").
+        old = any("ortserve_concat_engine" in v for v in st.values())
+        lines += [f"### Aggregate tokens/s and time to first token ({c.get('prompt_tokens', 32)}-token prompts, "
+                  f"{c.get('new_tokens', 128)} new tokens, greedy, ignore eos)", "",
+                  "Each cell: median of the runs; the sides take turns run by run, a second apart." +
+                  (" \"previous engine\" is the concat-cache package of the same weights in the same server." if old else ""),
+                  "", f"| streams | ortserve tok/s | {vl} tok/s | ortserve / {vl} | ortserve TTFT p50 ms | {vl} TTFT p50 ms "
+                  + ("| previous engine tok/s |" if old else "|"), "|---|---|---|---|---|---|" + ("---|" if old else "")]
         for n, v in st.items():
             o, p, c = v["ortserve"], v.get("vllm"), v.get("ortserve_concat_engine")
             lines.append(f"| {n} | {_f(o['tokens_per_s'])} | {_f(p['tokens_per_s']) if p else '-'} | "
                          f"{_f(v['ratio_tokens_per_s'], 2) if p else '-'} | {_f(o['ttft_p50_ms'], 0)} | "
-                         f"{_f(p['ttft_p50_ms'], 0) if p else '-'} | {_f(c['tokens_per_s']) if c else '-'} |")
+                         f"{_f(p['ttft_p50_ms'], 0) if p else '-'} |" + (f" {_f(c['tokens_per_s']) if c else '-'} |" if old else ""))
         lines.append("")
     ar = r.get("arrival")
     if ar:
@@ -757,7 +848,7 @@ def render_section(r: dict[str, Any]) -> list[str]:
 
         lines += [row("ortserve", chunk, v) for chunk, v in ar.get("ortserve", {}).items()]
         if "vllm" in ar:
-            lines.append(row("vLLM", "(its own)", ar["vllm"]))
+            lines.append(row(_vllm_label_of(runs, "arrival"), "(its own)", ar["vllm"]))
         lines.append("")
     lv = r.get("leave")
     if lv:
@@ -782,10 +873,11 @@ def render_section(r: dict[str, Any]) -> list[str]:
                       f"past 1000 takes {_f(kv['past1000_ms'] / sp['past1000_ms'], 2)} × the fp32 cache's.", ""]
     ge = r.get("genai")
     if ge:
-        lines += ["### ortserve over gRPC vs onnxruntime-genai in-process, same model.onnx", "",
+        graph = f"the {ge['variant']} graph" if "variant" in ge else "model.onnx"
+        lines += [f"### ortserve over gRPC vs onnxruntime-genai in-process, same {graph}", "",
                   "| batch | ortserve gRPC tok/s | genai in-process tok/s | ratio |", "|---|---|---|---|"]
         lines += [f"| {b} | {_f(v['ortserve_grpc'])} | {_f(v['genai_in_process'])} | {_f(v['ratio'], 2)} |"
-                  for b, v in ge.items()]
+                  for b, v in ge.items() if b.isdigit()]
         lines.append("")
     pf = r.get("prefix")
     if pf:
@@ -798,7 +890,8 @@ def render_section(r: dict[str, Any]) -> list[str]:
                   "| server | first request TTFT ms | second request TTFT ms | second / first | second while the first "
                   "decodes TTFT ms |", "|---|---|---|---|---|"]
         names = {"ortserve_prefix_on": "ortserve, prefix caching on (default)",
-                 "ortserve_prefix_off": "ortserve, --prefix-caching off", "vllm": "vLLM (automatic prefix caching)"}
+                 "ortserve_prefix_off": "ortserve, --prefix-caching off",
+                 "vllm": f"{_vllm_label_of(runs, 'prefix')} (automatic prefix caching)"}
         lines += [f"| {label} | {_f(pf[k]['first_ttft_ms'], 0)} | {_f(pf[k]['second_ttft_ms'], 0)} | "
                   f"{_f(pf[k]['second_over_first'], 3)} | {_f(pf[k]['during_ttft_ms'], 0) if 'during_ttft_ms' in pf[k] else '–'} |"
                   for k, label in names.items() if k in pf]
@@ -815,9 +908,29 @@ def render_section(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _vllm_ran(r: dict[str, Any]) -> bool:
+    return any("vllm" in (r.get(piece) or {}) for piece in ("arrival", "prefix")) or \
+        any(isinstance(v, dict) and "vllm" in v for v in (r.get("streams") or {}).values())
+
+
+def _run_had_vllm(run: dict[str, Any], r: dict[str, Any]) -> bool:
+    """Whether a run measured vLLM (a piece that starts it, without --no-vllm); unknown pieces: the report says."""
+    if not run.get("pieces"):
+        return _vllm_ran(r)
+    return bool({"streams", "arrival", "prefix"} & set(run["pieces"])) and "--no-vllm" not in (run.get("command") or "")
+
+
+def _vllm_label_of(runs: list[dict[str, Any]], piece: str) -> str:
+    """The vLLM column's name for a piece, from the run that measured it (the last one naming it)."""
+    for run in reversed(runs):
+        if piece in (run.get("pieces") or []):
+            return vllm_label(run.get("sides"))
+    return vllm_label(None)
+
+
 def write_docs(r: dict[str, Any], path: Path) -> None:
     """Replace (or append) this model's generation block of docs/BENCHMARKS.md."""
-    write_block(path, _block(r.get("config", {}).get("model", "gpt2")), render_section(r))
+    write_block(path, _block(r.get("config", {}).get("model", "gpt2"), _variant_of(r)), render_section(r))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import threading
@@ -30,6 +31,7 @@ import numpy as np
 
 from bench.blocks import write_block
 from bench.machine import describe
+from bench.sides import sides_lines, vllm_label
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.http")
@@ -146,13 +148,16 @@ def streams_piece(threads: int, levels: tuple[int, ...], max_tokens: int, with_v
     texts = [tok.decode(p) for p in prompts(pool, max(levels) + 1, cfg.prompt_tokens, salt=7)]
     servers: dict[str, Any] = {}
     urls: dict[str, str] = {}
+    sides: dict[str, Any] = {"ortserve": {"threads": threads, "binding": "not pinned (onnxruntime's default)",
+                                          "intra_op_spinning": "off (server default)", "max_sequences": 32}}
     try:
         servers["ortserve"] = ServerProcess(repo, ["--http-port", "0", "--intra-op-threads", str(threads),
                                                    "--max-sequences", "32"], startup_timeout=600)
         urls["ortserve"] = f"{servers['ortserve'].http_url}/v1"
         if with_vllm:
-            servers["vllm"], port = start_vllm(ckpt, cfg)
-            urls["vllm"] = f"http://127.0.0.1:{port}/v1"
+            servers["vllm"] = start_vllm(ckpt, cfg)
+            urls["vllm"] = f"http://127.0.0.1:{servers['vllm'].port}/v1"
+            sides["vllm"] = servers["vllm"].describe()
         runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {n: [] for n in levels} for k in urls}
         for _ in range(repeats):
             for n in levels:
@@ -162,7 +167,7 @@ def streams_piece(threads: int, levels: tuple[int, ...], max_tokens: int, with_v
     finally:
         for server in servers.values():
             server.stop()
-    out: dict[str, Any] = {"prompt_tokens": cfg.prompt_tokens, "repeats": repeats}
+    out: dict[str, Any] = {"prompt_tokens": cfg.prompt_tokens, "repeats": repeats, "sides": sides}
     for name, by_level in runs.items():
         out[name] = [{"concurrency": n, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
                       "ttft_p50_ms": statistics.median(r["ttft_p50_ms"] for r in rs),
@@ -198,12 +203,14 @@ def render(r: dict[str, Any]) -> list[str]:
                   ""]
     streams = r.get("streams")
     if streams:
+        vl = vllm_label(streams.get("sides"))
         lines += ["### POST /v1/completions, stream=true: ortserve vs vLLM's OpenAI server", "",
                   f"Same random GPT-2 124M checkpoint (bench/generation.py material), same `openai`-client load script "
                   f"({streams.get('prompt_tokens', '?')}-token prompts, {r.get('stream_tokens', '?')} new tokens, greedy, "
                   f"ignore_eos). Both servers up at once, taking turns level by level, a second apart; median of "
-                  f"{streams.get('repeats', 1)} runs.", "",
-                  "| streams | ortserve tok/s | vLLM tok/s | ortserve / vLLM | ortserve TTFT p50 ms | vLLM TTFT p50 ms |",
+                  f"{streams.get('repeats', 1)} runs. Each side's threads and binding:",
+                  *sides_lines(streams.get("sides"), vllm_ran=bool(streams.get("vllm"))), "",
+                  f"| streams | ortserve tok/s | {vl} tok/s | ortserve / {vl} | ortserve TTFT p50 ms | {vl} TTFT p50 ms |",
                   "|---|---|---|---|---|---|"]
         vllm = {x["concurrency"]: x for x in streams.get("vllm", [])}
         for x in streams["ortserve"]:
@@ -224,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=300, help="sequential requests per protocol (overhead)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--throughput-requests", type=int, default=1600)
-    ap.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads of the servers")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="threads of every server (default: this process's cores)")
     ap.add_argument("--stream-levels", default="1,8,16")
     ap.add_argument("--stream-tokens", type=int, default=128)
     ap.add_argument("--stream-model", default="gpt2", choices=("gpt2", "llama"),

@@ -156,7 +156,7 @@ def stream_chunk(message: pb.GenerateStreamResponse, with_logprobs: bool) -> Str
 
 def model_status(message: pb.ModelStatus) -> ModelStatus:
     return ModelStatus(name=message.name, version=message.version, task=message.task, state=message.state,
-                       reason=message.reason)
+                       reason=message.reason, variant=message.variant)
 
 
 def model_info(response: pb.ModelInfoResponse) -> ModelInfo:

@@ -99,6 +99,7 @@ class ModelStatus:
     task: str   # "classify" | "fill-mask" | "generate"
     state: str  # "LOADING" | "SERVING" | "NOT_SERVING" | "UNLOADED"
     reason: str = ""
+    variant: str = ""  # the ONNX variant a loaded version runs (fp32, kv8, w8, w4, ...); "" when none is loaded
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TASKS = ("classify", "fill-mask", "generate", "embed")
-VARIANTS = ("fp32", "optimized", "int8", "fp16", "kv8")
+# w8 / w4: weight-quantized in-place decoders (MatMulNBits); w8kv8 / w4kv8 the same over the int8 cache
+WEIGHT_VARIANTS = ("w8", "w4", "w8kv8", "w4kv8")
+VARIANTS = ("fp32", "optimized", "int8", "fp16", "kv8", *WEIGHT_VARIANTS)
 CACHE_LAYOUTS = ("inplace", "concat")
 # 18 is the opset both torch exporters and Optimum agree on, and every fusion/quantization tool here reads it.
 OPSET = 18
@@ -31,6 +33,61 @@ class Tolerances:
     fp16_max_kl: float = 0.01
     fp16_max_perplexity_ratio: float = 1.02
     fp16_mixed_atol: float = 2e-2     # its mixed twin vs the plain fp16 graph: fp16 sums in other orders
+    # Weight-quantized decoders (w8, w4 and their kv8 twins), judged by what they change against PyTorch fp32:
+    # the perplexity ratio on the next true token, teacher-forced through the graph's cache on held-out sentences
+    # (156 positions), and greedy agreement = how many leading ids of each held-out prompt's 32-token greedy
+    # continuation equal PyTorch's, averaged over the 24 prompts (fp32 gives 32). Measured on the trained
+    # defaults (GPT-2 / Llama small, bench/quantized.py, 2026-11-26): w8 1.0008 / 1.0004 and 29.0 / 30.7; w4
+    # 1.0022 / 0.9968 and 29.8 / 28.2 (a 4-bit LM head: 22.5 / 27.2). Greedy ids of these high-entropy models
+    # flip on near ties (their corpus perplexity ~300), hence the room; a broken graph scores 0-4.
+    w8_max_perplexity_ratio: float = 1.01
+    w8_min_greedy_tokens: float = 24.0
+    w4_max_perplexity_ratio: float = 1.03
+    w4_min_greedy_tokens: float = 20.0
+    weights_mixed_atol: float = 1e-4  # a quantized mixed twin vs its plain graph on each sequence alone
+    # ... over an int8 cache (w8kv8, w4kv8): MatMulNBits rows differ across call shapes by ~1e-6, so a cache value
+    # on a rounding boundary may take the next int8 step, and the logits move with it: measured on the trained
+    # Llama's w4kv8, one value one step away and the logits 7.7e-3 (absolute; w8kv8 equal to 2e-6)
+    weights_kv8_mixed_cache_steps: float = 1.0
+    weights_kv8_mixed_atol: float = 3e-2
+    greedy_agreement_tokens: int = 32
+
+    def weight_limits(self, bits: int) -> tuple[float, float]:
+        """(max perplexity ratio, min mean identical greedy tokens) of a `bits`-bit weight variant."""
+        if bits == 8:
+            return self.w8_max_perplexity_ratio, self.w8_min_greedy_tokens
+        return self.w4_max_perplexity_ratio, self.w4_min_greedy_tokens
+
+
+@dataclass(frozen=True)
+class WeightQuantConfig:
+    """How the weight-quantized variants are made (export/weights.py); recorded per variant in model.json
+    `quantization`. Chosen by measurement (bench/quantized.py --grid, docs/BENCHMARKS.md), 2026-11-26, 2 cores:
+    - accuracy_level 4 (int8 activations): at level 0 (fp32 compute) 8-bit weights ran 4-13 ms a step instead
+      of 0.5 (a dequantizing path), 4-bit 1.5-1.8x slower;
+    - block 128: vs block 32 the 124M Llama shape's batch-1 step 3.28 vs 4.04 ms and batch 8 10.4 vs 12.3; on
+      the small defaults batch 8 8-10% faster, batch 1 within noise; 4-bit mean KL 3.7e-4 vs 1.9e-4 nats
+      (Llama) and 0.9e-4 vs 1.7e-4 (GPT-2), held-out corpus perplexity within 0.05% either way; a weight
+      narrower than the block takes the largest power of two that fits;
+    - LM head (tied: a transposed copy of the embedding, which stays fp32 for the lookup) in 8 bits: vs fp32
+      the 4-bit step 1.5x faster at batch 1 on the small defaults (the head is 40% of their weights) at the
+      same KL; in 4 bits 10-20% faster still but KL 5x and greedy agreement 22.5 instead of 29.8 (GPT-2);
+    - symmetric round-to-nearest: HQQ (float zero points) ran 8-13x slower through MatMulNBits; asymmetric
+      RTN: KL 0.7-1.4e-4, corpus perplexity and speed the same within noise (block 32)."""
+
+    block_size: int = 128
+    accuracy_level: int = 4      # MatMulNBits: 0 = fp32 compute, 4 = int8 activations per block
+    symmetric: bool = True
+    algorithm: str = "rtn"       # "rtn" (round to nearest, DefaultWeightOnlyQuantConfig) or "hqq" (4 bits)
+    lm_head_bits: int | None = 8  # the LM head's bits (a transposed copy when tied to the embedding); None = fp32
+
+    def as_json(self, bits: int) -> dict:
+        return {"bits": bits, "block_size": self.block_size, "accuracy_level": self.accuracy_level,
+                "symmetric": self.symmetric, "algorithm": self.algorithm, "lm_head_bits": self.lm_head_bits}
+
+
+# bits -> how that width is quantized
+WEIGHT_QUANT: dict[int, WeightQuantConfig] = {8: WeightQuantConfig(), 4: WeightQuantConfig()}
 
 
 @dataclass(frozen=True)
@@ -61,3 +118,4 @@ class ExportConfig:
     cache_layout: str = "inplace"  # generate: "inplace" (GroupQueryAttention, shared buffer) or "concat" (traced)
     pooling: str = "auto"          # embed: auto (the checkpoint's sentence-transformers config, else mean), mean, cls
     normalize: str = "auto"        # embed: auto (a Normalize module in modules.json), on, off
+    weight_quant: dict[int, WeightQuantConfig] = field(default_factory=lambda: dict(WEIGHT_QUANT))

@@ -407,7 +407,7 @@ INT8_MAX = 127
 HEADROOM = 2.0
 
 
-def _weights(model, model_type: str, max_length: int) -> DecoderWeights:
+def inplace_weights(model, model_type: str, max_length: int) -> DecoderWeights:
     """The model's weights, heads zero-padded to a size the attention op takes."""
     if model_type == "gpt2":
         return pad_heads(gpt2_weights(model, max_length))
@@ -421,7 +421,7 @@ def export_inplace(model, model_type: str, max_length: int, out) -> "GraphSpec":
     I/O spec model.json lists (the plain graph's: the mixed one adds the same names prefixed "chunk.")."""
     from .graphs import GraphSpec, TensorSpec
 
-    w = _weights(model, model_type, max_length)
+    w = inplace_weights(model, model_type, max_length)
     for mixed, path in ((False, out), (True, out.parent / MIXED_FILE)):
         onnx_model = build_decoder_graph(w, mixed=mixed)
         onnx.checker.check_model(onnx_model)
@@ -462,10 +462,23 @@ def calibrate_kv_scales(model, sequences: list[list[int]]) -> KvScales:
 def export_inplace_kv8(model, model_type: str, max_length: int, out, calibration: list[list[int]]) -> KvScales:
     """Write the int8-cache graph of `model` to `out` and its mixed twin (KV8_MIXED_FILE) beside it, both with
     the scales calibrated on `calibration`; returns them."""
-    w = _weights(model, model_type, max_length)
+    w = inplace_weights(model, model_type, max_length)
     scales = calibrate_kv_scales(model, calibration)
     for mixed, path in ((False, out), (True, out.parent / KV8_MIXED_FILE)):
         onnx_model = build_decoder_graph(w, mixed=mixed, kv_scales=scales)
         onnx.checker.check_model(onnx_model)
         onnx.save(onnx_model, str(path))
     return scales
+
+
+def export_inplace_transformed(w: DecoderWeights, out, mixed_out, transform, kv_scales: KvScales | None = None
+                               ) -> list:
+    """The in-place graph of `w` and its mixed twin, each passed through `transform(graph) -> (graph, info)`
+    (weight quantization), written to `out` / `mixed_out`; returns the two infos."""
+    infos = []
+    for mixed, path in ((False, out), (True, mixed_out)):
+        graph, info = transform(build_decoder_graph(w, mixed=mixed, kv_scales=kv_scales))
+        onnx.checker.check_model(graph)
+        onnx.save(graph, str(path))
+        infos.append(info)
+    return infos

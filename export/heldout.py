@@ -45,6 +45,14 @@ def kv8_texts(texts: tuple[str, ...] | list[str] = BUILTIN_TEXTS) -> tuple[str, 
     return " ".join(texts[0::2]), " ".join(texts[1::2])
 
 
+PROMPT_WORDS = 4
+
+
+def greedy_prompts(tokenizer, texts: tuple[str, ...] | list[str] = BUILTIN_TEXTS) -> list[list[int]]:
+    """The weight-quantized decoders' greedy agreement prompts: the first words of each held-out sentence."""
+    return [tokenizer.encode(" ".join(t.split()[:PROMPT_WORDS])).ids for t in texts]
+
+
 @dataclass(frozen=True)
 class LabelledExample:
     text: str

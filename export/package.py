@@ -68,9 +68,15 @@ def utc_now() -> str:
 
 
 def default_variants(variants: dict[str, str], parity: dict[str, Any]) -> dict[str, str]:
-    """CPU: int8 > optimized > fp32. CUDA: fp16 only when its parity actually passed, else optimized > fp32."""
+    """CPU: for an in-place decoder with weight-quantized variants, the fastest of fp32 / w8 / w4 that passed by
+    the decode steps timed at export (export/speed.py); else int8 > optimized > fp32. CUDA: fp16 only when its
+    parity actually passed, else optimized > fp32."""
+    from .speed import AUTO_DEFAULT, pick_fastest
+
     ok = {v for v in variants if parity.get(v, {}).get("passed") is True}
-    cpu = next(v for v in ("int8", "optimized", "fp32") if v in ok)
+    timed = {v: parity[v]["step_ms"] for v in ok & set(AUTO_DEFAULT) if parity[v].get("step_ms")}
+    cpu = pick_fastest(timed) if len(timed) > 1 and timed.keys() == ok & set(AUTO_DEFAULT) else \
+        next(v for v in ("int8", "optimized", "fp32") if v in ok)
     cuda = next(v for v in ("fp16", "optimized", "fp32") if v in ok)
     return {"cpu": cpu, "cuda": cuda}
 

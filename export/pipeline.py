@@ -17,11 +17,11 @@ from tokenizers import Tokenizer
 
 from modelpkg import padded_head_dim
 
-from . import decoder_graph, graphs, package, variants
-from .config import OPSET, TASKS, VARIANTS, ExportConfig
+from . import decoder_graph, graphs, package, speed, variants, weights
+from .config import OPSET, TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError, ParityFailure
 from .heldout import BUILTIN_TEXTS, default_genre_split, kv8_texts, read_eval_data
-from .parity import GateInputs, failure_table, run_gate
+from .parity import GateInputs, failure_table, refused, run_gate
 from .source import LLAMA_TYPES, CheckpointInfo, inspect_checkpoint, load_torch_model
 from .tokenizer_check import check_tokenizer, package_tokenizer
 
@@ -150,14 +150,27 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
             builds[v] = variants.build_fp16(fp32, path)
     removed = package_tokenizer(info.path, out, info.max_positions)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    if "kv8" in cfg.variants:   # needs the tokenizer: its scales are calibrated on text
-        calibration = tok.encode(kv8_texts()[0]).ids[:info.max_positions]
-        decoder_graph.export_inplace_kv8(model, info.model_type, info.max_positions, out / variants.FILES["kv8"],
-                                         [calibration])
+    # The int8 cache's scales are calibrated on text (kv8 and the weight-quantized variants over it).
+    calibration = tok.encode(kv8_texts()[0]).ids[:info.max_positions] if inplace else []
+    kv_scales = None
+    if "kv8" in cfg.variants:
+        kv_scales = decoder_graph.export_inplace_kv8(model, info.model_type, info.max_positions,
+                                                     out / variants.FILES["kv8"], [calibration])
         builds["kv8"] = variants.VariantBuild("kv8", variants.FILES["kv8"],
                                               notes=[f"int8 cache scales calibrated on {len(calibration)} tokens"])
     mixed_graphs = {"fp32": decoder_graph.MIXED_FILE, **({"kv8": decoder_graph.KV8_MIXED_FILE} if "kv8" in builds else {}),
                     **({"fp16": decoder_graph.FP16_MIXED_FILE} if "fp16" in builds else {})}
+    wanted = [v for v in cfg.variants if v in weights.WEIGHT_VARIANTS]
+    if wanted:
+        w = decoder_graph.inplace_weights(model, info.model_type, info.max_positions)
+        if kv_scales is None and any(weights.WEIGHT_VARIANTS[v][1] for v in wanted):
+            kv_scales = decoder_graph.calibrate_kv_scales(model, [calibration])
+        for v in wanted:
+            try:
+                builds[v] = weights.build_variant(v, w, out, cfg.weight_quant, kv_scales, len(calibration))
+            except (ValueError, RuntimeError, onnx.checker.ValidationError) as exc:
+                raise ExportError(f"--variants: {v}: the quantizer failed ({str(exc).splitlines()[0]})") from None
+            mixed_graphs[v] = weights.variant_files(v)[1]
     target = os.environ.get(PERTURB_ENV)
     if target:
         _perturb(out / variants.FILES[target])
@@ -181,6 +194,8 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
                    "config_sha256": info.config_sha256, "checkpoint_sha256": info.weights_sha256},
         "created_at": package.utc_now(),
     }
+    if wanted:   # how each weight-quantized variant was made (docs/model-package.md)
+        manifest["quantization"] = {v: weights.describe(v, cfg.weight_quant) for v in wanted}
     template = chat_template(info) if cfg.task == "generate" else None
     if template:
         manifest["chat_template"] = template  # /v1/chat/completions renders it (docs/protocol.md)
@@ -228,16 +243,42 @@ def validate_config(cfg: ExportConfig) -> None:
     if unknown:
         raise ExportError(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
     inplace = cfg.task == "generate" and cfg.cache_layout == "inplace"
-    if inplace and set(cfg.variants) - {"fp32", "kv8", "fp16"}:
+    inplace_variants = ("fp32", "kv8", "fp16", *WEIGHT_VARIANTS)
+    if inplace and set(cfg.variants) - set(inplace_variants):
         raise ExportError("--variants: the in-place decoder graph is written already fused (GroupQueryAttention, "
-                          "SkipLayerNormalization, FastGelu); it ships fp32, kv8 and fp16 (for CUDA) only "
+                          f"SkipLayerNormalization, FastGelu); it ships {', '.join(inplace_variants)} only "
                           "(or use --cache-layout concat)")
     if "kv8" in cfg.variants and not inplace:
         raise ExportError("--variants: kv8 (an int8 KV cache) is a variant of the in-place decoder graph only "
                           "(--task generate --cache-layout inplace)")
+    quantized = [v for v in cfg.variants if v in WEIGHT_VARIANTS]
+    if quantized and not inplace:
+        raise ExportError(f"--variants: {quantized[0]} (weight-quantized MatMulNBits) is a variant of the in-place "
+                          "decoder graph only (--task generate --cache-layout inplace)")
     if "fp32" not in cfg.variants:
         raise ExportError("--variants: fp32 is required (every other variant is derived from and checked against it)")
     package.validate_name(cfg.name)
+
+
+def drop_refused(staging: Path, manifest: dict, report: dict, results) -> None:
+    """A refused weight-quantized variant leaves the package (its graphs, its manifest entries); parity.json
+    keeps its figures under status "refused", and the log shows them."""
+    gone = refused(results)
+    if not gone:
+        return
+    log.warning("%s: refused %s; publishing without them\n%s", manifest["name"], ", ".join(gone),
+                failure_table({v: results[v] for v in gone}))
+    mixed = (manifest.get("cache") or {}).get("mixed_graphs", {})
+    for v in gone:
+        manifest.get("quantization", {}).pop(v, None)
+        for name in (manifest["variants"].pop(v), mixed.pop(v, None)):
+            if name:
+                (staging / name).unlink(missing_ok=True)
+        report["variants"][v]["status"] = "refused: " + "; ".join(
+            f"{c['name']} {c['value']:.4f} (limit {c['threshold']:g})" if "value" in c else c["name"]
+            for c in report["variants"][v]["checks"] if not c["passed"])
+    if not manifest.get("quantization", True):
+        del manifest["quantization"]
 
 
 def export_checkpoint(cfg: ExportConfig) -> ExportResult:
@@ -270,6 +311,8 @@ def export_checkpoint(cfg: ExportConfig) -> ExportResult:
         if not passed:
             raise ParityFailure(f"parity gate failed for {cfg.name}; nothing published\n"
                                 + failure_table(results, report["tokenizer"]), report)
+        drop_refused(staging, manifest, report, results)
+        speed.record(staging, manifest, report)
         manifest["default_variant"] = package.default_variants(manifest["variants"], report["variants"])
 
         version = package.publish_package(staging, name_dir, version, cfg.version is None, manifest, report)

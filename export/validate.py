@@ -12,7 +12,7 @@ from . import package
 from .config import ExportConfig
 from .errors import ExportError
 from .heldout import BUILTIN_TEXTS, default_genre_split, read_eval_data
-from .parity import GateInputs, failure_table, run_gate
+from .parity import GateInputs, failure_table, refused, run_gate
 from .source import inspect_checkpoint, load_torch_model
 from .tokenizer_check import check_tokenizer
 
@@ -76,5 +76,7 @@ def validate_package(pkg: Path, threads: int = 1, eval_data: Path | None = None)
     table = failure_table(results, tok_report.as_json())
     if problems:
         table += "\n" + "\n".join(f"package    {p}" for p in problems)
-    return passed and tok_report.passed and not problems, table
+    # A published weight-quantized variant that now breaches its limits fails validation (the export would have
+    # refused it).
+    return passed and not refused(results) and tok_report.passed and not problems, table
 

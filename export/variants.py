@@ -1,5 +1,6 @@
 """Derived variants of the fp32 graph: optimized (transformer fusions), int8 (dynamic), fp16 (GPU).
-The in-place decoder's kv8 (int8 KV cache) is written from the weights by decoder_graph.py."""
+The in-place decoder's kv8 (int8 KV cache) is written from the weights by decoder_graph.py, its weight-quantized
+w8 / w4 / w8kv8 / w4kv8 by weights.py."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +14,9 @@ from .errors import ExportError
 log = logging.getLogger(__name__)
 
 FILES = {"fp32": "model.onnx", "optimized": "model.optimized.onnx", "int8": "model.int8.onnx",
-         "fp16": "model.fp16.onnx", "kv8": "model.kv8.onnx"}
+         "fp16": "model.fp16.onnx", "kv8": "model.kv8.onnx",
+         # weight-quantized in-place decoders (export/weights.py); each has a mixed twin model.<v>.mixed.onnx
+         "w8": "model.w8.onnx", "w4": "model.w4.onnx", "w8kv8": "model.w8kv8.onnx", "w4kv8": "model.w4kv8.onnx"}
 
 
 @dataclass

@@ -294,18 +294,20 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("name", "version", "task", "state", "reason")
+    __slots__ = ("name", "version", "task", "state", "reason", "variant")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     task: str
     state: str
     reason: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., task: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    variant: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., task: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., variant: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

@@ -44,7 +44,8 @@ def resolve_providers(requested: list[str]) -> tuple[str, ...]:
 
 
 def choose_variant(manifest: Manifest, preference: str, device: str) -> str:
-    """The configured variant if the package has it, else the manifest default for the device, else fp32."""
+    """The configured variant if the package has it, else the manifest default for the device (for "cpu" the
+    exporter writes the fastest variant that passed its gate, e.g. w4), else fp32. fp16 never runs on CPU."""
     variants = manifest.variants
     defaults = manifest.default_variant or {}
     candidates = [] if preference == VARIANT_AUTO else [preference]

@@ -267,8 +267,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (with --tls-key: serve TLS)")
     p.add_argument("--tls-key", type=Path, help="PEM private key")
     p.add_argument("--auth-token", help="require 'authorization: Bearer TOKEN' (or set ORTSERVE_AUTH_TOKEN)")
-    p.add_argument("--variant", help="ONNX variant to load (fp32, optimized, int8, fp16; kv8: a decoder's int8 KV cache) "
-                                     "or auto (default)")
+    p.add_argument("--variant", help="ONNX variant to load (fp32, optimized, int8, fp16; a decoder's kv8 = int8 KV cache, "
+                                     "w8 / w4 = 8- / 4-bit weights, w8kv8 / w4kv8 = both) or auto (default: the "
+                                     "package's default_variant for the device)")
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json lines")
     p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
     return p

@@ -77,6 +77,7 @@ class ModelStatus:
     task: str
     state: ModelState
     reason: str = ""
+    variant: str = ""   # the ONNX variant a loaded version runs ("" when none is loaded)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ class ModelVersion:
         return self._model
 
     def status(self) -> ModelStatus:
-        return ModelStatus(name=self.name, version=self.version, task=self.task, state=self.state, reason=self.reason)
+        return ModelStatus(name=self.name, version=self.version, task=self.task, state=self.state, reason=self.reason,
+                           variant=self._model.variant if self._model is not None else "")
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,6 +1,7 @@
-"""Reference: greedy generation of ONE sequence on a concat-layout decoder graph, no batching, no padding.
+"""Reference: greedy generation of ONE sequence on a decoder graph, no batching, no padding (a concat-layout
+graph: greedy_generate; an in-place one, any variant: greedy_inplace).
 
-The engine's continuous batching must give the same ids as this loop (tests compare them). Kept
+The engine's continuous batching must give the same ids as these loops (tests compare them). Kept
 deliberately plain and independent of the engine's cache and runner code.
 """
 from __future__ import annotations
@@ -78,3 +79,36 @@ def _past_dtype(session: ort.InferenceSession) -> type:
     """The graph's cache element type (float32; float16 for an fp16 graph)."""
     past = next(i for i in session.get_inputs() if i.name.startswith("past_key_values."))
     return CACHE_ELEMENT_TYPES[past.type]
+
+
+def greedy_inplace(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int],
+                   max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+    """greedy_generate for an in-place-cache graph (model.json cache.layout "inplace", any variant: its cache
+    element type is read from the graph): one buffer per layer and kind of max_length positions, bound as both
+    past and present; the prompt in one run, then one token per run."""
+    cache = CacheSpec.from_dict(manifest["cache"])
+    eos = (manifest.get("special_tokens") or {}).get("eos")
+    if not prompt_ids:
+        raise ValueError("prompt_ids: must not be empty")
+    types = {i.name: i.type for i in session.get_inputs()}
+    pasts, presents = past_names(cache.num_layers), present_names(cache.num_layers)
+    shape = (1, cache.kv_heads, manifest["max_length"], cache.head_dim)
+    buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, CACHE_ELEMENT_TYPES[types[p]])) for p in pasts]
+    ids, total, out = list(prompt_ids), len(prompt_ids), []
+    while len(out) < max_new_tokens:
+        io = session.io_binding()
+        for past, present, buf in zip(pasts, presents, buffers):
+            io.bind_ortvalue_input(past, buf)
+            io.bind_ortvalue_output(present, buf)
+        io.bind_cpu_input("input_ids", np.asarray([ids], dtype=np.int64))
+        io.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
+        if "position_ids" in types:
+            io.bind_cpu_input("position_ids", np.arange(total - len(ids), total, dtype=np.int64)[None, :])
+        io.bind_output("logits")
+        session.run_with_iobinding(io)
+        token = int(np.argmax(io.get_outputs()[-1].numpy()[0, -1]))
+        out.append(token)
+        if stop_at_eos and token == eos:
+            break
+        ids, total = [token], total + 1
+    return out

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -311,3 +312,234 @@ def test_peer_throughput_evidence_states_the_cpu_budget() -> None:
     assert "at most 1.56× MLServer's 160 rows/s" in check.evidence
     assert "1.5× is 8.33 ms of CPU per request on 2 cores, of which the graph takes at least 8.00" in check.evidence
     assert "leaving 0.13 ms" in check.evidence and "event loop alone took 0.60 ms" in check.evidence
+
+
+# ----------------------------------------------------------------------------- peers: vLLM, llama.cpp, the sides
+
+# vLLM 0.32's binding report (vllm/utils/ompmultiprocessing.py logs "OpenMP thread binding info:" then one line per
+# rank), as its log showed it with VLLM_CPU_OMP_THREADS_BIND=0-1 on this machine.
+VLLM_BIND_LINE = "\tlocal_rank=0, core ids=[0, 1]"
+# `llama-bench -m ...-q4_0.gguf -t 2 -p 0 -n 32 -r 1 -o json` as the build of bench/setup_llamacpp.sh printed it
+# (2026-11-26, a loaded machine: the rate means nothing).
+LLAMA_BENCH_OUTPUT = """[
+  {
+    "build_commit": "unknown",
+    "build_number": 0,
+    "cpu_info": "Intel(R) Xeon(R) Processor",
+    "gpu_info": "",
+    "backends": "CPU",
+    "model_filename": "bench/results/generation-work/gguf/llama-124m-gqa-random-q4_0.gguf",
+    "model_type": "llama ?B Q4_0",
+    "model_size": 47584128,
+    "model_n_params": 81660672,
+    "n_batch": 2048,
+    "n_ubatch": 512,
+    "n_threads": 2,
+    "cpu_mask": "0x0",
+    "cpu_strict": false,
+    "poll": 50,
+    "type_k": "f16",
+    "type_v": "f16",
+    "n_gpu_layers": -1,
+    "n_cpu_moe": 0,
+    "split_mode": "layer",
+    "main_gpu": 0,
+    "no_kv_offload": false,
+    "flash_attn": -1,
+    "devices": "auto",
+    "tensor_split": "0.00",
+    "tensor_buft_overrides": "none",
+    "load_mode": "auto",
+    "lazy_mode": "auto",
+    "embeddings": false,
+    "no_op_offload": 0,
+    "no_host": false,
+    "repack": true,
+    "fit_target": 0,
+    "fit_min_ctx": 0,
+    "n_prompt": 0,
+    "n_gen": 32,
+    "n_depth": 0,
+    "test_time": "2026-11-26T09:32:01Z",
+    "avg_ns": 1438163071,
+    "stddev_ns": 0,
+    "avg_ts": 22.250606,
+    "stddev_ts": 0.000000,
+    "samples_ns": [ 1438163071 ],
+    "samples_ts": [ 22.2506 ]
+  }
+]
+"""
+LLAMA_BENCH_TG_RATE = 22.250606
+
+
+def test_vllm_cpu_list_names_every_core_it_is_given() -> None:
+    from bench.vllm_env import PeerSetupError, cpu_list
+
+    assert cpu_list([1, 0]) == "0-1"
+    assert cpu_list(range(8)) == "0-7"
+    assert cpu_list([0, 2, 3]) == "0,2,3"
+    assert cpu_list([3]) == "3"
+    with pytest.raises(PeerSetupError, match="empty CPU affinity"):
+        cpu_list([])
+
+
+def test_vllm_launch_binds_all_cores_and_preloads_tcmalloc_then_iomp(tmp_path: Path) -> None:
+    from bench.vllm_env import PeerSetupError, vllm_launch
+
+    venv = tmp_path / "venv"
+    with pytest.raises(PeerSetupError, match="libiomp5.so missing"):
+        vllm_launch(venv, cores=[0, 1], tcmalloc=tmp_path / "libtcmalloc_minimal.so.4")
+    (venv / "lib").mkdir(parents=True)
+    (venv / "lib" / "libiomp5.so").write_bytes(b"")
+    launch = vllm_launch(venv, cores=[0, 1], tcmalloc=Path("/x/libtcmalloc_minimal.so.4"))
+    assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert launch.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert launch.env["OMP_NUM_THREADS"] == "2"
+    # tcmalloc first: the allocator must be in place before libiomp5 (and anything else) allocates.
+    assert launch.env["LD_PRELOAD"] == f"/x/libtcmalloc_minimal.so.4:{venv}/lib/libiomp5.so"
+    assert launch.describe()["threads"] == 2 and launch.describe()["binding"] == "cores 0-1"
+    # Default cores: this process's whole affinity.
+    import os
+
+    default = vllm_launch(venv, tcmalloc=Path("/x/libtcmalloc_minimal.so.4"))
+    assert default.env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+
+
+def test_vllm_launch_environment_reaches_the_child_without_the_bench_wait_policy(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer is spawned with the benchmark's environment merged in (testing/launch.ChildProcess): the variables it
+    is given arrive, and OMP_WAIT_POLICY=PASSIVE (set by `python -m bench` for its own threads) does not."""
+    from testing.launch import ChildProcess as Process
+    from bench.vllm_env import vllm_launch
+
+    tcmalloc = tmp_path / "libtcmalloc_minimal.so.4"
+    (tmp_path / "lib").mkdir()
+    # Empty files: ld.so reports it cannot preload them and runs the program anyway (only the variables matter here).
+    tcmalloc.write_bytes(b"")
+    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
+    launch = vllm_launch(tmp_path, cores=[0], tcmalloc=tcmalloc)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    proc = Process([*launch.command_prefix(), sys.executable, "-c",
+                    "import json, os; print(json.dumps(dict(os.environ)))"], env=launch.env)
+    assert proc.proc.wait(timeout=60) == 0
+    time.sleep(0.2)
+    child = json.loads([ln for ln in proc.lines if ln.startswith("{")][-1])
+    assert "OMP_WAIT_POLICY" not in child
+    for key in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS", "LD_PRELOAD"):
+        assert child[key] == launch.env[key]
+
+
+def test_find_tcmalloc_searches_the_given_dirs_and_names_a_bad_override(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.vllm_env import PeerSetupError, find_tcmalloc
+
+    monkeypatch.delenv("VLLM_TCMALLOC", raising=False)
+    (tmp_path / "libtcmalloc_minimal.so.4").write_bytes(b"")
+    assert find_tcmalloc(dirs=(str(tmp_path / "none"), str(tmp_path))) == tmp_path / "libtcmalloc_minimal.so.4"
+    monkeypatch.setenv("VLLM_TCMALLOC", str(tmp_path / "missing.so"))
+    with pytest.raises(PeerSetupError, match="VLLM_TCMALLOC"):
+        find_tcmalloc(dirs=(str(tmp_path),))
+
+
+def test_bound_cores_reads_vllms_binding_log_line() -> None:
+    from bench.vllm_env import bound_cores
+
+    assert bound_cores(["INFO starting", VLLM_BIND_LINE]) == [0, 1]
+    assert bound_cores(["INFO nothing about cores"]) is None
+
+
+def _streams_report(sides: dict | None) -> dict:
+    cell = {"ortserve": {"tokens_per_s": 70.0, "ttft_p50_ms": 50.0}, "vllm": {"tokens_per_s": 50.0, "ttft_p50_ms": 80.0},
+            "ratio_tokens_per_s": 1.4}
+    run = {"command": "python -m bench.generation --pieces streams", "started": "t", "pieces": ["streams"]}
+    if sides is not None:
+        run["sides"] = sides
+    return {"config": {"model": "gpt2"}, "machine": {"nproc": 2}, "streams": {"1": cell},
+            "runs": [{"command": "python -m bench.generation --pieces step --no-vllm", "started": "t0",
+                      "pieces": ["step"]}, run]}
+
+
+def test_generation_report_prints_each_sides_threads_and_binding() -> None:
+    from bench.generation import render_section
+
+    sides = {"ortserve": {"threads": 2, "binding": "not pinned (onnxruntime's default)", "intra_op_spinning": "on",
+                          "max_sequences": 32},
+             "vllm": {"threads": 2, "binding": "cores 0-1", "logged_core_ids": [0, 1],
+                      "env": {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                              "OMP_NUM_THREADS": "2", "LD_PRELOAD": "/t.so:/i.so"}, "unset": ["OMP_WAIT_POLICY"]}}
+    text = "\n".join(render_section(_streams_report(sides)))
+    assert "  - ortserve: 2 threads; not pinned (onnxruntime's default); intra op spinning on; max sequences 32" in text
+    assert ("  - vLLM: 2 threads; cores 0-1 (its log: core ids=[0, 1]); VLLM_CPU_OMP_THREADS_BIND=0-1, "
+            "VLLM_CPU_NUM_OF_RESERVED_CPU=0, OMP_NUM_THREADS=2, LD_PRELOAD=/t.so:/i.so; unset OMP_WAIT_POLICY") in text
+    assert "| ortserve tok/s | vLLM tok/s |" in text and "ONE core" not in text
+
+
+def test_generation_report_marks_vllm_figures_without_a_recorded_configuration_as_one_core() -> None:
+    from bench.generation import render_section
+
+    lines = render_section(_streams_report(None))
+    text = "\n".join(lines)
+    assert "| ortserve tok/s | vLLM (1 core) tok/s | ortserve / vLLM (1 core) |" in text
+    # Under the run that measured vLLM, not under the --no-vllm run before it.
+    at = lines.index("- Command: `python -m bench.generation --pieces streams` at t (pieces: streams)")
+    assert lines[at + 1].startswith("  - vLLM: ONE core") and "core ids=[0]" in lines[at + 1]
+    assert text.count("ONE core") == 1
+
+
+def test_gguf_tokenizer_check_catches_a_pre_tokenizer_that_differs(tmp_path: Path) -> None:
+    """The check run on the converted GGUF: the same tokenizer agrees on every check string; one whose pre-tokenizer
+    adds a prefix space (the mapping mistake the converter's explicit pre-tokenizer name could make) is caught."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    from bench.llamacpp import CHECK_TEXTS, tokenization_mismatches
+    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+
+    corpus = [" ".join(CHECK_TEXTS)] * 4 + ["the quick brown fox jumps over the lazy dog " * 20]
+    tok = train_tokenizer(corpus, TokenizerConfig(kind="bpe", vocab_size=300, min_frequency=1))
+    path = save_tokenizer(tok, tmp_path / "tok", "bpe", 64) / "tokenizer.json"
+    ours, same = Tokenizer.from_file(str(path)), Tokenizer.from_file(str(path))
+    assert tokenization_mismatches(lambda t: ours.encode(t).ids, lambda t: same.encode(t).ids, CHECK_TEXTS) == []
+    other = Tokenizer.from_file(str(path))
+    other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    bad = tokenization_mismatches(lambda t: ours.encode(t).ids, lambda t: other.encode(t).ids, CHECK_TEXTS)
+    assert {b["text"] for b in bad} == {t for t in CHECK_TEXTS if not t.startswith(" ")}   # a space is added
+    assert all(b["ours"] != b["theirs"] for b in bad)
+
+
+def test_llama_bench_json_gives_the_generation_rate() -> None:
+    from bench.llamacpp import LlamaCppError, parse_llama_bench
+
+    assert parse_llama_bench(LLAMA_BENCH_OUTPUT) == pytest.approx(LLAMA_BENCH_TG_RATE)
+    with pytest.raises(LlamaCppError, match="no text-generation result"):
+        parse_llama_bench('[{"n_prompt": 512, "n_gen": 0, "avg_ts": 900.0}]')
+
+
+def test_llamacpp_cli_bad_input_and_missing_tools_are_one_line(tmp_path: Path) -> None:
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "bench.llamacpp", "--variants", "w5"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: --variants: unknown 'w5' (choose from fp32, w8, w4)"]
+    env = {**os.environ, "LLAMACPP_VENV": str(tmp_path / "none"), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "bench.llamacpp", "--pieces", "raw"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "run bash bench/setup_llamacpp.sh" in lines[0]
+
+
+def test_a_weight_variant_run_gets_its_own_generation_block(tmp_path: Path) -> None:
+    """`--variant w4` results sit beside the fp32 block of the same model instead of replacing it."""
+    from bench.generation import write_docs
+
+    docs = tmp_path / "BENCHMARKS.md"
+    fp32 = {**_streams_report(None), "config": {"model": "llama", "variant": "None"}}
+    w4 = {**_streams_report(None), "config": {"model": "llama", "variant": "w4"}}
+    write_docs(fp32, docs)
+    write_docs(w4, docs)
+    write_docs(w4, docs)       # again: replaced, not appended
+    text = docs.read_text()
+    assert text.count("<!-- generation:llama:begin -->") == 1 and text.count("<!-- generation:llama:w4:begin -->") == 1
+    assert "## Generation vs peers: llama, ortserve serving its w4 variant (bench/generation.py --model llama " \
+           "--variant w4)" in text

@@ -98,8 +98,12 @@ def test_generate_scores_the_prompt_as_offline(address: str, tiny_repository: Pa
 def test_models_and_health(address: str, capsys: pytest.CaptureFixture) -> None:
     code, out, _ = cli(capsys, "--address", address, "models")
     lines = out.splitlines()
-    assert code == 0 and lines[0].split() == ["NAME", "VERSION", "TASK", "STATE", "REASON"]
-    assert sorted(line.split()[0] for line in lines[1:]) == ["tiny-classifier", "tiny-fill-mask", "tiny-gpt"]
+    assert code == 0 and lines[0].split() == ["NAME", "VERSION", "TASK", "STATE", "VARIANT", "REASON"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert sorted(rows) == ["tiny-classifier", "tiny-fill-mask", "tiny-gpt"]
+    # the variant each loaded version runs: the manifests' CPU defaults (int8 for the classifier, fp32 the others)
+    assert {n: r[4] for n, r in rows.items()} == {"tiny-classifier": "int8", "tiny-fill-mask": "fp32",
+                                                  "tiny-gpt": "fp32"}
     assert cli(capsys, "--address", address, "health")[:2] == (0, "SERVING\n")
     code, out, _ = cli(capsys, "--address", address, "--json", "health", "tiny-gpt")
     assert code == 0 and json.loads(out) == {"model": "tiny-gpt", "status": "SERVING"}

@@ -80,6 +80,12 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
     for name in ("genre", "fill-mask", "gpt"):
         parity = json.loads((repo / name / "1" / "parity.json").read_text())
         assert parity["passed"] is True
+    # The decoder went through the gate with its weight-quantized variants; those that passed are in the package.
+    gpt = json.loads((repo / "gpt" / "1" / "model.json").read_text())
+    judged = json.loads((repo / "gpt" / "1" / "parity.json").read_text())["variants"]
+    assert set(judged) == {"fp32", "w8", "w4", "w4kv8"}
+    assert set(gpt["variants"]) == {v for v, r in judged.items() if r["passed"]} and gpt["default_variant"]["cpu"] \
+        in gpt["variants"]
 
     # A re-run with nothing changed does no work.
     again = deploy(workdir, repo, inputs, "--steps", "classify=30")

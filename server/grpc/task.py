@@ -68,7 +68,8 @@ def chunk_to_proto(model: str, part: StreamPart) -> pb.GenerateStreamResponse:
 
 
 def status_to_proto(s: ModelStatus) -> pb.ModelStatus:
-    return pb.ModelStatus(name=s.name, version=s.version, task=s.task, state=s.state.value, reason=s.reason)
+    return pb.ModelStatus(name=s.name, version=s.version, task=s.task, state=s.state.value, reason=s.reason,
+                          variant=s.variant)
 
 
 class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):

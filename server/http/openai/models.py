@@ -9,27 +9,29 @@ from starlette.responses import Response
 from server.errors import Code, ServingError
 from server.http.guard import OPENAI, Door, route
 from server.http.openai.answers import json_answer
-from server.types import ModelState
+from server.types import ModelState, ModelStatus
 
 
-def _serving(door: Door) -> dict[str, str]:
-    """name -> task of every model with a SERVING version."""
-    return {s.name: s.task for s in door.plane.list_models() if s.state is ModelState.SERVING}
+def _serving(door: Door) -> dict[str, ModelStatus]:
+    """name -> the status of its latest SERVING version (the one a request without a version reaches)."""
+    return {s.name: s for s in door.plane.list_models() if s.state is ModelState.SERVING}   # ascending versions
 
 
-def _model_json(name: str, task: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "ortserve", "task": task}
+def _model_json(s: ModelStatus) -> dict[str, Any]:
+    # task, version and variant (fp32, w4, ...) are ortserve's additions to OpenAI's model object
+    return {"id": s.name, "object": "model", "created": 0, "owned_by": "ortserve", "task": s.task,
+            "version": s.version, "variant": s.variant}
 
 
 @route("ListModels", OPENAI)
 async def list_models(door: Door, request: Request) -> Response:
-    return json_answer({"object": "list", "data": [_model_json(n, t) for n, t in sorted(_serving(door).items())]})
+    return json_answer({"object": "list", "data": [_model_json(s) for _, s in sorted(_serving(door).items())]})
 
 
 @route("ModelInfo", OPENAI)
 async def get_model(door: Door, request: Request) -> Response:
     name = request.path_params["model"]
-    task = _serving(door).get(name)
-    if task is None:
+    status = _serving(door).get(name)
+    if status is None:
         raise ServingError(Code.NOT_FOUND, f"model: no SERVING model {name!r}")
-    return json_answer(_model_json(name, task))
+    return json_answer(_model_json(status))

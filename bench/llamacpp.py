@@ -1,0 +1,477 @@
+"""llama.cpp as a peer, on the Llama-shaped 124M checkpoint of bench/generation.py (`--model llama`: 12 layers,
+768 wide, 12 heads / 4 kv heads, SwiGLU 2048, tied head, vocab 8000), at the same bits on both sides.
+
+    python -m bench.llamacpp [--pieces convert,raw,served] [--variants fp32,w8,w4] [--quick] [--docs docs/BENCHMARKS.md]
+
+Pairs (ours -> llama.cpp's): fp32 -> f32, w8 -> Q8_0, w4 -> Q4_0 (w8/w4: the weight-quantized variants of the export
+stage; asked for with --variants, they are exported into the package when it lacks them).
+Pieces:
+  convert  the checkpoint -> GGUF f32 (llama.cpp's own converter in bench/.venv-gguf, the pre-tokenizer named:
+           bench/gguf_convert.py), then llama-quantize to Q8_0 / Q4_0; llama.cpp's tokenization of sample strings
+           (llama-server /tokenize) must equal ours, and its greedy continuation of a prompt is compared with ortserve's.
+  raw      batch-1 decode: `llama-bench -t <cores> -p 0 -n 128` per GGUF against one decode step of our graph of the
+           matching variant in-process (batch 1, past 64: the middle of 128 new tokens); rounds interleaved.
+  served   `llama-server -t <cores> --parallel 32` (OpenAI /v1/completions, streamed) vs ortserve (GenerateStream
+           over gRPC, `--variant` of the pair): 1 / 8 / 32 streams, 32-token prompts, 128 new tokens, greedy,
+           ignore_eos; the sides take turns run by run (bench/generation.py's load generator).
+The tools come from bench/setup_llamacpp.sh (built from the llama-cpp-python 0.3.36 sdist's vendored llama.cpp).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testing.launch import ChildProcess as Process, free_port
+
+from .blocks import write_block
+from .machine import describe
+from .sides import sides_lines
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LLAMACPP_VENV = Path(os.environ.get("LLAMACPP_VENV", HERE / ".venv-llamacpp"))
+GGUF_VENV = Path(os.environ.get("GGUF_VENV", HERE / ".venv-gguf"))
+# Our variant -> llama.cpp's file type at the same bits (both: per-block scales, 32 weights a block).
+QUANTS = {"fp32": "f32", "w8": "q8_0", "w4": "q4_0"}
+PRE_TOKENIZER = "gpt-2"     # ours is GPT-2's byte-level pre-tokenizer (training/tokenizer.py)
+# Strings the tokenization check runs: spaces and newlines, digits, contractions, punctuation runs, non-ASCII.
+CHECK_TEXTS = (
+    "To be, or not to be, that is the question:",
+    "  Whether 'tis nobler\tin the mind to suffer\n\nThe slings and arrows",
+    "I've been told he's there; you'll see, we'd know. 1234567 3.14 x=y+2",
+    "Café naïve — “quoted” ¿qué? 我想 😀 ‼️......!!!???",
+    "\n \n\n   \t leading and trailing spaces   ",
+    "ACT III. SCENE I. A room in the castle. Enter KING, QUEEN, POLONIUS, OPHELIA",
+)
+PIECES = ("convert", "raw", "served")
+
+
+class LlamaCppError(RuntimeError):
+    """A tool is missing, a conversion failed, or llama.cpp disagrees with our tokenizer."""
+
+
+@dataclass
+class Config:
+    levels: tuple[int, ...] = (1, 8, 32)
+    prompt_tokens: int = 32
+    new_tokens: int = 128
+    repeats: int = 2                   # served runs per cell and side
+    raw_rounds: int = 3                # interleaved llama-bench / in-process rounds
+    parallel: int = 32                 # llama-server --parallel (ortserve gets as many sequence slots)
+    threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    variants: tuple[str, ...] = ("fp32",)
+    work: Path = ROOT / "bench" / "results" / "generation-work"
+
+    @classmethod
+    def quick(cls) -> "Config":
+        return cls(levels=(1, 8), new_tokens=32, repeats=1, raw_rounds=1, parallel=8)
+
+
+# ----------------------------------------------------------------------------- tools and files
+
+
+def tool(name: str) -> Path:
+    path = LLAMACPP_VENV / "bin" / name
+    if not (LLAMACPP_VENV / ".complete").is_file() or not path.is_file():
+        raise LlamaCppError(f"llama.cpp peer not installed ({path} missing): run bash bench/setup_llamacpp.sh")
+    return path
+
+
+def _run(cmd: list[str], what: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        last = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+        raise LlamaCppError(f"{what} failed (exit {done.returncode}): {last[-1] if last else 'no output'}")
+    return done
+
+
+def convert(ckpt: Path, dest: Path) -> Path:
+    """The checkpoint as GGUF f32, written through a temporary name (no partial file under `dest`)."""
+    if dest.is_file():
+        return dest
+    if not (GGUF_VENV / ".complete").is_file():
+        raise LlamaCppError(f"GGUF converter environment missing ({GGUF_VENV}): run bash bench/setup_llamacpp.sh")
+    tmp = dest.with_name(dest.name + ".tmp")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    _run([str(GGUF_VENV / "bin" / "python"), str(HERE / "gguf_convert.py"), str(LLAMACPP_VENV / "src" / "llama.cpp"),
+          str(ckpt), str(tmp), PRE_TOKENIZER], f"convert_hf_to_gguf.py on {ckpt}")
+    os.replace(tmp, dest)
+    log.info("converted %s -> %s in %.0f s", ckpt, dest, time.perf_counter() - started)
+    return dest
+
+
+def quantize(f32: Path, quant: str, threads: int) -> Path:
+    """llama-quantize of the f32 file to `quant` (e.g. q4_0) beside it."""
+    dest = f32.with_name(f32.name.replace("-f32.gguf", f"-{quant}.gguf"))
+    if dest.is_file():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    _run([str(tool("llama-quantize")), str(f32), str(tmp), quant.upper(), str(threads)], f"llama-quantize {quant}")
+    os.replace(tmp, dest)
+    return dest
+
+
+def gguf_files(ckpt: Path, cfg: Config) -> dict[str, Path]:
+    """variant -> the GGUF at the same bits."""
+    f32 = convert(ckpt, cfg.work / "gguf" / f"{ckpt.name}-f32.gguf")
+    return {v: f32 if QUANTS[v] == "f32" else quantize(f32, QUANTS[v], cfg.threads) for v in cfg.variants}
+
+
+# ----------------------------------------------------------------------------- llama-server
+
+
+class LlamaServer:
+    """llama-server on one GGUF, every core, `parallel` slots of `ctx_per_slot` tokens, OpenAI API on a free port."""
+
+    def __init__(self, gguf: Path, threads: int, parallel: int, ctx_per_slot: int = 512,
+                 startup_timeout: float = 300) -> None:
+        self.port = free_port()
+        self.args = ["-m", str(gguf), "-t", str(threads), "-tb", str(threads), "--parallel", str(parallel),
+                     "-c", str(parallel * ctx_per_slot), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.threads, self.parallel, self.gguf = threads, parallel, gguf
+        self.proc = Process([str(tool("llama-server")), *self.args])
+        self.proc.wait_for_line(re.compile(r"listening on http|server is listening"), startup_timeout)
+        self._wait_healthy(startup_timeout)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        import requests
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if requests.get(f"http://127.0.0.1:{self.port}/health", timeout=5).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise LlamaCppError("llama-server did not report healthy; last output:\n" + "".join(self.proc.lines[-20:]))
+
+    def tokenize(self, text: str) -> list[int]:
+        import requests
+
+        r = requests.post(f"http://127.0.0.1:{self.port}/tokenize", json={"content": text, "add_special": False},
+                          timeout=30)
+        r.raise_for_status()
+        return [int(t) for t in r.json()["tokens"]]
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        """n greedy token ids after the prompt ids (its native /completion, which can return ids)."""
+        import requests
+
+        r = requests.post(f"http://127.0.0.1:{self.port}/completion",
+                          json={"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "ignore_eos": True,
+                                "return_tokens": True, "cache_prompt": False}, timeout=120)
+        r.raise_for_status()
+        return [int(t) for t in r.json()["tokens"]]
+
+    def describe(self) -> dict[str, Any]:
+        return {"threads": self.threads, "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50)",
+                "parallel": self.parallel, "quant": self.gguf.stem.rsplit("-", 1)[-1],
+                "args": ["llama-server", *[a if a != str(self.gguf) else self.gguf.name for a in self.args]]}
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def tokenization_mismatches(ours: Callable[[str], list[int]], theirs: Callable[[str], list[int]],
+                            texts: Iterable[str]) -> list[dict[str, Any]]:
+    """The texts two tokenizers split differently, each with both id lists."""
+    out = []
+    for text in texts:
+        a, b = ours(text), theirs(text)
+        if a != b:
+            out.append({"text": text, "ours": a, "theirs": b})
+    return out
+
+
+def leading_agreement(a: list[int], b: list[int]) -> int:
+    """How many leading ids two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def ortserve_greedy(address: str, ids: list[int], n: int, model: str = "gpt") -> list[int]:
+    import grpc
+
+    from protos import ortserve_pb2 as pb
+    from protos import ortserve_pb2_grpc as rpc
+
+    with grpc.insecure_channel(address) as channel:
+        res = rpc.TaskServiceStub(channel).Generate(pb.GenerateRequest(
+            model=model, prompt_ids=ids, parameters=pb.GenerationParameters(max_new_tokens=n, ignore_eos=True)),
+            timeout=120)
+    return [t.token_id for t in res.tokens]
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def parse_llama_bench(stdout: str) -> float:
+    """Tokens/s of the text-generation test in `llama-bench -o json` output."""
+    rows = json.loads(stdout[stdout.index("["):])
+    tg = [r for r in rows if int(r.get("n_gen", 0)) > 0 and int(r.get("n_prompt", 0)) == 0]
+    if not tg:
+        raise LlamaCppError("llama-bench: no text-generation result in its output")
+    return float(tg[0]["avg_ts"])
+
+
+def convert_piece(cfg: Config, ckpt: Path, repo: Path, ggufs: dict[str, Path], pool: list[int], tok) -> dict[str, Any]:
+    """The tokenizer check and a greedy comparison on the f32 file (the converter's output before quantizing)."""
+    from .generation import Config as GenConfig
+    from .generation import start_ortserve
+
+    f32 = ggufs.get("fp32") or convert(ckpt, cfg.work / "gguf" / f"{ckpt.name}-f32.gguf")
+    server = LlamaServer(f32, cfg.threads, 1)
+    try:
+        bad = tokenization_mismatches(lambda t: tok.encode(t).ids, server.tokenize, CHECK_TEXTS)
+        prompt = pool[:cfg.prompt_tokens]
+        theirs = server.greedy(prompt, 32)
+    finally:
+        server.stop()
+    if bad:
+        raise LlamaCppError(f"llama.cpp tokenizes {len(bad)} of {len(CHECK_TEXTS)} check strings differently, e.g. "
+                            f"{bad[0]['text']!r}: ours {bad[0]['ours'][:12]} vs {bad[0]['theirs'][:12]}")
+    ours_srv = start_ortserve(repo, dataclasses.replace(GenConfig(), threads=cfg.threads, variant="fp32"))
+    try:
+        ours = ortserve_greedy(ours_srv.address, prompt, 32)
+    finally:
+        ours_srv.stop()
+    agree = leading_agreement(ours, theirs)
+    log.info("tokenizer check: %d strings equal; greedy: %d of 32 leading tokens equal", len(CHECK_TEXTS), agree)
+    return {"files": {v: {"path": str(p), "bytes": p.stat().st_size} for v, p in ggufs.items()},
+            "pre_tokenizer": PRE_TOKENIZER, "tokenizer_check": {"texts": list(CHECK_TEXTS), "mismatches": 0},
+            "greedy_32": {"ortserve_fp32": ours, "llamacpp_f32": theirs, "leading_equal": agree}}
+
+
+def raw_piece(cfg: Config, repo: Path, ggufs: dict[str, Path]) -> dict[str, Any]:
+    """llama-bench tg128 vs our batch-1 decode step, rounds interleaved, both on every core."""
+    import onnxruntime as ort
+
+    from .generation import Stepper
+
+    pkg = repo / "gpt" / "1"
+    manifest = json.loads((pkg / "model.json").read_text())
+    ort.set_global_thread_pool_sizes(cfg.threads, 1)     # one spinning pool, as the server's "--intra-op-spinning on"
+    steppers = {v: Stepper(pkg / manifest["variants"][v], manifest, batch=1) for v in ggufs}
+    runs: dict[str, dict[str, list[float]]] = {v: {"llamacpp": [], "ortserve": []} for v in ggufs}
+    for _ in range(cfg.raw_rounds):
+        for v, gguf in ggufs.items():
+            done = _run([str(tool("llama-bench")), "-m", str(gguf), "-t", str(cfg.threads), "-p", "0",
+                         "-n", str(cfg.new_tokens), "-r", "1", "-o", "json"], f"llama-bench {gguf.name}")
+            runs[v]["llamacpp"].append(parse_llama_bench(done.stdout))
+            time.sleep(0.5)
+            runs[v]["ortserve"].append(1000.0 / steppers[v].step_ms(cfg.new_tokens // 2, n=cfg.new_tokens // 2))
+            log.info("raw %s: llama.cpp %.1f tok/s, ortserve graph %.1f tok/s", v, runs[v]["llamacpp"][-1],
+                     runs[v]["ortserve"][-1])
+    out: dict[str, Any] = {"threads": cfg.threads, "new_tokens": cfg.new_tokens, "rounds": cfg.raw_rounds}
+    for v, r in runs.items():
+        a, b = statistics.median(r["ortserve"]), statistics.median(r["llamacpp"])
+        out[v] = {"quant": QUANTS[v], "runs": r, "ortserve_tokens_per_s": a, "llamacpp_tokens_per_s": b,
+                  "ratio": a / b}
+    return out
+
+
+def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int], tok,
+                 sides: dict[str, Any]) -> dict[str, Any]:
+    """Per variant: ortserve serving it and llama-server on the matching GGUF, both up, taking turns run by run."""
+    from .generation import Config as GenConfig
+    from .generation import OpenAIStreams, OrtserveStreams, prompts, run_streams, start_ortserve
+
+    out: dict[str, Any] = {}
+    for v, gguf in ggufs.items():
+        gcfg = dataclasses.replace(GenConfig(), threads=cfg.threads, variant=v)
+        ours_srv = start_ortserve(repo, gcfg, slots=cfg.parallel)
+        try:
+            peer = LlamaServer(gguf, cfg.threads, cfg.parallel)
+        except BaseException:
+            ours_srv.stop()
+            raise
+        sides[f"llamacpp_{v}"] = peer.describe()
+        sides[f"ortserve_{v}"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
+                                  "intra_op_spinning": gcfg.spinning, "max_sequences": cfg.parallel, "variant": v}
+        clients = {"ortserve": OrtserveStreams(ours_srv.address, "gpt"), "llamacpp": OpenAIStreams(peer.port, "gpt")}
+        try:
+            cells: dict[str, Any] = {}
+            for n in cfg.levels:
+                rows: dict[str, list[dict[str, float]]] = {k: [] for k in clients}
+                for rep in range(cfg.repeats):
+                    for name, client in clients.items():
+                        time.sleep(1.0)     # the other side's threads go idle
+                        batch = prompts(pool, n, cfg.prompt_tokens, salt=4000 + 1000 * n + 10 * rep + len(rows[name]))
+                        wall, recs = run_streams(client, batch, cfg.new_tokens, tok)
+                        tokens = sum(r.tokens for r in recs)
+                        rows[name].append({"tokens_per_s": tokens / wall, "tokens": tokens,
+                                           "ttft_p50_ms": 1000 * statistics.median(r.ttft for r in recs)})
+                        log.info("served %s %d streams %s: %.1f tok/s", v, n, name, rows[name][-1]["tokens_per_s"])
+                cell = {k: {"runs": r, "tokens_per_s": statistics.median(x["tokens_per_s"] for x in r),
+                            "ttft_p50_ms": statistics.median(x["ttft_p50_ms"] for x in r)} for k, r in rows.items()}
+                cell["ratio_tokens_per_s"] = cell["ortserve"]["tokens_per_s"] / cell["llamacpp"]["tokens_per_s"]
+                cells[str(n)] = cell
+            out[v] = {"quant": QUANTS[v], "streams": cells}
+        finally:
+            clients["ortserve"].close()
+            clients["llamacpp"].close()
+            peer.stop()
+            ours_srv.stop()
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def render(r: dict[str, Any]) -> list[str]:
+    """The llama.cpp block of docs/BENCHMARKS.md."""
+    m = r.get("machine", {})
+    lines = ["## llama.cpp vs ortserve at the same bits (bench/llamacpp.py)", "",
+             f"- Command: `{r['command']}` at {r['started']}",
+             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
+             f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
+             "- Checkpoint: the Llama ~124M shape of bench/generation.py (12 layers, 768 wide, 12 heads / 4 kv heads, "
+             "SwiGLU 2048, tied head, vocab 8000, random init); llama.cpp (llama-cpp-python 0.3.36's vendored tree, "
+             "built here) runs it converted by its own convert_hf_to_gguf.py (pre-tokenizer `gpt-2`), quantized by "
+             "llama-quantize; ortserve runs its `python -m export` package, variant as paired. Pairs: "
+             + ", ".join(f"{v} ↔ {QUANTS[v].upper()}" for v in r.get("variants", [])) + ".",
+             "- Each side's threads and binding:", *sides_lines(r.get("sides"), vllm_ran=False), ""]
+    cv = r.get("convert")
+    if cv:
+        g = cv["greedy_32"]
+        lines += [f"Conversion check: llama.cpp's tokenization (llama-server /tokenize) equals ours on all "
+                  f"{len(cv['tokenizer_check']['texts'])} check strings; greedy continuation of a "
+                  f"{r.get('prompt_tokens', 32)}-token prompt, f32 GGUF vs ortserve fp32: the first "
+                  f"{g['leading_equal']} of 32 tokens equal. Files: "
+                  + ", ".join(f"{v} {f['bytes'] / 1e6:.0f} MB" for v, f in cv["files"].items()) + ".", ""]
+    raw = r.get("raw")
+    if raw:
+        lines += [f"### Batch-1 decode, no serving ({raw['threads']} threads; {raw['rounds']} interleaved rounds, medians)",
+                  "", f"llama.cpp: `llama-bench -t {raw['threads']} -p 0 -n {raw['new_tokens']} -r 1`; ortserve: one "
+                  f"decode step of the variant's graph in-process at past {raw['new_tokens'] // 2} (IOBinding, one "
+                  "spinning pool), as tokens/s.", "",
+                  "| ours ↔ llama.cpp | ortserve graph tok/s | llama.cpp tok/s | ortserve / llama.cpp |",
+                  "|---|---|---|---|"]
+        lines += [f"| {v} ↔ {x['quant'].upper()} | {x['ortserve_tokens_per_s']:.1f} | {x['llamacpp_tokens_per_s']:.1f} | "
+                  f"{x['ratio']:.2f} |" for v, x in raw.items() if isinstance(x, dict) and "quant" in x]
+        lines.append("")
+    sv = r.get("served")
+    if sv:
+        lines += [f"### Served: aggregate tokens/s and time to first token ({r.get('prompt_tokens')}-token prompts, "
+                  f"{r.get('new_tokens')} new tokens, greedy, ignore_eos; ortserve GenerateStream over gRPC, llama-server "
+                  "/v1/completions streamed)", "",
+                  "Each cell: median of the runs; the sides take turns run by run, a second apart.", "",
+                  "| ours ↔ llama.cpp | streams | ortserve tok/s | llama.cpp tok/s | ortserve / llama.cpp | "
+                  "ortserve TTFT p50 ms | llama.cpp TTFT p50 ms |", "|---|---|---|---|---|---|---|"]
+        for v, x in sv.items():
+            for n, c in x["streams"].items():
+                lines.append(f"| {v} ↔ {x['quant'].upper()} | {n} | {c['ortserve']['tokens_per_s']:.1f} | "
+                             f"{c['llamacpp']['tokens_per_s']:.1f} | {c['ratio_tokens_per_s']:.2f} | "
+                             f"{c['ortserve']['ttft_p50_ms']:.0f} | {c['llamacpp']['ttft_p50_ms']:.0f} |")
+        lines.append("")
+    return lines
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.llamacpp", description=__doc__.split("\n")[0])
+    ap.add_argument("--pieces", default=",".join(PIECES), help=f"comma list of {','.join(PIECES)}")
+    ap.add_argument("--variants", default="fp32",
+                    help=f"comma list of our variants to pair ({', '.join(f'{k}->{v}' for k, v in QUANTS.items())})")
+    ap.add_argument("--quick", action="store_true", help="short runs (development; noisy)")
+    ap.add_argument("--repeats", type=int, default=None, help="served runs per cell and side")
+    ap.add_argument("--levels", default=None, help="comma list of concurrent streams (default 1,8,32)")
+    ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "llamacpp.json")
+    ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
+    ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if a.render_only:
+        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "llamacpp", render(json.loads(a.out.read_text())))
+        return 0
+    pieces = tuple(p.strip() for p in a.pieces.split(",") if p.strip())
+    variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
+    for name, given, allowed in (("--pieces", pieces, PIECES), ("--variants", variants, tuple(QUANTS))):
+        bad = [x for x in given if x not in allowed]
+        if bad or not given:
+            print(f"error: {name}: {'unknown ' + repr(bad[0]) if bad else 'empty'} (choose from {', '.join(allowed)})",
+                  file=sys.stderr)
+            return 2
+    cfg = dataclasses.replace(Config.quick() if a.quick else Config(), variants=variants)
+    if a.repeats:
+        cfg = dataclasses.replace(cfg, repeats=a.repeats)
+    if a.levels:
+        cfg = dataclasses.replace(cfg, levels=tuple(int(x) for x in a.levels.split(",")))
+    if a.new_tokens:
+        cfg = dataclasses.replace(cfg, new_tokens=a.new_tokens)
+    from tokenizers import Tokenizer
+
+    from .generation import Config as GenConfig
+    from .generation import material
+
+    try:
+        tool("llama-server")
+        gen = dataclasses.replace(GenConfig(), model="llama", threads=cfg.threads, work=cfg.work,
+                                  extra_variants=tuple(v for v in variants if v != "fp32"))
+        ckpt, repo, pool = material(gen)
+        tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
+        manifest = json.loads((repo / "gpt" / "1" / "model.json").read_text())
+        missing = [v for v in variants if v not in manifest["variants"]]
+        if missing:
+            raise LlamaCppError(f"--variants: the package has no {', '.join(missing)} (the gate refused it, or the "
+                                "export stage does not build it); it has " + ", ".join(manifest["variants"]))
+        ggufs = gguf_files(ckpt, cfg)
+        report: dict[str, Any] = {
+            "command": " ".join(["python -m bench.llamacpp", *(argv if argv is not None else sys.argv[1:])]),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": describe(ROOT),
+            "variants": list(variants), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
+            "sides": {}}
+        def save() -> None:     # after every piece: a later failure keeps what was measured
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = a.out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(report, indent=2))
+            os.replace(tmp, a.out)
+        if "convert" in pieces:
+            report["convert"] = convert_piece(cfg, ckpt, repo, ggufs, pool, tok)
+            save()
+        if "raw" in pieces:
+            report["raw"] = raw_piece(cfg, repo, ggufs)
+            report["sides"]["llamacpp_bench"] = {"threads": cfg.threads,
+                                                 "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50)",
+                                                 "args": ["llama-bench", "-t", str(cfg.threads), "-p", "0", "-n",
+                                                          str(cfg.new_tokens), "-r", "1"]}
+            report["sides"]["ortserve_graph"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
+                                                 "intra_op_spinning": "on (one global pool)"}
+            save()
+        if "served" in pieces:
+            report["served"] = served_piece(cfg, repo, ggufs, pool, tok, report["sides"])
+            save()
+    except LlamaCppError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if a.docs is not None:
+        write_block(a.docs, "llamacpp", render(report))
+    print("\n".join(render(report)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
