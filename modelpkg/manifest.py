@@ -25,6 +25,11 @@ _KEYS = ("format", "name", "version", "task", "architecture", "labels", "max_len
 _CACHE_KEYS = ("num_layers", "num_heads", "head_dim", "layout", "num_kv_heads", "model_head_dim")
 
 
+# The protocols carry token counts and ids as int32 (ModelInfo.max_length, token ids): a manifest claiming more
+# cannot be described to a client.
+INT32_MAX = 2 ** 31 - 1
+
+
 class ManifestError(ValueError):
     """model.json does not hold a usable manifest; the message names the field."""
 
@@ -198,8 +203,8 @@ class Manifest:
         if task not in TASKS:
             raise ManifestError(f"model.json: task {task!r} is not one of {', '.join(TASKS)}")
         max_length = need("max_length", int)
-        if max_length < 1:
-            raise ManifestError("model.json: max_length must be >= 1")
+        if not 1 <= max_length <= INT32_MAX:
+            raise ManifestError(f"model.json: max_length must be in 1..{INT32_MAX} (an int32), got {max_length}")
         specs = {}
         for key in ("inputs", "outputs"):
             entries = need(key, list)
@@ -225,10 +230,13 @@ class Manifest:
         if not all(v is None or _is_int(v) for v in special.values()):
             raise ManifestError("model.json: special_tokens must map names to token ids or null")
         version = optional("version", int, None)
+        vocab_size = optional("vocab_size", int, None)
+        if vocab_size is not None and not 1 <= vocab_size <= INT32_MAX:
+            raise ManifestError(f"model.json: vocab_size must be in 1..{INT32_MAX} (an int32) or null, got {vocab_size}")
         return cls(format=FORMAT, task=task, max_length=max_length, inputs=specs["inputs"], outputs=specs["outputs"],
                    variants=dict(variants), name=optional("name", str, ""), version=version,
                    architecture=optional("architecture", str, ""), labels=tuple(labels),
-                   vocab_size=optional("vocab_size", int, None), special_tokens=dict(special),
+                   vocab_size=vocab_size, special_tokens=dict(special),
                    mask_token=mask_token, cache=cache, default_variant=optional("default_variant", dict, None),
                    opset=optional("opset", int, None), source=dict(optional("source", dict, {})),
                    created_at=optional("created_at", str, None),

@@ -13,13 +13,11 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Any
-
-from prometheus_client import start_http_server
-
 from server.dataplane import DataPlane
+from server.fdlimit import connection_cap, raise_open_file_limit
 from server.grpc.app import GrpcServer
-from server.http.app import build_app
+from server.http.app import build_app, build_metrics_app
+from server.http.connections import ConnectionGate, ConnectionLimits
 from server.http.serve import HttpServer
 from server.metrics import Metrics
 from server.settings import ServerSettings
@@ -44,13 +42,22 @@ class OrtServer:
         self.metrics = metrics or Metrics()
         self.plane = DataPlane(settings, self.metrics)
         self._grpc: GrpcServer | None = None
-        self._metrics_httpd: Any = None
+        self._metrics_http: HttpServer | None = None
         self._http: HttpServer | None = None
         self.endpoints: Endpoints | None = None
+        self._limits: ConnectionLimits | None = None
+        self._gate: ConnectionGate | None = None   # the HTTP door's and the metrics port's connections together
 
     async def start(self) -> Endpoints:
         s = self.settings
-        server = GrpcServer(self.plane, s)
+        cap = connection_cap(s.max_connections, raise_open_file_limit())
+        self._limits = ConnectionLimits(header_timeout=s.header_timeout, read_timeout=s.read_timeout,
+                                        keep_alive_timeout=s.keep_alive_timeout, max_connections=cap)
+        self._gate = ConnectionGate(cap)
+        log.info("connections: at most %d per door; request heads within %gs, bodies without a byte for %gs at "
+                 "most, idle keep-alive %gs, idle gRPC %gs", cap, s.header_timeout, s.read_timeout,
+                 s.keep_alive_timeout, s.grpc_idle_timeout)
+        server = GrpcServer(self.plane, s, max_connections=cap)
         try:
             port = await server.start()
         except Exception as exc:  # grpc reports bind and certificate problems as RuntimeError
@@ -63,24 +70,33 @@ class OrtServer:
             http_port = await self._start_http(scheme)
         metrics_port = None
         if s.metrics_port >= 0:
-            try:
-                self._metrics_httpd, _ = start_http_server(s.metrics_port, addr=s.host,
-                                                           registry=self.metrics.registry)
-            except OSError as exc:
-                await self._stop_servers()
-                raise StartupError(f"--metrics-port: cannot serve on {s.host}:{s.metrics_port}: {exc}") from None
-            metrics_port = self._metrics_httpd.server_port
-            log.info("metrics on %s:%d", s.host, metrics_port, extra={"metrics_port": metrics_port})
+            metrics_port = await self._start_metrics()
         self.endpoints = Endpoints(port, metrics_port, http_port)
         await self.plane.open(poll=True)
         log.info("ready: %d model version(s) SERVING",
                  sum(1 for m in self.plane.list_models() if m.state.value == "SERVING"))
         return self.endpoints
 
+    async def _start_metrics(self) -> int:
+        """The metrics port: on this event loop under the same connection limits as the HTTP door (it used to be a
+        thread per connection, without a timeout), the same TLS and the same token rule."""
+        s = self.settings
+        metrics = HttpServer(build_metrics_app(self.plane, s.auth_token), s.host, s.metrics_port, s.tls_cert,
+                             s.tls_key, grace=1.0, limits=self._limits, gate=self._gate)
+        try:
+            port = await metrics.start()
+        except Exception as exc:  # bind (OSError) or TLS context (ssl.SSLError) problems
+            await self._stop_servers()
+            raise StartupError(f"--metrics-port: cannot serve on {s.host}:{s.metrics_port}: {exc}") from None
+        self._metrics_http = metrics
+        log.info("metrics on %s:%d", s.host, port, extra={"metrics_port": port})
+        return port
+
     async def _start_http(self, scheme: str) -> int:
         s = self.settings
         app = build_app(self.plane, s.max_message_bytes, s.auth_token)
-        http = HttpServer(app, s.host, s.http_port, s.tls_cert, s.tls_key, grace=1.0)
+        http = HttpServer(app, s.host, s.http_port, s.tls_cert, s.tls_key, grace=1.0, limits=self._limits,
+                          gate=self._gate)
         try:
             port = await http.start()
         except Exception as exc:  # bind (OSError) or TLS context (ssl.SSLError) problems
@@ -91,6 +107,9 @@ class OrtServer:
         return port
 
     async def _stop_servers(self) -> None:
+        if self._metrics_http is not None:
+            await self._metrics_http.stop()
+            self._metrics_http = None
         if self._http is not None:
             await self._http.stop()
             self._http = None
@@ -110,9 +129,8 @@ class OrtServer:
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)  # lets the last responses flush
         await self.plane.close()
-        if self._metrics_httpd is not None:
-            self._metrics_httpd.shutdown()
-            self._metrics_httpd.server_close()
+        if self._metrics_http is not None:
+            await self._metrics_http.stop()
         log.info("stopped")
 
     async def run_until_signal(self) -> None:

@@ -12,6 +12,7 @@ import contextlib
 from typing import AsyncIterator, Iterator
 
 from modelpkg import TOKENIZER_FILE
+from server.consistency import check_prompts, check_tokenizer
 from server.errors import Code, ServingError
 from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
                                OverloadedError, StreamChunk)
@@ -54,7 +55,12 @@ class DecoderModel(ServedModel):
         return self.engine.config.max_batch_size
 
     def warm_up(self) -> None:
+        """The tokenizer checked against model.json (server/consistency.py), the engine's runs (the largest
+        token id and the last position included), then a prompt text through the engine's tokenizer path."""
+        vocabulary = check_tokenizer(self.package, self.tokenizer)
         self.engine.warmup()
+        spec = self.engine.spec
+        check_prompts(self.engine.tokenize, vocabulary, spec.vocab_size, spec.max_length)
 
     async def start(self) -> None:
         await self.engine.start()

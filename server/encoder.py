@@ -15,6 +15,7 @@ import numpy as np
 from modelpkg import TOKENIZER_FILE
 from server.admission import check_candidates, check_response_bytes, check_rows, fill_mask_bytes, tensor_bytes
 from server.batching import DynamicBatcher
+from server.consistency import check_tokenizer, probe_encoder
 from server.errors import ServingError
 from server.model import Feeds, Loaded, ServedModel
 from server.pieces import run_in_pieces
@@ -47,7 +48,14 @@ class EncoderModel(ServedModel):
         return self.runtime.batch.max_batch_size
 
     def warm_up(self) -> None:
+        """The graph on a few shapes, then the parts checked against each other (server/consistency.py): the
+        tokenizer against model.json, the graph on the largest ids and on tokenizer-made sequences up to
+        max_length."""
+        vocabulary = check_tokenizer(self.package, self.encoder.tokenizer)
         warm_up_encoder(self.runner, self.manifest, self.max_batch_size)
+        names = [spec.name for spec in self.inputs]
+        probe_encoder(self.runner.run, self.package, self.encoder, vocabulary,
+                      lambda ids, types: pad_batch([EncodedText(i, t) for i, t in zip(ids, types)], self.pad_id, names))
 
     async def start(self) -> None:
         self.batcher.start()

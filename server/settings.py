@@ -72,6 +72,16 @@ class ServerSettings:
     #                                     holds (a running or finished sequence's) skips their prefill ("off": never)
     event_loop: str = "auto"              # auto = uvloop when installed (its loop machinery is C), else asyncio
     grace_period: float = 20.0            # SIGTERM: seconds to let in-flight requests finish
+    # Connections (server/http/connections.py, server/grpc/app.py): idle ones are closed, their number bounded.
+    header_timeout: float = 10.0          # a request head (HTTP, metrics port) complete within this many seconds
+    #                                     of connecting or of the previous response; a gRPC connection's
+    #                                     handshake (TLS, HTTP/2 settings) within the same time
+    read_timeout: float = 30.0            # HTTP: most seconds without a byte while a request body is arriving
+    keep_alive_timeout: float = 5.0       # HTTP: an idle keep-alive connection is closed after this many seconds
+    grpc_idle_timeout: float = 300.0      # gRPC: a connection without a call for this long gets GOAWAY (clients
+    #                                     reconnect on their next call)
+    max_connections: int = 0              # per door: connections the HTTP + metrics ports hold together, and
+    #                                     those of the gRPC port; 0 = a quarter of the open-file limit (<= 16384)
     max_message_bytes: int = 64 * 1024 * 1024  # gRPC messages both ways, and HTTP request bodies
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -92,9 +102,12 @@ class ServerSettings:
         for name in ("metrics_port", "http_port"):
             if not -1 <= getattr(self, name) <= 65535:
                 raise bad(name, f"must be in -1..65535, got {getattr(self, name)}")
-        for name in ("poll_interval", "max_queue_delay_ms", "grace_period"):
+        for name in ("poll_interval", "max_queue_delay_ms", "grace_period", "max_connections"):
             if getattr(self, name) < 0:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("header_timeout", "read_timeout", "keep_alive_timeout", "grpc_idle_timeout"):
+            if not 0 < getattr(self, name) <= 86400:
+                raise bad(name, f"must be in (0, 86400] seconds, got {getattr(self, name)}")
         for name in ("intra_op_threads", "inter_op_threads"):
             if getattr(self, name) < 0:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
@@ -238,6 +251,18 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--event-loop", choices=EVENT_LOOPS,
                    help="auto (default): uvloop when installed, else asyncio's own loop")
     p.add_argument("--grace-period", type=float, help=f"SIGTERM drain time in seconds (default {d.grace_period:g})")
+    p.add_argument("--header-timeout", type=float,
+                   help="seconds a connection has to send a complete request head (HTTP, metrics port) or finish "
+                        f"its gRPC handshake (default {d.header_timeout:g})")
+    p.add_argument("--read-timeout", type=float,
+                   help=f"HTTP: most seconds without a byte while a request body arrives (default {d.read_timeout:g})")
+    p.add_argument("--keep-alive-timeout", type=float,
+                   help=f"HTTP: seconds an idle keep-alive connection stays open (default {d.keep_alive_timeout:g})")
+    p.add_argument("--grpc-idle-timeout", type=float,
+                   help=f"gRPC: seconds without a call before a connection gets GOAWAY (default {d.grpc_idle_timeout:g})")
+    p.add_argument("--max-connections", type=int,
+                   help="connections the HTTP and metrics ports hold together, and those of the gRPC port; "
+                        "0 = a quarter of the open-file limit, at most 16384 (default 0)")
     p.add_argument("--max-message-bytes", type=int, help="max gRPC message size, both ways, and max HTTP request body (default 64 MiB)")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (with --tls-key: serve TLS)")
     p.add_argument("--tls-key", type=Path, help="PEM private key")

@@ -13,6 +13,7 @@ import contextlib
 import os
 import queue
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -51,20 +52,28 @@ def prometheus_sample(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def _open_file_limit(n: int) -> Callable[[], None]:
+    def apply() -> None:   # runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    return apply
+
+
 class ChildProcess:
     """A child process whose combined stdout and stderr a thread keeps in `lines`.
 
     own_group: the child leads a process group of its own, and stop() / kill() signal the whole group (servers
     that fork workers: MLServer, vLLM); else only the child is signalled, and a Ctrl-C of ours reaches it too.
+    open_files: the child's open-file limit (soft and hard), to reach it with a few hundred connections.
     """
 
     def __init__(self, cmd: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path = ROOT,
-                 own_group: bool = True) -> None:
+                 own_group: bool = True, open_files: int | None = None) -> None:
         self.cmd = list(cmd)
         self.own_group = own_group
         self.proc = subprocess.Popen(self.cmd, cwd=cwd, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                     start_new_session=own_group)
+                                     start_new_session=own_group,
+                                     preexec_fn=None if open_files is None else _open_file_limit(open_files))
         self.lines: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -142,16 +151,22 @@ class ServerProcess(ChildProcess):
 
     def __init__(self, repository: Path, extra_args: Sequence[str] = (), startup_timeout: float = 120.0, *,
                  port: int = 0, root_cert: Path | None = None, env: Mapping[str, str] | None = None,
-                 profile_to: Path | None = None, root: Path = ROOT) -> None:
-        """root: the source tree whose server runs (another checkout for an A/B run: bench/engine_ab.py)."""
+                 profile_to: Path | None = None, root: Path = ROOT, open_files: int | None = None) -> None:
+        """root: the source tree whose server runs (another checkout for an A/B run: bench/engine_ab.py);
+        open_files: the server's open-file limit (soft and hard)."""
         self.repository = repository
         self.tls = root_cert is not None
+        self.root_cert = root_cert
+        # The bearer token it was started with: the metrics port needs it too (docs/protocol.md, Authentication).
+        args = list(extra_args)
+        self.token = next((args[i + 1] for i in range(len(args) - 1) if args[i] == "--auth-token"),
+                          (env or {}).get("ORTSERVE_AUTH_TOKEN"))
         prefix = [sys.executable] + (["-m", "cProfile", "-o", str(profile_to)] if profile_to else [])
         cmd = [*prefix, "-m", "server", "--repository", str(repository), "--port", str(port),
                "--metrics-port", "-1", "--http-port", "-1", "--poll-interval", "0", "--grace-period", "1", *extra_args]
         if root != ROOT:
             env = {**(env or {}), "PYTHONPATH": str(root)}
-        super().__init__(cmd, env=env, cwd=root, own_group=False)
+        super().__init__(cmd, env=env, cwd=root, own_group=False, open_files=open_files)
         try:
             listening = self.wait_for_line(_LISTENING, startup_timeout, "'listening on HOST:PORT'")
             self.host, self.port = listening.group(1), int(listening.group(2))
@@ -177,14 +192,27 @@ class ServerProcess(ChildProcess):
         """http(s)://HOST:PORT of the HTTP front door."""
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
 
-    def metric(self, name: str, **labels: str) -> float:
-        """A sample of the Prometheus endpoint (start with extra_args ["--metrics-port", "0"]); 0 if absent."""
+    @property
+    def metrics_url(self) -> str:
+        """http(s)://HOST:PORT/metrics of the metrics port (start with extra_args ["--metrics-port", "0"])."""
         found = [m for m in (_METRICS.search(line) for line in self.lines) if m]
         if not found:
             raise RuntimeError("the server has no metrics endpoint (pass --metrics-port 0)")
-        url = f"http://{found[-1].group(1)}:{found[-1].group(2)}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return prometheus_sample(response.read().decode(), name, **labels)
+        return f"{'https' if self.tls else 'http'}://{found[-1].group(1)}:{found[-1].group(2)}/metrics"
+
+    def metrics_text(self) -> str:
+        """The metrics port's exposition, fetched with the server's token and certificate when it has them."""
+        import ssl
+
+        headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
+        context = ssl.create_default_context(cafile=str(self.root_cert)) if self.root_cert else None
+        with urllib.request.urlopen(urllib.request.Request(self.metrics_url, headers=headers), timeout=10,
+                                    context=context) as response:
+            return response.read().decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of the Prometheus endpoint (start with extra_args ["--metrics-port", "0"]); 0 if absent."""
+        return prometheus_sample(self.metrics_text(), name, **labels)
 
     def _wait_serving(self, timeout: float, root_cert: Path | None) -> None:
         import grpc

@@ -411,7 +411,12 @@ def test_health_list_needs_the_token_and_check_stays_open(server: ServerProcess,
     assert code == C.UNAUTHENTICATED
     listed = health.List(health_pb2.HealthListRequest(), metadata=AUTH, timeout=10).statuses
     assert CLASSIFIER in listed and GPT in listed
-    assert health.Check(health_pb2.HealthCheckRequest(service=CLASSIFIER), timeout=10).status == \
+    assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == \
+        health_pb2.HealthCheckResponse.SERVING
+    # A model's health would tell its name from an unknown one: it needs the token (test_security.py).
+    assert refused(lambda: health.Check(health_pb2.HealthCheckRequest(service=CLASSIFIER), timeout=10))[0] == \
+        C.UNAUTHENTICATED
+    assert health.Check(health_pb2.HealthCheckRequest(service=CLASSIFIER), metadata=AUTH, timeout=10).status == \
         health_pb2.HealthCheckResponse.SERVING
 
 

@@ -405,8 +405,11 @@ def test_bearer_token_and_tls(strict: ServerProcess) -> None:
     url = f"{strict.http_url}/v2/models/{CLASSIFIER}"
     assert strict.http_url.startswith("https://")
     assert _request(f"{strict.http_url}/v2/health/live", cafile=cafile)[0] == 200  # health stays open
-    assert _request(f"{strict.http_url}/health", cafile=cafile)[0] == 200            # vLLM's too, and metrics
-    assert b"ortserve_requests_total" in _request(f"{strict.http_url}/metrics", cafile=cafile)[2]
+    assert _request(f"{strict.http_url}/health", cafile=cafile)[0] == 200            # vLLM's too
+    # /metrics names every model: it needs the token (docs/protocol.md, Authentication)
+    assert _request(f"{strict.http_url}/metrics", cafile=cafile)[0] == 401
+    assert b"ortserve_requests_total" in _request(f"{strict.http_url}/metrics", cafile=cafile,
+                                                  headers={"authorization": f"Bearer {TOKEN}"})[2]
     status, headers, content = _request(url, cafile=cafile)
     assert status == 401 and "missing" in json.loads(content)["error"] and headers["www-authenticate"] == "Bearer"
     status, _, content = _request(url, headers={"authorization": "Bearer wrong"}, cafile=cafile)

@@ -4,8 +4,9 @@ names on four RPCs):
 - names and versions that try to leave the repository, on EVERY RPC that takes one;
 - a symlinked version directory pointing outside the repository is never loaded;
 - with auth enabled (token from the environment), EVERY method of both services, reflection and unknown
-  methods answer UNAUTHENTICATED without the exact token; health stays open; the token never appears in
-  the process list or the log;
+  methods answer UNAUTHENTICATED without the exact token; the whole server's health stays open, and nothing
+  that names a model answers without the token on any port (metrics, named health); the token never appears
+  in the process list or the log;
 - TLS with a self-signed certificate made here: a client trusting another CA cannot connect;
 - no Python source of the project unpickles: pickle.load(s), torch.load without weights_only=True,
   np.load(allow_pickle=True) and friends are refused by an AST scan (which is itself tested).
@@ -158,7 +159,8 @@ def guarded(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     saved = os.environ.get("ORTSERVE_AUTH_TOKEN")
     os.environ["ORTSERVE_AUTH_TOKEN"] = TOKEN
     try:
-        proc = ServerProcess(repo, ["--tls-cert", str(cert), "--tls-key", str(key)], root_cert=cert)
+        proc = ServerProcess(repo, ["--tls-cert", str(cert), "--tls-key", str(key), "--http-port", "0",
+                                    "--metrics-port", "0"], root_cert=cert)
     finally:
         if saved is None:
             del os.environ["ORTSERVE_AUTH_TOKEN"]
@@ -217,6 +219,63 @@ def test_every_method_requires_the_exact_token(guarded: Guarded) -> None:
                              metadata=auth, timeout=10).results
         assert kserve_grpc.GRPCInferenceServiceStub(channel).ServerLive(kserve_pb.ServerLiveRequest(),
                                                                         metadata=auth, timeout=10).live
+
+
+def _https(guarded: Guarded, url: str, token: str | None = None) -> tuple[int, str]:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    context = ssl.create_default_context(cafile=str(guarded.cert))
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10, context=context) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_without_the_token_nothing_tells_model_names_on_any_port(guarded: Guarded) -> None:
+    """Open without the token: the whole server's liveness and readiness, on every port and protocol (probes).
+    Everything that names a model needs it: /metrics on the HTTP port and on the metrics port, grpc health of a
+    named service, whose answer for a real model and for an unknown name is the same UNAUTHENTICATED."""
+    proc = guarded.proc
+    http, metrics = proc.http_url, proc.metrics_url
+    assert http.startswith("https://") and metrics.startswith("https://")   # the metrics port has the same TLS
+    for url in (f"{http}/health", f"{http}/v2/health/live", f"{http}/v2/health/ready"):
+        status, body = _https(guarded, url)
+        assert status == 200 and CLASSIFIER not in body, (url, status)
+    for url in (f"{http}/metrics", metrics):
+        status, body = _https(guarded, url)
+        assert status == 401 and CLASSIFIER not in body and "authorization" in body, (url, status, body[:200])
+        assert _https(guarded, url, "wrong")[0] == 401
+        status, body = _https(guarded, url, TOKEN)
+        assert status == 200 and f'model="{CLASSIFIER}"' in body, url
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    with guarded.channel() as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "ortserve.v1.TaskService", "inference.GRPCInferenceService"):
+            assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == \
+                health_pb2.HealthCheckResponse.SERVING
+        answers = set()
+        for service in (CLASSIFIER, "no-such-model"):
+            for metadata in WRONG_CREDENTIALS:
+                with pytest.raises(grpc.RpcError) as info:
+                    health.Check(health_pb2.HealthCheckRequest(service=service), metadata=metadata, timeout=10)
+                answers.add((info.value.code(), info.value.details().replace("invalid bearer token", "missing")
+                             .replace("missing 'authorization: Bearer <token>' metadata", "missing")))
+            with pytest.raises(grpc.RpcError) as info:
+                next(health.Watch(health_pb2.HealthCheckRequest(service=service), timeout=10))
+            assert info.value.code() == C.UNAUTHENTICATED
+        assert len(answers) == 1 and next(iter(answers))[0] == C.UNAUTHENTICATED, answers  # real = unknown
+        assert health.Check(health_pb2.HealthCheckRequest(service=CLASSIFIER), metadata=auth, timeout=10).status == \
+            health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as info:
+            health.Check(health_pb2.HealthCheckRequest(service="no-such-model"), metadata=auth, timeout=10)
+        assert info.value.code() == C.NOT_FOUND
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=CLASSIFIER), metadata=auth, timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
 
 
 def test_the_token_stays_out_of_the_process_list_and_the_log(guarded: Guarded) -> None:

@@ -408,7 +408,7 @@ def test_corrupted_package_is_not_serving_with_reason_others_serve(secured: Secu
         index = kserve.RepositoryIndex(kserve_pb.RepositoryIndexRequest(), metadata=AUTH)
         assert any(m.name == "broken" and m.state == "NOT_SERVING" and reason in m.reason for m in index.models)
         health = health_pb2_grpc.HealthStub(channel)
-        assert health.Check(health_pb2.HealthCheckRequest(service="broken")).status == \
+        assert health.Check(health_pb2.HealthCheckRequest(service="broken"), metadata=AUTH).status == \
             health_pb2.HealthCheckResponse.NOT_SERVING
     assert any("broken" in line and reason in line for line in secured.proc.lines)  # and in the log
 

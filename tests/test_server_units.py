@@ -47,6 +47,8 @@ def test_settings_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
 @pytest.mark.parametrize("content, flag", [
     ('port = "high"', "port"), ("nope = 1", "nope"), ("max_batch_size = 0", "--max-batch-size"),
     ("port = 70000", "--port"), ('log_format = "xml"', "--log-format"), ("[[", "--config"),
+    ("header_timeout = 0", "--header-timeout"), ("read_timeout = -1", "--read-timeout"),
+    ("keep_alive_timeout = 1e9", "--keep-alive-timeout"), ("max_connections = -1", "--max-connections"),
 ])
 def test_bad_config_values_name_the_setting(tmp_path: Path, content: str, flag: str) -> None:
     config = tmp_path / "bad.toml"

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -143,6 +143,20 @@ class GenerationEngine:
             dec, pre = r.decode_and_prefill(rows, {}, [PrefillRow(1 if n > 1 else 0, [start] * chunk, 0)], True)
             self._check_logits(dec, len(rows), "mixed step")
             self._check_logits(pre[:, -1], 1, "mixed chunk")
+        # The edges requests may reach: the vocabulary's last id (the embedding's last row) and the context's last
+        # position (the position table's last row, attention over the whole slot). A model.json claiming more than
+        # the graph holds fails here, at load, instead of inside every request that gets there.
+        top, last = self.spec.vocab_size - 1, self.spec.max_length - 1
+        self._edge(lambda: r.decode([DecodeRow(0, top, 1)], {}), f"model.json vocab_size {top + 1}: token id {top}")
+        self._edge(lambda: r.decode([DecodeRow(0, start, last)], {}),
+                   f"model.json max_length {last + 1}: position {last}")
+
+    def _edge(self, call: Callable[[], np.ndarray], what: str) -> None:
+        try:
+            logits = call()
+        except Exception as exc:  # onnxruntime's own exception types
+            raise ValueError(f"{what} fails in the graph: {' '.join(str(exc).split())}") from None
+        self._check_logits(logits, 1, what)
 
     # ------------------------------------------------------------------ requests
 

@@ -40,12 +40,21 @@ def reflection_pool() -> descriptor_pool.DescriptorPool:
 class GrpcServer:
     """The gRPC door's server; start() binds and serves, stop() ends it (after the data plane drained)."""
 
-    def __init__(self, plane: DataPlane, settings: ServerSettings) -> None:
+    def __init__(self, plane: DataPlane, settings: ServerSettings, max_connections: int = 0) -> None:
+        """max_connections: connections the port holds (0: grpc's own default, none); beyond it gRPC closes new ones
+        at once, so a flood of them cannot take the descriptors the other ports and the model files need
+        (server/fdlimit.py)."""
         s = settings
         self.settings = settings
         options = [("grpc.max_send_message_length", s.max_message_bytes),
                    ("grpc.max_receive_message_length", s.max_message_bytes),
-                   ("grpc.so_reuseport", 0)]  # a second server on a busy port must fail, not share it
+                   ("grpc.so_reuseport", 0),  # a second server on a busy port must fail, not share it
+                   # A connection that does not finish its handshake (TLS, HTTP/2 settings) in time is closed
+                   # (grpc's default waits 120 s), one without calls gets GOAWAY after the idle timeout.
+                   ("grpc.server_handshake_timeout_ms", int(s.header_timeout * 1000)),
+                   ("grpc.max_connection_idle_ms", int(s.grpc_idle_timeout * 1000))]
+        if max_connections > 0:
+            options.append(("grpc.max_allowed_incoming_connections", max_connections))
         interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
         server = grpc.aio.server(options=options, interceptors=interceptors)
         services = SafeRegistrar(server)  # undecodable requests: INVALID_ARGUMENT naming the field (decoding.py)

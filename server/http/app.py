@@ -44,3 +44,12 @@ def build_app(plane: DataPlane, max_body_bytes: int, auth_token: str | None) -> 
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception, Exception: _internal})
     app.state.door = Door(plane, max_body_bytes, auth_token)
     return app
+
+
+def build_metrics_app(plane: DataPlane, auth_token: str | None) -> Starlette:
+    """The metrics port's application: GET /metrics only, in the same guard as on the HTTP door (the token rule of
+    docs/protocol.md, Authentication)."""
+    app = Starlette(routes=ops.metrics_routes(),
+                    exception_handlers={HTTPException: _http_exception, Exception: _internal})
+    app.state.door = Door(plane, 0, auth_token)
+    return app

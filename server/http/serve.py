@@ -15,6 +15,8 @@ from typing import Iterator
 import uvicorn
 from starlette.applications import Starlette
 
+from server.http.connections import ConnectionGate, ConnectionLimits, guarded_protocol
+
 log = logging.getLogger(__name__)
 
 
@@ -47,14 +49,21 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 class HttpServer:
     def __init__(self, app: Starlette, host: str, port: int, tls_cert: Path | None = None,
-                 tls_key: Path | None = None, grace: float = 1.0) -> None:
+                 tls_key: Path | None = None, grace: float = 1.0, limits: ConnectionLimits | None = None,
+                 gate: ConnectionGate | None = None) -> None:
+        """limits: the connection timeouts and cap (server/http/connections.py); gate: shared with the other
+        server(s) whose connections count together (the HTTP door and the metrics port)."""
         self.host = host
         self.requested_port = port
         self.tls = tls_cert is not None
+        limits = limits or ConnectionLimits()
+        self.gate = gate or ConnectionGate(limits.max_connections)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", server_header=False,
                                 ssl_certfile=str(tls_cert) if tls_cert else None,
                                 ssl_keyfile=str(tls_key) if tls_key else None,
-                                timeout_graceful_shutdown=max(grace, 0.1))
+                                timeout_graceful_shutdown=max(grace, 0.1),
+                                http=guarded_protocol(self.gate, limits),
+                                timeout_keep_alive=limits.keep_alive_timeout)  # type: ignore[arg-type]
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
         self.port = 0
