@@ -31,6 +31,9 @@ from . import graphs, package, variants
 from .config import OPSET, ExportConfig
 from .errors import ExportError, ParityFailure
 from .heldout import BUILTIN_TEXTS
+from .checkpoint_tokens import special_tokens
+from .report import tool_versions
+from .result import ExportResult
 from .source import CheckpointInfo, inspect_checkpoint
 from .tokenizer_check import check_tokenizer, package_tokenizer
 
@@ -216,8 +219,6 @@ def run_embed_gate(adapter: EmbeddingAdapter, graph: Path, tok: Tokenizer, pad_i
 
 def export_embedding(cfg: ExportConfig) -> Any:
     """export_checkpoint for task embed: graph, tokenizer, gate, atomic publication (fp32 only)."""
-    from .pipeline import ExportResult, special_tokens, tool_versions
-
     if tuple(cfg.variants) != ("fp32",):
         raise ExportError("--variants: an embedding package ships fp32 only")
     package.validate_name(cfg.name)

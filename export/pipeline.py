@@ -5,13 +5,11 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime
 import torch
 from tokenizers import Tokenizer
 
@@ -22,6 +20,9 @@ from .config import OPSET, TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError, ParityFailure
 from .heldout import BUILTIN_TEXTS, default_genre_split, kv8_texts, read_eval_data
 from .parity import GateInputs, failure_table, refused, run_gate
+from .checkpoint_tokens import chat_template, special_tokens
+from .report import parity_report
+from .result import ExportResult
 from .source import LLAMA_TYPES, CheckpointInfo, inspect_checkpoint, load_torch_model
 from .tokenizer_check import check_tokenizer, package_tokenizer
 
@@ -30,58 +31,6 @@ log = logging.getLogger(__name__)
 # Test hook: perturb one weight of the named variant's graph after it is built, so a test can prove the gate
 # refuses to publish. Never set in production.
 PERTURB_ENV = "ORTSERVE_EXPORT_PERTURB"
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    package_dir: Path
-    version: int
-    parity: dict[str, Any]
-
-
-def special_tokens(info: CheckpointInfo, tok: Tokenizer) -> tuple[dict[str, int | None], str | None]:
-    """Ids of pad/unk/cls/sep/mask/bos/eos: tokenizer_config.json's tokens first, config.json's ids next."""
-    cfg_file = info.path / "tokenizer_config.json"
-    tcfg: dict = {}
-    if cfg_file.is_file():
-        try:
-            tcfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ExportError(f"checkpoint: {cfg_file} is not valid JSON ({exc})") from None
-    fallback = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"} \
-        if info.model_type != "gpt2" else {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}
-    ids: dict[str, int | None] = {}
-    tokens: dict[str, str | None] = {}
-    for key in ("pad", "unk", "cls", "sep", "mask", "bos", "eos"):
-        token = tcfg.get(f"{key}_token")
-        if isinstance(token, dict):  # HF AddedToken serialisation
-            token = token.get("content")
-        token = token or fallback.get(key)
-        tid = tok.token_to_id(token) if token else None
-        if tid is None and isinstance(info.config.get(f"{key}_token_id"), int):
-            tid = info.config[f"{key}_token_id"]
-            token = tok.id_to_token(tid)
-        ids[key], tokens[key] = tid, token if tid is not None else None
-    return ids, tokens["mask"]
-
-
-def chat_template(info: CheckpointInfo) -> str | None:
-    """The checkpoint tokenizer's chat template (tokenizer_config.json `chat_template`, or its `default` entry
-    when it lists named templates; else a chat_template.jinja file), None when it has none."""
-    cfg_file = info.path / "tokenizer_config.json"
-    found = None
-    if cfg_file.is_file():
-        try:
-            found = json.loads(cfg_file.read_text(encoding="utf-8")).get("chat_template")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            found = None
-    if isinstance(found, list):
-        named = {t.get("name"): t.get("template") for t in found if isinstance(t, dict)}
-        found = named.get("default") or next(iter(named.values()), None)
-    jinja = info.path / "chat_template.jinja"
-    if not found and jinja.is_file():
-        found = jinja.read_text(encoding="utf-8")
-    return found if isinstance(found, str) and found.strip() else None
 
 
 def _perturb(path: Path) -> None:
@@ -212,28 +161,6 @@ def gate_inputs(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module,
                       cache_layout=(manifest.get("cache") or {}).get("layout", "concat"),
                       num_kv_heads=info.num_kv_heads if cfg.task == "generate" else None,
                       token_types=info.token_types)
-
-
-def tool_versions() -> dict[str, str | None]:
-    try:
-        import transformers
-        tv = transformers.__version__
-    except ImportError:
-        tv = None
-    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-            "transformers": tv}
-
-
-def parity_report(passed: bool, results, builds, tok_report, export_s: float, gate_s: float) -> dict[str, Any]:
-    out_variants = {}
-    for v, r in results.items():
-        d = r.as_json()
-        b = builds.get(v)
-        if b is not None and (b.fused_operators or b.notes):
-            d["fused_operators"], d["notes"] = b.fused_operators, b.notes
-        out_variants[v] = d
-    return {"passed": passed, "tool_versions": tool_versions(), "opset": OPSET, "variants": out_variants,
-            "tokenizer": tok_report.as_json(), "timings_s": {"export": round(export_s, 3), "gate": round(gate_s, 3)}}
 
 
 def validate_config(cfg: ExportConfig) -> None:
