@@ -5,19 +5,12 @@ import json
 
 from tokenizers import Tokenizer
 
-from .errors import ExportError
-from .source import CheckpointInfo
+from .source import CheckpointInfo, optional_json
 
 
 def special_tokens(info: CheckpointInfo, tok: Tokenizer) -> tuple[dict[str, int | None], str | None]:
     """Ids of pad/unk/cls/sep/mask/bos/eos: tokenizer_config.json's tokens first, config.json's ids next."""
-    cfg_file = info.path / "tokenizer_config.json"
-    tcfg: dict = {}
-    if cfg_file.is_file():
-        try:
-            tcfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ExportError(f"checkpoint: {cfg_file} is not valid JSON ({exc})") from None
+    tcfg = optional_json(info.path / "tokenizer_config.json")
     fallback = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"} \
         if info.model_type != "gpt2" else {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}
     ids: dict[str, int | None] = {}

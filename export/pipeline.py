@@ -1,10 +1,10 @@
 """Checkpoint directory -> parity-checked, atomically published model package (the library entry point)."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +13,20 @@ import onnx
 import torch
 from tokenizers import Tokenizer
 
-from modelpkg import padded_head_dim
+from modelpkg import LAYOUT_CONCAT, CacheSpec, Manifest, padded_head_dim
 
-from . import decoder_graph, graphs, package, speed, variants, weights
-from .config import OPSET, TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
-from .errors import ExportError, ParityFailure
+from . import decoder_graph, graphs, package, skeleton, speed, variants, weights
+from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
+from .errors import ExportError
 from .heldout import BUILTIN_TEXTS, default_genre_split, kv8_texts, read_eval_data
 from .parity import GateInputs, failure_table, refused, run_gate
 from .checkpoint_tokens import chat_template, special_tokens
-from .report import parity_report
+from .embed import EmbedBuilder
+from .package_manifest import new_manifest, tensors
 from .result import ExportResult
+from .skeleton import Built, Gated
 from .source import LLAMA_TYPES, CheckpointInfo, inspect_checkpoint, load_torch_model
-from .tokenizer_check import check_tokenizer, package_tokenizer
+from .tokenizer_check import package_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,10 @@ def _labelled(cfg: ExportConfig, info: CheckpointInfo):
     return default_genre_split(info.labels)
 
 
-def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module, out: Path) -> dict[str, Any]:
-    """Write graphs, variants, tokenizer and a version-less manifest into `out`; return what the gate needs."""
+def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module, out: Path
+                  ) -> tuple[Built, Tokenizer]:
+    """Write graphs, variants, tokenizer into `out`; return them with a version-less manifest, and the packaged
+    tokenizer (the gate encodes with it)."""
     t0 = time.perf_counter()
     head_dim = info.head_dim
     vocab = int(info.config["vocab_size"])
@@ -125,40 +129,34 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
         _perturb(out / variants.FILES[target])
     export_s = time.perf_counter() - t0
     ids, mask_token = special_tokens(info, tok)
-    manifest = {
-        "format": package.FORMAT, "name": cfg.name, "version": None, "task": cfg.task,
-        "architecture": arch,
-        "labels": info.labels if cfg.task == "classify" else [],
-        "max_length": info.max_positions, "vocab_size": vocab,
-        "special_tokens": ids, "mask_token": mask_token if cfg.task == "fill-mask" else None,
-        "inputs": [t.as_json() for t in spec.inputs], "outputs": [t.as_json() for t in spec.outputs],
-        "cache": ({"num_layers": info.num_layers, "num_heads": info.num_heads, "head_dim": head_dim,
-                   "num_kv_heads": info.num_kv_heads, **padded,
-                   "layout": decoder_graph.LAYOUT if inplace else "concat",
-                   # mixed_graph: the fp32 twin, as servers before mixed_graphs read it
-                   **({"mixed_graph": decoder_graph.MIXED_FILE, "mixed_graphs": mixed_graphs} if inplace else {})}
-                  if cfg.task == "generate" else None),
-        "variants": {v: b.file for v, b in builds.items()}, "default_variant": None, "opset": OPSET,
-        "source": {"checkpoint": str(info.path), "architecture": info.architecture,
-                   "config_sha256": info.config_sha256, "checkpoint_sha256": info.weights_sha256},
-        "created_at": package.utc_now(),
-    }
+    cache = None
+    if cfg.task == "generate":
+        # mixed_graph: the fp32 twin, as servers before mixed_graphs read it
+        cache = CacheSpec(info.num_layers, info.num_heads, head_dim, decoder_graph.LAYOUT if inplace else LAYOUT_CONCAT,
+                          num_kv_heads=info.num_kv_heads, model_head_dim=padded.get("model_head_dim"),
+                          extra={"mixed_graph": decoder_graph.MIXED_FILE, "mixed_graphs": mixed_graphs}
+                          if inplace else {}, has_layout=True)
+    extra: dict[str, Any] = {}
     if wanted:   # how each weight-quantized variant was made (docs/model-package.md)
-        manifest["quantization"] = {v: weights.describe(v, cfg.weight_quant) for v in wanted}
+        extra["quantization"] = {v: weights.describe(v, cfg.weight_quant) for v in wanted}
     template = chat_template(info) if cfg.task == "generate" else None
     if template:
-        manifest["chat_template"] = template  # /v1/chat/completions renders it (docs/protocol.md)
-    return {"manifest": manifest, "builds": builds, "removed": removed, "export_s": export_s,
-            "tokenizer": tok, "mask_token": mask_token}
+        extra["chat_template"] = template  # /v1/chat/completions renders it (docs/protocol.md)
+    manifest = new_manifest(cfg.name, cfg.task, info, max_length=info.max_positions, special_tokens=ids,
+                            labels=info.labels if cfg.task == "classify" else (),
+                            mask_token=mask_token if cfg.task == "fill-mask" else None,
+                            inputs=tensors(spec.inputs), outputs=tensors(spec.outputs), cache=cache,
+                            variants={v: b.file for v, b in builds.items()}, extra=extra)
+    return Built(manifest, builds, removed, export_s, mask_token), tok
 
 
-def gate_inputs(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module, manifest: dict,
+def gate_inputs(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module, manifest: Manifest,
                 tok: Tokenizer, labelled) -> GateInputs:
-    return GateInputs(model=model, task=cfg.task, tokenizer=tok, special_tokens=manifest["special_tokens"],
-                      max_length=manifest["max_length"], num_layers=info.num_layers, num_heads=info.num_heads,
+    return GateInputs(model=model, task=cfg.task, tokenizer=tok, special_tokens=dict(manifest.special_tokens),
+                      max_length=manifest.max_length, num_layers=info.num_layers, num_heads=info.num_heads,
                       head_dim=info.head_dim, texts=list(BUILTIN_TEXTS), labelled=labelled,
                       tolerances=cfg.tolerances, grid=cfg.grid, threads=cfg.threads,
-                      cache_layout=(manifest.get("cache") or {}).get("layout", "concat"),
+                      cache_layout=manifest.cache.layout if manifest.cache is not None else LAYOUT_CONCAT,
                       num_kv_heads=info.num_kv_heads if cfg.task == "generate" else None,
                       token_types=info.token_types)
 
@@ -187,64 +185,73 @@ def validate_config(cfg: ExportConfig) -> None:
     package.validate_name(cfg.name)
 
 
-def drop_refused(staging: Path, manifest: dict, report: dict, results) -> None:
+def drop_refused(staging: Path, manifest: Manifest, report: dict, results) -> Manifest:
     """A refused weight-quantized variant leaves the package (its graphs, its manifest entries); parity.json
     keeps its figures under status "refused", and the log shows them."""
     gone = refused(results)
     if not gone:
-        return
-    log.warning("%s: refused %s; publishing without them\n%s", manifest["name"], ", ".join(gone),
+        return manifest
+    log.warning("%s: refused %s; publishing without them\n%s", manifest.name, ", ".join(gone),
                 failure_table({v: results[v] for v in gone}))
-    mixed = (manifest.get("cache") or {}).get("mixed_graphs", {})
+    cache = manifest.cache
+    mixed = dict(cache.extra.get("mixed_graphs", {})) if cache is not None else {}
+    kept = dict(manifest.variants)
+    extra = dict(manifest.extra)
+    quantization = {v: d for v, d in extra.get("quantization", {}).items() if v not in gone}
     for v in gone:
-        manifest.get("quantization", {}).pop(v, None)
-        for name in (manifest["variants"].pop(v), mixed.pop(v, None)):
+        for name in (kept.pop(v), mixed.pop(v, None)):
             if name:
                 (staging / name).unlink(missing_ok=True)
         report["variants"][v]["status"] = "refused: " + "; ".join(
             f"{c['name']} {c['value']:.4f} (limit {c['threshold']:g})" if "value" in c else c["name"]
             for c in report["variants"][v]["checks"] if not c["passed"])
-    if not manifest.get("quantization", True):
-        del manifest["quantization"]
+    if "quantization" in extra:
+        extra["quantization"] = quantization
+        if not quantization:
+            del extra["quantization"]
+    if cache is not None and "mixed_graphs" in cache.extra:
+        cache = replace(cache, extra={**cache.extra, "mixed_graphs": mixed})
+    return replace(manifest, variants=kept, extra=extra, cache=cache)
+
+
+class ModelBuilder:
+    """The encoder and decoder tasks (classify, fill-mask, generate): graphs and variants from export/graphs.py,
+    export/decoder_graph.py, export/variants.py and export/weights.py, checked by export/parity.py."""
+
+    def __init__(self, cfg: ExportConfig) -> None:
+        validate_config(cfg)
+        self.cfg = cfg
+        self.info = inspect_checkpoint(cfg.checkpoint, cfg.task)
+        self.checkpoint = self.info.path
+
+    def load(self) -> None:
+        self.labelled = _labelled(self.cfg, self.info)
+        self.model = load_torch_model(self.info, self.cfg.task)
+
+    def build(self, staging: Path) -> Built:
+        built, self.tokenizer = build_package(self.cfg, self.info, self.model, staging)
+        return built
+
+    def gate(self, built: Built, staging: Path) -> Gated:
+        files = {v: staging / b.file for v, b in built.builds.items()}
+        return Gated(*run_gate(gate_inputs(self.cfg, self.info, self.model, built.manifest, self.tokenizer,
+                                           self.labelled), files))
+
+    def failure_text(self, gated: Gated, tok_report, report: dict) -> str:
+        return failure_table(gated.results, report["tokenizer"])
+
+    def finish(self, staging: Path, manifest: Manifest, report: dict, gated: Gated) -> Manifest:
+        manifest = drop_refused(staging, manifest, report, gated.results)
+        speed.record(staging, manifest, report)
+        return replace(manifest, default_variant=package.default_variants(dict(manifest.variants),
+                                                                          report["variants"]))
+
+    def published(self, result: ExportResult) -> None:
+        pass
 
 
 def export_checkpoint(cfg: ExportConfig) -> ExportResult:
     """Export, gate, publish. Raises ExportError (bad input) or ParityFailure; publishes nothing on either."""
     if cfg.task == "embed":  # its own graph and gate (export/embed.py)
-        from .embed import export_embedding
-
-        return export_embedding(cfg)
-    validate_config(cfg)
-    info = inspect_checkpoint(cfg.checkpoint, cfg.task)
-    repo = Path(cfg.repository)
-    if repo.exists() and not repo.is_dir():
-        raise ExportError(f"--repository: {repo} is not a directory")
-    name_dir = repo / cfg.name
-    version = package.choose_version(name_dir, cfg.version)
-    labelled = _labelled(cfg, info)
-    model = load_torch_model(info, cfg.task)
-    created = not name_dir.exists()
-    staging = package.staging_dir(name_dir)
-    try:
-        built = build_package(cfg, info, model, staging)
-        manifest = built["manifest"]
-        tok_report = check_tokenizer(info.path, staging, list(BUILTIN_TEXTS), built["mask_token"],
-                                     manifest["max_length"], built["removed"])
-        files = {v: staging / b.file for v, b in built["builds"].items()}
-        passed, results, gate_s = run_gate(gate_inputs(cfg, info, model, manifest, built["tokenizer"], labelled),
-                                           files)
-        passed = passed and tok_report.passed
-        report = parity_report(passed, results, built["builds"], tok_report, built["export_s"], gate_s)
-        if not passed:
-            raise ParityFailure(f"parity gate failed for {cfg.name}; nothing published\n"
-                                + failure_table(results, report["tokenizer"]), report)
-        drop_refused(staging, manifest, report, results)
-        speed.record(staging, manifest, report)
-        manifest["default_variant"] = package.default_variants(manifest["variants"], report["variants"])
-
-        version = package.publish_package(staging, name_dir, version, cfg.version is None, manifest, report)
-    except BaseException:
-        package.discard(staging, name_dir, created)
-        raise
-    final = name_dir / str(version)
-    return ExportResult(final, version, json.loads((final / package.PARITY).read_text()))
+        return skeleton.run(cfg, EmbedBuilder(cfg))
+    return skeleton.run(cfg, ModelBuilder(cfg))
