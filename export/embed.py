@@ -30,10 +30,10 @@ from torch import nn
 from modelpkg import Manifest, TensorDecl
 
 from . import graphs, package, variants
+from .checkpoint_tokens import special_tokens
 from .config import ExportConfig
 from .errors import ExportError
 from .heldout import BUILTIN_TEXTS
-from .checkpoint_tokens import special_tokens
 from .package_manifest import new_manifest, tensors
 from .result import ExportResult
 from .skeleton import Built, Gated

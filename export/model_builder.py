@@ -16,12 +16,12 @@ from tokenizers import Tokenizer
 from modelpkg import LAYOUT_CONCAT, CacheSpec, Manifest, padded_head_dim
 
 from . import decoder_graph, graphs, package, speed, variants, weights
+from .checkpoint_tokens import chat_template, special_tokens
 from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError
 from .heldout import BUILTIN_TEXTS, default_genre_split, kv8_texts, read_eval_data
-from .parity import GateInputs, failure_table, refused, run_gate
-from .checkpoint_tokens import chat_template, special_tokens
 from .package_manifest import new_manifest, tensors
+from .parity import GateInputs, failure_table, refused, run_gate
 from .result import ExportResult
 from .skeleton import Built, Gated
 from .source import LLAMA_TYPES, CheckpointInfo, inspect_checkpoint, load_torch_model
