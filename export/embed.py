@@ -27,12 +27,18 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from modelpkg import Manifest, TensorDecl
+
 from . import graphs, package, variants
-from .config import OPSET, ExportConfig
-from .errors import ExportError, ParityFailure
+from .checkpoint_tokens import special_tokens
+from .config import ExportConfig
+from .errors import ExportError
 from .heldout import BUILTIN_TEXTS
-from .source import CheckpointInfo, inspect_checkpoint
-from .tokenizer_check import check_tokenizer, package_tokenizer
+from .package_manifest import new_manifest, tensors
+from .result import ExportResult
+from .skeleton import Built, Gated
+from .source import CheckpointInfo, inspect_checkpoint, optional_json
+from .tokenizer_check import TokenizerReport, check_tokenizer, package_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +130,9 @@ def max_length_of(info: CheckpointInfo) -> int:
     """The positions of the encoder, or sentence-transformers' max_seq_length when the checkpoint sets one
     (texts beyond it are refused or, with truncate, cut: the length the model was trained to embed)."""
     limit = info.max_positions
-    st_file = info.path / "sentence_bert_config.json"
-    if st_file.is_file():
-        try:
-            st = json.loads(st_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ExportError(f"checkpoint: {st_file} is not valid JSON ({exc})") from None
-        if isinstance(st.get("max_seq_length"), int) and 0 < st["max_seq_length"] < limit:
-            limit = st["max_seq_length"]
+    st = optional_json(info.path / "sentence_bert_config.json")
+    if isinstance(st.get("max_seq_length"), int) and 0 < st["max_seq_length"] < limit:
+        limit = st["max_seq_length"]
     return limit
 
 
@@ -214,73 +215,61 @@ def run_embed_gate(adapter: EmbeddingAdapter, graph: Path, tok: Tokenizer, pad_i
     return EmbedParity(not failures, diffs, min_cos, failures)
 
 
-def export_embedding(cfg: ExportConfig) -> Any:
-    """export_checkpoint for task embed: graph, tokenizer, gate, atomic publication (fp32 only)."""
-    from .pipeline import ExportResult, special_tokens, tool_versions
+class EmbedBuilder:
+    """The embedding task: encode() -> pooling -> normalization as one fp32 graph, checked by run_embed_gate."""
 
-    if tuple(cfg.variants) != ("fp32",):
-        raise ExportError("--variants: an embedding package ships fp32 only")
-    package.validate_name(cfg.name)
-    info = inspect_checkpoint(cfg.checkpoint, "embed")
-    pooling = read_pooling(info.path, cfg.pooling, cfg.normalize)
-    repo = Path(cfg.repository)
-    if repo.exists() and not repo.is_dir():
-        raise ExportError(f"--repository: {repo} is not a directory")
-    name_dir = repo / cfg.name
-    version = package.choose_version(name_dir, cfg.version)
-    adapter = EmbeddingAdapter(load_encoder(info), pooling, info.token_types).eval()
-    created = not name_dir.exists()
-    staging = package.staging_dir(name_dir)
-    try:
+    def __init__(self, cfg: ExportConfig) -> None:
+        if tuple(cfg.variants) != ("fp32",):
+            raise ExportError("--variants: an embedding package ships fp32 only")
+        package.validate_name(cfg.name)
+        self.cfg = cfg
+        self.info = inspect_checkpoint(cfg.checkpoint, "embed")
+        self.checkpoint = self.info.path
+        self.pooling = read_pooling(self.info.path, cfg.pooling, cfg.normalize)
+
+    def load(self) -> None:
+        self.adapter = EmbeddingAdapter(load_encoder(self.info), self.pooling, self.info.token_types).eval()
+
+    def build(self, staging: Path) -> Built:
+        info = self.info
         t0 = time.perf_counter()
         spec = embed_spec(info.token_types)
         fp32 = staging / variants.FILES["fp32"]
         example = graphs.encoder_example(int(info.config["vocab_size"]))
         with torch.no_grad():
-            graphs._export(adapter, example if info.token_types else example[:2], spec, fp32)
+            graphs._export(self.adapter, example if info.token_types else example[:2], spec, fp32)
         export_s = time.perf_counter() - t0
         max_length = max_length_of(info)
         removed = package_tokenizer(info.path, staging, max_length)
-        tok = Tokenizer.from_file(str(staging / "tokenizer.json"))
-        ids, _ = special_tokens(info, tok)
-        tok_report = check_tokenizer(info.path, staging, list(BUILTIN_TEXTS), None, max_length, removed)
+        ids, _ = special_tokens(info, Tokenizer.from_file(str(staging / "tokenizer.json")))
+        dimension = int(info.hidden_size)
+        manifest = new_manifest(
+            self.cfg.name, "embed", info, max_length=max_length, special_tokens=ids, inputs=tensors(spec.inputs),
+            outputs=(TensorDecl("embeddings", "float32", ("batch", dimension)),), variants={"fp32": fp32.name},
+            default_variant={"cpu": "fp32", "cuda": "fp32"},
+            extra={"embedding": {"pooling": self.pooling.mode, "normalize": self.pooling.normalize,
+                                 "dimension": dimension, "pooling_source": self.pooling.source}})
+        return Built(manifest, {"fp32": variants.VariantBuild("fp32", fp32.name)}, removed, export_s)
+
+    def gate(self, built: Built, staging: Path) -> Gated:
         serving_tok = Tokenizer.from_file(str(staging / "tokenizer.json"))
         serving_tok.no_padding()
         serving_tok.no_truncation()
         t1 = time.perf_counter()
-        result = run_embed_gate(adapter, fp32, serving_tok, ids.get("pad") or 0, info.token_types,
-                                cfg.tolerances.fp32_atol, cfg.threads)
-        gate_s = time.perf_counter() - t1
-        dimension = int(info.hidden_size)
-        report = {"passed": result.passed and tok_report.passed, "tool_versions": tool_versions(), "opset": OPSET,
-                  "variants": {"fp32": result.as_json()}, "tokenizer": tok_report.as_json(),
-                  "timings_s": {"export": round(export_s, 3), "gate": round(gate_s, 3)}}
-        if not report["passed"]:
-            raise ParityFailure(f"parity gate failed for {cfg.name}; nothing published\n  "
-                                + "\n  ".join(result.failures + tok_report.failures), report)
-        manifest = {
-            "format": package.FORMAT, "name": cfg.name, "version": None, "task": "embed",
-            "architecture": info.model_type, "labels": [], "max_length": max_length,
-            "vocab_size": int(info.config["vocab_size"]), "special_tokens": ids, "mask_token": None,
-            "inputs": [t.as_json() for t in spec.inputs],
-            "outputs": [{"name": "embeddings", "dtype": "float32", "shape": ["batch", dimension]}],
-            "cache": None, "variants": {"fp32": fp32.name}, "default_variant": {"cpu": "fp32", "cuda": "fp32"},
-            "opset": OPSET,
-            "source": {"checkpoint": str(info.path), "architecture": info.architecture,
-                       "config_sha256": info.config_sha256, "checkpoint_sha256": info.weights_sha256},
-            "created_at": package.utc_now(),
-            "embedding": {"pooling": pooling.mode, "normalize": pooling.normalize, "dimension": dimension,
-                          "pooling_source": pooling.source},
-        }
+        result = run_embed_gate(self.adapter, staging / built.manifest.variants["fp32"], serving_tok,
+                                built.manifest.special_token("pad") or 0, self.info.token_types,
+                                self.cfg.tolerances.fp32_atol, self.cfg.threads)
+        return Gated(result.passed, {"fp32": result}, time.perf_counter() - t1)
 
-        version = package.publish_package(staging, name_dir, version, cfg.version is None, manifest, report)
-    except BaseException:
-        package.discard(staging, name_dir, created)
-        raise
-    final = name_dir / str(version)
-    log.info("embedding package %s: pooling %s (%s), normalize %s", final, pooling.mode, pooling.source,
-             pooling.normalize)
-    return ExportResult(final, version, json.loads((final / package.PARITY).read_text()))
+    def failure_text(self, gated: Gated, tok_report: TokenizerReport, report: dict[str, Any]) -> str:
+        return "  " + "\n  ".join(gated.results["fp32"].failures + tok_report.failures)
+
+    def finish(self, staging: Path, manifest: Manifest, report: dict[str, Any], gated: Gated) -> Manifest:
+        return manifest
+
+    def published(self, result: ExportResult) -> None:
+        log.info("embedding package %s: pooling %s (%s), normalize %s", result.package_dir, self.pooling.mode,
+                 self.pooling.source, self.pooling.normalize)
 
 
 def validate_embedding(pkg: Path, manifest: dict[str, Any], problems: list[str], threads: int = 1

@@ -1,6 +1,7 @@
 """Model package layout: manifest (model.json), parity.json with file hashes, atomic publication."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -10,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from modelpkg import FORMAT, NAME_PATTERN, existing_versions, file_hashes, valid_name
+from modelpkg import FORMAT, NAME_PATTERN, Manifest, existing_versions, file_hashes, valid_name
 from modelpkg import MANIFEST_FILE as MANIFEST
 from modelpkg import PARITY_FILE as PARITY
 
@@ -102,11 +103,11 @@ def publish(staging: Path, name_dir: Path, version: int, auto: bool, finalize) -
     raise ExportError(f"--version: could not find a free version under {name_dir}")
 
 
-def publish_package(staging: Path, name_dir: Path, version: int, auto: bool, manifest: dict, report: dict) -> int:
+def publish_package(staging: Path, name_dir: Path, version: int, auto: bool, manifest: Manifest,
+                    report: dict) -> int:
     """publish() with the usual last step: model.json with its version, then parity.json hashing every file."""
     def finalize(v: int) -> None:
-        manifest["version"] = v
-        write_json(staging / MANIFEST, manifest)
+        write_json(staging / MANIFEST, dataclasses.replace(manifest, version=v).to_dict())
         write_json(staging / PARITY, {**report, "files": file_hashes(staging)})
 
     return publish(staging, name_dir, version, auto, finalize)

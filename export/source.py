@@ -109,6 +109,16 @@ class CheckpointInfo:
         return n
 
 
+def optional_json(path: Path) -> dict:
+    """A checkpoint's optional JSON file (tokenizer_config.json, sentence_bert_config.json): {} when absent."""
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"checkpoint: {path} is not valid JSON ({exc})") from None
+
+
 def inspect_checkpoint(path: Path, task: str) -> CheckpointInfo:
     """Validate the directory, its config and the task; raise ExportError with one line otherwise."""
     path = Path(path)

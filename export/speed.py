@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from modelpkg import CACHE_ELEMENT_TYPES, past_name, present_name
+from modelpkg import CACHE_ELEMENT_TYPES, Manifest, past_name, present_name
 
 log = logging.getLogger(__name__)
 
@@ -134,20 +134,20 @@ def pick_fastest(times: dict[str, dict[str, float]]) -> str:
     return best
 
 
-def record(staging: Path, manifest: dict, report: dict, cfg: SpeedConfig = SpeedConfig()) -> None:
+def record(staging: Path, manifest: Manifest, report: dict, cfg: SpeedConfig = SpeedConfig()) -> None:
     """Time every published variant of an in-place decoder that has more than one, into parity.json: per variant
     `step_ms`, and the conditions under `speed` (package.default_variants picks the CPU default from them)."""
-    cache = manifest.get("cache") or {}
-    files = {v: staging / f for v, f in manifest["variants"].items() if report["variants"].get(v, {}).get("passed")}
+    cache = manifest.cache.to_dict() if manifest.cache is not None else {}
+    files = {v: staging / f for v, f in manifest.variants.items() if report["variants"].get(v, {}).get("passed")}
     if cache.get("layout") != "inplace" or len(set(files) & set(AUTO_DEFAULT)) < 2:
         return   # nothing to choose between (the int8-cache variants are timed only beside a choice)
     threads = cpu_threads()
     load = os.getloadavg()
-    times = measure(files, cache, manifest["max_length"], cfg, threads)
+    times = measure(files, cache, manifest.max_length, cfg, threads)
     for v, t in times.items():
         report["variants"][v]["step_ms"] = t
     report["speed"] = {"what": "one decode step, one new token per row, cache bound in place (IOBinding)",
-                       "past": min(cfg.past, manifest["max_length"] - 1), "threads": threads,
+                       "past": min(cfg.past, manifest.max_length - 1), "threads": threads,
                        "spinning": cfg.spinning, "rounds": cfg.rounds, "steps_per_round": cfg.steps,
                        "loadavg_before": [round(x, 2) for x in load],
                        "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -9,6 +9,7 @@ from pathlib import Path
 from tokenizers import Encoding, Tokenizer
 
 from .errors import ExportError
+from .source import optional_json
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +63,7 @@ def package_tokenizer(checkpoint: Path, package: Path, max_length: int) -> list[
     tok.no_padding()
     tok.no_truncation()
     tok.save(str(package / "tokenizer.json"))
-    cfg_src = checkpoint / "tokenizer_config.json"
-    cfg: dict = {}
-    if cfg_src.is_file():
-        try:
-            cfg = json.loads(cfg_src.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ExportError(f"checkpoint: {cfg_src} is not valid JSON ({exc})") from None
+    cfg = optional_json(checkpoint / "tokenizer_config.json")
     # HF writes a huge sentinel when unknown; the package states the real limit (positions of the model).
     mml = cfg.get("model_max_length")
     if not isinstance(mml, int) or mml > max_length:

@@ -135,13 +135,14 @@ class CacheSpec:
                    extra={k: v for k, v in d.items() if k not in _CACHE_KEYS}, has_layout="layout" in d)
 
     def to_dict(self) -> dict[str, Any]:
+        # The exporter's key order: sizes, then the layout, then what it does not type (mixed graphs).
         out: dict[str, Any] = {"num_layers": self.num_layers, "num_heads": self.num_heads, "head_dim": self.head_dim}
-        if self.has_layout or self.layout != LAYOUT_CONCAT:
-            out["layout"] = self.layout
         if self.num_kv_heads is not None:
             out["num_kv_heads"] = self.num_kv_heads
         if self.model_head_dim is not None:
             out["model_head_dim"] = self.model_head_dim
+        if self.has_layout or self.layout != LAYOUT_CONCAT:
+            out["layout"] = self.layout
         return {**out, **self.extra}
 
 

@@ -231,3 +231,18 @@ def test_pipeline_embed_minilm_publishes_once(tmp_path: Path) -> None:
     assert cfg.embed_checkpoint == minilm_dir() and cfg.names["embed"] == MINILM
     assert publish(cfg.repository, MINILM, "embed", cfg.embed_checkpoint, cfg.variants["embed"]) == 1
     assert publish(cfg.repository, MINILM, "embed", cfg.embed_checkpoint, cfg.variants["embed"]) is None
+
+
+def test_embed_gate_breach_publishes_nothing(tiny_checkpoints, tmp_path: Path) -> None:
+    """The embedding builder's refusal goes through the shared skeleton: its own failure lines, parity.json's
+    report on the exception, no version directory and no staging left behind."""
+    from export import ExportConfig, ParityFailure, Tolerances, export_checkpoint
+
+    cfg = ExportConfig(checkpoint=tiny_checkpoints.mlm, task="embed", repository=tmp_path, name="tight",
+                       tolerances=Tolerances(fp32_atol=-1.0))   # a limit no graph can meet
+    with pytest.raises(ParityFailure) as caught:
+        export_checkpoint(cfg)
+    message = str(caught.value)
+    assert message.startswith("parity gate failed for tight; nothing published\n  batch1: max |onnx - torch|")
+    assert caught.value.report["passed"] is False and caught.value.report["variants"]["fp32"]["status"] == "FAILED"
+    assert not (tmp_path / "tight").exists()

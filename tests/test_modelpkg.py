@@ -39,6 +39,8 @@ def test_every_exported_manifest_round_trips(tiny_repository: Path) -> None:
         manifest = Manifest.from_dict(data)
         assert manifest.to_dict() == data, path
         assert list(manifest.to_dict()) == list(data), path  # key order kept too
+        # The exporter writes model.json through the typed Manifest: the file is its to_json(), byte for byte.
+        assert manifest.to_json() == path.read_text(), path
     gpt = Manifest.from_json((tiny_repository / GPT / "1" / "model.json").read_text())
     assert gpt.cache is not None and gpt.cache.layout in ("concat", "inplace") and gpt.cache.kv_heads >= 1
     assert Manifest.from_json((tiny_repository / CLASSIFIER / "1" / "model.json").read_text()).labels == (
