@@ -5,6 +5,7 @@ The reference for "standard" is the descriptor compiled into the real tritonclie
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,9 @@ PROTOS = ROOT / "protos"
 
 def test_stubs_are_not_stale(tmp_path: Path) -> None:
     """Regenerating with the documented command reproduces every committed stub byte for byte."""
-    subprocess.run(["bash", str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True, cwd=ROOT)
+    # The script runs `python`: this interpreter's, whether or not its venv is activated.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    subprocess.run(["bash", str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True, cwd=ROOT, env=env)
     generated = sorted((tmp_path / "protos").iterdir())
     assert {p.name for p in generated} >= {"grpc_service_pb2.py", "grpc_service_pb2_grpc.py",
                                            "grpc_service_pb2.pyi", "ortserve_pb2.py", "ortserve_pb2_grpc.py",
