@@ -4,14 +4,48 @@ Field names and types are OpenAI's (vLLM's extra sampling fields too: top_k, min
 repetition_penalty, stop_token_ids, ignore_eos, prompt_logprobs). Every optional field is `X | None = None`:
 null means absent, and the defaults live where the request becomes GenerationParams (params.py). Fields of a
 shape JSON types cannot say (a prompt that is a string, a list of strings, a list of token ids or a list of
-such lists) are typed as loosely as JSON allows and checked by the route, which names the field. Unknown
-fields are ignored, as OpenAI's own server and vLLM do.
+such lists) are typed as loosely as JSON allows and checked by the route, which names the field.
+
+Unknown fields are ignored, as OpenAI's own server and vLLM do (`user`, `metadata`, `store`, `priority`, ...:
+none changes the answer). Fields that OpenAI, vLLM or Hugging Face servers accept and that WOULD change the
+answer, which this server does not implement (beam search, guided decoding, tools, ...), are declared in each
+type's UNSUPPORTED table with the values that mean "off": `refuse_unsupported` refuses any other value naming
+the field, so a client never gets an answer computed without what it asked for.
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, ClassVar
 
 import msgspec
+
+from server.errors import ServingError
+
+_ = msgspec.UNSET
+# Field -> the values that leave the answer as this server computes it (absent and null are always accepted).
+_SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "num_beams": (1,), "use_beam_search": (False,), "length_penalty": (1, 1.0), "early_stopping": (False,),
+    "do_sample": (True,), "typical_p": (1, 1.0), "suffix": ("",),
+    "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
+    "guided_grammar": (), "structured_outputs": (), "allowed_token_ids": (), "bad_words": ([],),
+    "logits_processors": ([],), "truncate_prompt_tokens": (), "prompt_embeds": (),
+    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,), "add_special_tokens": (True,),
+    "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
+}
+
+
+def refuse_unsupported(request: msgspec.Struct) -> None:
+    """INVALID_ARGUMENT naming the first field of type(request).UNSUPPORTED given a value that would change the
+    answer (types compared too: `num_beams: true` is not 1)."""
+    for name, neutral in getattr(type(request), "UNSUPPORTED", {}).items():
+        value = getattr(request, name)
+        if value is msgspec.UNSET or value is None or any(type(value) is type(n) and value == n for n in neutral):
+            continue
+        accepted = " or ".join(json.dumps(n) for n in neutral)
+        hint = f"; only {accepted} (or leaving it out) is accepted" if accepted else ""
+        raise ServingError.invalid(name, f"is not supported by this server, and it would change the answer"
+                                         f"{hint}; got {json.dumps(value)[:60]}")
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -38,10 +72,36 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     n: int | None = None
     best_of: int | None = None
-    suffix: str | None = None
+    suffix: Any = _
     prompt_logprobs: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    # Refused unless off (UNSUPPORTED); typed loosely so that any value reaches the refusal naming the field.
+    num_beams: Any = _
+    use_beam_search: Any = _
+    length_penalty: Any = _
+    early_stopping: Any = _
+    do_sample: Any = _
+    typical_p: Any = _
+    response_format: Any = _
+    guided_json: Any = _
+    guided_regex: Any = _
+    guided_choice: Any = _
+    guided_grammar: Any = _
+    structured_outputs: Any = _
+    allowed_token_ids: Any = _
+    bad_words: Any = _
+    logits_processors: Any = _
+    truncate_prompt_tokens: Any = _
+    prompt_embeds: Any = _
+    include_stop_str_in_output: Any = _
+    skip_special_tokens: Any = _
+    spaces_between_special_tokens: Any = _
+    add_special_tokens: Any = _
+    return_tokens_as_token_ids: Any = _
+    return_token_ids: Any = _
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = _SAMPLING_UNSUPPORTED
 
 
 class CompletionRequest(SamplingRequest, kw_only=True):
@@ -64,6 +124,26 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     logprobs: bool | None = None    # chat: a switch, with top_logprobs alternatives
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
+    tools: Any = _
+    tool_choice: Any = _
+    functions: Any = _
+    function_call: Any = _
+    audio: Any = _
+    modalities: Any = _
+    reasoning_effort: Any = _
+    web_search_options: Any = _
+    echo: Any = _
+    add_generation_prompt: Any = _
+    continue_final_message: Any = _
+    chat_template: Any = _
+    chat_template_kwargs: Any = _
+    documents: Any = _
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_SAMPLING_UNSUPPORTED, "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],),
+        "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],), "reasoning_effort": (),
+        "web_search_options": (), "echo": (False,), "add_generation_prompt": (True,),
+        "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},), "documents": ([],)}
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
@@ -74,6 +154,13 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     encoding_format: str | None = None
     dimensions: int | None = None
     truncate: bool | None = None
+    truncate_prompt_tokens: Any = _
+    add_special_tokens: Any = _
+    normalize: Any = _
+    embed_dtype: Any = _
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "truncate_prompt_tokens": (), "add_special_tokens": (True,), "normalize": (), "embed_dtype": ("float32",)}
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -81,6 +168,10 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
     model: str
     prompt: str
+    add_special_tokens: Any = _
+    return_token_strs: Any = _
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"add_special_tokens": (True,), "return_token_strs": (False,)}
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
