@@ -508,6 +508,14 @@ class SequenceStream:
         if not self._seq.done:
             self._engine._abandon(self._seq)
 
+    def __del__(self) -> None:
+        # Dropped unclosed (a response never sent: its client left before the first byte): nobody can read it.
+        if not self._ended and not self._seq.done:
+            try:
+                self._engine._abandon(self._seq)
+            except Exception:   # (at interpreter exit the engine may be half torn down: nothing left to free)
+                pass
+
 
 def _deadline_passed(seq: Sequence, now: float) -> bool:
     return seq.deadline is not None and seq.deadline <= now

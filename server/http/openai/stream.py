@@ -40,7 +40,11 @@ async def _ended(events: AsyncIterator[bytes], streams: list[AsyncIterator[Strea
 async def opened(streams: list[AsyncIterator[StreamPart]]) -> list[StreamPart | None]:
     """The first part of each of a request's streams. Admission and parameter errors answer with their status,
     not a 200 stream, so every first part is awaited; on an error every stream is closed and it is raised."""
-    firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
+    try:
+        firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
+    except BaseException:     # cancelled (its client left): the streams that had started are closed too
+        await close(streams)
+        raise
     failed = [f for f in firsts if isinstance(f, BaseException)]
     if failed:
         await close(streams)
