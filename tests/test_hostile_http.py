@@ -371,6 +371,10 @@ def test_a_request_that_can_never_be_admitted_is_invalid_not_429(
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/chat/completions", {"num_beams": 2}, "num_beams"),
     ("/v1/embeddings", {"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+    ("/v1/completions", {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+                                           {"role": "user", "content": "hi"}]}, "messages[0].tool_calls"),
 ])
 def test_a_field_that_would_change_the_answer_is_refused_naming_it(http: httpx.Client, path: str,
                                                                    extra: dict[str, Any], field: str) -> None:

@@ -21,7 +21,7 @@ import msgspec
 
 from server.errors import ServingError
 
-_ = msgspec.UNSET
+UNSET = msgspec.UNSET   # absent (null is None): the refusal tells them apart from a given value
 # Field -> the values that leave the answer as this server computes it (absent and null are always accepted).
 _SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "num_beams": (1,), "use_beam_search": (False,), "length_penalty": (1, 1.0), "early_stopping": (False,),
@@ -35,21 +35,33 @@ _SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def refuse_unsupported(request: msgspec.Struct) -> None:
+def refuse_unsupported(request: msgspec.Struct, prefix: str = "") -> None:
     """INVALID_ARGUMENT naming the first field of type(request).UNSUPPORTED given a value that would change the
-    answer (types compared too: `num_beams: true` is not 1)."""
+    answer (types compared too: `num_beams: true` is not 1), in the request and in the typed objects it holds
+    (`stream_options`, `messages[i]`)."""
     for name, neutral in getattr(type(request), "UNSUPPORTED", {}).items():
         value = getattr(request, name)
         if value is msgspec.UNSET or value is None or any(type(value) is type(n) and value == n for n in neutral):
             continue
         accepted = " or ".join(json.dumps(n) for n in neutral)
         hint = f"; only {accepted} (or leaving it out) is accepted" if accepted else ""
-        raise ServingError.invalid(name, f"is not supported by this server, and it would change the answer"
-                                         f"{hint}; got {json.dumps(value)[:60]}")
+        raise ServingError.invalid(prefix + name, f"is not supported by this server, and it would change the "
+                                                  f"answer{hint}; got {json.dumps(value)[:60]}")
+    for name in request.__struct_fields__:
+        value = getattr(request, name)
+        if isinstance(value, msgspec.Struct):
+            refuse_unsupported(value, f"{prefix}{name}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, msgspec.Struct):
+                    refuse_unsupported(item, f"{prefix}{name}[{i}].")
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool | None = None
+    continuous_usage_stats: Any = UNSET     # vLLM's usage in every chunk: refused unless off
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"continuous_usage_stats": (False,)}
 
 
 class SamplingRequest(msgspec.Struct, kw_only=True):
@@ -72,34 +84,34 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     n: int | None = None
     best_of: int | None = None
-    suffix: Any = _
+    suffix: Any = UNSET
     prompt_logprobs: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     # Refused unless off (UNSUPPORTED); typed loosely so that any value reaches the refusal naming the field.
-    num_beams: Any = _
-    use_beam_search: Any = _
-    length_penalty: Any = _
-    early_stopping: Any = _
-    do_sample: Any = _
-    typical_p: Any = _
-    response_format: Any = _
-    guided_json: Any = _
-    guided_regex: Any = _
-    guided_choice: Any = _
-    guided_grammar: Any = _
-    structured_outputs: Any = _
-    allowed_token_ids: Any = _
-    bad_words: Any = _
-    logits_processors: Any = _
-    truncate_prompt_tokens: Any = _
-    prompt_embeds: Any = _
-    include_stop_str_in_output: Any = _
-    skip_special_tokens: Any = _
-    spaces_between_special_tokens: Any = _
-    add_special_tokens: Any = _
-    return_tokens_as_token_ids: Any = _
-    return_token_ids: Any = _
+    num_beams: Any = UNSET
+    use_beam_search: Any = UNSET
+    length_penalty: Any = UNSET
+    early_stopping: Any = UNSET
+    do_sample: Any = UNSET
+    typical_p: Any = UNSET
+    response_format: Any = UNSET
+    guided_json: Any = UNSET
+    guided_regex: Any = UNSET
+    guided_choice: Any = UNSET
+    guided_grammar: Any = UNSET
+    structured_outputs: Any = UNSET
+    allowed_token_ids: Any = UNSET
+    bad_words: Any = UNSET
+    logits_processors: Any = UNSET
+    truncate_prompt_tokens: Any = UNSET
+    prompt_embeds: Any = UNSET
+    include_stop_str_in_output: Any = UNSET
+    skip_special_tokens: Any = UNSET
+    spaces_between_special_tokens: Any = UNSET
+    add_special_tokens: Any = UNSET
+    return_tokens_as_token_ids: Any = UNSET
+    return_token_ids: Any = UNSET
 
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = _SAMPLING_UNSUPPORTED
 
@@ -115,6 +127,10 @@ class CompletionRequest(SamplingRequest, kw_only=True):
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[Any] | None = None    # a string, or parts [{"type": "text", "text": ...}, ...]
+    tool_calls: Any = UNSET                   # the template renders role and content only: refused unless empty
+    function_call: Any = UNSET
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"tool_calls": ([],), "function_call": ()}
 
 
 class ChatCompletionRequest(SamplingRequest, kw_only=True):
@@ -124,20 +140,20 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     logprobs: bool | None = None    # chat: a switch, with top_logprobs alternatives
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
-    tools: Any = _
-    tool_choice: Any = _
-    functions: Any = _
-    function_call: Any = _
-    audio: Any = _
-    modalities: Any = _
-    reasoning_effort: Any = _
-    web_search_options: Any = _
-    echo: Any = _
-    add_generation_prompt: Any = _
-    continue_final_message: Any = _
-    chat_template: Any = _
-    chat_template_kwargs: Any = _
-    documents: Any = _
+    tools: Any = UNSET
+    tool_choice: Any = UNSET
+    functions: Any = UNSET
+    function_call: Any = UNSET
+    audio: Any = UNSET
+    modalities: Any = UNSET
+    reasoning_effort: Any = UNSET
+    web_search_options: Any = UNSET
+    echo: Any = UNSET
+    add_generation_prompt: Any = UNSET
+    continue_final_message: Any = UNSET
+    chat_template: Any = UNSET
+    chat_template_kwargs: Any = UNSET
+    documents: Any = UNSET
 
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
         **_SAMPLING_UNSUPPORTED, "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],),
@@ -154,10 +170,10 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     encoding_format: str | None = None
     dimensions: int | None = None
     truncate: bool | None = None
-    truncate_prompt_tokens: Any = _
-    add_special_tokens: Any = _
-    normalize: Any = _
-    embed_dtype: Any = _
+    truncate_prompt_tokens: Any = UNSET
+    add_special_tokens: Any = UNSET
+    normalize: Any = UNSET
+    embed_dtype: Any = UNSET
 
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
         "truncate_prompt_tokens": (), "add_special_tokens": (True,), "normalize": (), "embed_dtype": ("float32",)}
@@ -168,8 +184,8 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
     model: str
     prompt: str
-    add_special_tokens: Any = _
-    return_token_strs: Any = _
+    add_special_tokens: Any = UNSET
+    return_token_strs: Any = UNSET
 
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"add_special_tokens": (True,), "return_token_strs": (False,)}
 
