@@ -7,7 +7,7 @@ HTTP / gRPC clients:
    server's own counters (tokens generated after the answer or the disconnect) and a bystander completion;
 2. inputs of an allowed size do not freeze the server: tokenizing many long texts, a body of millions of empty
    lists, /detokenize with millions of ids, a BYTES tensor of shape [1] holding millions of empty elements
-   (REST and gRPC); a bystander's health check stays under 100 ms meanwhile;
+   (REST and gRPC); a bystander's health check stays under 100 ms (beyond the loaded machine's own noise);
 3. 400 naming the field, never 500: integers beyond Python's 4300-digit limit, lone surrogates, a shape beyond
    int64, a lying Inference-Header-Content-Length, JSON-in-string parameters that are not JSON we can read;
 5. a request that can never be admitted (more sequences than the queue plus the running batch) is 400 /
@@ -34,7 +34,7 @@ from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kser
 
 GPT, CLASSIFIER, EMBED, CHAT = "tiny-gpt", "tiny-classifier", "tiny-embed", "chat-gpt"
 QUEUE, SEQUENCES = 4, 2          # --max-queued-requests, --max-sequences: no request may hold more than 6 sequences
-HEALTH_BOUND_S = 0.1             # the probe saw 3 to 14 s; a health check is ~2 ms on an idle server
+HEALTH_BOUND_S = 0.1             # beyond the undisturbed worst; the probe saw 3 to 14 s (a check is ~2 ms when idle)
 TOKENS = "ortserve_generated_tokens_total"
 PREFILLED = "ortserve_prefill_tokens_total"
 
@@ -82,11 +82,14 @@ def kserve(server: ServerProcess) -> Iterator[kserve_grpc.GRPCInferenceServiceSt
 
 
 class HealthBystander:
-    """GET /v2/health/ready in a loop on its own connection while a test misbehaves, each call timed."""
+    """GET /v2/health/ready in a loop on its own connection while a test misbehaves, each call timed. The first
+    half second is the baseline: the bound is HEALTH_BOUND_S beyond the worst check of an undisturbed server on
+    the same (shared, loaded) cores, so that scheduling noise is not counted as a freeze."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.latency: list[float] = []
+        self.baseline: list[float] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -105,8 +108,8 @@ class HealthBystander:
 
     def __enter__(self) -> "HealthBystander":
         self._thread.start()
-        while len(self.latency) < 3:
-            time.sleep(0.01)
+        time.sleep(0.5)
+        self.baseline, self.latency = self.latency, []
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -115,8 +118,9 @@ class HealthBystander:
 
     def check(self) -> float:
         assert not self.errors, self.errors[:3]
-        worst = max(self.latency)
-        assert worst < HEALTH_BOUND_S, f"a health check took {worst * 1000:.0f} ms ({len(self.latency)} checks)"
+        worst, noise = max(self.latency, default=0.0), max(self.baseline)
+        assert worst < HEALTH_BOUND_S + noise, \
+            f"a health check took {worst * 1000:.0f} ms ({len(self.latency)} checks; undisturbed: {noise * 1000:.0f} ms)"
         return worst
 
 
@@ -192,30 +196,38 @@ def test_a_completion_whose_client_disconnects_is_cancelled(server: ServerProces
                                                             path: str) -> None:
     """Before: a non-streamed /v1/completions (or chat) went on generating after its client left (the probe:
     ~59,000 tokens, a neighbour waited 17.5 s). Now the route is cancelled with the connection: at most the
-    step computing when it left finishes."""
+    steps computing when it left finish. The client leaves as soon as the first tokens are counted."""
     if path == "/v1/completions":   # 4 sequences x 100 tokens, 2 at a time (~0.2 s on 2 idle cores)
         body = {"model": GPT, "prompt": ["Now is the winter", "To be, or not"], "n": 2}
     else:
         body = {"model": CHAT, "messages": [{"role": "user", "content": "Who art thou?"}], "n": 4}
     payload = json.dumps({**body, "max_tokens": 100, "ignore_eos": True, "seed": 1}).encode()
-    before = settled(server, TOKENS)
-    with socket.create_connection((server.host, server.http_port)) as raw:   # a client that leaves after 30 ms
+    def generated() -> float:
+        return server.metric(TOKENS, model=GPT) + server.metric(TOKENS, model=CHAT)
+
+    settled(server, TOKENS)
+    before = generated()
+    with socket.create_connection((server.host, server.http_port)) as raw:   # a client that leaves once it runs
         raw.sendall(b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d"
                     b"\r\n\r\n%s" % (path.encode(), len(payload), payload))
-        time.sleep(0.03)
-    left = server.metric(TOKENS, model=GPT) + server.metric(TOKENS, model=CHAT)
+        end = time.monotonic() + 10
+        while generated() == before and time.monotonic() < end:
+            time.sleep(0.002)
+    left = generated()
     started = time.perf_counter()
     neighbour = http.post("/v1/completions", json={"model": GPT, "prompt": "Friends", "max_tokens": 8,
                                                    "ignore_eos": True})
     waited = time.perf_counter() - started
     assert neighbour.status_code == 200, neighbour.text
-    after = settled(server, TOKENS) + server.metric(TOKENS, model=CHAT)
-    generated = after - before - 8
-    assert generated < 400 / 2, f"{generated:.0f} of 400 tokens generated for a client that left after 30 ms"
+    settled(server, TOKENS)
+    after = generated()
+    orphans = after - left - 8                   # generated after the client left (the neighbour's 8 aside)
+    assert left > before, "the request never started generating"
+    assert orphans <= 4 * SEQUENCES, f"{orphans:.0f} tokens generated after the client left ({left - before:.0f} before)"
     assert server.metric("ortserve_active_sequences", model=GPT) == 0
     assert server.metric("ortserve_active_sequences", model=CHAT) == 0
-    print(f"\n{path} disconnect: {generated:.0f} of 400 tokens generated ({after - left - 8:.0f} after the client "
-          f"left); neighbour 8 tokens in {waited * 1000:.0f} ms")
+    print(f"\n{path} disconnect: {left - before:.0f} of 400 tokens generated before the client left, {orphans:.0f} "
+          f"after; neighbour 8 tokens in {waited * 1000:.0f} ms")
 
 
 # ---------------------------------------------------------------------------- 2. allowed sizes do not freeze it
