@@ -38,6 +38,7 @@ _FROM_NAME = {
     "string": "BYTES",
 }
 _LEN = struct.Struct("<I")
+_INT64_MAX = 2 ** 63 - 1
 
 
 def kserve_datatype(dtype_name: str) -> str:
@@ -59,12 +60,36 @@ def datatype_of(array: np.ndarray) -> str:
     return kserve_datatype(array.dtype.name)
 
 
-def decode_bytes(raw: bytes, count: int, field: str) -> np.ndarray:
-    """Length-prefixed elements -> object array of `count` bytes values."""
+def check_shape(shape: list[int], field: str) -> None:
+    """Dimensions are int64 values >= 0 (KServe's shape type; JSON can say more) whose product, zeros left out,
+    an array can address in bytes (numpy refuses [0, 2**62] of INT64 with a bare ValueError)."""
+    for d in shape:
+        if d < 0:
+            raise ServingError.invalid(field, f"negative dimension in {list(shape)}")
+        if d > _INT64_MAX:
+            raise ServingError.invalid(field, f"dimension {d} is beyond int64 (KServe shapes are int64)")
+    if math.prod(d for d in shape if d) > _INT64_MAX // 16:
+        raise ServingError.invalid(field, f"{list(shape)} describes more elements than an array can address")
+
+
+def check_bytes_count(count: int, most: int | None, field: str) -> None:
+    """A BYTES tensor's elements are texts, one per row of a request (KServe text mode; no served graph takes
+    BYTES): more than a request's rows are refused before any is decoded (each costs a Python object)."""
+    if most is not None and count > most:
+        raise ServingError.invalid(field, f"{count} BYTES elements exceed max_rows_per_request {most} (one text "
+                                          "per element; send them in several requests)")
+
+
+def decode_bytes(raw: bytes | memoryview, count: int, field: str) -> np.ndarray:
+    """Length-prefixed elements -> object array of `count` bytes values (stops at the first element beyond
+    `count`: a tensor of shape [1] holding millions of empty elements costs one step more than its shape)."""
     items: list[bytes] = []
     view = memoryview(raw)
     pos = 0
     while pos < len(view):
+        if len(items) == count:
+            raise ServingError.invalid(field, f"holds more BYTES elements than its shape's {count} (bytes from "
+                                              f"byte {pos} on are left over)")
         if pos + 4 > len(view):
             raise ServingError.invalid(field, f"truncated BYTES element length at byte {pos}")
         (length,) = _LEN.unpack_from(view, pos)
@@ -89,14 +114,16 @@ def encode_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def decode_tensor(name: str, datatype: str, shape: list[int], raw: bytes | None, contents: Any,
-                  field: str) -> np.ndarray:
-    """One request input -> numpy. `field` (e.g. "inputs[1]") prefixes every error message."""
+def decode_tensor(name: str, datatype: str, shape: list[int], raw: bytes | memoryview | None, contents: Any,
+                  field: str, max_bytes_elements: int | None = None) -> np.ndarray:
+    """One request input -> numpy. `field` (e.g. "inputs[1]") prefixes every error message; a BYTES tensor of
+    more than `max_bytes_elements` elements is refused before it is decoded."""
     if datatype not in _TO_NUMPY:
         raise ServingError.invalid(f"{field}.datatype", f"unknown datatype {datatype!r}")
-    if any(d < 0 for d in shape):
-        raise ServingError.invalid(f"{field}.shape", f"negative dimension in {list(shape)}")
+    check_shape(shape, f"{field}.shape")
     count = math.prod(shape)  # Python ints: np.prod in int64 wraps (2**32 x 2**32 -> 0) and let huge shapes through
+    if datatype == "BYTES":
+        check_bytes_count(count, max_bytes_elements, f"{field}.shape")
     dtype = _TO_NUMPY[datatype]
     if raw is not None:
         if datatype == "BYTES":

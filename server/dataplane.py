@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from server.admission import AdmissionLimits
 from server.batching import BatchConfig
 from server.errors import Code, ServingError
-from server.generation import GenerationConfig, GenerationParams
+from server.generation import GenerationConfig, GenerationParams, StreamChunk
 from server.metrics import Metrics
 from server.model import RuntimeConfig, ServedModel
 from server.repository import ModelRepository
@@ -76,7 +76,7 @@ def select_outputs(result: dict[str, np.ndarray], outputs: list[str] | None) -> 
 
 def _prompt_text(served: ServedModel, prompt: str | list[int]) -> str:
     """A prompt as text: token ids decoded by the version that generates from them (checked by then)."""
-    return prompt if isinstance(prompt, str) else served.detokenize(prompt)
+    return prompt if isinstance(prompt, str) else served.prompt_text(prompt)
 
 
 def _unknown(field: str, name: str, version: int) -> ServingError:
@@ -105,6 +105,66 @@ class Lease:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self._version.stats.record_request(kind is None, time.perf_counter() - self._started)
         self._plane._done(self._version)
+
+
+class _SharedLease:
+    """One lease held by a request's streams: ended (and recorded) when the last one ends."""
+
+    __slots__ = ("_lease", "_open", "_failed")
+
+    def __init__(self, lease: Lease, streams: int) -> None:
+        self._lease, self._open, self._failed = lease, streams, False
+        if streams == 0:
+            lease.__exit__(None, None, None)
+
+    def end(self, ok: bool) -> None:
+        self._failed = self._failed or not ok
+        self._open -= 1
+        if self._open == 0:
+            self._lease.__exit__(Exception if self._failed else None, None, None)   # (the statistics' outcome)
+
+
+class _Parts:
+    """One stream of generate_streams: its chunks as StreamParts (the first with the prompt's text when echoed);
+    its end, or aclose(), gives back its share of the request's lease."""
+
+    def __init__(self, served: ServedModel, chunks: AsyncIterator[StreamChunk], echo: str | list[int] | None,
+                 held: _SharedLease) -> None:
+        self._served, self._chunks, self._echo, self._held = served, chunks, echo, held
+        self._open = True
+
+    def __aiter__(self) -> "_Parts":
+        return self
+
+    async def __anext__(self) -> StreamPart:
+        if not self._open:
+            raise StopAsyncIteration
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._end(True)
+            raise
+        except BaseException:
+            await self.aclose()
+            raise
+        text = None
+        if self._echo is not None:
+            text, self._echo = _prompt_text(self._served, self._echo), None
+        if chunk.final:
+            self._end(True)
+        return StreamPart(model=self._served.name, version=self._served.version, chunk=chunk, prompt_text=text)
+
+    async def aclose(self) -> None:
+        if self._open:
+            try:
+                await self._chunks.aclose()  # type: ignore[attr-defined]
+            finally:
+                self._end(False)
+
+    def _end(self, ok: bool) -> None:
+        if self._open:
+            self._open = False
+            self._held.end(ok)
 
 
 class DataPlane:
@@ -153,6 +213,12 @@ class DataPlane:
     def metrics_exposition(self) -> bytes:
         """Every metric of the server in Prometheus' text format (what --metrics-port serves)."""
         return generate_latest(self.metrics.registry)
+
+    @property
+    def max_bytes_elements(self) -> int:
+        """Elements of one KServe BYTES tensor: each is a text, one row of a request (no served graph takes
+        BYTES), so max_rows_per_request; the doors check it before decoding any."""
+        return self.settings.max_rows_per_request
 
     @property
     def inflight(self) -> int:
@@ -224,9 +290,10 @@ class DataPlane:
             return await served.fill_mask(texts, top_k, truncate, deadline)
 
     async def embed(self, model: str, version: int, texts: list[str], truncate: bool = False,
-                    deadline: float | None = None) -> EmbedResult:
+                    deadline: float | None = None, dimensions: int | None = None) -> EmbedResult:
+        """dimensions: the vector length the caller asks for (OpenAI's), refused up front unless the model's."""
         with self.lease(model, version) as served:
-            return await served.embed(texts, truncate, deadline)
+            return await served.embed(texts, truncate, deadline, dimensions)
 
     async def generate(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None = None, echo: bool = False) -> GenerateResult:
@@ -235,6 +302,18 @@ class DataPlane:
             output = await served.generate(prompt, params, deadline)
             return GenerateResult(model=served.name, version=served.version, output=output,
                                   prompt_text=_prompt_text(served, prompt) if echo else None)
+
+    async def generate_many(self, model: str, version: int, jobs: list[tuple[str | list[int], GenerationParams]],
+                            deadline: float | None = None, echo: bool = False,
+                            field: str = "prompt") -> list[GenerateResult]:
+        """Every (prompt, params) of one request (KServe's prompts, OpenAI's prompts x n) on one version, admitted
+        together or refused before any starts; one failing, or the caller going away, cancels the others.
+        `field` names the request's prompts in a refusal of their number."""
+        with self.lease(model, version) as served:
+            outputs = await served.generate_many(jobs, deadline, field)
+            return [GenerateResult(model=served.name, version=served.version, output=output,
+                                   prompt_text=_prompt_text(served, prompt) if echo else None)
+                    for output, (prompt, _) in zip(outputs, jobs)]
 
     async def generate_stream(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                               deadline: float | None = None, echo: bool = False) -> AsyncIterator[StreamPart]:
@@ -251,12 +330,28 @@ class DataPlane:
             finally:
                 await chunks.aclose()  # type: ignore[attr-defined]
 
-    def tokenize(self, model: str, version: int, text: str) -> list[int]:
-        """The ids a generation model makes of a text prompt."""
-        return self.repository.resolve(model, version).model.tokenize(text)
+    async def generate_streams(self, model: str, version: int, jobs: list[tuple[str | list[int], GenerationParams]],
+                               deadline: float | None = None, echo: bool = False,
+                               field: str = "prompt") -> list[AsyncIterator[StreamPart]]:
+        """generate_stream for every (prompt, params) of one request, admitted together (as generate_many): the
+        request holds its version until the last stream is closed (or ends); close every one."""
+        lease = self.lease(model, version)
+        served = lease.__enter__()
+        try:
+            streams = await served.stream_many(jobs, deadline, field)
+        except BaseException as exc:
+            lease.__exit__(type(exc), exc, None)
+            raise
+        held = _SharedLease(lease, len(streams))
+        return [_Parts(served, stream, prompt if echo else None, held) for stream, (prompt, _) in zip(streams, jobs)]
 
-    def detokenize(self, model: str, version: int, token_ids: list[int]) -> str:
-        return self.repository.resolve(model, version).model.detokenize(token_ids)
+    async def tokenize(self, model: str, version: int, text: str) -> list[int]:
+        """The ids a generation model makes of a text prompt (a long one tokenized off the event loop)."""
+        return await self.repository.resolve(model, version).model.tokenize(text)
+
+    async def detokenize(self, model: str, version: int, token_ids: list[int]) -> str:
+        """The text of at most a context of token ids (INVALID_ARGUMENT naming `tokens` beyond it)."""
+        return await self.repository.resolve(model, version).model.detokenize(token_ids)
 
     def chat_template(self, model: str, version: int = 0) -> ChatTemplate | None:
         """The chat template of the version a request would reach; None when its package has none."""

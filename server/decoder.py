@@ -8,6 +8,7 @@ process on inconsistent caller tensors. KServe's text mode (a BYTES input "promp
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import AsyncIterator, Iterator
 
@@ -16,6 +17,7 @@ from server.consistency import check_prompts, check_tokenizer
 from server.errors import Code, ServingError
 from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
                                OverloadedError, StreamChunk)
+from server.generation.engine import INLINE_PROMPT_SIZE, Job, SequenceStream
 from server.model import Feeds, Loaded, ServedModel
 from server.sessions import create_session
 from server.tokenization import load_tokenizer
@@ -68,11 +70,23 @@ class DecoderModel(ServedModel):
     async def close(self) -> None:
         await self.engine.stop()
 
-    def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, text: str) -> list[int]:
         with engine_errors():
-            return self.engine.tokenize(text)
+            if len(text) <= INLINE_PROMPT_SIZE:
+                return self.engine.tokenize(text)
+            return await asyncio.get_running_loop().run_in_executor(None, self.engine.tokenize_batched, text)
 
-    def detokenize(self, token_ids: list[int]) -> str:
+    async def detokenize(self, token_ids: list[int]) -> str:
+        context = self.engine.spec.max_length
+        if len(token_ids) > context:   # bounded before anything is looked at: a list may hold millions
+            raise ServingError.invalid("tokens", f"{len(token_ids)} ids exceed the model's context of {context} "
+                                                 "tokens (detokenize at most one context per request)")
+        with engine_errors():
+            if len(token_ids) <= INLINE_PROMPT_SIZE:
+                return self.engine.detokenize(token_ids)
+            return await asyncio.get_running_loop().run_in_executor(None, self.engine.detokenize_batched, token_ids)
+
+    def prompt_text(self, token_ids: list[int]) -> str:
         with engine_errors():
             return self.engine.detokenize(token_ids)
 
@@ -94,6 +108,15 @@ class DecoderModel(ServedModel):
         with engine_errors():
             return await self.engine.generate(prompt, params, deadline)
 
+    async def generate_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[GenerationResult]:
+        with engine_errors():
+            return await self.engine.generate_many(jobs, deadline, field)
+
+    async def stream_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[AsyncIterator[StreamChunk]]:
+        with engine_errors():
+            streams = await self.engine.stream_many(jobs, deadline, field)
+        return [_Mapped(s) for s in streams]
+
     async def stream(self, prompt: str | list[int], params: GenerationParams,
                      deadline: float | None) -> AsyncIterator[StreamChunk]:
         """Chunks of one sequence; closing the iterator cancels the sequence and frees its slot."""
@@ -109,3 +132,20 @@ class DecoderModel(ServedModel):
         raise ServingError.invalid("model", f"{self.name!r} is a decoder whose KV cache belongs to the generation "
                                             f"engine: raw graph calls are not served; use Generate, GenerateStream "
                                             f"or ModelInfer text mode (input 'prompt')")
+
+
+class _Mapped:
+    """A sequence's chunk stream whose errors are ServingErrors (engine_errors)."""
+
+    def __init__(self, stream: SequenceStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> "_Mapped":
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        with engine_errors():
+            return await self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

@@ -9,6 +9,7 @@ size before compute. A request of more rows than a batch goes in pieces, a few q
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import numpy as np
 
@@ -25,12 +26,19 @@ from server.types import (Classification, ClassifyResult, EmbedResult, FillMaskR
                           TokenCandidate)
 
 DEFAULT_FILL_MASK_TOP_K = 5
+# Characters of one request's texts above which they are tokenized in a worker thread (below: well under 1 ms).
+INLINE_TEXT_CHARS = 16_384
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     e = np.exp(shifted)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def _dimensions(name: str, dimension: int, asked: int) -> ServingError:
+    return ServingError.invalid("dimensions", f"{name!r} answers {dimension}-dimensional vectors (no shortening), "
+                                              f"got {asked}")
 
 
 class EncoderModel(ServedModel):
@@ -105,6 +113,16 @@ class EncoderModel(ServedModel):
                     result[name] = result[name][:, :width]
         return {name: result[name] for name in wanted}
 
+    async def _encode(self, inputs: list[tuple[str, str | None]], truncate: bool, field: str,
+                      text_attr: str) -> list[EncodedText]:
+        """TextEncoder.encode; a request with much text (1024 texts near the per-text bound are megabytes) is
+        tokenized in a worker thread: encode_batch releases the GIL, so the event loop serves others meanwhile."""
+        size = sum(len(text) + len(pair or "") for text, pair in inputs)
+        if size <= INLINE_TEXT_CHARS:
+            return self.encoder.encode(inputs, truncate, field=field, text_attr=text_attr)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.encoder.encode, inputs, truncate, field=field, text_attr=text_attr))
+
     async def _logits(self, rows: list, deadline: float | None) -> list[np.ndarray]:
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
         return list((await self.run_batched(feeds, deadline))["logits"])
@@ -121,7 +139,7 @@ class EncoderModel(ServedModel):
         check_rows("inputs", len(inputs), limits)
         labels = list(self.manifest.labels)
         check_response_bytes(len(inputs) * sum(len(label.encode()) + 16 for label in labels) * 2, limits, "inputs")
-        rows = self.encoder.encode(inputs, truncate, field="inputs")
+        rows = await self._encode(inputs, truncate, "inputs", ".text")
         results = []
         for logits in await self._logits(rows, deadline):
             probs = softmax(logits)
@@ -131,19 +149,33 @@ class EncoderModel(ServedModel):
             results.append(Classification(label=labels[order[0]], score=float(probs[order[0]]), scores=scores))
         return ClassifyResult(model=self.name, version=self.version, results=results, labels=labels)
 
-    async def embed(self, texts: list[str], truncate: bool, deadline: float | None) -> EmbedResult:
-        """One vector per text: the graph pools (and normalizes) inside, so padding in a batch changes nothing."""
+    @property
+    def dimension(self) -> int | None:
+        """An embedding's length, from the graph's declared output (None when the graph leaves it open)."""
+        spec = next((s for s in self.outputs if s.name == "embeddings"), None)
+        last = spec.dims[-1] if spec is not None and spec.dims else None
+        return last if isinstance(last, int) else None
+
+    async def embed(self, texts: list[str], truncate: bool, deadline: float | None,
+                    dimensions: int | None = None) -> EmbedResult:
+        """One vector per text: the graph pools (and normalizes) inside, so padding in a batch changes nothing.
+        dimensions: the length the caller asks for, refused before anything runs unless it is the model's."""
         if self.task != "embed":
             raise self._not("embed")
+        known = self.dimension
+        if dimensions is not None and known is not None and dimensions != known:
+            raise _dimensions(self.name, known, dimensions)
         if not texts:
             raise ServingError.invalid("texts", "at least one text is required")
         limits = self.runtime.admission
         check_rows("texts", len(texts), limits)
-        rows = self.encoder.encode([(t, None) for t in texts], truncate, field="texts", text_attr="")
+        rows = await self._encode([(t, None) for t in texts], truncate, "texts", "")
         width = max(len(r.ids) for r in rows)
         check_response_bytes(tensor_bytes(self.outputs, {"batch": len(rows), "sequence": width}, width), limits, "texts")
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
         vectors = (await self.run_batched(feeds, deadline))["embeddings"]
+        if dimensions is not None and vectors.shape[1] != dimensions:   # (a graph that declares no length)
+            raise _dimensions(self.name, vectors.shape[1], dimensions)
         pooling = self.manifest.extra.get("embedding") or {}
         return EmbedResult(model=self.name, version=self.version, embeddings=np.asarray(vectors, dtype=np.float32),
                            token_counts=[len(r.ids) for r in rows], normalized=bool(pooling.get("normalize")))
@@ -195,7 +227,7 @@ class EncoderModel(ServedModel):
         check_rows("texts", len(texts), limits)
         mask_id = self.mask_token_id()
         mask_token = self.manifest.mask_token or ""
-        rows = self.encoder.encode([(t, None) for t in texts], truncate, field="texts", text_attr="")
+        rows = await self._encode([(t, None) for t in texts], truncate, "texts", "")
         positions = []
         for i, row in enumerate(rows):
             found = [p for p, t in enumerate(row.ids) if t == mask_id]

@@ -12,13 +12,12 @@ for generate the GenerationParameters by name, and `stop` as a JSON list of stri
 """
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 import numpy as np
 
 import modelpkg
+from server import jsontext
 from server.dataplane import DataPlane, select_outputs
 from server.errors import Code, ServingError
 from server.generation import GenerationParams
@@ -124,21 +123,25 @@ async def _generate(plane: DataPlane, model: str, version: int, inputs: dict[str
     prompts = _texts(inputs, "prompt")
     if not prompts:
         raise ServingError.invalid("inputs['prompt']", "at least one prompt is required")
-    results = await asyncio.gather(*(plane.generate(model, version, p, params, deadline) for p in prompts))
+    # One request: its prompts admitted together, and cancelled together when one fails or the caller leaves.
+    results = await plane.generate_many(model, version, [(p, params) for p in prompts], deadline,
+                                        field="inputs['prompt']")
     return InferResult(model=results[0].model, version=results[0].version, outputs={
         "text": _bytes_array([r.output.text for r in results]),
         "finish_reason": _bytes_array([r.output.finish_reason for r in results])})
 
 
-def _logit_bias(text: Any) -> dict[str, Any]:
-    """'{"50256": -100}' -> {"50256": -100}; GenerationParams reads the keys as token ids and checks the values."""
-    try:
-        bias = json.loads(text)
-    except (TypeError, json.JSONDecodeError):
-        bias = None
-    if not isinstance(bias, dict):
-        raise ServingError.invalid("parameters.logit_bias", "must be a JSON object of token id to bias")
-    return bias
+def _json_parameter(parameters: dict[str, Any], name: str, kind: type, what: str) -> Any:
+    """A parameter that carries JSON text (gRPC parameters are scalars): parsed bounded, refusals naming it
+    (server/jsontext.py: malformed, too deep, integers beyond Python's digit limit, lone surrogates)."""
+    field = f"parameters.{name}"
+    text = parameters[name]
+    if not isinstance(text, str):
+        raise ServingError.invalid(field, f"must be {what} (as JSON text)")
+    value = jsontext.loads(text, where=field)
+    if not isinstance(value, kind):   # '5' or 'Infinity' are JSON too
+        raise ServingError.invalid(field, f"must be {what}")
+    return value
 
 
 def params_from(parameters: dict[str, Any]) -> GenerationParams:
@@ -149,14 +152,10 @@ def params_from(parameters: dict[str, Any]) -> GenerationParams:
         if isinstance(fields.get(key), int) and not isinstance(fields.get(key), bool):
             fields[key] = float(fields[key])
     if "stop" in parameters:
-        try:
-            fields["stop"] = json.loads(parameters["stop"])
-        except (TypeError, json.JSONDecodeError):
-            raise ServingError.invalid("parameters.stop", "must be a JSON list of strings") from None
-        if not isinstance(fields["stop"], list):  # '5' or 'Infinity' parse as JSON too (TypeError -> INTERNAL)
-            raise ServingError.invalid("parameters.stop", "must be a JSON list of strings")
+        fields["stop"] = _json_parameter(parameters, "stop", list, "a JSON list of strings")
     if "logit_bias" in parameters:
-        fields["logit_bias"] = _logit_bias(parameters["logit_bias"])
+        # GenerationParams reads the keys as token ids and checks the values.
+        fields["logit_bias"] = _json_parameter(parameters, "logit_bias", dict, "a JSON object of token id to bias")
     try:
         return GenerationParams.validate(**fields)
     except ValueError as exc:

@@ -113,7 +113,8 @@ class ServedModel(ABC):
                         deadline: float | None) -> FillMaskResult:
         raise self._not("fill-mask")
 
-    async def embed(self, texts: list[str], truncate: bool, deadline: float | None) -> EmbedResult:
+    async def embed(self, texts: list[str], truncate: bool, deadline: float | None,
+                    dimensions: int | None = None) -> EmbedResult:
         raise self._not("embed")
 
     async def generate(self, prompt: str | list[int], params: GenerationParams,
@@ -124,12 +125,28 @@ class ServedModel(ABC):
                deadline: float | None) -> AsyncIterator[StreamChunk]:
         raise self._not("generate")
 
-    def tokenize(self, text: str) -> list[int]:
+    async def generate_many(self, jobs: list[tuple[str | list[int], GenerationParams]], deadline: float | None,
+                            field: str) -> list[GenerationResult]:
+        """Every (prompt, params) of one request, admitted together or not at all; `field` names the request's
+        prompts in a refusal of their number."""
+        raise self._not("generate")
+
+    async def stream_many(self, jobs: list[tuple[str | list[int], GenerationParams]], deadline: float | None,
+                          field: str) -> list[AsyncIterator[StreamChunk]]:
+        """generate_many, as one chunk stream per job (closing one cancels its sequence)."""
+        raise self._not("generate")
+
+    async def tokenize(self, text: str) -> list[int]:
         """The ids a text prompt becomes (what generation would run); INVALID_ARGUMENT when it cannot fit."""
         raise self._not("generate")
 
-    def detokenize(self, token_ids: list[int]) -> str:
-        """The text of token ids (INVALID_ARGUMENT naming the first id outside the vocabulary)."""
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of at most a context of token ids (INVALID_ARGUMENT naming `tokens`, or the first id outside
+        the vocabulary)."""
+        raise self._not("generate")
+
+    def prompt_text(self, token_ids: list[int]) -> str:
+        """The text of an admitted token-id prompt (its ids were checked when it was admitted)."""
         raise self._not("generate")
 
     def chat_template(self) -> ChatTemplate | None:

@@ -1,13 +1,17 @@
 """Property-based fuzzing (hypothesis) of the HTTP front door's JSON bodies against a real server process.
 
 Every generated body gets a documented answer: 200, or a 4xx / 503 / 504 in the route family's error shape
-(never 500, never a hang), and afterwards the process is alive and answers a normal request. Cases per route:
+(never 500, never a hang), and afterwards the process is alive and answers a normal request. Besides values
+near valid ones, the strategies draw the outside probe's shapes (docs/RELIABILITY.md): integer literals beyond
+Python's 4300-digit limit, lone UTF-16 surrogates, many tiny elements, KServe binary bodies with millions of
+empty BYTES elements and lying Inference-Header-Content-Length headers. Cases per route:
 ORTSERVE_FUZZ_EXAMPLES (default 60), as tests/test_fuzz_rpc.py.
 """
 from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,8 +28,36 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DOCUMENTED = {200, 400, 404, 413, 415, 429, 503, 504}
 
+
+
+class Raw:
+    """JSON text the json module will not write: an integer literal beyond Python's 4300-digit limit, a string
+    holding a lone UTF-16 surrogate escape, or many tiny elements (the outside probe's shapes)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Raw({self.text[:30]!r}... {len(self.text)} chars)"
+
+
+def dumps(value: Any) -> str:
+    """json.dumps, writing Raw values as they are."""
+    if isinstance(value, Raw):
+        return value.text
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(dumps(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+hostile = (st.integers(4301, 6000).map(lambda n: Raw("-" * (n % 2) + "7" * n))
+           | st.sampled_from(["\\ud800", "a\\udfff", "\\udbff\\udbff", "\\ud83d\\ude00"]).map(lambda e: Raw(f'"{e}"'))
+           | st.tuples(st.sampled_from(["[]", '""', "0", "{}"]), st.integers(1_000, 150_000)).map(
+               lambda t: Raw("[" + ",".join([t[0]] * t[1]) + "]")))
 scalars = (st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.integers(-3, 40)
-           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
+           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12) | hostile)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=10)
 
@@ -84,7 +116,7 @@ completion_bodies = st.fixed_dictionaries(
 def test_fuzzed_completion_bodies(server: ServerProcess, client: httpx.Client, body: dict[str, Any],
                                   chat: bool) -> None:
     url = f"{server.http_url}/v1/{'chat/completions' if chat else 'completions'}"
-    response = client.post(url, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    response = client.post(url, content=dumps(body).encode(), headers={"content-type": "application/json"})
     _check(response, openai_shape=True)
     if response.status_code == 200 and body.get("stream"):
         assert response.text.rstrip().endswith("data: [DONE]")
@@ -103,7 +135,7 @@ infer_bodies = st.fixed_dictionaries({"inputs": st.lists(tensors, max_size=3) | 
 @FUZZ
 @given(body=infer_bodies, model=st.sampled_from([CLASSIFIER, FILL_MASK, GPT, "nope"]))
 def test_fuzzed_infer_bodies(server: ServerProcess, client: httpx.Client, body: dict[str, Any], model: str) -> None:
-    response = client.post(f"{server.http_url}/v2/models/{model}/infer", content=json.dumps(body).encode())
+    response = client.post(f"{server.http_url}/v2/models/{model}/infer", content=dumps(body).encode())
     _check(response, openai_shape=False)
 
 
@@ -116,9 +148,41 @@ tokenizer_bodies = st.fixed_dictionaries(
 @FUZZ
 @given(body=tokenizer_bodies, path=st.sampled_from(["/tokenize", "/detokenize"]))
 def test_fuzzed_tokenizer_bodies(server: ServerProcess, client: httpx.Client, body: dict[str, Any], path: str) -> None:
-    response = client.post(f"{server.http_url}{path}", content=json.dumps(body).encode(),
+    response = client.post(f"{server.http_url}{path}", content=dumps(body).encode(),
                            headers={"content-type": "application/json"})
     _check(response, openai_shape=True)
+
+
+def _elements(sizes: list[int]) -> bytes:
+    return b"".join(struct.pack("<I", n) + b"x" * n for n in sizes)
+
+
+binary_tensors = st.fixed_dictionaries({
+    "name": st.sampled_from(["text", "prompt", "input_ids"]),
+    "datatype": st.sampled_from(["BYTES", "INT64"]),
+    "shape": st.lists(st.integers(0, 3) | st.sampled_from([2 ** 31, 2 ** 62, 2 ** 63, 10 ** 30]), min_size=1,
+                      max_size=2),
+    # BYTES elements: a few short texts, or many zero-length ones (the probe: 15 million in a shape of [1])
+    "raw": st.lists(st.integers(0, 6), max_size=4).map(_elements)
+           | st.integers(1_000, 200_000).map(lambda n: b"\0\0\0\0" * n) | st.binary(max_size=24)})
+# Inference-Header-Content-Length: the truth, or a lie (beyond the body, negative, a digit int() refuses, text)
+header_lengths = st.sampled_from(["true", "true", "+1", "-1", "\u00b2", "\u0663", "1e3", "0x10", "99999999999999999999"])
+
+
+@FUZZ
+@given(tensors=st.lists(binary_tensors, min_size=1, max_size=2), length=header_lengths,
+       model=st.sampled_from([CLASSIFIER, GPT]), binary_flag=st.booleans())
+def test_fuzzed_binary_infer_bodies(server: ServerProcess, client: httpx.Client, tensors: list[dict[str, Any]],
+                                    length: str, model: str, binary_flag: bool) -> None:
+    """Triton's binary extension with hostile tails and lying headers: 400 / 413, never 500 or a hang."""
+    described = [{"name": t["name"], "datatype": t["datatype"], "shape": t["shape"],
+                  "parameters": {"binary_data_size": len(t["raw"])}} for t in tensors]
+    header = dumps({"inputs": described, "parameters": {"binary_data_output": binary_flag}}).encode()
+    body = header + b"".join(t["raw"] for t in tensors)
+    value = {"true": str(len(header)), "+1": str(len(body) + 1)}.get(length, length)
+    response = client.post(f"{server.http_url}/v2/models/{model}/infer", content=body,
+                           headers={"Inference-Header-Content-Length": value.encode()})
+    _check(response, openai_shape=False)
 
 
 def test_server_alive_after_fuzzing(server: ServerProcess, client: httpx.Client) -> None:

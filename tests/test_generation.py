@@ -454,6 +454,47 @@ def test_deadline_before_prefill_raises_and_while_running_cancels(gpt: Package) 
     run(body())
 
 
+def test_a_requests_sequences_are_admitted_together_and_cancelled_together(gpt: Package) -> None:
+    """generate_many / stream_many (KServe's prompts, OpenAI's prompts x n): refused before any sequence starts
+    when one cannot run, INVALID when the request can never fit the queue plus the batch, and every sequence
+    gone when the caller cancels or drops its streams."""
+    params = GenerationParams.validate(max_new_tokens=60, ignore_eos=True)
+    jobs = [(p, params) for p in PROMPTS[:3]]
+
+    async def body() -> None:
+        async with gpt.engine(max_batch_size=2, max_waiting=2) as engine:
+            with pytest.raises(ValueError, match=r"^inputs\['prompt'\]: 5 sequences in one request exceed the 4"):
+                await engine.generate_many([(PROMPTS[0], params)] * 5, field="inputs['prompt']")
+            with pytest.raises(ValueError, match="^prompt: "):     # the last one cannot fit the context
+                await engine.generate_many([*jobs, ("word " * 5000, params)])
+            assert engine.waiting_requests == 0 and engine.active_sequences == 0
+            running = engine.stream(PROMPTS[3], params)
+            await running.__anext__()                             # one slot taken: room for 2 waiting + 1
+            with pytest.raises(OverloadedError, match="this request has 4 sequences and there is room for 3"):
+                await engine.generate_many([*jobs, (PROMPTS[4], params)])
+            assert engine.waiting_requests == 0 and engine.active_sequences == 1
+            await running.aclose()
+
+            task = asyncio.create_task(engine.generate_many(jobs))
+            while engine.active_sequences < 2:
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.05)                             # the loop retires them at its next iteration
+            assert engine.waiting_requests == 0 and engine.active_sequences == 0
+
+            streams = await engine.stream_many(jobs)
+            assert (await streams[0].__anext__()).text is not None
+            del streams                                           # dropped unclosed (a response never sent)
+            await asyncio.sleep(0.05)
+            assert engine.waiting_requests == 0 and engine.active_sequences == 0
+            results = await engine.generate_many(jobs)
+            assert [r.usage.completion_tokens for r in results] == [60, 60, 60]
+
+    run(body())
+
+
 def test_admission_limits_raise_overloaded(gpt: Package) -> None:
     params = GenerationParams.validate(max_new_tokens=60, ignore_eos=True)
 

@@ -785,14 +785,15 @@ def test_a_scored_prompt_is_prefilled_whole_even_when_its_prefix_is_cached(
 
 
 def test_a_refused_choice_cancels_the_requests_other_choices(tiny_repository: Path, tmp_path: Path) -> None:
-    """n = 3 completions of 1 + 30 tokens against a budget of 64 tokens in flight: the third is refused (429),
-    so the request is, and the two admitted ones are cancelled before any step rather than generating 60
-    tokens for an answer nobody reads."""
+    """n = 3 completions of 1 + 30 tokens against a budget of 64 tokens in flight: the request as a whole can
+    never be admitted (400 naming `prompt`, not a retryable 429), and none of its choices starts: no token is
+    generated for an answer nobody reads."""
     repo = repository_with(tiny_repository, tmp_path / "repo", GPT)
     with ServerProcess(repo, ["--http-port", "0", "--metrics-port", "0", "--max-tokens-in-flight", "64"]) as proc:
         client = openai.OpenAI(base_url=f"{proc.http_url}/v1", api_key="x", max_retries=0)
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.BadRequestError) as never:
             client.completions.create(model=GPT, prompt="a", n=3, max_tokens=30, extra_body={"ignore_eos": True})
+        assert never.value.body["param"] == "prompt" and "max_tokens_in_flight 64" in never.value.body["message"]
         time.sleep(0.5)
         assert proc.metric("ortserve_generated_tokens_total", model=GPT) == 0
         assert proc.metric("ortserve_tokens_in_flight", model=GPT) == 0

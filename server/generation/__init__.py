@@ -9,8 +9,12 @@ Semantics the servicers rely on:
   stop sequence or a stop_token_ids id; neither's text is in the output, the token id is in `tokens`),
   "cancelled" (deadline passed while running, or engine stopped).
 - Deadlines are time.monotonic() values. Passed before the prefill -> TimeoutError, nothing computed.
-- Capacity: OverloadedError when max_waiting requests already wait or the token budget
-  (prompt + max_new_tokens over waiting and active requests) would exceed max_tokens_in_flight.
+- Capacity: a request's sequences (generate_many / stream_many: prompts x n) are admitted together or not at
+  all. ValueError when they can never fit (more than max_waiting + max_batch_size sequences, checked before
+  tokenizing; more tokens than max_tokens_in_flight); OverloadedError when they do not fit now (the waiting
+  queue cannot take the ones beyond the free slots, or the token budget — prompt + max_new_tokens over
+  waiting and active requests — would exceed max_tokens_in_flight). One failing, or the caller cancelling,
+  cancels the others.
 - EngineStoppedError before start() / after stop(); RuntimeError("prefill failed: ..." /
   "decode step failed: ...") when onnxruntime fails (the engine keeps serving other requests).
 - Logprobs: log-softmax after repetition penalty and temperature (0 counts as 1), before top-k/top-p.

@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+Job = tuple[str | list[int], GenerationParams]   # one sequence of a request: its prompt and parameters
+# Characters of text prompts (or ids of token prompts) in one request above which they are tokenized and checked
+# in a worker thread: below it that takes well under a millisecond on the event loop.
+INLINE_PROMPT_SIZE = 16_384
+
 
 class GenerationEngine:
     def __init__(self, session: ort.InferenceSession, manifest: Manifest, tokenizer: Tokenizer,
@@ -167,7 +172,7 @@ class GenerationEngine:
         Raises ValueError (bad prompt/parameters, naming the field), OverloadedError, TimeoutError,
         EngineStoppedError, or RuntimeError when the graph fails.
         """
-        seq = self._submit(prompt, params, deadline)
+        [seq] = await self.admit([(prompt, params)], deadline)
         try:
             while True:
                 chunk = await self._next_chunk(seq)
@@ -182,7 +187,98 @@ class GenerationEngine:
     async def generate(self, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None = None) -> GenerationResult:
         """The whole completion; same errors as `stream`. Cancelling the awaiting task cancels the request."""
-        seq = self._submit(prompt, params, deadline)
+        [seq] = await self.admit([(prompt, params)], deadline)
+        return await self._collect(seq)
+
+    async def generate_many(self, jobs: list[Job], deadline: float | None = None,
+                            field: str = "prompt") -> list[GenerationResult]:
+        """Every completion of one request (prompts x n), admitted together or not at all (`admit`). When one
+        fails, or the caller goes away, every other one is cancelled: nothing is generated for nobody."""
+        seqs = await self.admit(jobs, deadline, field)
+        if len(seqs) == 1:
+            return [await self._collect(seqs[0])]
+        tasks = [asyncio.ensure_future(self._collect(seq)) for seq in seqs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()     # each one's _collect abandons its sequence
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def stream_many(self, jobs: list[Job], deadline: float | None = None,
+                          field: str = "prompt") -> list["SequenceStream"]:
+        """One chunk stream per job of one request, admitted together or not at all (`admit`); closing a
+        stream cancels its sequence."""
+        return [SequenceStream(self, seq) for seq in await self.admit(jobs, deadline, field)]
+
+    async def admit(self, jobs: list[Job], deadline: float | None = None, field: str = "prompt") -> list[Sequence]:
+        """A request's sequences (one per job) admitted together, or none of them: a request is refused before
+        any of its sequences starts, never after some have (their tokens would be generated for nobody).
+
+        What can never fit, whatever the load, is ValueError naming `field` (more sequences than the queue plus
+        the running batch, more tokens than the whole budget); what could fit later is OverloadedError. The count
+        is checked before any prompt is tokenized, and long prompts are tokenized off the event loop."""
+        if not self.running:
+            raise EngineStoppedError(f"generation engine {self._label} is not running")
+        cfg = self.config
+        most = cfg.max_waiting + cfg.max_batch_size
+        if len(jobs) > most:
+            raise ValueError(f"{field}: {len(jobs)} sequences in one request exceed the {most} this engine can ever "
+                             f"hold at once (max_queued_requests {cfg.max_waiting} waiting + max_sequences "
+                             f"{cfg.max_batch_size} running): this request can never be admitted; send fewer "
+                             "prompts (or a lower n) per request")
+        if not jobs:
+            raise ValueError(f"{field}: at least one prompt is required")
+        prompts = await self._encode(jobs)
+        if not self.running:     # stopped while the prompts were tokenized
+            raise EngineStoppedError(f"generation engine {self._label} is not running")
+        if deadline is not None and deadline <= time.monotonic():
+            raise TimeoutError("deadline passed before generation started")
+        budgets = [len(ids) + params.max_new_tokens for ids, (_, params) in zip(prompts, jobs)]
+        need = sum(budgets)
+        if need > cfg.max_tokens_in_flight:   # would be refused whatever the load: not worth a retry
+            if len(jobs) == 1:
+                raise ValueError(f"parameters.max_new_tokens: prompt {len(prompts[0])} tokens + max_new_tokens "
+                                 f"{jobs[0][1].max_new_tokens} = {need} exceed max_tokens_in_flight "
+                                 f"{cfg.max_tokens_in_flight} (this request can never be admitted; lower "
+                                 "max_new_tokens or shorten the prompt)")
+            raise ValueError(f"{field}: {len(jobs)} sequences need {need} tokens (prompt + max_new_tokens each), "
+                             f"more than max_tokens_in_flight {cfg.max_tokens_in_flight} (this request can never "
+                             "be admitted; send fewer prompts per request or lower max_new_tokens)")
+        waiting = self.waiting_requests
+        room = cfg.max_waiting - waiting + max(0, cfg.max_batch_size - len(self._scheduler.running))
+        if len(jobs) > room:
+            needs = "" if len(jobs) == 1 else f"; this request has {len(jobs)} sequences and there is room for {room}"
+            raise OverloadedError(f"generation queue of {self._label} is full ({waiting} waiting, max_queued_requests "
+                                  f"{cfg.max_waiting}{needs}); retry later")
+        in_flight = sum(s.budget for s in self._sequences())
+        if in_flight + need > cfg.max_tokens_in_flight:
+            raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
+                                  f"this request needs {need}, the limit is {cfg.max_tokens_in_flight}")
+        seqs = []
+        for ids, (_, params) in zip(prompts, jobs):
+            seq = Sequence.create(ids, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id)
+            # A request scoring its prompt needs the logits at every prompt position, so none may come from a
+            # copied prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
+            seq.state = (SeqState.of(ids, owner=seq) if params.prompt_logprobs is None
+                         else SeqState(len(ids), owner=seq))
+            self._scheduler.add(seq.state)
+            seqs.append(seq)
+        self._record_gauges()
+        self._kick()
+        return seqs
+
+    async def _encode(self, jobs: list[Job]) -> list[list[int]]:
+        """Each job's prompt ids (checked); a request with much text to tokenize (or many ids to check) is
+        processed in a worker thread (tokenizers' encode_batch releases the GIL), not on the event loop."""
+        size = sum(len(prompt) for prompt, _ in jobs)
+        if size <= INLINE_PROMPT_SIZE:
+            return self.inputs.encode_many(jobs)
+        return await asyncio.get_running_loop().run_in_executor(None, self.inputs.encode_many, jobs)
+
+    async def _collect(self, seq: Sequence) -> GenerationResult:
+        """Every chunk of an admitted sequence, as one result; cancelled (or failed) early, it is abandoned."""
         texts: list[str] = []
         tokens, prompt_tokens = [], []
         try:
@@ -213,32 +309,13 @@ class GenerationEngine:
     def detokenize(self, token_ids: list[int]) -> str:
         return self.inputs.detokenize(token_ids)
 
-    def _submit(self, prompt: str | list[int], params: GenerationParams, deadline: float | None) -> Sequence:
-        if not self.running:
-            raise EngineStoppedError(f"generation engine {self._label} is not running")
-        ids = self.inputs.encode(prompt, params)
-        if deadline is not None and deadline <= time.monotonic():
-            raise TimeoutError("deadline passed before generation started")
-        cfg = self.config
-        if self.waiting_requests >= cfg.max_waiting:
-            raise OverloadedError(f"generation queue of {self._label} is full ({cfg.max_waiting} waiting)")
-        budget = len(ids) + params.max_new_tokens
-        if budget > cfg.max_tokens_in_flight:   # would be refused whatever the load: not worth a retry
-            raise ValueError(f"parameters.max_new_tokens: prompt {len(ids)} tokens + max_new_tokens "
-                             f"{params.max_new_tokens} = {budget} exceed max_tokens_in_flight {cfg.max_tokens_in_flight} "
-                             "(this request can never be admitted; lower max_new_tokens or shorten the prompt)")
-        in_flight = sum(s.budget for s in self._sequences())
-        if in_flight + budget > cfg.max_tokens_in_flight:
-            raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
-                                  f"this request needs {budget}, the limit is {cfg.max_tokens_in_flight}")
-        seq = Sequence.create(ids, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id)
-        # A request scoring its prompt needs the logits at every prompt position, so none may come from a copied
-        # prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
-        seq.state = SeqState.of(ids, owner=seq) if params.prompt_logprobs is None else SeqState(len(ids), owner=seq)
-        self._scheduler.add(seq.state)
-        self._record_gauges()
-        self._kick()
-        return seq
+    def tokenize_batched(self, text: str) -> list[int]:
+        """tokenize, through tokenizers' batch call, which releases the GIL (for a worker thread)."""
+        return self.inputs.tokenize(text, batched=True)
+
+    def detokenize_batched(self, token_ids: list[int]) -> str:
+        """detokenize, through tokenizers' batch call, which releases the GIL (for a worker thread)."""
+        return self.inputs.detokenize(token_ids, batched=True)
 
     @staticmethod
     async def _next_chunk(seq: Sequence) -> StreamChunk:
@@ -416,6 +493,42 @@ class GenerationEngine:
                                f"[{batch}, >= vocab_size {self.spec.vocab_size}]")
         if not np.isfinite(logits).all():
             raise RuntimeError(f"warmup {what}: logits are not finite")
+
+
+class SequenceStream:
+    """The chunks of one admitted sequence (`stream_many`): an async iterator whose aclose() cancels the
+    sequence, whether or not it was ever iterated (an async generator's cleanup would not run then)."""
+
+    def __init__(self, engine: GenerationEngine, seq: Sequence) -> None:
+        self._engine, self._seq, self._ended = engine, seq, False
+
+    def __aiter__(self) -> "SequenceStream":
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            chunk = await self._engine._next_chunk(self._seq)
+        except BaseException:
+            await self.aclose()
+            raise
+        if chunk.final:
+            self._ended = True
+        return chunk
+
+    async def aclose(self) -> None:
+        self._ended = True
+        if not self._seq.done:
+            self._engine._abandon(self._seq)
+
+    def __del__(self) -> None:
+        # Dropped unclosed (a response never sent: its client left before the first byte): nobody can read it.
+        if not self._ended and not self._seq.done:
+            try:
+                self._engine._abandon(self._seq)
+            except Exception:   # (at interpreter exit the engine may be half torn down: nothing left to free)
+                pass
 
 
 def _deadline_passed(seq: Sequence, now: float) -> bool:

@@ -5,7 +5,7 @@ Runs on the event loop when a request arrives, before admission: every error is 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 from tokenizers import Tokenizer
 
@@ -20,13 +20,25 @@ class PromptProcessor:
         self.spec = spec
         self.tokenizer = _unpadded(tokenizer)
 
-    def encode(self, prompt: str | list[int], params: GenerationParams) -> list[int]:
-        """Prompt ids that fit the context with max_new_tokens, or ValueError naming the field."""
+    def encode_many(self, jobs: Sequence[tuple[str | list[int], GenerationParams]]) -> list[list[int]]:
+        """`encode` of each (prompt, params), the text prompts tokenized in one batch (a text repeated, as
+        OpenAI's `n` repeats it, is tokenized once). The character bound of each text is checked before any is
+        tokenized."""
+        texts = {self._bounded(p, params.truncate_prompt) for p, params in jobs if isinstance(p, str)}
+        texts.discard("")
+        ordered = list(texts)
+        ids = {text: list(e.ids) for text, e in zip(ordered, self.tokenizer.encode_batch(ordered))} if ordered else {}
+        return [self.encode(p, params, ids.get(self._bounded(p, params.truncate_prompt), [])
+                            if isinstance(p, str) else None) for p, params in jobs]
+
+    def encode(self, prompt: str | list[int], params: GenerationParams, text_ids: list[int] | None = None) -> list[int]:
+        """Prompt ids that fit the context with max_new_tokens, or ValueError naming the field. text_ids: a text
+        prompt's ids, when already tokenized."""
         if not isinstance(params, GenerationParams):
             raise TypeError("params must be a GenerationParams (use GenerationParams.validate)")
         spec = self.spec
         if isinstance(prompt, str):
-            ids = self.tokenize(prompt, params.truncate_prompt)
+            ids = self.tokenize(prompt, params.truncate_prompt) if text_ids is None else text_ids
         elif isinstance(prompt, list):
             ids = self._token_prompt(prompt, params)
         else:
@@ -56,23 +68,34 @@ class PromptProcessor:
                                  f"(size {spec.vocab_size})")
         return ids
 
-    def tokenize(self, text: str, truncate: bool = False) -> list[int]:
+    def tokenize(self, text: str, truncate: bool = False, batched: bool = False) -> list[int]:
         """The ids of a text prompt, as generation makes them (before fitting them to the context).
 
         The last `context` tokens of a text lie within its last (context + 1) * 100 characters (no token covers
         more), so a longer text is refused (or, with `truncate`, cut) before tokenizing: tokenizing megabytes
         would hold the event loop for seconds."""
+        text = self._bounded(text, truncate)
+        if not text:
+            return []
+        # (encode_batch releases the GIL while it works, encode holds it: a worker thread calls the former)
+        return list((self.tokenizer.encode_batch([text])[0] if batched else self.tokenizer.encode(text)).ids)
+
+    def _bounded(self, text: str, truncate: bool) -> str:
+        """The text, or (truncate) its tail that can hold the last `context` tokens; ValueError when it is longer
+        than any prompt that can fit."""
         max_chars = (self.spec.max_length + 1) * 100
         if len(text) > max_chars:
             if not truncate:
                 raise ValueError(f"prompt: {len(text)} characters cannot fit the model's context of "
                                  f"{self.spec.max_length} tokens (shorten it, or set truncate_prompt)")
             text = text[-max_chars:]
-        return list(self.tokenizer.encode(text).ids) if text else []
+        return text
 
-    def detokenize(self, token_ids: list[int]) -> str:
+    def detokenize(self, token_ids: list[int], batched: bool = False) -> str:
         """The text of token ids, each checked against the vocabulary (ValueError naming `tokens[i]`)."""
         check_token_ids(token_ids, self.spec.vocab_size, "tokens")
+        if batched:   # (decode_batch releases the GIL while it works, decode holds it)
+            return self.tokenizer.decode_batch([token_ids], skip_special_tokens=False)[0]
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def _token_prompt(self, prompt: list[int], params: GenerationParams) -> list[int]:

@@ -23,7 +23,7 @@ def parameter_value(p: pb.InferParameter) -> Any:
     return None if kind is None else getattr(p, kind)
 
 
-def infer_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+def infer_inputs(request: pb.ModelInferRequest, max_bytes_elements: int) -> dict[str, np.ndarray]:
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise ServingError.invalid("raw_input_contents",
@@ -33,7 +33,8 @@ def infer_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
         if tensor.name in arrays:
             raise ServingError.invalid(f"inputs[{i}].name", f"duplicate input {tensor.name!r}")
         arrays[tensor.name] = decode_tensor(tensor.name, tensor.datatype, list(tensor.shape),
-                                            raw[i] if raw else None, tensor.contents, f"inputs[{i}]")
+                                            raw[i] if raw else None, tensor.contents, f"inputs[{i}]",
+                                            max_bytes_elements)
     return arrays
 
 
@@ -115,7 +116,8 @@ class KServeServicer(Instrumented, pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         version = parse_version(request.model_version, "model_version")
         parameters = {k: parameter_value(v) for k, v in request.parameters.items()}
-        result = await model_infer(self.plane, request.model_name, version, infer_inputs(request),
+        result = await model_infer(self.plane, request.model_name, version,
+                                   infer_inputs(request, self.plane.max_bytes_elements),
                                          [o.name for o in request.outputs] or None, parameters, deadline_of(context))
         return infer_response(request, result)
 

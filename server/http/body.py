@@ -9,9 +9,10 @@ import math
 import time
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from server.errors import ServingError
+from server import jsontext
+from server.errors import Code, ServingError
 from server.http.errors import HttpError
 
 T = TypeVar("T")
@@ -21,21 +22,34 @@ TIMEOUT_HEADERS = ("x-request-timeout", "x-stainless-timeout")
 _MISSING = object()
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body; 413 when it is (or announces to be) larger than `limit` bytes."""
+async def read_body(request: Request, limit: int, json_prefix: int | None = None) -> bytes:
+    """The whole body; 413 when it is (or announces to be) larger than `limit` bytes. Its JSON (the first
+    `json_prefix` bytes; None: all of it) has its values bounded while it arrives, chunk by chunk
+    (server/jsontext.py), so a body of millions of tiny values is refused before anything parses it."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):   # ('²' is a digit to isdigit(), not to int())
             raise HttpError(400, f"content-length: not a byte count: {declared!r}")
         if int(declared) > limit:
             raise HttpError(413, f"body: {declared} bytes, the limit is {limit} (--max-message-bytes)")
+    counter = jsontext.ValueCounter()
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HttpError(413, f"body: more than {limit} bytes (--max-message-bytes)")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            if json_prefix is None:
+                counter.add(chunk)
+            elif size < json_prefix:
+                counter.add(chunk[:json_prefix - size])
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"body: more than {limit} bytes (--max-message-bytes)")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ServingError(Code.CANCELLED, "client: disconnected while sending the body") from None
+    body_read = getattr(request.state, "body_read", None)
+    if body_read is not None:   # the route guard watches the connection from now on (guard._while_connected)
+        body_read.set()
     return b"".join(chunks)
 
 
@@ -50,15 +64,10 @@ def require_content_type(request: Request, allowed: tuple[str, ...], missing_ok:
     raise HttpError(415, f"content-type: expected {' or '.join(allowed)}, got {kind or 'none'!r}")
 
 
-def parse_json(data: bytes, what: str = "body") -> Any:
-    try:
-        return json.loads(data)
-    except UnicodeDecodeError:
-        raise HttpError(400, f"{what}: not UTF-8 text") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        problem = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
-        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise HttpError(400, f"{what}: malformed JSON ({problem}{where})") from None
+def parse_json(data: bytes, what: str = "body", counted: bool = True) -> Any:
+    """A JSON document (server/jsontext.py): 400 naming the field for what is not JSON or not text; its values
+    were bounded while it was read (`counted`) unless told otherwise."""
+    return jsontext.loads(data, counted=counted, name=what)
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:

@@ -9,7 +9,8 @@ door or body reader saw it (`messages[1].role: must be a string, got 5`, `model:
 - bool is never an integer, and an integer is accepted where a number is asked for (msgspec's rules too);
 - NaN / Infinity (which Python's json module reads, msgspec does not) are refused naming their field.
 
-Only a refused body is parsed a second time (by the json module, to quote the offending value).
+Only a refused body is parsed a second time (by the json module, server/jsontext.py, to quote the offending value
+or name what it cannot read: an integer beyond Python's digit limit, a lone surrogate).
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ import msgspec
 from starlette.requests import Request
 
 from server.errors import ServingError
-from server.http.body import JSON_TYPES, parse_json, read_body, require_content_type
+from server.http.body import JSON_TYPES, read_body, require_content_type
 from server.http.errors import HttpError
+from server.jsontext import lenient
 
 T = TypeVar("T")
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}
@@ -59,8 +61,8 @@ def decode(data: bytes, kind: type[T]) -> T:
         raise HttpError(400, "body: not UTF-8 text") from None
     except msgspec.ValidationError as exc:
         raise _refusal(str(exc), data) from None
-    except msgspec.DecodeError as exc:
-        raise _malformed(str(exc), data) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _malformed(str(exc) if isinstance(exc, msgspec.DecodeError) else "nested too deeply", data) from None
 
 
 def _refusal(message: str, data: bytes) -> Exception:
@@ -68,9 +70,9 @@ def _refusal(message: str, data: bytes) -> Exception:
     problem, _, where = message.partition(" - at `")
     steps = _steps(where.rstrip("`") or "$")
     try:
-        body = json.loads(data)
-    except (ValueError, RecursionError):   # msgspec read it; should the json module not, name no value
-        body = None
+        body = lenient(data)
+    except ServingError as exc:   # an integer beyond Python's digit limit, a lone surrogate: named where it is
+        return exc
     missing = _MISSING.fullmatch(problem)
     if missing:
         return ServingError.invalid(_label([*steps, missing.group(1)]), "is required")
@@ -91,9 +93,9 @@ def _refusal(message: str, data: bytes) -> Exception:
 
 
 def _malformed(message: str, data: bytes) -> Exception:
-    """Not JSON to msgspec: the json module's account of it (line and column), or, for the NaN / Infinity it
-    reads, the field that holds one."""
-    body = parse_json(data)   # raises the malformed-JSON refusal
+    """Not JSON to msgspec: the json module's account of it (line and column, or the field holding a lone
+    surrogate), or, for the NaN / Infinity it reads, the field that holds one."""
+    body = lenient(data)   # raises the refusal naming what it cannot read
     found = _non_finite(body, [])
     if found is not None:
         steps, value = found

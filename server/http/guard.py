@@ -6,6 +6,7 @@ body with errors.py's status, and records the same per-model request metrics as 
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import time
@@ -15,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from server.dataplane import DataPlane
+from server.errors import Code, ServingError
 from server.http.errors import HttpError, classify_error, kserve_body, openai_body
 
 KSERVE = "kserve"
@@ -61,7 +63,7 @@ def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handl
             try:
                 if not open_route:
                     door.authorize(request)
-                response = await fn(door, request)
+                response = await _while_connected(request, fn(door, request))
                 code = "OK"
                 if isinstance(response, StreamingResponse):  # recorded when its last event is sent, as gRPC streams
                     streaming = True
@@ -76,6 +78,33 @@ def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handl
                     door.record(_model_of(request), f"http.{method}", code, started)
         return endpoint
     return wrap
+
+
+async def _while_connected(request: Request, handler: Awaitable[Response]) -> Response:
+    """The handler's answer, unless the client disconnects first: then the handler is cancelled, and with it
+    every generation or batch it awaits (none is left computing for nobody), and the request ends CANCELLED.
+    The connection is watched once the body is read (read_body signals it): until then the handler's own reads
+    see a disconnect. A streamed answer watches its own connection once it is returned (Starlette)."""
+    body_read = request.state.body_read = asyncio.Event()
+    work = asyncio.ensure_future(handler)
+    watch = asyncio.ensure_future(_disconnected(request, body_read))
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not watch.done():
+            watch.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if work.cancelled() and watch.done() and not watch.cancelled():
+        raise ServingError(Code.CANCELLED, "client: disconnected before the answer; its work was cancelled")
+    return work.result()
+
+
+async def _disconnected(request: Request, body_read: asyncio.Event) -> None:
+    await body_read.wait()
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _model_of(request: Request) -> str:

@@ -13,6 +13,7 @@ The same text mode as gRPC (server/kserve.py): BYTES `text` / `prompt` inputs ru
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import zlib
@@ -27,7 +28,8 @@ from server.errors import Code, ServingError
 from server.http.guard import KSERVE, Door, route
 from server.http.body import deadline_from_headers, field, parse_json, read_body, require_content_type
 from server.http.errors import HttpError
-from server.http.tensors import HEADER_LENGTH, decode_request, encode_response, split_body
+from server.http.tensors import HEADER_LENGTH, decode_request, encode_response, header_length, split_body
+from server.jsontext import ValueCounter
 from server.kserve import EXTENSIONS, model_infer, parse_version
 from server.types import ModelMetadata, ModelStatistics
 
@@ -100,6 +102,17 @@ def _decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     return data
 
 
+def _inflate(body: bytes, encoding: str, limit: int, length: int | None) -> bytes:
+    """_decompress, then the JSON header's values bounded (counted in slices: this runs in a worker thread, and
+    the event loop's thread takes the GIL back between them)."""
+    data = _decompress(body, encoding, limit)
+    header = memoryview(data)[:len(data) if length is None else length]
+    counter = ValueCounter("inference header")
+    for start in range(0, len(header), 1 << 20):
+        counter.add(bytes(header[start:start + (1 << 20)]))
+    return data
+
+
 def _deadline(request: Request, parameters: dict[str, Any]) -> float | None:
     """The earlier of the timeout header and Triton's `timeout` request parameter (microseconds)."""
     deadline = deadline_from_headers(request)
@@ -115,10 +128,16 @@ def _deadline(request: Request, parameters: dict[str, Any]) -> float | None:
 @route("ModelInfer", KSERVE)
 async def infer(door: Door, request: Request) -> Response:
     require_content_type(request, INFER_TYPES, missing_ok=True)
-    body = _decompress(await read_body(request, door.max_body_bytes), request.headers.get("content-encoding"),
-                       door.max_body_bytes)
-    header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-    parsed = decode_request(parse_json(header, "inference header"), binary)
+    length = header_length(request.headers.get(HEADER_LENGTH))
+    encoding = request.headers.get("content-encoding")
+    compressed = bool(encoding) and encoding != "identity"
+    # The JSON header's values are bounded while it arrives (a compressed one once inflated).
+    body = await read_body(request, door.max_body_bytes, json_prefix=0 if compressed else length)
+    if compressed:   # (zlib releases the GIL: inflating up to the size limit off the event loop)
+        body = await asyncio.get_running_loop().run_in_executor(None, _inflate, body, encoding, door.max_body_bytes,
+                                                                length)
+    header, binary = split_body(body, length)
+    parsed = decode_request(parse_json(header, "inference header"), binary, door.plane.max_bytes_elements)
     model = request.path_params["model"]
     parameters = dict(parsed.parameters)
     # JSON carries the list / object itself; gRPC parameters carry it as text.
@@ -128,11 +147,11 @@ async def infer(door: Door, request: Request) -> Response:
         parameters["logit_bias"] = json.dumps(parameters["logit_bias"])
     result = await model_infer(door.plane, model, _version(request), parsed.inputs, parsed.outputs,
                                      parameters, _deadline(request, parameters))
-    content, header_length = encode_response(parsed, model, result.version, result.outputs)
-    if header_length is None:
+    content, answer_header = encode_response(parsed, model, result.version, result.outputs)
+    if answer_header is None:
         return Response(content, media_type="application/json")
     return Response(content, media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(header_length)})
+                    headers={"Inference-Header-Content-Length": str(answer_header)})
 
 
 # ---------------------------------------------------------------------- extensions

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from server.codecs import DATATYPES, decode_tensor, encode_tensor, numpy_dtype
+from server.codecs import DATATYPES, check_bytes_count, check_shape, decode_tensor, encode_tensor, numpy_dtype
 from server.errors import ServingError
 from server.http.errors import HttpError
 
@@ -32,31 +32,48 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
-    """(JSON header, binary tail) of a request body."""
-    if header_length is None:
-        return body, b""
-    if not header_length.isdigit() or int(header_length) > len(body):
-        raise HttpError(400, f"inference-header-content-length: {header_length!r} is not a length within the "
+def header_length(text: str | None) -> int | None:
+    """The Inference-Header-Content-Length header as a byte count (None when absent)."""
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()):   # ('²' is a digit to isdigit(), not to int())
+        raise HttpError(400, f"inference-header-content-length: not a byte count: {text!r}")
+    return int(text)
+
+
+def split_body(body: bytes, length: int | None) -> tuple[bytes, memoryview]:
+    """(JSON header, binary tail) of a request body whose header is `length` bytes (None: all of it). The tail
+    is a view, not a copy: it may be most of a 64 MiB body."""
+    if length is None:
+        return body, memoryview(b"")
+    if length > len(body):
+        raise HttpError(400, f"inference-header-content-length: {length} is not a length within the "
                              f"{len(body)}-byte body")
-    n = int(header_length)
-    return body[:n], body[n:]
+    view = memoryview(body)
+    return bytes(view[:length]), view[length:]
 
 
-def _flatten(data: Any, out: list[Any]) -> None:
-    if isinstance(data, list):
-        for item in data:
-            _flatten(item, out)
-    else:
-        out.append(data)
+def _flatten(data: Any, out: list[Any], most: int) -> None:
+    """The leaves of nested lists, in order; stops once there are more than `most` (the shape's count)."""
+    stack = [data]
+    while stack and len(out) <= most:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
 
 
-def _from_json(name: str, datatype: str, shape: list[int], data: Any, where: str) -> np.ndarray:
-    values: list[Any] = []
-    _flatten(data, values)
+def _from_json(name: str, datatype: str, shape: list[int], data: Any, where: str,
+               max_bytes_elements: int) -> np.ndarray:
     count = math.prod(shape)
+    if datatype == "BYTES":
+        check_bytes_count(count, max_bytes_elements, f"{where}.shape")
+    values: list[Any] = []
+    _flatten(data, values, count)
     if len(values) != count:
-        raise ServingError.invalid(f"{where}.data", f"{len(values)} values, shape {shape} needs {count}")
+        got = f"more than {count}" if len(values) > count else str(len(values))
+        raise ServingError.invalid(f"{where}.data", f"{got} values, shape {shape} needs {count}")
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in values):
             raise ServingError.invalid(f"{where}.data", "BYTES elements must be strings")
@@ -84,8 +101,7 @@ def _shape(tensor: dict[str, Any], where: str) -> list[int]:
     shape = tensor.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise ServingError.invalid(f"{where}.shape", "must be a list of integers")
-    if any(d < 0 for d in shape):
-        raise ServingError.invalid(f"{where}.shape", f"negative dimension in {shape}")
+    check_shape(shape, f"{where}.shape")
     return shape
 
 
@@ -96,8 +112,9 @@ def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
-def decode_request(header: Any, binary: bytes) -> InferRequest:
-    """The JSON header (already parsed) + the binary tail -> arrays; errors name the field."""
+def decode_request(header: Any, binary: bytes | memoryview, max_bytes_elements: int) -> InferRequest:
+    """The JSON header (already parsed) + the binary tail -> arrays; errors name the field. A BYTES tensor's
+    element count (from its shape) is checked against `max_bytes_elements` before it is decoded."""
     if not isinstance(header, dict):
         raise ServingError.invalid("body", "must be a JSON object")
     request_id = header.get("id", "")
@@ -127,9 +144,9 @@ def decode_request(header: Any, binary: bytes) -> InferRequest:
                                            f"{size!r} bytes do not fit the {len(binary) - offset} binary bytes left")
             raw = binary[offset:offset + size]
             offset += size
-            inputs[name] = decode_tensor(name, datatype, shape, raw, None, where)
+            inputs[name] = decode_tensor(name, datatype, shape, raw, None, where, max_bytes_elements)
         elif "data" in tensor:
-            inputs[name] = _from_json(name, datatype, shape, tensor["data"], where)
+            inputs[name] = _from_json(name, datatype, shape, tensor["data"], where, max_bytes_elements)
         else:
             raise ServingError.invalid(f"{where}.data", "missing (and no parameters.binary_data_size)")
     if offset != len(binary):

@@ -16,9 +16,9 @@ from server.http.decode import typed_body
 from server.http.guard import OPENAI, Door, route
 from server.http.openai.answers import FINISH, json_answer, usage
 from server.http.openai.chat_template import render_chat
-from server.http.openai.params import choices, generation_params, include_usage, refuse_unsupported
-from server.http.openai.protocol import ChatCompletionRequest, ChatMessage
-from server.http.openai.stream import event_stream, gather_all, merged, opened, sse
+from server.http.openai.params import choices, generation_params, include_usage
+from server.http.openai.protocol import ChatCompletionRequest, ChatMessage, refuse_unsupported
+from server.http.openai.stream import event_stream, merged, opened, sse
 from server.types import StreamPart
 
 
@@ -61,12 +61,13 @@ async def chat_completions(door: Door, request: Request) -> Response:
     prompt = render_chat(template.template, messages, template.variables)
     deadline = deadline_from_headers(request)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    jobs = [(prompt, params) for params in per_request]
     if body.stream:
-        streams = [door.plane.generate_stream(model, 0, prompt, params, deadline) for params in per_request]
+        streams = await door.plane.generate_streams(model, 0, jobs, deadline, field="n")
         firsts = await opened(streams)
         events = _events(streams, firsts, ident, created, logprobs is not None, include_usage(body))
         return event_stream(events, streams, "ChatCompletions")
-    results = await gather_all([door.plane.generate(model, 0, prompt, params, deadline) for params in per_request])
+    results = await door.plane.generate_many(model, 0, jobs, deadline, field="n")
     answers = [{"index": j, "message": {"role": "assistant", "content": r.output.text},
                 "finish_reason": FINISH[r.output.finish_reason],
                 "logprobs": _logprobs(r.output.tokens) if logprobs is not None else None}

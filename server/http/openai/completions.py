@@ -22,9 +22,9 @@ from server.http.body import deadline_from_headers
 from server.http.decode import typed_body
 from server.http.guard import OPENAI, Door, route
 from server.http.openai.answers import FINISH, json_answer, usage
-from server.http.openai.params import choices, generation_params, include_usage, refuse_unsupported
-from server.http.openai.protocol import CompletionRequest
-from server.http.openai.stream import event_stream, gather_all, merged, opened, sse
+from server.http.openai.params import choices, generation_params, include_usage
+from server.http.openai.protocol import CompletionRequest, refuse_unsupported
+from server.http.openai.stream import event_stream, merged, opened, sse
 from server.types import GenerateResult, StreamPart
 
 MAX_LOGPROBS = 5                  # OpenAI's limit for completions' logprobs
@@ -54,12 +54,11 @@ async def completions(door: Door, request: Request) -> Response:
     deadline = deadline_from_headers(request)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if ask.stream:
-        streams = [door.plane.generate_stream(model, 0, p, params, deadline, ask.echo) for p, params in jobs]
+        streams = await door.plane.generate_streams(model, 0, jobs, deadline, ask.echo, field="prompt")
         firsts = await opened(streams)
         events = _events(streams, firsts, ident, created, ask, include_usage(body), n)
         return event_stream(events, streams, "Completions")
-    results = await gather_all([door.plane.generate(model, 0, p, params, deadline, ask.echo)
-                                for p, params in jobs])
+    results = await door.plane.generate_many(model, 0, jobs, deadline, ask.echo, field="prompt")
     if ask.score_only:
         results = [_nothing_generated(r) for r in results]
     answers = [_choice(k, r, ask) for k, r in enumerate(results)]

@@ -13,7 +13,7 @@ from server.http.body import deadline_from_headers
 from server.http.decode import typed_body
 from server.http.guard import OPENAI, Door, route
 from server.http.openai.answers import json_answer
-from server.http.openai.protocol import EmbeddingRequest
+from server.http.openai.protocol import EmbeddingRequest, refuse_unsupported
 
 
 def _inputs(given: str | list[Any]) -> list[str]:
@@ -33,11 +33,10 @@ async def embeddings(door: Door, request: Request) -> Response:
     encoding = body.encoding_format or "float"
     if encoding not in ("float", "base64"):
         raise ServingError.invalid("encoding_format", f"must be float or base64, got {encoding!r}")
-    result = await door.plane.embed(model, 0, texts, bool(body.truncate), deadline_from_headers(request))
+    refuse_unsupported(body)
+    result = await door.plane.embed(model, 0, texts, bool(body.truncate), deadline_from_headers(request),
+                                    body.dimensions)
     vectors = result.embeddings
-    if body.dimensions is not None and body.dimensions != vectors.shape[1]:
-        raise ServingError.invalid("dimensions", f"{model!r} answers {vectors.shape[1]}-dimensional vectors "
-                                                 f"(no shortening), got {body.dimensions}")
     if encoding == "base64":
         rows: list[Any] = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
     else:

@@ -17,12 +17,6 @@ MAX_CHOICES = 16                  # n: completions per prompt
 _RENAMED = {"parameters.top_logprobs": "logprobs", "parameters.stop": "stop", "parameters.": ""}
 
 
-def refuse_unsupported(request: SamplingRequest) -> None:
-    """Fields we do not implement are refused when they would change the answer, never ignored."""
-    if request.suffix:
-        raise ServingError.invalid("suffix", "is not supported")
-
-
 def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens: int | None,
                       max_tokens_field: str = "max_tokens") -> GenerationParams:
     """logprobs: alternatives per generated token (None: no logprobs); max_tokens: the token budget asked for

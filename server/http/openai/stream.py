@@ -3,7 +3,7 @@ merged as their parts come, answered as `data: {...}` events ending with `data: 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncIterator
 
 from starlette.responses import Response, StreamingResponse
 
@@ -11,7 +11,6 @@ from server.http.errors import classify_error, openai_body
 from server.http.openai.answers import encode
 from server.types import StreamPart
 
-T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
 
 
@@ -38,23 +37,14 @@ async def _ended(events: AsyncIterator[bytes], streams: list[AsyncIterator[Strea
     yield DONE
 
 
-async def gather_all(calls: list[Awaitable[T]]) -> list[T]:
-    """Every completion of a request, or the first error: then the others are cancelled, not left generating
-    for an answer nobody will read (one completion refused with 429 fails the request)."""
-    tasks = [asyncio.ensure_future(c) for c in calls]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
 async def opened(streams: list[AsyncIterator[StreamPart]]) -> list[StreamPart | None]:
     """The first part of each of a request's streams. Admission and parameter errors answer with their status,
     not a 200 stream, so every first part is awaited; on an error every stream is closed and it is raised."""
-    firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
+    try:
+        firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
+    except BaseException:     # cancelled (its client left): the streams that had started are closed too
+        await close(streams)
+        raise
     failed = [f for f in firsts if isinstance(f, BaseException)]
     if failed:
         await close(streams)
