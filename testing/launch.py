@@ -42,6 +42,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll `condition` every 50 ms until it holds; AssertionError naming `what` after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def prometheus_sample(text: str, name: str, **labels: str) -> float:
     """The value of the sample `name` whose labels include `labels`, in a Prometheus text exposition; 0 if absent."""
     want = {f'{k}="{v}"' for k, v in labels.items()}

@@ -35,6 +35,7 @@ from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kser
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
+from testing.launch import wait_for
 
 CLASSIFIER, FILL_MASK, GPT, VICTIM, LINKED = "tiny-classifier", "tiny-fill-mask", "tiny-gpt", "victim", "linked"
 TOKEN = "admission-test-token-0123456789"
@@ -45,13 +46,6 @@ TOKENS_IN_FLIGHT = 120    # --max-tokens-in-flight (tiny-gpt's context is 128 to
 HEALTH_P99_BOUND_S = 0.25  # the probe saw 14.5 s; a health check is ~1 ms on an idle server
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from server_process import ServerProcess, repository_with
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
+from testing.launch import wait_for
 
 CLASSIFIER = "tiny-classifier"
 OPEN_FILES = 256            # the server's limit: a quarter (64) per door
@@ -100,13 +101,6 @@ def _all_closed(socks: list[socket.socket]) -> bool:
     return all([_closed_by_server(s) for s in socks])   # every socket read on each poll (no short cut)
 
 
-def _wait(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture()
@@ -145,16 +139,16 @@ def test_idle_connections_are_closed_and_every_port_serves_at_the_open_file_limi
         staging = repo / CLASSIFIER / ".tmp-publish"   # the repository poll loads a new version meanwhile
         shutil.copytree(repo / CLASSIFIER / "1", staging)
         os.rename(staging, repo / CLASSIFIER / "2")
-        _wait(lambda: _classify(proc.address) == 2, 20, "version 2 loaded by the poller")
+        wait_for(lambda: _classify(proc.address) == 2, 20, "version 2 loaded by the poller")
         served_in = time.monotonic() - started
         # After the timeout, the server has closed every one of them.
-        _wait(lambda: _all_closed(hostile), HEADER_TIMEOUT + 5,
+        wait_for(lambda: _all_closed(hostile), HEADER_TIMEOUT + 5,
               "the server to close the idle connections")
         closed_in = time.monotonic() - started
     finally:
         for s in hostile:
             s.close()
-    _wait(lambda: _fds(pid) <= fds_before + 8, 10, "descriptors back to their level")
+    wait_for(lambda: _fds(pid) <= fds_before + 8, 10, "descriptors back to their level")
     assert any("max_connections" in line and "closed the one idle longest" in line for line in proc.lines)
     print(f"\nfds {fds_before} -> {fds_during} (limit {OPEN_FILES}), threads {threads_before} -> {threads_during}; "
           f"calls on every port + a new version served in {served_in:.2f}s; all closed in {closed_in:.2f}s")
@@ -167,7 +161,7 @@ def test_connections_that_never_handshake_on_the_grpc_port_are_closed(
     try:
         assert _http_classify(proc) == 200 and _get(_metrics_url(proc)) == 200
         started = time.monotonic()
-        _wait(lambda: _all_closed(silent), HEADER_TIMEOUT + 5,
+        wait_for(lambda: _all_closed(silent), HEADER_TIMEOUT + 5,
               "the server to close the silent gRPC connections")
         closed_in = time.monotonic() - started
     finally:

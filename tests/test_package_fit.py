@@ -28,6 +28,7 @@ from server_process import ServerProcess, repository_with
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
+from testing.launch import wait_for
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
 
@@ -195,13 +196,6 @@ class Clients:
             t.join(timeout=30)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture()
