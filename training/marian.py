@@ -108,7 +108,8 @@ def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
     columns fills the first half, cos of the odd columns the second (an odd dim gives sin one more column)."""
     pos = torch.arange(n_pos, dtype=torch.float64)[:, None]
     j = torch.arange(dim, dtype=torch.float64)
-    angle = pos / torch.pow(torch.tensor(10000.0, dtype=torch.float64), 2 * torch.div(j, 2, rounding_mode="floor") / dim)
+    pair = torch.div(j, 2, rounding_mode="floor")
+    angle = pos / torch.pow(torch.tensor(10000.0, dtype=torch.float64), 2 * pair / dim)
     sentinel = (dim + 1) // 2
     out = torch.empty(n_pos, dim, dtype=torch.float64)
     out[:, :sentinel] = torch.sin(angle[:, 0::2])
@@ -279,7 +280,8 @@ class EncoderDecoderLM(nn.Module):
     def cross_key_values(self, encoder_hidden_states: torch.Tensor) -> list[KV]:
         return [layer.encoder_attn.project_kv(encoder_hidden_states) for layer in self.model.decoder.layers]
 
-    def empty_past(self, batch: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> list[KV]:
+    def empty_past(self, batch: int, device: torch.device | None = None,
+                   dtype: torch.dtype = torch.float32) -> list[KV]:
         """A self-attention past of length 0 for every decoder layer ([B, H, 0, D])."""
         c = self.config
         z = torch.zeros(batch, c.decoder_attention_heads, 0, c.d_model // c.decoder_attention_heads,

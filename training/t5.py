@@ -277,7 +277,8 @@ class T5ForConditionalGeneration(nn.Module):
     def cross_key_values(self, encoder_hidden_states: torch.Tensor) -> list[KV]:
         return [block.layer[1].EncDecAttention.project_kv(encoder_hidden_states) for block in self.decoder.block]
 
-    def empty_past(self, batch: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> list[KV]:
+    def empty_past(self, batch: int, device: torch.device | None = None,
+                   dtype: torch.dtype = torch.float32) -> list[KV]:
         c = self.config
         z = torch.zeros(batch, c.num_heads, 0, c.d_kv, device=device, dtype=dtype)
         return [(z, z) for _ in range(int(c.num_decoder_layers or 0))]
