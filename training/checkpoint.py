@@ -1,6 +1,7 @@
 """Read and write checkpoints in the Hugging Face directory layout (docs/checkpoint-format.md).
 
-Real HF BERT / GPT-2 checkpoints load into our models and ours load into `transformers`.
+Real HF BERT / GPT-2 / Llama / Marian / BART / T5 ... checkpoints load into our models and ours load into
+`transformers`.
 Weights are read from model.safetensors, or from pytorch_model.bin only through
 `torch.load(weights_only=True)`: nothing is ever unpickled.
 """
@@ -19,6 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from training import bart as bart_mod
+from training import marian as marian_mod
+from training import t5 as t5_mod
 from training.albert import AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining, AlbertForSequenceClassification
 from training.bert import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
                            BertModel)
@@ -28,6 +32,9 @@ from training.gpt import GPT2LMHeadModel, GPTConfig
 from training.llama import FAMILIES as LLAMA_FAMILIES
 from training.llama import LlamaConfig, LlamaForCausalLM
 from training.roberta import RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification
+from training.bart import BartConfig, BartForConditionalGeneration
+from training.marian import MarianConfig, MarianMTModel
+from training.t5 import T5Config, T5ForConditionalGeneration
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +61,18 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "electra-classifier": (ElectraForSequenceClassification, "ElectraForSequenceClassification", "electra"),
     # One class for the three Llama-family checkpoints; the architecture written follows config.model_type.
     "llama": (LlamaForCausalLM, "LlamaForCausalLM", "llama"),
+    # Encoder-decoders (training/seq2seq.py's call convention).
+    "marian": (MarianMTModel, "MarianMTModel", "marian"),
+    "bart": (BartForConditionalGeneration, "BartForConditionalGeneration", "bart"),
+    "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
 }
+# Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
+SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
 # model_type -> the config dataclass and the prefix HF puts the encoder/decoder under in headed models.
 FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "roberta": RobertaConfig,
                                   "albert": AlbertConfig, "distilbert": DistilBertConfig,
-                                  "electra": ElectraConfig,
+                                  "electra": ElectraConfig, "marian": MarianConfig, "bart": BartConfig,
+                                  "t5": T5Config,
                                   **{t: LlamaConfig for t in LLAMA_FAMILIES}}
 _PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
            "electra": "electra."}
@@ -68,7 +82,9 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "AlbertModel": "albert-mlm", "DistilBertModel": "distilbert-mlm",
                  # ELECTRA's released discriminators: the encoder is kept, the replaced-token head dropped.
                  "ElectraModel": "electra-mlm", "ElectraForPreTraining": "electra-mlm",
-                 "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama"}
+                 "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
+                 # Base seq2seq checkpoints (bart-base is one): a tied head needs nothing more.
+                 "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5"}
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
 
@@ -139,7 +155,8 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
 
 
 _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
-                 "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES}}
+                 "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
+                 "marian": "marian", "bart": "bart", "t5": "t5"}
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
@@ -205,6 +222,8 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
         k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
         out[k] = v
     family = family_of_kind(kind)
+    if kind in SEQ2SEQ:
+        return out  # the family's own rules need its config: load_hf_state_dict applies them
     if kind == "gpt":
         if not any(k.startswith("transformer.") for k in out):  # a GPT2Model checkpoint
             out = {(k if k.startswith("lm_head.") else "transformer." + k): v for k, v in out.items()}
@@ -223,6 +242,8 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
 
 
 def _tied_keys(model: nn.Module, kind: str) -> set[str]:
+    if kind in SEQ2SEQ:
+        return SEQ2SEQ[kind].tied_keys(model.config)
     if kind == "llama":
         return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     return set(_TIED.get(kind, ()))
@@ -254,6 +275,12 @@ def load_hf_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: st
     # Heads that may be missing from the source start from init (fine-tuning from an encoder); heads the
     # target lacks are dropped (e.g. an MLM checkpoint used as a classifier's encoder). Decoders: none.
     fresh_ok = drop_ok = _HEADS.get(family_of_kind(kind), ())
+    if kind in SEQ2SEQ:
+        # The family's key rules; the file's copies of tied tables are views we fill in ourselves. A base
+        # checkpoint (MarianModel, BartModel) has no final_logits_bias: zeros, as transformers does.
+        sd = SEQ2SEQ[kind].normalise_hf_keys(sd, model.config)
+        sd = {k: v for k, v in sd.items() if k not in tied}
+        fresh_ok = ("final_logits_bias",)
     if kind == "llama" and tied and "lm_head.weight" in sd:
         sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}  # a file that also carries the tied copy
     unexpected = [k for k in sd if k not in own]
@@ -308,10 +335,35 @@ def load_model(path: str | os.PathLike, kind: str | None = None, **config_overri
         raise CheckpointError(f"num_labels: loading a {stored} checkpoint as {kind} needs "
                               f"num_labels or id2label")
     config = _config_for(kind, cfg, config_overrides)
+    sd = read_state_dict(path)
+    if kind in SEQ2SEQ:
+        _untie_if_distinct(kind, config, sd, path)
     model = KINDS[kind][0](config)
-    load_hf_state_dict(model, read_state_dict(path), source=str(path))
+    load_hf_state_dict(model, sd, source=str(path))
     model.eval()
     return model, config
+
+
+def _untie_if_distinct(kind: str, config: Any, sd: dict[str, torch.Tensor], path: Path) -> None:
+    """A head the config calls tied but the file stores with other values is the file's own (transformers
+    unties it the same way; its T5 configs always say tied); tables a family shares by tying are checked
+    the same way (the family's resolve_sharing)."""
+    fam = SEQ2SEQ[kind]
+    resolve = getattr(fam, "resolve_sharing", None)
+    if resolve is not None:
+        try:
+            note = resolve(config, _normalise_keys(sd, kind))
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+        if note:
+            log.info("%s: %s", path, note)
+    if not config.tie_word_embeddings:
+        return
+    keys = fam.normalise_hf_keys(_normalise_keys(sd, kind), config)
+    head, table = keys.get("lm_head.weight"), keys.get(fam.head_source_key(config))
+    if head is not None and table is not None and (head.shape != table.shape or not torch.equal(head, table)):
+        log.info("%s: lm_head.weight differs from %s: loaded untied", path, fam.head_source_key(config))
+        config.tie_word_embeddings = False
 
 
 def save_model(model: nn.Module, out_dir: str | os.PathLike, tokenizer_files: dict[str, Path] | None = None,

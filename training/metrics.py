@@ -1,4 +1,5 @@
-"""Evaluation figures (accuracy, macro-F1, top-k, perplexity) and the JSONL metrics log."""
+"""Evaluation figures (accuracy, macro-F1, top-k, perplexity, word / phoneme error rates) and the JSONL
+metrics log."""
 from __future__ import annotations
 
 import json
@@ -39,6 +40,33 @@ def topk_hits(logits: torch.Tensor, targets: torch.Tensor, ks: Sequence[int] = (
 
 def perplexity(total_nll: float, tokens: int) -> float:
     return math.exp(total_nll / tokens) if tokens else float("nan")
+
+
+def edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
+    """Levenshtein distance between two symbol sequences (substitution, insertion, deletion: 1 each)."""
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
+def sequence_error_rates(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[Sequence[str]]]) -> dict[str, Any]:
+    """Word error rate (share of outputs equal to none of their references) and symbol error rate (edits to
+    the closest reference, summed, over the summed lengths of those references) for outputs with one or
+    more acceptable references each (CMUdict's several pronunciations of a word)."""
+    if not hyps or len(hyps) != len(refs):
+        raise ValueError(f"evaluation: {len(hyps)} outputs for {len(refs)} reference sets")
+    wrong = edits = length = 0
+    for hyp, options in zip(hyps, refs):
+        h = tuple(hyp)
+        best = min(((edit_distance(h, r), len(r)) for r in options), key=lambda t: (t[0], -t[1]))
+        wrong += int(best[0] > 0)
+        edits += best[0]
+        length += best[1]
+    return {"wer": wrong / len(hyps), "per": edits / max(length, 1), "words": len(hyps), "phonemes": length}
 
 
 class MetricsLog:

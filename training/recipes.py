@@ -31,6 +31,17 @@ TRAIN_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "lm": {"scratch": dict(steps=300, batch_size=16, lr=3e-3, warmup=30, schedule="cosine", eval_every=0,
                            max_length=64)},
+    # g2p's recipes are its --preset (model shape + optimiser), measured on 2 cores (docs/MODELS.md). Noam's
+    # schedule (inverse_sqrt: linear warm-up to the peak, then 1/sqrt(step)) and label smoothing 0.1, as the paper.
+    "g2p": {
+        "tiny": dict(steps=60, batch_size=32, lr=3e-3, warmup=10, schedule="inverse_sqrt", eval_every=0,
+                     max_length=32, label_smoothing=0.1, dropout=0.0, d_model=32, layers=1, heads=2, ffn_dim=64),
+        "default": dict(steps=3000, batch_size=64, lr=2e-3, warmup=200, schedule="inverse_sqrt", eval_every=0,
+                        max_length=32, label_smoothing=0.1, dropout=0.0, d_model=128, layers=2, heads=4,
+                        ffn_dim=512),
+        "long": dict(steps=6000, batch_size=64, lr=1.5e-3, warmup=600, schedule="inverse_sqrt", eval_every=1000,
+                     max_length=32, label_smoothing=0.1, dropout=0.1, d_model=192, layers=3, heads=4, ffn_dim=768),
+    },
 }
 
 

@@ -1,5 +1,6 @@
 """Train, save and load the tokenizers: WordPiece (BERT, ALBERT), byte-level BPE (GPT-2, Llama) and
-RoBERTa's byte-level BPE with `<s> <pad> </s> <unk> <mask>`.
+RoBERTa's byte-level BPE with `<s> <pad> </s> <unk> <mask>`; and load "wordlevel" ones (a fixed symbol
+table, e.g. the g2p model's characters + phonemes, built by its data module rather than trained).
 
 A tokenizer directory holds tokenizer.json, tokenizer_config.json and special_tokens_map.json in the
 Hugging Face layout, so checkpoints can carry it and `transformers.AutoTokenizer` can read it.
@@ -19,8 +20,9 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 log = logging.getLogger(__name__)
 
-TokenizerKind = Literal["wordpiece", "bpe", "roberta"]
-KINDS = ("wordpiece", "bpe", "roberta")
+TokenizerKind = Literal["wordpiece", "bpe", "roberta", "wordlevel"]
+KINDS = ("wordpiece", "bpe", "roberta")  # the kinds we train
+WORDLEVEL_SPECIALS = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
 
 BERT_SPECIALS = {
     "pad_token": "[PAD]",
@@ -189,6 +191,9 @@ def tokenizer_config_dict(kind: TokenizerKind, model_max_length: int) -> tuple[d
         specials = dict(ROBERTA_SPECIALS)
         cfg = {"tokenizer_class": "RobertaTokenizerFast", "add_prefix_space": False, "trim_offsets": True,
                **specials}
+    elif kind == "wordlevel":
+        specials = dict(WORDLEVEL_SPECIALS)
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **specials}
     else:
         specials = dict(GPT_SPECIALS)
         cfg = {"tokenizer_class": "GPT2TokenizerFast", "add_prefix_space": False, **specials}
@@ -267,6 +272,13 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
         name = _special(cfg, key)
         return tok.token_to_id(name) if name is not None else None
 
+    if isinstance(tok.model, models.WordLevel):
+        pad_id, eos_id = tid("pad_token"), tid("eos_token")
+        if pad_id is None or eos_id is None:
+            raise TokenizerError(f"{cfg_path}: pad_token / eos_token missing or not in the vocabulary")
+        max_len = cfg.get("model_max_length")
+        return TokenizerInfo(tok, "wordlevel", max_len if isinstance(max_len, int) and max_len <= 1_000_000 else 512,
+                             pad_id=pad_id, unk_id=tid("unk_token"), eos_id=eos_id)
     cls_id = tid("cls_token")
     # A [CLS]-style token makes an encoder tokenizer: WordPiece (BERT) or byte-level BPE (RoBERTa).
     kind: TokenizerKind = "bpe" if cls_id is None else "roberta" if isinstance(tok.model, models.BPE) else "wordpiece"

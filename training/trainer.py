@@ -64,6 +64,7 @@ class TrainConfig:
     threads: int | None = None    # None: cores / processes
     resume: str | None = None
     quiet: bool = False
+    progress: str = "auto"        # the step bar: auto (a terminal and not quiet) | on (also in logs, quiet) | off
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
@@ -75,6 +76,8 @@ class TrainConfig:
             raise TrainError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise TrainError(f"label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if self.progress not in ("auto", "on", "off"):
+            raise TrainError(f"progress: expected auto, on or off, got {self.progress!r}")
         if self.warmup < 0 or self.eval_every < 0:
             raise TrainError("warmup/eval_every: must be >= 0")
 
@@ -245,10 +248,15 @@ class Trainer:
     def _loop(self, model: nn.Module, ddp: nn.Module, opt: torch.optim.Optimizer, sched: Any, start: int,
               best: dict[str, Any], work: Path | None) -> dict[str, Any]:
         cfg, ctx, task = self.cfg, self.ctx, self.task
-        order = BatchOrder(task.num_examples(), cfg.batch_size, cfg.seed)
+        # A task may order its own batches (g2p: length buckets); the rest draw shuffled examples.
+        order = (task.batch_order(cfg.batch_size, cfg.seed) if hasattr(task, "batch_order")
+                 else BatchOrder(task.num_examples(), cfg.batch_size, cfg.seed))
         mlog = MetricsLog(work / "metrics.jsonl") if work is not None else None
-        show = ctx.is_main and not cfg.quiet and sys.stderr.isatty()
-        bar = tqdm(total=cfg.steps, initial=start, disable=not show, desc=task.name, dynamic_ncols=True)
+        tty = sys.stderr.isatty()
+        show = ctx.is_main and (cfg.progress == "on" or (cfg.progress == "auto" and not cfg.quiet and tty))
+        # One bar per run with the step count, rate and ETA; into a log file (not a terminal) at most every 10 s.
+        bar = tqdm(total=cfg.steps, initial=start, disable=not show, desc=task.name, dynamic_ncols=True,
+                   file=sys.stderr, mininterval=0.1 if tty else 10.0, unit="step")
         losses: list[float] = []
         last_eval: dict[str, Any] | None = None
         for step in range(start, cfg.steps):

@@ -39,7 +39,7 @@ class Task(Protocol):
 
 
 class HeldOutTask:
-    """What the three tasks share: training rows in `train`, held-out rows per split in `held`, scoring of a
+    """What the tasks share: training rows in `train`, held-out rows per split in `held`, scoring of a
     split, and checkpoints that ship the cleaned tokenizer copy."""
 
     train: list
