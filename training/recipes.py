@@ -39,8 +39,8 @@ TRAIN_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
         "default": dict(steps=8000, batch_size=64, lr=2e-3, warmup=200, schedule="inverse_sqrt", eval_every=0,
                         max_length=32, label_smoothing=0.1, dropout=0.0, d_model=128, layers=2, heads=4,
                         ffn_dim=512),
-        "long": dict(steps=12000, batch_size=64, lr=1.5e-3, warmup=600, schedule="inverse_sqrt", eval_every=1000,
-                     max_length=32, label_smoothing=0.1, dropout=0.1, d_model=192, layers=3, heads=4, ffn_dim=768),
+        "long": dict(steps=24000, batch_size=64, lr=2e-3, warmup=200, schedule="inverse_sqrt", eval_every=4000,
+                     max_length=32, label_smoothing=0.1, dropout=0.0, d_model=128, layers=2, heads=4, ffn_dim=512),
     },
 }
 
