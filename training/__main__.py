@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("g2p", help="train the original Transformer (Marian layout) on CMUdict grapheme-to-phoneme")
     p.add_argument("--preset", choices=list(TRAIN_DEFAULTS["g2p"]), default="default",
-                   help="the recipe, model shape included: tiny (tests, seconds), default (~6 minutes on 2 cores), "
+                   help="the recipe, model shape included: tiny (tests, seconds), default (5 minutes on 2 quiet cores), "
                         "long (docs/MODELS.md states its time)")
     p.add_argument("--d-model", type=int, default=None, help="model width (" + _recipe_help("g2p", "d_model") + ")")
     p.add_argument("--layers", type=int, default=None,

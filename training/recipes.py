@@ -36,11 +36,11 @@ TRAIN_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "g2p": {
         "tiny": dict(steps=60, batch_size=32, lr=3e-3, warmup=10, schedule="inverse_sqrt", eval_every=0,
                      max_length=32, label_smoothing=0.1, dropout=0.0, d_model=32, layers=1, heads=2, ffn_dim=64),
-        "default": dict(steps=3000, batch_size=64, lr=2e-3, warmup=200, schedule="inverse_sqrt", eval_every=0,
+        "default": dict(steps=8000, batch_size=64, lr=2e-3, warmup=200, schedule="inverse_sqrt", eval_every=0,
                         max_length=32, label_smoothing=0.1, dropout=0.0, d_model=128, layers=2, heads=4,
                         ffn_dim=512),
-        "long": dict(steps=6000, batch_size=64, lr=1.5e-3, warmup=600, schedule="inverse_sqrt", eval_every=1000,
-                     max_length=32, label_smoothing=0.1, dropout=0.1, d_model=192, layers=3, heads=4, ffn_dim=768),
+        "long": dict(steps=24000, batch_size=64, lr=2e-3, warmup=200, schedule="inverse_sqrt", eval_every=4000,
+                     max_length=32, label_smoothing=0.1, dropout=0.0, d_model=128, layers=2, heads=4, ffn_dim=512),
     },
 }
 
