@@ -44,7 +44,11 @@ class Tolerances:
     w8_min_greedy_tokens: float = 24.0
     w4_max_perplexity_ratio: float = 1.03
     w4_min_greedy_tokens: float = 20.0
-    weights_mixed_atol: float = 1e-4  # a quantized mixed twin vs its plain graph on each sequence alone
+    # A quantized mixed twin vs its plain graph making the same calls (decode rows, then the chunk, apart), absolute.
+    # MatMulNBits at accuracy level 4 is not bit-equal across call shapes: a row's result depends on the rows it is
+    # computed with, and 12 layers deep that reached 7.0e-3 (w8) and 1.2e-2 (w4) in the cache of the 124M Llama
+    # trained for the benchmarks (1e-6 on the 4-layer defaults). A wiring fault moves logits by whole units.
+    weights_mixed_atol: float = 3e-2
     # ... over an int8 cache (w8kv8, w4kv8): MatMulNBits rows differ across call shapes by ~1e-6, so a cache value
     # on a rounding boundary may take the next int8 step, and the logits move with it: measured on the trained
     # Llama's w4kv8, one value one step away and the logits 7.7e-3 (absolute; w8kv8 equal to 2e-6)

@@ -293,44 +293,69 @@ class InplaceChecks:
         logits = d.first_prompt(0, [ids], self.pad)[0]
         return logits, [c.copy() for c in d.cache(0, len(ids))]
 
-    def mixed(self, sess: ort.InferenceSession, mixed_sess: ort.InferenceSession, reference=None) -> list[Check]:
+    def mixed(self, sess: ort.InferenceSession, mixed_sess: ort.InferenceSession, reference=None,
+              same_schedule: bool = False) -> list[Check]:
         """The mixed graph: rows decoding (slots 0..2) and a prompt chunk (slot 1's, inside that range, and
-        slot 3's, outside it) in the same run, against PyTorch (or `reference(ids) -> (logits, cache)`)."""
-        ref = reference or self._torch
+        slot 3's, outside it) in the same run, against PyTorch (or `reference(ids) -> (logits, cache)`), or with
+        same_schedule against the plain graph making the same calls one group at a time (decode rows, then the
+        chunk): the yardstick for kernels whose results depend on the shape of the call (MatMulNBits at accuracy
+        level 4 moved a 5-token prompt's logits by 6e-3 against the same prompt fed with one token more)."""
         layers, kv, hd, max_len = self.dims
         d = SlotDriver(sess, layers, kv, hd, max_len, 4)
-        mixed = MixedDriver(d, mixed_sess)
-        seqs = [self._seq(6, 20), [], self._seq(9, 22)]      # slot 1 starts empty: its prompt comes in chunks
-        d.first_prompt(0, [seqs[0]], self.pad)
-        d.first_prompt(2, [seqs[2]], self.pad)
-        long = self._seq(min(24, max_len - 8), 33)
-        other = self._seq(min(10, max_len - 8), 44)
-        pairs = []
-        # slot 1 prefills `long` in chunks of 8 while slots 0 and 2 decode (slot 1 sits in the decode range)
-        for step, start in enumerate(range(0, len(long), 8)):
-            nxt = [int(self.stream[(5 * r + step) % len(self.stream)]) for r in (0, 2)]
-            chunk = long[start:start + 8]
-            dec, pre = mixed.run([(0, nxt[0], len(seqs[0])), (2, nxt[1], len(seqs[2]))], {1: start + len(chunk)},
-                                 1, chunk, start)
-            seqs[0], seqs[2] = seqs[0] + [nxt[0]], seqs[2] + [nxt[1]]
-            pairs += [("mixed decode row 0", dec[0], ref(seqs[0])[0][-1]),
-                      ("mixed decode row 2", dec[1], ref(seqs[2])[0][-1]),
-                      ("mixed chunk (inside the decode range)", pre, ref(long[:start + len(chunk)])[0][start:])]
-        # slot 3 (outside the decode range) takes a first prompt while 0, 1 and 2 decode
-        seqs[1] = long
-        nxt = [int(self.stream[(3 * r + 7) % len(self.stream)]) for r in range(3)]
-        dec, pre = mixed.run([(r, nxt[r], len(seqs[r])) for r in range(3)], {}, 3, other, 0)
-        for r in range(3):
-            seqs[r] = seqs[r] + [nxt[r]]
-            pairs.append((f"mixed decode row {r} beside a first prompt", dec[r], ref(seqs[r])[0][-1]))
-        pairs.append(("mixed first prompt", pre, ref(other)[0]))
-        pairs += [(f"mixed cache slot {r}", got, want) for r in range(3)
-                  for got, want in zip(d.cache(r, len(seqs[r])), ref(seqs[r])[1])]
+        got, seqs = self._mixed_schedule(d, MixedDriver(d, mixed_sess))
+        if same_schedule:
+            twin = SlotDriver(sess, layers, kv, hd, max_len, 4)
+            want, _ = self._mixed_schedule(twin, PlainDriver(twin))
+            pairs = [(name, a, b) for (name, a), (_, b) in zip(got, want)]
+            pairs += [(f"mixed cache slot {r}", a, b) for r in range(3)
+                      for a, b in zip(d.cache(r, len(seqs[r])), twin.cache(r, len(seqs[r])))]
+        else:
+            ref = reference or self._torch
+            pairs = [(name, a, ref(ids)[0][-1] if pos is None else ref(ids)[0][pos:])
+                     for (name, a), (ids, pos) in zip(got, self._mixed_refs)]
+            pairs += [(f"mixed cache slot {r}", a, b) for r in range(3)
+                      for a, b in zip(d.cache(r, len(seqs[r])), ref(seqs[r])[1])]
         ok, diff, worst = self._compare(pairs)
         detail = "slots 0/2 decode while slot 1 prefills 3 chunks, then 0/1/2 decode beside slot 3's first prompt"
         if self.cache_atol is not None:
             detail += f"; int8 caches within {self.cache_atol:g} step (largest difference {self.cache_worst:g})"
         return [("mixed graph: decode rows and a prompt chunk in one run", ok, diff, worst, detail)]
+
+    def _mixed_schedule(self, d: "SlotDriver", runner: "MixedDriver | PlainDriver"
+                        ) -> tuple[list[tuple[str, np.ndarray]], list[list[int]]]:
+        """The mixed check's calls on `d` through `runner`: (named outputs, the three decoding slots' sequences).
+        Sets self._mixed_refs: per output, (the ids whose logits it should equal, None = the last position or
+        the chunk's first position)."""
+        max_len = self.dims[3]
+        seqs = [self._seq(6, 20), [], self._seq(9, 22)]      # slot 1 starts empty: its prompt comes in chunks
+        d.first_prompt(0, [seqs[0]], self.pad)
+        d.first_prompt(2, [seqs[2]], self.pad)
+        long = self._seq(min(24, max_len - 8), 33)
+        other = self._seq(min(10, max_len - 8), 44)
+        out: list[tuple[str, np.ndarray]] = []
+        refs: list[tuple[list[int], int | None]] = []
+        # slot 1 prefills `long` in chunks of 8 while slots 0 and 2 decode (slot 1 sits in the decode range)
+        for step, start in enumerate(range(0, len(long), 8)):
+            nxt = [int(self.stream[(5 * r + step) % len(self.stream)]) for r in (0, 2)]
+            chunk = long[start:start + 8]
+            dec, pre = runner.run([(0, nxt[0], len(seqs[0])), (2, nxt[1], len(seqs[2]))], {1: start + len(chunk)},
+                                  1, chunk, start)
+            seqs[0], seqs[2] = seqs[0] + [nxt[0]], seqs[2] + [nxt[1]]
+            out += [("mixed decode row 0", dec[0]), ("mixed decode row 2", dec[1]),
+                    ("mixed chunk (inside the decode range)", pre)]
+            refs += [(seqs[0], None), (seqs[2], None), (long[:start + len(chunk)], start)]
+        # slot 3 (outside the decode range) takes a first prompt while 0, 1 and 2 decode
+        seqs[1] = long
+        nxt = [int(self.stream[(3 * r + 7) % len(self.stream)]) for r in range(3)]
+        dec, pre = runner.run([(r, nxt[r], len(seqs[r])) for r in range(3)], {}, 3, other, 0)
+        for r in range(3):
+            seqs[r] = seqs[r] + [nxt[r]]
+            out.append((f"mixed decode row {r} beside a first prompt", dec[r]))
+            refs.append((seqs[r], None))
+        out.append(("mixed first prompt", pre))
+        refs.append((other, 0))
+        self._mixed_refs = refs
+        return out, seqs
 
     def run_all(self, sess: ort.InferenceSession, mixed: ort.InferenceSession | None = None) -> list[Check]:
         checks = [*self.ragged_and_reuse(sess), *self.chunked(sess), *self.greedy(sess)]
@@ -374,6 +399,25 @@ class MixedDriver:
         outs = io.get_outputs()
         dec, pre = outs[-2].numpy(), outs[-1].numpy()
         return dec[[s for s, _, _ in rows], 0], pre[0]
+
+
+class PlainDriver:
+    """The mixed driver's calls made by the plain graph: the decode rows in one run, then the chunk in another."""
+
+    def __init__(self, slots: SlotDriver) -> None:
+        self.d = slots
+
+    def run(self, rows: list[tuple[int, int, int]], idle: dict[int, int], chunk_slot: int, chunk: list[int],
+            start: int) -> tuple[np.ndarray, np.ndarray]:
+        hi = max(s for s, _, _ in rows) + 1
+        tokens, pos = np.zeros((hi, 1), np.int64), np.zeros(hi, np.int64)
+        for slot, p in idle.items():
+            pos[slot] = p
+        for slot, t, p in rows:
+            tokens[slot, 0], pos[slot] = t, p
+        dec = self.d.run(0, tokens, pos + 1, pos)
+        pre = self.d.chunk(chunk_slot, chunk, start)
+        return dec[[s for s, _, _ in rows], 0], pre
 
 
 def _logsumexp(x: np.ndarray) -> float:
