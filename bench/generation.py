@@ -802,7 +802,8 @@ def render_section(r: dict[str, Any]) -> list[str]:
     runs = r.get("runs") or [{"command": r.get("command"), "started": r.get("started"), "pieces": []}]
     shape = ("GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, fp32)"
              if model == "gpt2" else "Llama ~124M shape with grouped-query attention (12 layers, 768 wide, 12 heads / "
-             "4 kv heads, SwiGLU 2048, tied head, vocab 8000, 1024 positions, random init, fp32)")
+             "4 kv heads, SwiGLU 2048, tied head, vocab 8000, 1024 positions; since 2026-11-26 12:40 UTC trained 150 steps on "
+             "Shakespeare (`trained_llama`: the gate judges its w8 / w4), random init before; fp32)")
     variant = _variant_of(r)
     lines = [f"## Generation vs peers: {model}" + (f", ortserve serving its {variant} variant" if variant else "")
              + f" (bench/generation.py --model {model}" + (f" --variant {variant}" if variant else "") + ")", ""]

@@ -346,7 +346,7 @@ def render(r: dict[str, Any]) -> list[str]:
              f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
              f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
              "- Checkpoint: the Llama ~124M shape of bench/generation.py (12 layers, 768 wide, 12 heads / 4 kv heads, "
-             "SwiGLU 2048, tied head, vocab 8000, random init); llama.cpp (llama-cpp-python 0.3.36's vendored tree, "
+             "SwiGLU 2048, tied head, vocab 8000, trained 150 steps on Shakespeare: bench/generation.py `trained_llama`); llama.cpp (llama-cpp-python 0.3.36's vendored tree, "
              "built here) runs it converted by its own convert_hf_to_gguf.py (pre-tokenizer `gpt-2`), quantized by "
              "llama-quantize; ortserve runs its `python -m export` package, variant as paired. Pairs: "
              + ", ".join(f"{v} ↔ {QUANTS[v].upper()}" for v in r.get("variants", [])) + ".",
