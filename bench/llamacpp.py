@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testing.launch import ChildProcess as Process, free_port
+from testing.launch import ChildProcess as Process, ServerStartError, free_port
 
 from .blocks import write_block
 from .machine import describe
@@ -138,11 +138,12 @@ class LlamaServer:
     """llama-server on one GGUF, every core, `parallel` slots of `ctx_per_slot` tokens, OpenAI API on a free port."""
 
     def __init__(self, gguf: Path, threads: int, parallel: int, ctx_per_slot: int = 512,
-                 startup_timeout: float = 300) -> None:
+                 startup_timeout: float = 300, repack: bool = True) -> None:
         self.port = free_port()
         self.args = ["-m", str(gguf), "-t", str(threads), "-tb", str(threads), "--parallel", str(parallel),
-                     "-c", str(parallel * ctx_per_slot), "--host", "127.0.0.1", "--port", str(self.port)]
-        self.threads, self.parallel, self.gguf = threads, parallel, gguf
+                     "-c", str(parallel * ctx_per_slot), "--host", "127.0.0.1", "--port", str(self.port),
+                     *([] if repack else ["--no-repack"])]
+        self.threads, self.parallel, self.gguf, self.repack = threads, parallel, gguf, repack
         self.proc = Process([str(tool("llama-server")), *self.args])
         self.proc.wait_for_line(re.compile(r"listening on http|server is listening"), startup_timeout)
         self._wait_healthy(startup_timeout)
@@ -181,11 +182,29 @@ class LlamaServer:
 
     def describe(self) -> dict[str, Any]:
         return {"threads": self.threads, "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50)",
-                "parallel": self.parallel, "quant": self.gguf.stem.rsplit("-", 1)[-1],
+                "parallel": self.parallel, "quant": self.gguf.stem.rsplit("-", 1)[-1], "repack": self.repack,
+                **({} if self.repack else {"why_no_repack": NO_REPACK_WHY}),
                 "args": ["llama-server", *[a if a != str(self.gguf) else self.gguf.name for a in self.args]]}
 
     def stop(self) -> None:
         self.proc.stop()
+
+
+NO_REPACK_WHY = ("llama-server exited with SIGSEGV in ggml_backend_amx_mul_mat (its Intel AMX path, taken with weight "
+                 "repacking on) while warming up; started again with --no-repack, which also turns off the AVX "
+                 "repacked kernels: the raw piece measures what that costs llama-bench")
+
+
+def start_llama_server(gguf: Path, threads: int, parallel: int) -> LlamaServer:
+    """llama-server with its defaults; again with --no-repack when it dies at start (2026-11-26, Intel Xeon with AMX:
+    the AMX matmul of the llama-cpp-python 0.3.36 tree crashes on Q8_0 / Q4_0 in llama-server, gdb backtrace in
+    docs/BENCHMARKS.md)."""
+    try:
+        return LlamaServer(gguf, threads, parallel)
+    except ServerStartError as exc:
+        log.warning("llama-server on %s did not start with weight repacking (%s); again with --no-repack",
+                    gguf.name, str(exc).splitlines()[0])
+        return LlamaServer(gguf, threads, parallel, repack=False)
 
 
 def tokenization_mismatches(ours: Callable[[str], list[int]], theirs: Callable[[str], list[int]],
@@ -278,6 +297,11 @@ def raw_piece(cfg: Config, repo: Path, ggufs: dict[str, Path]) -> dict[str, Any]
             done = _run([str(tool("llama-bench")), "-m", str(gguf), "-t", str(cfg.threads), "-p", "0",
                          "-n", str(cfg.new_tokens), "-r", "1", "-o", "json"], f"llama-bench {gguf.name}")
             runs[v]["llamacpp"].append(parse_llama_bench(done.stdout))
+            if QUANTS[v] != "f32":   # what llama-server loses when it has to run --no-repack (start_llama_server)
+                done = _run([str(tool("llama-bench")), "-m", str(gguf), "-t", str(cfg.threads), "-p", "0",
+                             "-n", str(cfg.new_tokens), "-r", "1", "--repack", "0", "-o", "json"],
+                            f"llama-bench --repack 0 {gguf.name}")
+                runs[v].setdefault("llamacpp_no_repack", []).append(parse_llama_bench(done.stdout))
             time.sleep(0.5)
             runs[v]["ortserve"].append(1000.0 / steppers[v].step_ms(cfg.new_tokens // 2, n=cfg.new_tokens // 2))
             log.info("raw %s: llama.cpp %.1f tok/s, ortserve graph %.1f tok/s", v, runs[v]["llamacpp"][-1],
@@ -287,6 +311,8 @@ def raw_piece(cfg: Config, repo: Path, ggufs: dict[str, Path]) -> dict[str, Any]
         a, b = statistics.median(r["ortserve"]), statistics.median(r["llamacpp"])
         out[v] = {"quant": QUANTS[v], "runs": r, "ortserve_tokens_per_s": a, "llamacpp_tokens_per_s": b,
                   "ratio": a / b}
+        if r.get("llamacpp_no_repack"):
+            out[v]["llamacpp_no_repack_tokens_per_s"] = statistics.median(r["llamacpp_no_repack"])
     return out
 
 
@@ -301,7 +327,7 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
         gcfg = dataclasses.replace(GenConfig(), threads=cfg.threads, variant=v)
         ours_srv = start_ortserve(repo, gcfg, slots=cfg.parallel)
         try:
-            peer = LlamaServer(gguf, cfg.threads, cfg.parallel)
+            peer = start_llama_server(gguf, cfg.threads, cfg.parallel)
         except BaseException:
             ours_srv.stop()
             raise
@@ -365,17 +391,21 @@ def render(r: dict[str, Any]) -> list[str]:
                   "", f"llama.cpp: `llama-bench -t {raw['threads']} -p 0 -n {raw['new_tokens']} -r 1`; ortserve: one "
                   f"decode step of the variant's graph in-process at past {raw['new_tokens'] // 2} (IOBinding, one "
                   "spinning pool), as tokens/s.", "",
-                  "| ours ↔ llama.cpp | ortserve graph tok/s | llama.cpp tok/s | ortserve / llama.cpp |",
-                  "|---|---|---|---|"]
+                  "| ours ↔ llama.cpp | ortserve graph tok/s | llama.cpp tok/s | ortserve / llama.cpp | "
+                  "llama.cpp --repack 0 tok/s |", "|---|---|---|---|---|"]
         lines += [f"| {v} ↔ {x['quant'].upper()} | {x['ortserve_tokens_per_s']:.1f} | {x['llamacpp_tokens_per_s']:.1f} | "
-                  f"{x['ratio']:.2f} |" for v, x in raw.items() if isinstance(x, dict) and "quant" in x]
+                  f"{x['ratio']:.2f} | " + (f"{x['llamacpp_no_repack_tokens_per_s']:.1f}"
+                                            if 'llamacpp_no_repack_tokens_per_s' in x else "-") + " |"
+                  for v, x in raw.items() if isinstance(x, dict) and "quant" in x]
         lines.append("")
     sv = r.get("served")
     if sv:
         lines += [f"### Served: aggregate tokens/s and time to first token ({r.get('prompt_tokens')}-token prompts, "
                   f"{r.get('new_tokens')} new tokens, greedy, ignore_eos; ortserve GenerateStream over gRPC, llama-server "
                   "/v1/completions streamed)", "",
-                  "Each cell: median of the runs; the sides take turns run by run, a second apart.", "",
+                  "Each cell: median of the runs; the sides take turns run by run, a second apart. llama-server's "
+                  "repacking per pair: " + ", ".join(f"{v} {'on' if (r.get('sides') or {}).get(f'llamacpp_{v}', {}).get('repack', True) else 'off (--no-repack: ' + NO_REPACK_WHY + ')'}"
+                                                     for v in sv) + ".", "",
                   "| ours ↔ llama.cpp | streams | ortserve tok/s | llama.cpp tok/s | ortserve / llama.cpp | "
                   "ortserve TTFT p50 ms | llama.cpp TTFT p50 ms |", "|---|---|---|---|---|---|---|"]
         for v, x in sv.items():
