@@ -269,6 +269,7 @@ class GenerationEngine:
         cfg = self.config
         if not jobs:
             raise ValueError(f"{field}: at least one prompt is required")
+        jobs = [(prompt, self.inputs.fit(params)) for prompt, params in jobs]
         groups = self._groups(jobs)
         slots = sum(width for _, width in groups)
         most = cfg.max_waiting + cfg.max_batch_size

@@ -20,6 +20,10 @@ class PromptProcessor:
         self.spec = spec
         self.tokenizer = unpadded(tokenizer)
 
+    def fit(self, params: GenerationParams) -> GenerationParams:
+        """The parameters as served (a decoder's: as asked)."""
+        return params
+
     def encode_many(self, jobs: Sequence[tuple[str | list[int], GenerationParams]]) -> list[list[int]]:
         """`encode` of each (prompt, params), the text prompts tokenized in one batch (a text repeated, as
         OpenAI's `n` repeats it, is tokenized once). The character bound of each text is checked before any is

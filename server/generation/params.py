@@ -88,6 +88,9 @@ class GenerationParams:
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    # max_new_tokens was not asked for: an encoder-decoder whose target length is shorter than the default
+    # generates what its target length holds instead of refusing (source.SourceProcessor.fit).
+    default_max_new_tokens: bool = False
 
     @classmethod
     def validate(cls, *, max_new_tokens: int | None = None, temperature: float | None = None,
@@ -147,6 +150,7 @@ class GenerationParams:
             num_beams=_int("num_beams", num_beams, 1, 1, MAX_BEAMS),
             length_penalty=_float("length_penalty", length_penalty, 1.0),
             early_stopping=False if early_stopping is None else early_stopping,
+            default_max_new_tokens=max_new_tokens is None,
         )
         if params.num_beams > 1:
             _check_beam_params(params)

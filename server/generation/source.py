@@ -8,6 +8,7 @@ Every error is a ValueError naming the field, raised on the event loop (or a wor
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import cached_property
 from typing import Sequence
 
@@ -37,6 +38,14 @@ class SourceProcessor:
         copy = Tokenizer.from_str(self.tokenizer.to_str())
         copy.enable_truncation(self.source.max_length)
         return copy
+
+    def fit(self, params: GenerationParams) -> GenerationParams:
+        """The parameters as served: a default max_new_tokens (none asked for) beyond what the target length holds
+        becomes that (a g2p model of 32 target positions answers a plain call instead of refusing it)."""
+        room = self.spec.max_length - 1
+        if params.default_max_new_tokens and params.max_new_tokens > room:
+            return dataclasses.replace(params, max_new_tokens=room, min_tokens=min(params.min_tokens, room))
+        return params
 
     def encode_many(self, jobs: Sequence[tuple[str | list[int], GenerationParams]]) -> list[list[int]]:
         """`encode` of each job; the texts tokenized in one batch (each distinct text once)."""
