@@ -27,6 +27,8 @@ decoder_graph.pad_heads, self cache and cross keys/values alike: one head_dim fo
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -35,6 +37,9 @@ from modelpkg import cross_name, past_name, present_name, padded_head_dim
 
 from .decoder_graph import MS, _Graph, _spread
 from .seq2seq_weights import Attention, FeedForward, Norm, Seq2SeqWeights
+
+if TYPE_CHECKING:
+    from .graphs import GraphSpec
 
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
