@@ -53,13 +53,13 @@ class BeamOptions:
 
 
 class BeamSearch:
-    """One request's beam search (answering `requests`, n <= k of them: the n best hypotheses, best first)."""
+    """One request's beam search, answering `requests` (each with the hypothesis of its params.beam_rank)."""
 
     def __init__(self, requests: list["Sequence"], options: BeamOptions, vocab_size: int,
                  tokenizer: "Tokenizer") -> None:
         k = options.num_beams
-        if not 1 <= len(requests) <= k:
-            raise ValueError(f"parameters.num_beams: {len(requests)} completions need at least as many beams, got {k}")
+        if not requests or any(not 0 <= r.params.beam_rank < k for r in requests):
+            raise ValueError(f"parameters.beam_rank: a search of {k} beams answers ranks 0..{k - 1}")
         self.requests = requests
         self.options = options
         self.vocab_size = vocab_size
@@ -176,11 +176,13 @@ class BeamSearch:
     # ------------------------------------------------------------------ the answers (event loop)
 
     def finish(self, reason: str | None = None) -> None:
-        """Each request gets its hypothesis: the n best finished ones, best first. A search cut short (`reason`:
-        a deadline, the engine stopping) answers with what it has: finished hypotheses, then running ones."""
+        """Each request gets the hypothesis of its rank among the finished ones, best first. A search cut short
+        (`reason`: a deadline, the engine stopping) answers with what it has: finished hypotheses, then running
+        ones."""
         ranked = [self.finished_tokens[i] for i in range(len(self.finished_tokens)) if self.finished_flags[i]]
         ranked += [self.tokens[b] for b in self.order]
-        for request, tokens in zip(self.requests, ranked):
+        for request in self.requests:
+            tokens = ranked[request.params.beam_rank]
             if request.done:
                 continue
             request.generated = list(tokens)

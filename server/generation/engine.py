@@ -355,9 +355,9 @@ class GenerationEngine:
             self._scheduler.add(beam.state)
 
     def _groups(self, jobs: list[Job]) -> list[tuple[list[int], int]]:
-        """The request's jobs as (job indices, slots): one each, except beam searches — consecutive identical
-        jobs with num_beams > 1 (OpenAI's n, seeds aside) are one search of num_beams slots answering them all.
-        ValueError naming parameters.num_beams where beams cannot be served."""
+        """The request's jobs as (job indices, slots): one each, except beam searches — consecutive jobs with
+        num_beams > 1 that differ only in beam_rank (OpenAI's n: ranks 0..n-1; seeds aside) are one search of
+        num_beams slots answering them all. ValueError naming parameters.num_beams where beams cannot be served."""
         groups: list[tuple[list[int], int]] = []
         for i, (prompt, params) in enumerate(jobs):
             k = params.num_beams
@@ -372,12 +372,9 @@ class GenerationEngine:
                                  f"max_sequences {self.config.max_batch_size}")
             if groups and groups[-1][1] > 1:
                 first_prompt, first_params = jobs[groups[-1][0][0]]
-                if prompt == first_prompt and _same_search(params, first_params):
+                ranks = {jobs[j][1].beam_rank for j in groups[-1][0]}
+                if prompt == first_prompt and _same_search(params, first_params) and params.beam_rank not in ranks:
                     groups[-1][0].append(i)
-                    if len(groups[-1][0]) > k:
-                        raise ValueError(f"parameters.num_beams: {len(groups[-1][0])} completions of one prompt are "
-                                         f"its {len(groups[-1][0])} best hypotheses and need at least as many beams, "
-                                         f"got {k}")
                     continue
             groups.append(([i], k))
         return groups
@@ -670,8 +667,9 @@ def _refuse_streamed_beams(jobs: list[Job]) -> None:
 
 
 def _same_search(a: GenerationParams, b: GenerationParams) -> bool:
-    """Two jobs answered by one beam search: the same parameters but the seed (a search draws nothing)."""
-    return dataclasses.replace(a, seed=None) == dataclasses.replace(b, seed=None)
+    """Two jobs answered by one beam search: the same parameters but the rank answered and the seed (a search
+    draws nothing)."""
+    return dataclasses.replace(a, seed=None, beam_rank=0) == dataclasses.replace(b, seed=None, beam_rank=0)
 
 
 def _deadline_passed(seq: Sequence, now: float) -> bool:

@@ -88,6 +88,9 @@ class GenerationParams:
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    # Which hypothesis of the search answers (0 = the best): jobs of one request that differ only in it are ONE
+    # search (OpenAI's n asks ranks 0..n-1 of a prompt: its n best hypotheses).
+    beam_rank: int = 0
     # max_new_tokens was not asked for: an encoder-decoder whose target length is shorter than the default
     # generates what its target length holds instead of refusing (source.SourceProcessor.fit).
     default_max_new_tokens: bool = False
@@ -103,7 +106,7 @@ class GenerationParams:
                  logprobs: bool | None = None, top_logprobs: int | None = None,
                  prompt_logprobs: int | None = None, truncate_prompt: bool | None = None,
                  ignore_eos: bool | None = None, num_beams: int | None = None, length_penalty: float | None = None,
-                 early_stopping: bool | str | None = None) -> "GenerationParams":
+                 early_stopping: bool | str | None = None, beam_rank: int | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
         temp = _float("temperature", temperature, 0.0)
         if temp < 0:
@@ -151,7 +154,11 @@ class GenerationParams:
             length_penalty=_float("length_penalty", length_penalty, 1.0),
             early_stopping=False if early_stopping is None else early_stopping,
             default_max_new_tokens=max_new_tokens is None,
+            beam_rank=_int("beam_rank", beam_rank, 0, 0),
         )
+        if params.beam_rank >= params.num_beams:
+            raise ValueError(f"parameters.beam_rank: a search of {params.num_beams} beams has hypotheses 0.."
+                             f"{params.num_beams - 1}, got {params.beam_rank}")
         if params.num_beams > 1:
             _check_beam_params(params)
         return params

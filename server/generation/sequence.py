@@ -5,7 +5,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
@@ -15,7 +15,6 @@ from .results import GeneratedToken, StreamChunk, TokenLogprob, Usage
 from .sampling import Choice, Sampler
 
 if TYPE_CHECKING:
-    from .beams import BeamSearch
     from .scheduler import SeqState
 
 _ids = itertools.count(1)
@@ -44,7 +43,8 @@ class Sequence:
     # Encoder-decoder packages: the source's ids (encoded at admission); prompt_ids are then the decoder's own
     # prompt (its start token). None for a decoder.
     source_ids: list[int] | None = None
-    search: "BeamSearch | None" = None   # the beam search this request is answered by (num_beams > 1)
+    # The beams.BeamSearch answering this request (num_beams > 1); typed loosely: beams.py builds on this module.
+    search: Any = None
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,

@@ -61,6 +61,11 @@ def choices(request: SamplingRequest, params: GenerationParams) -> list[Generati
         raise ServingError.invalid("n", f"must be in [1, {MAX_CHOICES}], got {n}")
     if request.best_of is not None and request.best_of != n:
         raise ServingError.invalid("best_of", f"only best_of = n is supported (no ranking), got {request.best_of}")
+    if params.num_beams > 1:     # the n best hypotheses of one search, best first
+        if n > params.num_beams:
+            raise ServingError.invalid("n", f"the {n} best hypotheses of a beam search need at least {n} beams, "
+                                            f"got num_beams {params.num_beams}")
+        return [dataclasses.replace(params, beam_rank=j) for j in range(n)]
     if params.seed is None:
         return [params] * n
     return [dataclasses.replace(params, seed=(params.seed + j) % 2 ** 64) for j in range(n)]
