@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from server.generation.beams import BeamOptions, BeamSearch
+from server.generation.params import GenerationParams
 from server.generation.scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
 
 
@@ -112,15 +113,9 @@ def test_sequences_with_a_source_reuse_no_prefix_even_with_reuse_on() -> None:
     assert plan.copies == () and plan.reused_tokens == 0 and plan.encode == (again,)
 
 
-class _Beam:
-    """What BeamSearch reads of its scheduler states: a slot."""
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-
-
 class _Request:
     prompt_ids = [0]
+    params = GenerationParams.validate(num_beams=4)
     cancelled = done = False
 
 
