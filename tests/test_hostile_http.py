@@ -400,18 +400,13 @@ def test_a_field_that_would_change_the_answer_is_refused_naming_it(http: httpx.C
 
 @pytest.mark.parametrize("path,extra,message", [
     ("/v1/completions", {"num_beams": 4}, "parameters.num_beams: beam search is served for encoder-decoder models"),
-    ("/v1/chat/completions", {"num_beams": 2},
-     "parameters.num_beams: beam search is served for encoder-decoder models"),
     ("/v1/completions", {"num_beams": True}, "num_beams: must be"),
     ("/v1/completions", {"num_beams": 9}, "num_beams: must be in [1, 8]"),
 ])
 def test_beams_asked_of_a_decoder_are_refused_naming_the_field(http: httpx.Client, path: str, extra: dict[str, Any],
                                                                message: str) -> None:
     """Beam search is an encoder-decoder's (tests/test_seq2seq_serving.py): a decoder never answers without it."""
-    base: dict[str, Any] = {"model": GPT, "prompt": "hi", "max_tokens": 2, "temperature": 0}
-    if path.endswith("chat/completions"):
-        base = {"model": GPT, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
-    answer = http.post(path, json={**base, **extra})
+    answer = http.post(path, json={"model": GPT, "prompt": "hi", "max_tokens": 2, "temperature": 0, **extra})
     assert answer.status_code == 400, answer.text
     assert error_of(answer).startswith(message), error_of(answer)
 
