@@ -161,15 +161,17 @@ class Seq2SeqGate:
 
     def _check(self, name: str, pairs: list[tuple[str, np.ndarray, np.ndarray]], res: VariantResult,
                detail: str = "") -> None:
-        worst, worst_name, ok = 0.0, "", True
+        worst, worst_label, ok = 0.0, "", True
         for label, got, want in pairs:
             d, good = self._diff(got, want)
             output = label.split("[")[0]
             res.max_abs_diff[output] = max(res.max_abs_diff.get(output, 0.0), d)
             if not good and ok or (good == ok and not d <= worst):   # the first breach, else the largest
-                worst, worst_name = d, label
+                worst, worst_label = d, label
             ok &= good
-        res.checks.append(Check(name, ok, max_abs_diff=worst, worst_output=worst_name or None, detail=detail))
+        # worst_output names the output (the failure table marks that row); detail says where exactly.
+        res.checks.append(Check(name, ok, max_abs_diff=worst, worst_output=worst_label.split("[")[0] or None,
+                                detail=f"worst: {worst_label}" + (f"; {detail}" if detail else "")))
 
     # -- the checks
     def encoder(self, drv: SlotDriver, res: VariantResult) -> None:
