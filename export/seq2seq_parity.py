@@ -252,6 +252,7 @@ class Seq2SeqGate:
         except ImportError:
             res.checks.append(Check("transformers logits", True, detail="not run: transformers not installed"))
             return
+        transformers.utils.logging.disable_progress_bar()   # its weight-loading bar would land in the CLI's stderr
         hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(self.inp.checkpoint,
                                                                   attn_implementation="eager").eval()
         sources = [self._source(n, 31 * r) for r, n in enumerate(SOURCE_LENGTHS)]
