@@ -184,7 +184,8 @@ class Seq2SeqGate:
                     got = outs[cross_name(i, kind)][r, :, :len(s)]
                     pairs.append((f"{cross_name(i, kind)}[row {r}]", got[..., self.channels], ref[0].numpy()))
                     if self.padding:
-                        pairs.append(("cross padding channels", got[..., self.padding], np.zeros_like(got[..., self.padding])))
+                        pad = got[..., self.padding]
+                        pairs.append(("cross padding channels", pad, np.zeros_like(pad)))
         self._check(f"encoder: sources of {'/'.join(str(len(s)) for s in sources)} tokens in one call", pairs, res)
         self.sources = sources
 
