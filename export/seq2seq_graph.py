@@ -63,10 +63,12 @@ class _Builder(_Graph):
     def norm(self, x: str, n: Norm, name: str) -> str:
         if n.bias is not None:
             return self.one("LayerNormalization", [x, self.const(f"{name}.weight", n.weight),
-                                                   self.const(f"{name}.bias", n.bias)], axis=-1, epsilon=self.w.norm_eps)
+                                                   self.const(f"{name}.bias", n.bias)],
+                            axis=-1, epsilon=self.w.norm_eps)
         # T5's RMS norm from standard ops (the contrib SimplifiedLayerNormalization sits in the default domain,
         # where onnx's checker rejects it); it runs once per stack, on the embeddings.
-        mean_sq = self.one("ReduceMean", [self.one("Mul", [x, x]), self.scalar("axes_last", [-1], np.int64)], keepdims=1)
+        mean_sq = self.one("ReduceMean", [self.one("Mul", [x, x]), self.scalar("axes_last", [-1], np.int64)],
+                           keepdims=1)
         eps = self.const(f"{name}.eps", np.array(self.w.norm_eps, np.float32))
         return self.one("Mul", [self.one("Div", [x, self.one("Sqrt", [self.one("Add", [mean_sq, eps])])]),
                                 self.const(f"{name}.weight", n.weight)])
@@ -172,7 +174,8 @@ def _shape_bs(g: _Builder, ids: str, prefix: str) -> tuple[str, str, str]:
 def _keys_bias(g: _Builder, mask: str) -> str:
     """int64 [B, K] mask -> additive float [B, 1, 1, K]: 0 on real keys, MASKED on padding."""
     maskf = g.one("Cast", [mask], to=F32)
-    bias = g.one("Mul", [g.one("Sub", [g.scalar("one_f", 1.0, np.float32), maskf]), g.scalar("masked", MASKED, np.float32)])
+    bias = g.one("Mul", [g.one("Sub", [g.scalar("one_f", 1.0, np.float32), maskf]),
+                         g.scalar("masked", MASKED, np.float32)])
     return g.one("Unsqueeze", [bias, g.scalar("axes_1_2", [1, 2], np.int64)])
 
 
@@ -182,7 +185,7 @@ def _relative_bias(g: _Builder, table: np.ndarray, name: str, keys: str, queries
     -> [..., Q, K, heads]."""
     span = (table.shape[0] + 1) // 2
     tab = g.const(f"{name}.relative_bias", table.astype(np.float32))
-    rel = g.one("Sub", [keys, g.one("Unsqueeze", [queries, g.scalar("axes_last", [-1], np.int64)])])          # [..., Q, K]
+    rel = g.one("Sub", [keys, g.one("Unsqueeze", [queries, g.scalar("axes_last", [-1], np.int64)])])  # [..., Q, K]
     idx = g.one("Clip", [g.one("Add", [rel, g.scalar(f"{name}.rel_shift", span - 1, np.int64)]),
                          g.scalar("zero_i64", 0, np.int64), g.scalar(f"{name}.rel_hi", 2 * span - 2, np.int64)])
     return g.one("Gather", [tab, idx], axis=0)

@@ -161,15 +161,17 @@ class Seq2SeqGate:
 
     def _check(self, name: str, pairs: list[tuple[str, np.ndarray, np.ndarray]], res: VariantResult,
                detail: str = "") -> None:
-        worst, worst_name, ok = 0.0, "", True
+        worst, worst_label, ok = 0.0, "", True
         for label, got, want in pairs:
             d, good = self._diff(got, want)
             output = label.split("[")[0]
             res.max_abs_diff[output] = max(res.max_abs_diff.get(output, 0.0), d)
             if not good and ok or (good == ok and not d <= worst):   # the first breach, else the largest
-                worst, worst_name = d, label
+                worst, worst_label = d, label
             ok &= good
-        res.checks.append(Check(name, ok, max_abs_diff=worst, worst_output=worst_name or None, detail=detail))
+        # worst_output names the output (the failure table marks that row); detail says where exactly.
+        res.checks.append(Check(name, ok, max_abs_diff=worst, worst_output=worst_label.split("[")[0] or None,
+                                detail=f"worst: {worst_label}" + (f"; {detail}" if detail else "")))
 
     # -- the checks
     def encoder(self, drv: SlotDriver, res: VariantResult) -> None:
@@ -182,7 +184,8 @@ class Seq2SeqGate:
                     got = outs[cross_name(i, kind)][r, :, :len(s)]
                     pairs.append((f"{cross_name(i, kind)}[row {r}]", got[..., self.channels], ref[0].numpy()))
                     if self.padding:
-                        pairs.append(("cross padding channels", got[..., self.padding], np.zeros_like(got[..., self.padding])))
+                        pad = got[..., self.padding]
+                        pairs.append(("cross padding channels", pad, np.zeros_like(pad)))
         self._check(f"encoder: sources of {'/'.join(str(len(s)) for s in sources)} tokens in one call", pairs, res)
         self.sources = sources
 
@@ -250,6 +253,7 @@ class Seq2SeqGate:
         except ImportError:
             res.checks.append(Check("transformers logits", True, detail="not run: transformers not installed"))
             return
+        transformers.utils.logging.disable_progress_bar()   # its weight-loading bar would land in the CLI's stderr
         hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(self.inp.checkpoint,
                                                                   attn_implementation="eager").eval()
         sources = [self._source(n, 31 * r) for r, n in enumerate(SOURCE_LENGTHS)]

@@ -168,7 +168,8 @@ def _marian_or_bart(model, family: str) -> Seq2SeqWeights:
     bias = _np(model.final_logits_bias).reshape(-1)
     return Seq2SeqWeights(
         family=family, d_model=c.d_model, encoder_heads=c.encoder_attention_heads, decoder_heads=heads,
-        head_dim=head_dim, encoder_head_dim=c.d_model // c.encoder_attention_heads, pre_norm=False, norm_eps=float(enc.layers[0].self_attn_layer_norm.eps) if enc.layers else 1e-5,
+        head_dim=head_dim, encoder_head_dim=c.d_model // c.encoder_attention_heads, pre_norm=False,
+        norm_eps=float(enc.layers[0].self_attn_layer_norm.eps) if enc.layers else 1e-5,
         activation=_activation(c.activation_function), gated=False, attention_scale=float(head_dim ** -0.5),
         encoder_attention_scale=float((c.d_model // c.encoder_attention_heads) ** -0.5),
         embed_scale=float(enc.embed_scale), source_embed=_np(enc.embed_tokens.weight),
@@ -220,7 +221,8 @@ def _t5(model, max_source: int | None, max_target: int | None) -> Seq2SeqWeights
     dec_span = max(max_tgt, c.relative_attention_max_distance + 1)
     act = c.dense_act_fn
     return Seq2SeqWeights(
-        family="t5", d_model=c.d_model, encoder_heads=c.num_heads, decoder_heads=c.num_heads, head_dim=d, encoder_head_dim=d,
+        family="t5", d_model=c.d_model, encoder_heads=c.num_heads, decoder_heads=c.num_heads, head_dim=d,
+        encoder_head_dim=d,
         pre_norm=True, norm_eps=float(c.layer_norm_epsilon), activation=_activation(act), gated=c.is_gated_act,
         attention_scale=1.0, encoder_attention_scale=1.0, embed_scale=1.0, source_embed=_np(model.shared.weight),
         target_embed=_np(model.shared.weight), lm_head=_np(model.lm_head.weight), logits_bias=None,

@@ -16,9 +16,10 @@ from .manifest import (CACHE_LAYOUTS, LAYOUT_CONCAT, LAYOUT_INPLACE, CacheSpec, 
                        TensorDecl)
 
 __all__ = [
-    "CACHE_ELEMENT_TYPES", "DECODER_GRAPH", "ENCODER_GRAPH", "SEQ2SEQ_FAMILIES", "Seq2SeqSpec", "CACHE_LAYOUTS", "CacheSpec", "DECODER_INPUTS", "ENCODER_INPUTS", "FORMAT", "HEAD_MULTIPLE",
-    "KV_KINDS", "cross_name", "cross_names", "LAYOUT_CONCAT", "LAYOUT_INPLACE", "MANIFEST_FILE", "MIXED_PREFIX", "Manifest", "ManifestError",
-    "NAME_PATTERN", "PARITY_FILE", "TASKS", "TOKENIZER_FILE", "TensorDecl", "existing_versions", "file_hashes",
+    "CACHE_ELEMENT_TYPES", "CACHE_LAYOUTS", "CacheSpec", "DECODER_GRAPH", "DECODER_INPUTS", "ENCODER_GRAPH",
+    "ENCODER_INPUTS", "FORMAT", "HEAD_MULTIPLE", "KV_KINDS", "LAYOUT_CONCAT", "LAYOUT_INPLACE", "MANIFEST_FILE",
+    "MIXED_PREFIX", "Manifest", "ManifestError", "NAME_PATTERN", "PARITY_FILE", "SEQ2SEQ_FAMILIES", "Seq2SeqSpec",
+    "TASKS", "TOKENIZER_FILE", "TensorDecl", "cross_name", "cross_names", "existing_versions", "file_hashes",
     "head_channels", "padded_head_dim", "parse_version", "past_name", "past_names", "present_name", "present_names",
     "sha256_file", "valid_name",
 ]

@@ -22,7 +22,7 @@ _SMALL = dict(vocab_size=60, d_model=32, encoder_layers=2, decoder_layers=2, enc
               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40,
               dropout=0.0, init_std=0.2)
 _T5 = dict(vocab_size=60, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-           relative_attention_max_distance=12, dropout_rate=0.0, initializer_factor=2.0, pad_token_id=0,
+           relative_attention_max_distance=12, dropout_rate=0.0, initializer_factor=1.0, pad_token_id=0,
            eos_token_id=1, decoder_start_token_id=0)
 _MARIAN_IDS = dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
 _BART_IDS = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)

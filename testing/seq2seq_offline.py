@@ -43,7 +43,8 @@ def load_package(package_dir: str | Path, variant: str = "fp32", threads: int = 
     def open_graph(name: str) -> ort.InferenceSession:
         return ort.InferenceSession(str(package_dir / name), opts, providers=["CPUExecutionProvider"])
 
-    return Seq2SeqPackage(manifest, spec, open_graph(spec.encoder_file(variant)), open_graph(spec.decoder_file(variant)))
+    return Seq2SeqPackage(manifest, spec, open_graph(spec.encoder_file(variant)),
+                          open_graph(spec.decoder_file(variant)))
 
 
 def encode(pkg: Seq2SeqPackage, source_ids: Sequence[int]) -> dict[str, np.ndarray]:

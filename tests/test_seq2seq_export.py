@@ -190,4 +190,5 @@ def test_seq2seq_block_rejects_what_a_server_cannot_run(packages: dict[str, Path
     with pytest.raises(ManifestError, match="cache.layout must be inplace"):
         Manifest.from_dict({**good, "cache": {**good["cache"], "layout": "concat"}})
     plain = {k: v for k, v in good.items() if k != "encoder_decoder"}
-    assert Manifest.from_dict(plain).encoder_decoder is None and "encoder_decoder" not in Manifest.from_dict(plain).to_dict()
+    assert Manifest.from_dict(plain).encoder_decoder is None
+    assert "encoder_decoder" not in Manifest.from_dict(plain).to_dict()
