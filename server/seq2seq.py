@@ -23,7 +23,8 @@ class Seq2SeqModel(DecoderModel):
     def build_engine(self) -> GenerationEngine:
         block = self.manifest.encoder_decoder
         assert block is not None
-        encoder = create_session(self.package, self.variant, self.runtime.session, file=block.encoder_file(self.variant))
+        encoder = create_session(self.package, self.variant, self.runtime.session,
+                                 file=block.encoder_file(self.variant))
         self.target_tokenizer = (self.tokenizer if block.target_tokenizer is None
                                  else load_tokenizer(self.package.file(block.target_tokenizer)))
         return GenerationEngine(self.runner.session, self.manifest, self.tokenizer, self.runtime.generation,

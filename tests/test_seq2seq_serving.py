@@ -187,8 +187,9 @@ def test_kserve_text_mode_the_cli_and_the_batch_script_answer_with_the_source_as
     assert cli.stdout.rstrip("\n") == want
     src, dst = tmp_path / "sources.txt", tmp_path / "out.jsonl"
     src.write_text("\n".join(SOURCES) + "\n")
-    run = subprocess.run([sys.executable, "-m", "clients.batch", "generate", str(src), "-o", str(dst), "--model", "bart",
-                          "--max-new-tokens", str(NEW), "--num-beams", "4", "--address", server.address],
+    run = subprocess.run([sys.executable, "-m", "clients.batch", "generate", str(src), "-o", str(dst),
+                          "--model", "bart", "--max-new-tokens", str(NEW), "--num-beams", "4",
+                          "--address", server.address],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     records = [json.loads(line) for line in dst.read_text().splitlines()]

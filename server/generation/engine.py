@@ -663,7 +663,8 @@ def _refuse_streamed_beams(jobs: list[Job]) -> None:
     for _, params in jobs:
         if params.num_beams > 1:
             raise ValueError(f"parameters.num_beams: a beam search's hypotheses are only known at its end, so it is "
-                             f"not streamed; use num_beams 1 to stream, or a non-streaming call, got {params.num_beams}")
+                             f"not streamed; use num_beams 1 to stream, or a non-streaming call, "
+                             f"got {params.num_beams}")
 
 
 def _same_search(a: GenerationParams, b: GenerationParams) -> bool:

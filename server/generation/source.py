@@ -21,7 +21,8 @@ from .spec import DecoderSpec
 
 
 class SourceProcessor:
-    def __init__(self, spec: DecoderSpec, source: SourceSpec, tokenizer: Tokenizer, target_tokenizer: Tokenizer) -> None:
+    def __init__(self, spec: DecoderSpec, source: SourceSpec, tokenizer: Tokenizer,
+                 target_tokenizer: Tokenizer) -> None:
         self.spec = spec              # the decoder side: target vocabulary, self-cache length
         self.source = source
         self.tokenizer = unpadded(tokenizer)
