@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-logprobs", type=non_negative_int, default=None, metavar="K",
                    help="score the prompt: its log-likelihood and perplexity on stderr (with --json, each token with "
                         "its logprob and K alternatives)")
+    p.add_argument("--num-beams", type=positive_int, default=None, metavar="K",
+                   help="beam search with K beams (encoder-decoder models, e.g. translation or g2p; 1..8; not with "
+                        "--stream)")
+    p.add_argument("--length-penalty", type=float, default=None, help="beam search: score / length^this (default 1)")
     model_args(p, "generate")
 
     commands.add_parser("models", help="list the models the server knows")
@@ -87,7 +91,7 @@ def _generation_params(args: argparse.Namespace) -> dict[str, Any]:
     params = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
                   stop=args.stop, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                  prompt_logprobs=args.prompt_logprobs)
+                  prompt_logprobs=args.prompt_logprobs, num_beams=args.num_beams, length_penalty=args.length_penalty)
     return {k: v for k, v in params.items() if v is not None}
 
 

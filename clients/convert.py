@@ -84,10 +84,14 @@ def generation_parameters(params: GenerationParams) -> pb.GenerationParameters:
         presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
         logit_bias=dict(params.logit_bias), min_p=params.min_p, min_tokens=params.min_tokens)
     # proto3 `optional` fields: leave unset (server default) unless given.
-    for name in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed", "prompt_logprobs"):
+    for name in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed", "prompt_logprobs",
+                 "num_beams", "length_penalty"):
         value = getattr(params, name)
         if value is not None:
             setattr(message, name, value)
+    if params.early_stopping is not None:   # the proto's string: "true", "false", "never"
+        early = params.early_stopping
+        message.early_stopping = ("true" if early else "false") if isinstance(early, bool) else str(early)
     return message
 
 

@@ -6,10 +6,16 @@ from . import skeleton
 from .config import ExportConfig
 from .embed import EmbedBuilder
 from .model_builder import ModelBuilder
+from .seq2seq_builder import Seq2SeqBuilder, is_seq2seq_checkpoint
 from .result import ExportResult
 
 
 def export_checkpoint(cfg: ExportConfig) -> ExportResult:
     """Export, gate, publish. Raises ExportError (bad input) or ParityFailure; publishes nothing on either."""
-    builder = EmbedBuilder(cfg) if cfg.task == "embed" else ModelBuilder(cfg)
+    if cfg.task == "embed":
+        builder = EmbedBuilder(cfg)
+    elif cfg.task == "generate" and is_seq2seq_checkpoint(cfg.checkpoint):
+        builder = Seq2SeqBuilder(cfg)
+    else:
+        builder = ModelBuilder(cfg)
     return skeleton.run(cfg, builder)

@@ -33,6 +33,10 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "LlamaForCausalLM": {"generate": "llama"},
     "Qwen2ForCausalLM": {"generate": "llama"},
     "MistralForCausalLM": {"generate": "llama"},
+    # Encoder-decoders: encoder.onnx + decoder.onnx (export/seq2seq_builder.py).
+    "MarianMTModel": {"generate": "marian"},
+    "BartForConditionalGeneration": {"generate": "bart"},
+    "T5ForConditionalGeneration": {"generate": "t5"},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -41,7 +45,8 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
 # embed (export/embed.py): any encoder checkpoint, its own encoder and pooling; no head is used.
 TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES
                                     if "generate" not in ARCHITECTURE_TASKS.get(a, {}))
-MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "llama", "qwen2", "mistral")
+MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "llama", "qwen2", "mistral", "marian",
+               "bart", "t5")
 LLAMA_TYPES = ("llama", "qwen2", "mistral")
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.

@@ -52,6 +52,10 @@ def validate_package(pkg: Path, threads: int = 1, eval_data: Path | None = None)
         from .embed import validate_embedding
 
         return validate_embedding(pkg, manifest, problems, threads)
+    if manifest.get("encoder_decoder"):   # its own gate (export/seq2seq_parity.py)
+        from .seq2seq_builder import validate_seq2seq
+
+        return validate_seq2seq(pkg, manifest, problems, threads)
     cfg = ExportConfig(checkpoint=src, task=task, repository=pkg.parent.parent, name=manifest.get("name", ""),
                        variants=tuple(manifest.get("variants", {})), threads=threads)
     info = inspect_checkpoint(src, task)

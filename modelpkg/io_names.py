@@ -21,6 +21,17 @@ def present_name(layer: int, kind: str) -> str:
     return f"present.{layer}.{kind}"
 
 
+def cross_name(layer: int, kind: str) -> str:
+    """An encoder-decoder's cross-attention keys/values of one decoder layer (encoder output, decoder input):
+    cross.{layer}.{key|value}."""
+    return f"cross.{layer}.{kind}"
+
+
+def cross_names(num_layers: int) -> list[str]:
+    """[cross.0.key, cross.0.value, cross.1.key, ...]."""
+    return [cross_name(i, kind) for i in range(num_layers) for kind in KV_KINDS]
+
+
 def past_names(num_layers: int) -> list[str]:
     """[past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ...]."""
     return [past_name(i, kind) for i in range(num_layers) for kind in KV_KINDS]

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 from .heads import head_channels
 from .io_names import past_names, present_names
 from .layout import FORMAT, TASKS
+from .manifest_types import INT32_MAX, ManifestError, TensorDecl, is_int as _is_int, positive as _positive
+from .seq2seq import Seq2SeqSpec
 
 LAYOUT_CONCAT = "concat"     # present = concat(past, new): the cache grows by one position per step
 LAYOUT_INPLACE = "inplace"   # present shares past's buffer [batch, kv_heads, max_length, head_dim]
@@ -20,49 +22,11 @@ CACHE_LAYOUTS = (LAYOUT_CONCAT, LAYOUT_INPLACE)
 
 # Keys of model.json in the order the exporter writes them.
 _KEYS = ("format", "name", "version", "task", "architecture", "labels", "max_length", "vocab_size",
-         "special_tokens", "mask_token", "inputs", "outputs", "cache", "variants", "default_variant", "opset",
-         "source", "created_at")
+         "special_tokens", "mask_token", "inputs", "outputs", "cache", "encoder_decoder", "variants",
+         "default_variant", "opset", "source", "created_at")
+# Written only when set (packages of the other families never carry it).
+_OMITTED_WHEN_NONE = ("encoder_decoder",)
 _CACHE_KEYS = ("num_layers", "num_heads", "head_dim", "layout", "num_kv_heads", "model_head_dim")
-
-
-# The protocols carry token counts and ids as int32 (ModelInfo.max_length, token ids): a manifest claiming more
-# cannot be described to a client.
-INT32_MAX = 2 ** 31 - 1
-
-
-class ManifestError(ValueError):
-    """model.json does not hold a usable manifest; the message names the field."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive(where: str, value: Any) -> int:
-    if not _is_int(value) or value < 1:
-        raise ManifestError(f"model.json: {where} must be a positive integer")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class TensorDecl:
-    """One graph input or output: name, dtype name ("int64", "float32") and axes (ints or axis names)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int | str, ...]
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> "TensorDecl":
-        if not (isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("dtype"), str)
-                and isinstance(d.get("shape"), list)):
-            raise ValueError("not a {name, dtype, shape} object")
-        return cls(d["name"], d["dtype"], tuple(d["shape"]),
-                   {k: v for k, v in d.items() if k not in ("name", "dtype", "shape")})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), **self.extra}
 
 
 @dataclass(frozen=True)
@@ -146,6 +110,22 @@ class CacheSpec:
         return {**out, **self.extra}
 
 
+def _check_seq2seq(task: str, cache: CacheSpec | None, spec: Seq2SeqSpec, variants: dict) -> None:
+    """An encoder-decoder block agrees with the rest: a generate package with an in-place self cache of the same
+    sizes, and a pair of graphs for every variant whose decoder is the variant's file."""
+    if task != "generate" or cache is None:
+        raise ManifestError("model.json: encoder_decoder is for task generate (with a cache block)")
+    if cache.layout != LAYOUT_INPLACE:
+        raise ManifestError("model.json: cache.layout must be inplace for an encoder_decoder package")
+    for key in ("num_layers", "num_heads", "head_dim"):
+        if getattr(cache, key) != getattr(spec, key):
+            raise ManifestError(f"model.json: encoder_decoder.{key} ({getattr(spec, key)}) differs from cache.{key} "
+                                f"({getattr(cache, key)})")
+    if set(spec.graphs) != set(variants) or any(spec.decoder_file(v) != variants[v] for v in variants):
+        raise ManifestError("model.json: encoder_decoder.graphs must name every variant, its decoder being the "
+                            "variant's file")
+
+
 @dataclass(frozen=True)
 class Manifest:
     format: str
@@ -162,6 +142,7 @@ class Manifest:
     special_tokens: Mapping[str, int | None] = field(default_factory=dict)
     mask_token: str | None = None                     # fill-mask only
     cache: CacheSpec | None = None                    # generate only
+    encoder_decoder: Seq2SeqSpec | None = None        # generate by an encoder-decoder (modelpkg/seq2seq.py)
     default_variant: Mapping[str, str] | None = None  # device ("cpu", "cuda") -> variant
     opset: int | None = None
     source: Mapping[str, Any] = field(default_factory=dict)
@@ -227,6 +208,10 @@ class Manifest:
         if task == "fill-mask" and mask_token is None:
             raise ManifestError("model.json: mask_token missing or not a str")
         cache = CacheSpec.from_dict(m.get("cache")) if task == "generate" else None
+        seq2seq = None
+        if m.get("encoder_decoder") is not None:
+            seq2seq = Seq2SeqSpec.from_dict(m["encoder_decoder"])
+            _check_seq2seq(task, cache, seq2seq, variants)
         special = optional("special_tokens", dict, {})
         if not all(v is None or _is_int(v) for v in special.values()):
             raise ManifestError("model.json: special_tokens must map names to token ids or null")
@@ -238,7 +223,8 @@ class Manifest:
                    variants=dict(variants), name=optional("name", str, ""), version=version,
                    architecture=optional("architecture", str, ""), labels=tuple(labels),
                    vocab_size=vocab_size, special_tokens=dict(special),
-                   mask_token=mask_token, cache=cache, default_variant=optional("default_variant", dict, None),
+                   mask_token=mask_token, cache=cache, encoder_decoder=seq2seq,
+                   default_variant=optional("default_variant", dict, None),
                    opset=optional("opset", int, None), source=dict(optional("source", dict, {})),
                    created_at=optional("created_at", str, None),
                    extra={k: v for k, v in m.items() if k not in _KEYS},
@@ -253,11 +239,14 @@ class Manifest:
             "architecture": self.architecture, "labels": list(self.labels), "max_length": self.max_length,
             "vocab_size": self.vocab_size, "special_tokens": dict(self.special_tokens), "mask_token": self.mask_token,
             "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
-            "cache": None if self.cache is None else self.cache.to_dict(), "variants": dict(self.variants),
+            "cache": None if self.cache is None else self.cache.to_dict(),
+            "encoder_decoder": None if self.encoder_decoder is None else self.encoder_decoder.to_dict(),
+            "variants": dict(self.variants),
             "default_variant": None if self.default_variant is None else dict(self.default_variant),
             "opset": self.opset, "source": dict(self.source), "created_at": self.created_at,
         }
-        return {**{k: values[k] for k in _KEYS if k not in self.absent}, **self.extra}
+        return {**{k: values[k] for k in _KEYS
+                    if k not in self.absent and not (k in _OMITTED_WHEN_NONE and values[k] is None)}, **self.extra}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"

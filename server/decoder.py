@@ -44,13 +44,16 @@ def engine_errors() -> Iterator[None]:
 class DecoderModel(ServedModel):
     def __init__(self, parts: Loaded) -> None:
         super().__init__(parts)
-        tokenizer = self.tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
+        self.tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
+        self.engine = self.build_engine()
+
+    def build_engine(self) -> GenerationEngine:
         mixed_file = self.manifest.cache.mixed_graph(self.variant) if self.manifest.cache is not None else None
         mixed = None
         if mixed_file is not None:
             mixed = create_session(self.package, self.variant, self.runtime.session, file=mixed_file)
-        self.engine = GenerationEngine(self.runner.session, self.manifest, tokenizer, self.runtime.generation,
-                                       self.metrics, self.name, mixed_session=mixed)
+        return GenerationEngine(self.runner.session, self.manifest, self.tokenizer, self.runtime.generation,
+                                self.metrics, self.name, mixed_session=mixed)
 
     @property
     def max_batch_size(self) -> int:
@@ -88,7 +91,7 @@ class DecoderModel(ServedModel):
 
     def prompt_text(self, token_ids: list[int]) -> str:
         with engine_errors():
-            return self.engine.detokenize(token_ids)
+            return self.engine.prompt_text(token_ids)
 
     def chat_template(self) -> ChatTemplate | None:
         found = super().chat_template()

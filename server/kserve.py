@@ -26,7 +26,8 @@ from server.types import FillMaskResult, InferResult, MaskPrediction
 EXTENSIONS = ["model_repository", "statistics", "parameters"]
 TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}, "embed": {"text"}}
 _PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "min_tokens", "repetition_penalty",
-               "presence_penalty", "frequency_penalty", "seed", "truncate_prompt", "ignore_eos")
+               "presence_penalty", "frequency_penalty", "seed", "truncate_prompt", "ignore_eos", "num_beams",
+               "length_penalty", "early_stopping")
 
 
 def parse_version(text: str, field: str = "version") -> int:
@@ -148,7 +149,8 @@ def params_from(parameters: dict[str, Any]) -> GenerationParams:
     """KServe request parameters -> GenerationParams (stop sequences as a JSON list in "stop", the logit bias as
     a JSON object of token id to bias in "logit_bias")."""
     fields = {k: parameters[k] for k in _PARAM_KEYS if k in parameters}
-    for key in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+    for key in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                "length_penalty"):
         if isinstance(fields.get(key), int) and not isinstance(fields.get(key), bool):
             fields[key] = float(fields[key])
     if "stop" in parameters:

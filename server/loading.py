@@ -9,6 +9,7 @@ from server.encoder import EncoderModel
 from server.metrics import Metrics
 from server.model import Loaded, RuntimeConfig, ServedModel
 from server.package import PackageError, read_package, verify_files
+from server.seq2seq import Seq2SeqModel
 from server.sessions import SessionRunner, choose_variant, create_session
 from server.stats import ModelStats
 
@@ -19,14 +20,19 @@ def build_model(path: Path, name: str, version: int, runtime: RuntimeConfig, met
     package = read_package(path, name, version)
     manifest = package.manifest
     variant = choose_variant(manifest, runtime.session.variant, runtime.session.device)
-    verify_files(package, [MANIFEST_FILE, manifest.variant_file(variant), TOKENIZER_FILE])
+    files = [MANIFEST_FILE, manifest.variant_file(variant), TOKENIZER_FILE]
+    if manifest.encoder_decoder is not None:    # its encoder graph, and its target tokenizer when it has one
+        block = manifest.encoder_decoder
+        files += [block.encoder_file(variant)] + ([block.target_tokenizer] if block.target_tokenizer else [])
+    verify_files(package, files)
     if not package.file(TOKENIZER_FILE).is_file():
         raise PackageError(f"{TOKENIZER_FILE} missing")
     session = create_session(package, variant, runtime.session)
     parts = Loaded(package=package, variant=variant, runner=SessionRunner(session), runtime=runtime,
                    metrics=metrics, stats=stats)
     try:
-        model: ServedModel = DecoderModel(parts) if package.task == "generate" else EncoderModel(parts)
+        model: ServedModel = (Seq2SeqModel(parts) if manifest.encoder_decoder is not None
+                              else DecoderModel(parts) if package.task == "generate" else EncoderModel(parts))
         model.warm_up()
     except PackageError:
         raise

@@ -374,14 +374,11 @@ def test_a_request_that_can_never_be_admitted_is_invalid_not_429(
 
 
 @pytest.mark.parametrize("path,extra,field", [
-    ("/v1/completions", {"num_beams": 4}, "num_beams"),
     ("/v1/completions", {"return_token_ids": True}, "return_token_ids"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
     ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/v1/completions", {"num_beams": True}, "num_beams"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("/v1/chat/completions", {"num_beams": 2}, "num_beams"),
     ("/v1/embeddings", {"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ("/v1/completions", {"stream": True, "stream_options": {"continuous_usage_stats": True}},
      "stream_options.continuous_usage_stats"),
@@ -399,6 +396,19 @@ def test_a_field_that_would_change_the_answer_is_refused_naming_it(http: httpx.C
     assert answer.status_code == 400, answer.text
     assert error_of(answer).startswith(f"{field}: is not supported"), error_of(answer)
     assert answer.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("path,extra,message", [
+    ("/v1/completions", {"num_beams": 4}, "parameters.num_beams: beam search is served for encoder-decoder models"),
+    ("/v1/completions", {"num_beams": True}, "num_beams: must be"),
+    ("/v1/completions", {"num_beams": 9}, "num_beams: must be in [1, 8]"),
+])
+def test_beams_asked_of_a_decoder_are_refused_naming_the_field(http: httpx.Client, path: str, extra: dict[str, Any],
+                                                               message: str) -> None:
+    """Beam search is an encoder-decoder's (tests/test_seq2seq_serving.py): a decoder never answers without it."""
+    answer = http.post(path, json={"model": GPT, "prompt": "hi", "max_tokens": 2, "temperature": 0, **extra})
+    assert answer.status_code == 400, answer.text
+    assert error_of(answer).startswith(message), error_of(answer)
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(http: httpx.Client) -> None:

@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-logprobs", type=non_negative_int, default=None, metavar="K",
                    help="score each record's text: write its tokens with their logprobs and K alternatives "
                         "(prompt_tokens; the first token has none)")
+    g.add_argument("--num-beams", type=positive_int, default=None, metavar="K",
+                   help="beam search with K beams (encoder-decoder models; 1..8)")
+    g.add_argument("--length-penalty", type=float, default=None, help="beam search: score / length^this (default 1)")
     m = p.add_argument_group("where it runs")
     m.add_argument("--local", type=Path, default=None, metavar="REPOSITORY",
                    help="run the model package in-process from this model repository (no server)")
@@ -96,7 +99,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.gen_top_k, top_p=args.top_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, stop=tuple(args.stop), seed=args.seed, logprobs=args.logprobs,
-        prompt_logprobs=args.prompt_logprobs)
+        prompt_logprobs=args.prompt_logprobs, num_beams=args.num_beams, length_penalty=args.length_penalty)
     task = TaskConfig(task=args.task, model=args.model or DEFAULT_MODELS[args.task], version=args.version,
                       top_k=args.top_k, truncate=args.truncate, generation=generation)
     progress = sys.stderr.isatty() if args.progress is None else args.progress

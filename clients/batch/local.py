@@ -117,7 +117,8 @@ class LocalRunner:
                 seed=g.seed, logprobs=g.logprobs, top_logprobs=g.top_logprobs, truncate_prompt=g.truncate_prompt,
                 ignore_eos=g.ignore_eos, presence_penalty=g.presence_penalty,
                 frequency_penalty=g.frequency_penalty, logit_bias=dict(g.logit_bias), min_p=g.min_p,
-                min_tokens=g.min_tokens, prompt_logprobs=g.prompt_logprobs)
+                min_tokens=g.min_tokens, prompt_logprobs=g.prompt_logprobs, num_beams=g.num_beams,
+                length_penalty=g.length_penalty, early_stopping=g.early_stopping)
             result = await self.plane.generate(c.model, version, record.text, params)
             return generation_payload(_generation(result.output, g.wants_logprobs), g.wants_logprobs)
         except (ServingError, ValueError) as e:

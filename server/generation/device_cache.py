@@ -5,8 +5,13 @@ the device the session computes on ("cpu" or "cuda"). A call binds a contiguous 
 graph's `past_key_values.*` input and its `present.*` output: the slice is the buffer's base address plus
 `lo` slot strides, so nothing of the cache crosses between host and device, whatever the provider.
 
+An encoder-decoder (seq2seq) package has a second set of the same kind: the per-slot cross-attention buffers
+`[slots, heads, max_source_length, head_dim]`, written once per request from the encoder's output (`write_rows`)
+and bound by slot range as the decoder's read-only `cross.*` inputs.
+
 The few operations on the memory itself — zeroing at allocation, copying a prompt prefix from one slot to
-another — go through `Device`, which does them with the C library on the host and with the CUDA runtime
+another (a reused prefix; a beam's parent's rows), copying an encoder output's row into a slot — go through
+`Device`, which does them with the C library on the host and with the CUDA runtime
 on a GPU (ctypes calls into libraries onnxruntime already loaded; no compiled code of ours). Everything
 else — shapes, offsets, bindings — is the same code for every device, so the CPU tests exercise it.
 """
@@ -150,6 +155,13 @@ class CacheBuffers:
         io.bind_input(input_name, self.device.kind, self.device.index, self.dtype, shape, ptr)
         io.bind_output(output_name, self.device.kind, self.device.index, self.dtype, shape, ptr)
 
+    def bind_input(self, io: ort.IOBinding, name: str, input_name: str, lo: int, hi: int) -> None:
+        """Slots [lo, hi) of buffer `name` as a read-only graph input (an encoder-decoder's cross keys/values)."""
+        if not 0 <= lo < hi <= self.shape[0]:
+            raise ValueError(f"cache slots [{lo}, {hi}) outside [0, {self.shape[0]})")
+        ptr = self.values[name].data_ptr() + lo * self.slot_bytes
+        io.bind_input(input_name, self.device.kind, self.device.index, self.dtype, [hi - lo, *self.shape[1:]], ptr)
+
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Positions [0, length) of slot `source` into slot `target`, every buffer, on the device."""
         slots, heads, max_length, head_dim = self.shape
@@ -160,6 +172,26 @@ class CacheBuffers:
             base = value.data_ptr()
             self.device.copy_rows(base + target * self.slot_bytes, pitch, base + source * self.slot_bytes, pitch,
                                   length * head_dim * self._item, heads)
+        self.device.synchronize()
+
+    def write_rows(self, name: str, value: ort.OrtValue, rows: list[tuple[int, int]]) -> None:
+        """Copy rows of `value` ([batch, heads, length, head_dim], on this device, C-contiguous: an encoder's
+        output) into slots of buffer `name` at positions [0, length): (row, slot) pairs, one strided copy each
+        on the device. Call `synchronize` after the last one. Positions past `length` keep what they held."""
+        slots, heads, max_length, head_dim = self.shape
+        batch, their_heads, length, their_dim = value.shape()
+        if (their_heads, their_dim) != (heads, head_dim) or length > max_length:
+            raise ValueError(f"write_rows: a [{batch}, {their_heads}, {length}, {their_dim}] tensor does not fit "
+                             f"buffer {name!r} of [{slots}, {heads}, {max_length}, {head_dim}]")
+        src_pitch, dst_pitch = length * head_dim * self._item, max_length * head_dim * self._item
+        base, src = self.values[name].data_ptr(), value.data_ptr()
+        for row, slot in rows:
+            if not (0 <= row < batch and 0 <= slot < slots):
+                raise ValueError(f"write_rows: row {row} -> slot {slot} out of range")
+            self.device.copy_rows(base + slot * self.slot_bytes, dst_pitch, src + row * heads * src_pitch,
+                                  src_pitch, src_pitch, heads)
+
+    def synchronize(self) -> None:
         self.device.synchronize()
 
     def host_copy(self, name: str) -> np.ndarray:

@@ -9,6 +9,16 @@ A request's path, in four parts with one job each:
   - output processing (outputs.py): each chosen token -> text, stop checks, a chunk on the request's queue.
 The loop is free while the thread computes: consumers take their chunks (and the doors send them) meanwhile.
 
+Encoder-decoder packages (model.json `encoder_decoder`; factory.py picks the parts) run through the same loop: the
+prompt is the source, checked against max_source_length on arrival (source.py); when the scheduler admits the
+sequence its source is encoded — in one encoder call with every other source admitted that iteration — and its
+cross-attention keys/values copied once into its slot's cross buffer (encoder_step.py, device_cache.py); its
+decoder prompt is the start token, which rides the iteration's decode call, and from then on its steps batch with
+every other sequence's. Prefix caching does not apply to them (a slot's keys/values depend on the source).
+Beam search (num_beams > 1, encoder-decoders only; beams.py): a request's k beams hold k slots, admitted together,
+and step as rows of the shared decode call; n identical jobs of one request (OpenAI's `n`) are ONE search whose n
+best hypotheses answer them. A beam search's answer comes whole, at its end: it is not streamed.
+
 Deadlines are time.monotonic() values: a request whose deadline passes before its prefill raises TimeoutError
 from `stream`/`generate` and is never computed; a running one ends with finish_reason "cancelled" and keeps the
 text produced so far.
@@ -16,6 +26,7 @@ text produced so far.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +38,10 @@ from tokenizers import Tokenizer
 
 from modelpkg import Manifest
 
+from .beams import BeamOptions, BeamSearch
+from .encoder_step import EncodeRow
 from .executor import Outcome, SlotExecutor
-from .inputs import PromptProcessor
+from .factory import engine_parts
 from .outputs import emit_token
 from .params import GenerationConfig, GenerationParams
 from .results import FINISH_CANCELLED, EngineStoppedError, GenerationResult, OverloadedError, StreamChunk
@@ -36,7 +49,6 @@ from .sampling import Choice
 from .scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
 from .sequence import Sequence, to_generated_token
 from .slot_runner import DecodeRow, PrefillRow, SlotRunner
-from .spec import DecoderSpec
 
 if TYPE_CHECKING:
     from server.metrics import Metrics
@@ -53,16 +65,23 @@ class GenerationEngine:
     def __init__(self, session: ort.InferenceSession, manifest: Manifest, tokenizer: Tokenizer,
                  config: GenerationConfig | None = None, metrics: "Metrics | None" = None,
                  model_label: str = "model", mixed_session: ort.InferenceSession | None = None,
-                 runner: SlotRunner | None = None) -> None:
+                 runner: SlotRunner | None = None, *, encoder_session: ort.InferenceSession | None = None,
+                 target_tokenizer: Tokenizer | None = None) -> None:
         """mixed_session: the package's mixed graph (cache.mixed_graphs: decode rows and a prompt chunk in one
         run); without it they run one after the other. runner: the cache and calls, when not the default (the
-        session's own device: bench.gpu_slots compares another placement). ValueError names what does not fit
-        (a concat-layout package is refused with the command that re-exports it)."""
+        session's own device: bench.gpu_slots compares another placement). An encoder-decoder package (its
+        manifest's encoder_decoder block) is served with `session` its decoder graph, `encoder_session` its
+        encoder graph, `tokenizer` its source tokenizer and `target_tokenizer` the target's (None: shared).
+        ValueError names what does not fit (a concat-layout package is refused with the command that re-exports
+        it)."""
         self.session = session
-        self.spec = DecoderSpec.from_package(manifest, session)
         self.config = cfg = config or GenerationConfig()
-        self.inputs = PromptProcessor(self.spec, tokenizer)
-        self._tokenizer = self.inputs.tokenizer
+        parts = engine_parts(session, manifest, tokenizer, cfg.max_batch_size, mixed_session, runner,
+                             encoder_session, target_tokenizer)
+        self.spec = parts.spec
+        self.source = parts.source     # None: a decoder
+        self.inputs = parts.inputs
+        self._tokenizer = parts.tokenizer
         self._label = model_label
         self._metrics = metrics
         # Labelled children looked up once: labels() locks and builds a key per call, and these run per token.
@@ -70,9 +89,9 @@ class GenerationEngine:
         self._scheduler = Scheduler(SchedulerConfig(num_slots=cfg.max_batch_size,
                                                     chunk_tokens=cfg.prefill_chunk_tokens,
                                                     max_prefill_tokens=cfg.max_prefill_tokens,
-                                                    prefix_reuse=cfg.prefix_caching,
+                                                    prefix_reuse=cfg.prefix_caching and parts.prefix_reuse,
                                                     slot_length=self.spec.max_length))
-        self._runner = runner or SlotRunner(session, self.spec, cfg.max_batch_size, mixed_session)
+        self._runner = parts.runner
         self._executor = SlotExecutor(self._runner)
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
@@ -82,9 +101,12 @@ class GenerationEngine:
                            "only, so attention runs on the CPU provider and the cache crosses to the host every "
                            "step; export the package with --variants fp32,fp16", model_label,
                            np.dtype(self.spec.past_dtype).name)
-        logger.info("generation %s: %d cache slots of %d tokens (%.1f MiB of %s on %s), prefill chunk %d tokens, %s",
-                    model_label, cfg.max_batch_size, self.spec.max_length, self._runner.cache_bytes / 2 ** 20,
-                    np.dtype(self.spec.past_dtype).name, self._runner.device.kind, cfg.prefill_chunk_tokens,
+        logger.info("generation %s: %d cache slots of %d tokens%s (%.1f MiB of %s on %s), prefill chunk %d tokens, %s",
+                    model_label, cfg.max_batch_size, self.spec.max_length,
+                    "" if self.source is None else f" + cross buffers of {self.source.max_length} source tokens",
+                    self._runner.cache_bytes / 2 ** 20, np.dtype(self.spec.past_dtype).name,
+                    self._runner.device.kind, cfg.prefill_chunk_tokens,
+                    "encoder-decoder" if self.source is not None else
                     "mixed graph (decode rows and a chunk in one run)" if mixed_session is not None
                     else "no mixed graph")
 
@@ -136,6 +158,9 @@ class GenerationEngine:
         a hole, and the mixed graph's decode + chunk. Raises on any failure; the slots' contents do not matter
         afterwards (every position is written before it is read)."""
         start = next((t for t in (self.spec.bos_id, self.spec.eos_id) if t is not None), 0)
+        if self.source is not None:
+            start = self.source.start_id
+            self._warm_source()
         r, n = self._runner, self._runner.num_slots
         chunk = max(1, min(self.config.prefill_chunk_tokens, self.spec.max_length // 2))
         pair = [PrefillRow(0, [start] * chunk, 0)] + ([PrefillRow(1, [start], 0)] if n > 1 else [])
@@ -152,16 +177,33 @@ class GenerationEngine:
         # position (the position table's last row, attention over the whole slot). A model.json claiming more than
         # the graph holds fails here, at load, instead of inside every request that gets there.
         top, last = self.spec.vocab_size - 1, self.spec.max_length - 1
-        self._edge(lambda: r.decode([DecodeRow(0, top, 1)], {}), f"model.json vocab_size {top + 1}: token id {top}")
+        vocab, length = (("vocab_size", "max_length") if self.source is None
+                         else ("encoder_decoder.target_vocab_size", "encoder_decoder.max_target_length"))
+        self._edge(lambda: r.decode([DecodeRow(0, top, 1)], {}), f"model.json {vocab} {top + 1}: token id {top}")
         self._edge(lambda: r.decode([DecodeRow(0, start, last)], {}),
-                   f"model.json max_length {last + 1}: position {last}")
+                   f"model.json {length} {last + 1}: position {last}")
 
-    def _edge(self, call: Callable[[], np.ndarray], what: str) -> None:
+    def _warm_source(self) -> None:
+        """An encoder-decoder's source side: the encoder at the source vocabulary's last id and at
+        max_source_length (two rows of one call, one padded), each written into a slot and read by a decode step."""
+        r, source = self._runner, self.source
+        assert source is not None and hasattr(r, "encode")
+        top, longest = source.vocab_size - 1, source.max_length
+        pair = min(2, r.num_slots)
+
+        def run() -> np.ndarray:
+            r.encode([EncodeRow([source.pad_id] * longest, (0,)), EncodeRow([top], (pair - 1,))])
+            return r.decode([DecodeRow(slot, source.start_id, 0) for slot in range(pair)], {})
+
+        self._edge(run, f"model.json encoder_decoder.source_vocab_size {top + 1} / max_source_length {longest}: "
+                        f"source token id {top} and a source of {longest} tokens", pair)
+
+    def _edge(self, call: Callable[[], np.ndarray], what: str, rows: int = 1) -> None:
         try:
             logits = call()
         except Exception as exc:  # onnxruntime's own exception types
             raise ValueError(f"{what} fails in the graph: {' '.join(str(exc).split())}") from None
-        self._check_logits(logits, 1, what)
+        self._check_logits(logits, rows, what)
 
     # ------------------------------------------------------------------ requests
 
@@ -172,6 +214,7 @@ class GenerationEngine:
         Raises ValueError (bad prompt/parameters, naming the field), OverloadedError, TimeoutError,
         EngineStoppedError, or RuntimeError when the graph fails.
         """
+        _refuse_streamed_beams([(prompt, params)])
         [seq] = await self.admit([(prompt, params)], deadline)
         try:
             while True:
@@ -210,6 +253,7 @@ class GenerationEngine:
                           field: str = "prompt") -> list["SequenceStream"]:
         """One chunk stream per job of one request, admitted together or not at all (`admit`); closing a
         stream cancels its sequence."""
+        _refuse_streamed_beams(jobs)
         return [SequenceStream(self, seq) for seq in await self.admit(jobs, deadline, field)]
 
     async def admit(self, jobs: list[Job], deadline: float | None = None, field: str = "prompt") -> list[Sequence]:
@@ -218,25 +262,31 @@ class GenerationEngine:
 
         What can never fit, whatever the load, is ValueError naming `field` (more sequences than the queue plus
         the running batch, more tokens than the whole budget); what could fit later is OverloadedError. The count
-        is checked before any prompt is tokenized, and long prompts are tokenized off the event loop."""
+        is checked before any prompt is tokenized, and long prompts are tokenized off the event loop. A beam
+        search counts its beams (each holds a slot)."""
         if not self.running:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
         cfg = self.config
-        most = cfg.max_waiting + cfg.max_batch_size
-        if len(jobs) > most:
-            raise ValueError(f"{field}: {len(jobs)} sequences in one request exceed the {most} this engine can ever "
-                             f"hold at once (max_queued_requests {cfg.max_waiting} waiting + max_sequences "
-                             f"{cfg.max_batch_size} running): this request can never be admitted; send fewer "
-                             "prompts (or a lower n) per request")
         if not jobs:
             raise ValueError(f"{field}: at least one prompt is required")
+        jobs = [(prompt, self.inputs.fit(params)) for prompt, params in jobs]
+        groups = self._groups(jobs)
+        slots = sum(width for _, width in groups)
+        most = cfg.max_waiting + cfg.max_batch_size
+        if slots > most:
+            raise ValueError(f"{field}: {slots} sequences in one request exceed the {most} this engine can ever "
+                             f"hold at once (max_queued_requests {cfg.max_waiting} waiting + max_sequences "
+                             f"{cfg.max_batch_size} running): this request can never be admitted; send fewer "
+                             "prompts (or a lower n or num_beams) per request")
         prompts = await self._encode(jobs)
         if not self.running:     # stopped while the prompts were tokenized
             raise EngineStoppedError(f"generation engine {self._label} is not running")
         if deadline is not None and deadline <= time.monotonic():
             raise TimeoutError("deadline passed before generation started")
-        budgets = [len(ids) + params.max_new_tokens for ids, (_, params) in zip(prompts, jobs)]
-        need = sum(budgets)
+        # An encoder-decoder's prompts are sources: each sequence also holds its decoder's start token.
+        extra = 0 if self.source is None else 1
+        need = sum((len(prompts[members[0]]) + extra + jobs[members[0]][1].max_new_tokens) * width
+                   for members, width in groups)
         if need > cfg.max_tokens_in_flight:   # would be refused whatever the load: not worth a retry
             if len(jobs) == 1:
                 raise ValueError(f"parameters.max_new_tokens: prompt {len(prompts[0])} tokens + max_new_tokens "
@@ -248,26 +298,86 @@ class GenerationEngine:
                              "be admitted; send fewer prompts per request or lower max_new_tokens)")
         waiting = self.waiting_requests
         room = cfg.max_waiting - waiting + max(0, cfg.max_batch_size - len(self._scheduler.running))
-        if len(jobs) > room:
-            needs = "" if len(jobs) == 1 else f"; this request has {len(jobs)} sequences and there is room for {room}"
+        if slots > room:
+            needs = "" if slots == 1 else f"; this request has {slots} sequences and there is room for {room}"
             raise OverloadedError(f"generation queue of {self._label} is full ({waiting} waiting, max_queued_requests "
                                   f"{cfg.max_waiting}{needs}); retry later")
         in_flight = sum(s.budget for s in self._sequences())
         if in_flight + need > cfg.max_tokens_in_flight:
             raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
                                   f"this request needs {need}, the limit is {cfg.max_tokens_in_flight}")
-        seqs = []
-        for ids, (_, params) in zip(prompts, jobs):
+        seqs: list[Sequence | None] = [None] * len(jobs)
+        for members, width in groups:
+            created = [self._sequence(prompts[i], jobs[i][1], deadline) for i in members]
+            for i, seq in zip(members, created):
+                seqs[i] = seq
+            if width == 1 and jobs[members[0]][1].num_beams == 1:
+                self._scheduler.add(created[0].state)   # type: ignore[arg-type]
+            else:
+                self._add_search(created)
+        self._record_gauges()
+        self._kick()
+        return seqs   # type: ignore[return-value]
+
+    def _sequence(self, ids: list[int], params: GenerationParams, deadline: float | None) -> Sequence:
+        """One job's sequence (a decoder's prompt, or an encoder-decoder's source) and its scheduler state."""
+        if self.source is None:
             seq = Sequence.create(ids, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id)
             # A request scoring its prompt needs the logits at every prompt position, so none may come from a
             # copied prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
             seq.state = (SeqState.of(ids, owner=seq) if params.prompt_logprobs is None
                          else SeqState(len(ids), owner=seq))
-            self._scheduler.add(seq.state)
-            seqs.append(seq)
-        self._record_gauges()
-        self._kick()
-        return seqs
+            return seq
+        prompt = [self.source.start_id]
+        seq = Sequence.create(prompt, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id,
+                              source_ids=ids, forced=self.source.forced(params.max_new_tokens))
+        # Its keys/values depend on its source: no tokens tracked, nothing reused or remembered of its slot.
+        seq.state = SeqState(len(prompt), owner=seq, source=len(ids))
+        return seq
+
+    def _add_search(self, requests: list[Sequence]) -> None:
+        """One beam search answering `requests` (identical jobs): its beams wait as one gang of states."""
+        params = requests[0].params
+        assert self.source is not None
+        search = BeamSearch(requests, BeamOptions(num_beams=params.num_beams, length_penalty=params.length_penalty,
+                                                  early_stopping=params.early_stopping,
+                                                  max_new_tokens=params.max_new_tokens,
+                                                  eos_id=None if params.ignore_eos else self.spec.eos_id,
+                                                  forced=self.source.forced(params.max_new_tokens)),
+                            self.spec.vocab_size, self._tokenizer)
+        for request in requests:
+            request.search, request.state = search, None
+        source = len(requests[0].source_ids or ())
+        for beam in search.beams:
+            first = beam.index == 0
+            beam.state = SeqState(len(search.prompt_ids), owner=beam, source=source if first else 0,
+                                  gang=params.num_beams if first else 1)
+            self._scheduler.add(beam.state)
+
+    def _groups(self, jobs: list[Job]) -> list[tuple[list[int], int]]:
+        """The request's jobs as (job indices, slots): one each, except beam searches — consecutive jobs with
+        num_beams > 1 that differ only in beam_rank (OpenAI's n: ranks 0..n-1; seeds aside) are one search of
+        num_beams slots answering them all. ValueError naming parameters.num_beams where beams cannot be served."""
+        groups: list[tuple[list[int], int]] = []
+        for i, (prompt, params) in enumerate(jobs):
+            k = params.num_beams
+            if k == 1:
+                groups.append(([i], 1))
+                continue
+            if self.source is None:
+                raise ValueError(f"parameters.num_beams: beam search is served for encoder-decoder models; "
+                                 f"{self._label} is a decoder (num_beams must be 1), got {k}")
+            if k > self.config.max_batch_size:
+                raise ValueError(f"parameters.num_beams: {k} beams need {k} cache slots, this engine has "
+                                 f"max_sequences {self.config.max_batch_size}")
+            if groups and groups[-1][1] > 1:
+                first_prompt, first_params = jobs[groups[-1][0][0]]
+                ranks = {jobs[j][1].beam_rank for j in groups[-1][0]}
+                if prompt == first_prompt and _same_search(params, first_params) and params.beam_rank not in ranks:
+                    groups[-1][0].append(i)
+                    continue
+            groups.append(([i], k))
+        return groups
 
     async def _encode(self, jobs: list[Job]) -> list[list[int]]:
         """Each job's prompt ids (checked); a request with much text to tokenize (or many ids to check) is
@@ -303,6 +413,12 @@ class GenerationEngine:
     def encode_prompt(self, prompt: str | list[int], params: GenerationParams) -> list[int]:
         return self.inputs.encode(prompt, params)
 
+    def prompt_text(self, token_ids: list[int]) -> str:
+        """The text of an admitted token-id prompt (an encoder-decoder's: source ids, by the source tokenizer)."""
+        if self.source is None:
+            return self.inputs.detokenize(token_ids)
+        return self.inputs.source_text(token_ids)   # type: ignore[union-attr]
+
     def tokenize(self, text: str, truncate: bool = False) -> list[int]:
         return self.inputs.tokenize(text, truncate)
 
@@ -327,7 +443,13 @@ class GenerationEngine:
     def _abandon(self, seq: Sequence) -> None:
         """The consumer went away: a waiting request leaves now, a running one at the next iteration."""
         seq.cancelled = True
-        if seq.state is not None and seq.state.status is Status.WAITING:
+        if seq.search is not None:     # a beam search stops when every request it answers went away
+            if seq.search.cancelled and all(s.status is Status.WAITING for s in seq.search.states):
+                for state in seq.search.states:
+                    self._scheduler.finish(state)
+                for request in seq.search.requests:
+                    request.finish_reason = request.finish_reason or FINISH_CANCELLED
+        elif seq.state is not None and seq.state.status is Status.WAITING:
             self._scheduler.finish(seq.state)
             seq.finish_reason = FINISH_CANCELLED
         self._record_gauges()
@@ -407,6 +529,12 @@ class GenerationEngine:
                 seq.prompt_tokens.extend(to_generated_token(c, self._tokenizer) for c in w.prompt_scores)
             if w.chunk.completes_prompt:      # the prompt is in: its last position's logits gave the first token
                 self._take(seq, w.first_token)
+        for search in outcome.beams:
+            for request in search.requests:
+                if not (request.done or request.cancelled):
+                    self._record_token(request)
+            if search.stopped:
+                search.finish()
 
     def _take(self, seq: Sequence, choice: Choice | None) -> None:
         if choice is None or seq.cancelled or seq.done:
@@ -529,6 +657,20 @@ class SequenceStream:
                 self._engine._abandon(self._seq)
             except Exception:   # (at interpreter exit the engine may be half torn down: nothing left to free)
                 pass
+
+
+def _refuse_streamed_beams(jobs: list[Job]) -> None:
+    for _, params in jobs:
+        if params.num_beams > 1:
+            raise ValueError(f"parameters.num_beams: a beam search's hypotheses are only known at its end, so it is "
+                             f"not streamed; use num_beams 1 to stream, or a non-streaming call, "
+                             f"got {params.num_beams}")
+
+
+def _same_search(a: GenerationParams, b: GenerationParams) -> bool:
+    """Two jobs answered by one beam search: the same parameters but the rank answered and the seed (a search
+    draws nothing)."""
+    return dataclasses.replace(a, seed=None, beam_rank=0) == dataclasses.replace(b, seed=None, beam_rank=0)
 
 
 def _deadline_passed(seq: Sequence, now: float) -> bool:

@@ -2,10 +2,12 @@
 
 `prepare` (on the event loop, where the scheduler's state lives) turns the plan into runner rows; `run` (in the
 worker thread: onnxruntime and numpy release the GIL, the loop keeps serving) makes the calls over the slot
-cache — prefix copies first, then the decode call (with the iteration's first prompt chunk in the same run when
+cache — prefix copies first, then the encoder step of sources admitted this iteration (encoder-decoder packages:
+encoder_step.py), then the decode call (with the iteration's first prompt chunk in the same run when
 the package has a mixed graph), then the other prefill calls, in this order (slot_runner.py says why) — and
 then the work on their logits: the next token of every sequence that gets one this step, all rows at once
-(sampling.choose_rows), and the scores of prompt tokens for requests that asked. What comes back is a typed
+(sampling.choose_rows), the step of every beam search whose beams decoded (beams.py; its slot copies made on the
+device right after it), and the scores of prompt tokens for requests that asked. What comes back is a typed
 outcome; the engine applies it on the loop.
 """
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .beams import Beam, BeamSearch
+from .encoder_step import EncodeRow
 from .sampling import Choice, choose_rows, score_tokens
 from .scheduler import Chunk, Plan, Scheduler, SeqState, Status
 from .slot_runner import DecodeRow, PrefillRow, SlotRunner
@@ -27,6 +31,7 @@ class Work:
     decode_rows: list[DecodeRow]          # plan.decode's rows, then plan.tails' (one-token chunks)
     idle: dict[int, int]                  # slot -> where a decode run may write a throw-away token
     calls: list[list[PrefillRow]]         # one per plan.prefill call
+    encode: list[EncodeRow] = field(default_factory=list)   # plan.encode's sources, with their slots
 
 
 @dataclass
@@ -44,6 +49,7 @@ class Outcome:
     decoded: list[tuple[SeqState, Choice | None]] = field(default_factory=list)   # None: cancelled meanwhile
     written: list[Written] = field(default_factory=list)
     failed: list[tuple[list[SeqState], str, Exception]] = field(default_factory=list)
+    beams: list[BeamSearch] = field(default_factory=list)    # searches that took a step
 
 
 class SlotExecutor:
@@ -65,21 +71,27 @@ class SlotExecutor:
                 idle[c.seq.slot] = c.start + c.length
         calls = [[PrefillRow(c.seq.slot, c.seq.owner.prompt_ids[c.start:c.start + c.length], c.start)
                   for c in call.chunks] for call in plan.prefill]
-        return Work(plan, decode_rows, idle, calls)
+        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode])
 
     def run(self, work: Work) -> Outcome:
         """Worker thread. A failing call fails only its own sequences (in `Outcome.failed`)."""
         plan, out = work.plan, Outcome()
+        unencoded = self._encode(work, out)
         decoded, prefilled = self._calls(work)
         tail_logits: list[tuple[Chunk, np.ndarray]] = []
+        searches: dict[BeamSearch, dict[int, np.ndarray]] = {}
         if isinstance(decoded, Exception):
             out.failed.append(([*plan.decode, *(c.seq for c in plan.tails)], "decode step failed", decoded))
         else:
             n = len(plan.decode)
-            live = [i for i, s in enumerate(plan.decode) if _wants_token(s)]
+            live = [i for i, s in enumerate(plan.decode) if _wants_token(s) and not isinstance(s.owner, Beam)]
             choices = dict(zip(live, choose_rows([plan.decode[i].owner.sampler for i in live], decoded[live])))
             out.decoded = [(s, choices.get(i)) for i, s in enumerate(plan.decode)]
             tail_logits = list(zip(plan.tails, decoded[n:, None, :]))
+            beam_rows = [*zip(plan.decode, decoded[:n]), *((c.seq, row) for c, row in zip(plan.tails, decoded[n:]))]
+            for state, row in beam_rows:
+                if isinstance(state.owner, Beam) and _wants_token(state) and state not in unencoded:
+                    searches.setdefault(state.owner.search, {})[state.owner.index] = row
         chunks: list[tuple[Chunk, np.ndarray]] = tail_logits
         for call, logits in zip(plan.prefill, prefilled):
             if isinstance(logits, Exception):
@@ -89,14 +101,39 @@ class SlotExecutor:
         out.written = [Written(chunk) for chunk, _ in chunks]
         # The first token of every sequence whose prompt is now in: one batch over the last positions' logits.
         firsts = [(w, rows[w.chunk.length - 1]) for w, (_, rows) in zip(out.written, chunks)
-                  if w.chunk.completes_prompt and _wants_token(w.chunk.seq)]
+                  if w.chunk.completes_prompt and _wants_token(w.chunk.seq) and w.chunk.seq not in unencoded
+                  and not isinstance(w.chunk.seq.owner, Beam)]
         if firsts:
             picked = choose_rows([w.chunk.seq.owner.sampler for w, _ in firsts], np.stack([r for _, r in firsts]))
             for (w, _), choice in zip(firsts, picked):
                 w.first_token = choice
         for w, (_, rows) in zip(out.written, chunks):
             w.prompt_scores = _prompt_scores(w.chunk, rows)
+        for search, rows in searches.items():
+            self._beam_step(search, rows, out)
         return out
+
+    def _encode(self, work: Work, out: Outcome) -> set[SeqState]:
+        """The encoder step (before any decoder call reads the cross buffers); the states it failed."""
+        if not work.encode:
+            return set()
+        try:
+            self.runner.encode(work.encode)   # type: ignore[attr-defined]   (a CrossSlotRunner: plan.encode)
+        except Exception as exc:    # onnxruntime's own exception types
+            states = [s for state in work.plan.encode for s in _slot_mates(state)]
+            out.failed.append((states, "encoder step failed", exc))
+            return set(states)
+        return set()
+
+    def _beam_step(self, search: BeamSearch, rows: dict[int, np.ndarray], out: Outcome) -> None:
+        """One step of a search, then the copies that put each kept hypothesis's rows in its beam's slot."""
+        try:
+            written = search.beams[0].state.computed + 1      # type: ignore[union-attr]
+            for copy in search.step(rows, written):
+                self.runner.copy_prefix(copy.source, copy.target, copy.length)
+            out.beams.append(search)
+        except Exception as exc:
+            out.failed.append((search.states, "beam search step failed", exc))
 
     def _calls(self, work: Work) -> tuple[np.ndarray | Exception, list[np.ndarray | Exception]]:
         runner, plan, calls = self.runner, work.plan, work.calls
@@ -126,6 +163,19 @@ class SlotExecutor:
             except Exception as exc:
                 prefilled.append(exc)
         return decoded, prefilled
+
+
+def _encode_row(state: SeqState) -> EncodeRow:
+    """A state admitted with a source: its ids, and the slots that decode from them (a beam search's every beam)."""
+    owner = state.owner
+    if isinstance(owner, Beam):
+        return EncodeRow(owner.search.requests[0].source_ids or [], tuple(b.slot for b in owner.search.beams))
+    return EncodeRow(owner.source_ids or [], (state.slot,))   # type: ignore[arg-type]
+
+
+def _slot_mates(state: SeqState) -> list[SeqState]:
+    """The states that read a state's source: its own, or every beam of its search."""
+    return state.owner.search.states if isinstance(state.owner, Beam) else [state]
 
 
 def _wants_token(state: SeqState) -> bool:

@@ -18,7 +18,11 @@ logger = logging.getLogger(__name__)
 class PromptProcessor:
     def __init__(self, spec: DecoderSpec, tokenizer: Tokenizer) -> None:
         self.spec = spec
-        self.tokenizer = _unpadded(tokenizer)
+        self.tokenizer = unpadded(tokenizer)
+
+    def fit(self, params: GenerationParams) -> GenerationParams:
+        """The parameters as served (a decoder's: as asked)."""
+        return params
 
     def encode_many(self, jobs: Sequence[tuple[str | list[int], GenerationParams]]) -> list[list[int]]:
         """`encode` of each (prompt, params), the text prompts tokenized in one batch (a text repeated, as
@@ -58,14 +62,7 @@ class PromptProcessor:
                 raise ValueError(f"prompt: {len(ids)} tokens + parameters.max_new_tokens {wanted} exceed the model's "
                                  f"context of {context} tokens (shorten it, lower max_new_tokens, or set truncate_prompt)")
             ids = ids[-room:]
-        for i, token in enumerate(params.stop_token_ids):
-            if token >= spec.vocab_size:
-                raise ValueError(f"parameters.stop_token_ids[{i}]: {token} is outside the vocabulary "
-                                 f"(size {spec.vocab_size})")
-        for token, _ in params.logit_bias:
-            if token >= spec.vocab_size:
-                raise ValueError(f"parameters.logit_bias: token {token} is outside the vocabulary "
-                                 f"(size {spec.vocab_size})")
+        check_params_vocab(params, spec.vocab_size)
         return ids
 
     def tokenize(self, text: str, truncate: bool = False, batched: bool = False) -> list[int]:
@@ -110,7 +107,17 @@ class PromptProcessor:
         return list(prompt[first:])
 
 
-def _unpadded(tokenizer: Tokenizer) -> Tokenizer:
+def check_params_vocab(params: GenerationParams, vocab: int) -> None:
+    """ValueError naming the first token id of the parameters outside the (generated) vocabulary."""
+    for i, token in enumerate(params.stop_token_ids):
+        if token >= vocab:
+            raise ValueError(f"parameters.stop_token_ids[{i}]: {token} is outside the vocabulary (size {vocab})")
+    for token, _ in params.logit_bias:
+        if token >= vocab:
+            raise ValueError(f"parameters.logit_bias: token {token} is outside the vocabulary (size {vocab})")
+
+
+def unpadded(tokenizer: Tokenizer) -> Tokenizer:
     """The tokenizer itself, or a copy without padding/truncation (they would corrupt prompt ids)."""
     if tokenizer.padding is None and tokenizer.truncation is None:
         return tokenizer

@@ -19,6 +19,8 @@ MAX_LOGIT_BIAS = 300        # entries (OpenAI's own limit)
 PENALTY_RANGE = 2.0         # presence / frequency penalties lie in [-2, 2], as OpenAI's
 BIAS_RANGE = 100.0          # a logit bias lies in [-100, 100], as OpenAI's
 _UINT64_LIMIT = 2 ** 64
+MAX_BEAMS = 8
+EARLY_STOPPING_NEVER = "never"
 
 
 def _is_int(value: Any) -> bool:
@@ -79,6 +81,19 @@ class GenerationParams:
     prompt_logprobs: int | None = None
     truncate_prompt: bool = False
     ignore_eos: bool = False
+    # Beam search (encoder-decoder models; server/generation/beams.py): beams per request (1 = off), the score's
+    # length penalty (sum of logprobs / length ** length_penalty) and when a search ends (True: once num_beams
+    # hypotheses are finished; False: when no running beam can beat them at its current length; "never": nor at
+    # max_new_tokens), as transformers' generate takes them.
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    # Which hypothesis of the search answers (0 = the best): jobs of one request that differ only in it are ONE
+    # search (OpenAI's n asks ranks 0..n-1 of a prompt: its n best hypotheses).
+    beam_rank: int = 0
+    # max_new_tokens was not asked for: an encoder-decoder whose target length is shorter than the default
+    # generates what its target length holds instead of refusing (source.SourceProcessor.fit).
+    default_max_new_tokens: bool = False
 
     @classmethod
     def validate(cls, *, max_new_tokens: int | None = None, temperature: float | None = None,
@@ -90,7 +105,8 @@ class GenerationParams:
                  seed: int | None = None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
                  prompt_logprobs: int | None = None, truncate_prompt: bool | None = None,
-                 ignore_eos: bool | None = None) -> "GenerationParams":
+                 ignore_eos: bool | None = None, num_beams: int | None = None, length_penalty: float | None = None,
+                 early_stopping: bool | str | None = None, beam_rank: int | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
         temp = _float("temperature", temperature, 0.0)
         if temp < 0:
@@ -110,7 +126,11 @@ class GenerationParams:
             raise ValueError(f"parameters.min_tokens: must not exceed the tokens asked for ({new_tokens}), got {at_least}")
         if seed is not None and (not _is_int(seed) or not 0 <= seed < _UINT64_LIMIT):
             raise ValueError(f"parameters.seed: must be an integer in [0, 2**64), got {seed!r}")
-        return cls(
+        if early_stopping is not None and not isinstance(early_stopping, bool) \
+                and early_stopping != EARLY_STOPPING_NEVER:
+            raise ValueError(f"parameters.early_stopping: must be true, false or {EARLY_STOPPING_NEVER!r}, "
+                             f"got {early_stopping!r}")
+        params = cls(
             max_new_tokens=new_tokens,
             temperature=temp,
             top_k=_int("top_k", top_k, 0, 0),
@@ -130,12 +150,38 @@ class GenerationParams:
             else _int("prompt_logprobs", prompt_logprobs, 0, 0, MAX_TOP_LOGPROBS),
             truncate_prompt=_bool("truncate_prompt", truncate_prompt),
             ignore_eos=_bool("ignore_eos", ignore_eos),
+            num_beams=_int("num_beams", num_beams, 1, 1, MAX_BEAMS),
+            length_penalty=_float("length_penalty", length_penalty, 1.0),
+            early_stopping=False if early_stopping is None else early_stopping,
+            default_max_new_tokens=max_new_tokens is None,
+            beam_rank=_int("beam_rank", beam_rank, 0, 0),
         )
+        if params.beam_rank >= params.num_beams:
+            raise ValueError(f"parameters.beam_rank: a search of {params.num_beams} beams has hypotheses 0.."
+                             f"{params.num_beams - 1}, got {params.beam_rank}")
+        if params.num_beams > 1:
+            _check_beam_params(params)
+        return params
 
     @property
     def wants_logprobs(self) -> bool:
         # Asking for top-n alternatives implies the chosen token's logprob too.
         return self.logprobs or self.top_logprobs > 0
+
+
+# What beam search takes besides its own fields: the rest changes how one token is drawn, and a beam search draws
+# none (its selection is over every beam's log-softmax; transformers' logits processors are not served here).
+_NOT_WITH_BEAMS = (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("min_tokens", 0),
+                   ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                   ("logit_bias", ()), ("stop", ()), ("stop_token_ids", ()), ("logprobs", False),
+                   ("top_logprobs", 0), ("prompt_logprobs", None))
+
+
+def _check_beam_params(params: "GenerationParams") -> None:
+    for name, off in _NOT_WITH_BEAMS:
+        if getattr(params, name) != off:
+            raise ValueError(f"parameters.{name}: not served with num_beams > 1 (beam search keeps the likeliest "
+                             f"hypotheses; it samples nothing), got {getattr(params, name)!r}")
 
 
 def _penalty(name: str, value: Any) -> float:

@@ -34,10 +34,13 @@ class Sampler:
     """
 
     def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: list[int],
-                 eos_id: int | None = None) -> None:
+                 eos_id: int | None = None, forced: dict[int, int] | None = None) -> None:
+        """forced: generated index -> the token chosen there whatever the logits (an encoder-decoder package's
+        forced bos / eos, as transformers' logits processors force them: logprob 0, every other token -inf)."""
         self.params = params
         self.vocab_size = vocab_size
         self.generated = 0
+        self._forced = forced or {}
         # Tokens that would end the sequence, masked until min_tokens are generated.
         self._enders: np.ndarray | None = None
         if params.min_tokens > 0:
@@ -65,7 +68,8 @@ class Sampler:
         no logprobs."""
         p = self.params
         return (p.temperature == 0 and not p.wants_logprobs and self._bias is None and self._seen is None
-                and self._counts is None and (self._enders is None or self.generated >= p.min_tokens))
+                and self._counts is None and (self._enders is None or self.generated >= p.min_tokens)
+                and self.generated not in self._forced)
 
     def observe(self, token_id: int) -> None:
         """Record a generated token (for the penalties)."""
@@ -80,6 +84,12 @@ class Sampler:
     def choose(self, logits: np.ndarray) -> Choice:
         """Pick the next token from one row of logits, shape [V]."""
         p = self.params
+        forced = self._forced.get(self.generated)
+        if forced is not None:
+            if not p.wants_logprobs:
+                return Choice(forced, None, ())
+            logp = forced_logprobs(self.vocab_size, forced)
+            return Choice(forced, 0.0, top_n(logp, p.top_logprobs))
         scores = np.array(logits[: self.vocab_size], dtype=np.float64)   # our own copy: edited in place below
         if self._bias is not None:
             scores[self._bias[0]] += self._bias[1]
@@ -121,6 +131,13 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
         sampler.observe(choice.token_id)
         out.append(choice)
     return out
+
+
+def forced_logprobs(vocab_size: int, token: int) -> np.ndarray:
+    """The distribution of a forced step: all mass on `token` (logprob 0), -inf elsewhere."""
+    logp = np.full(vocab_size, -np.inf)
+    logp[token] = 0.0
+    return logp
 
 
 def apply_repetition_penalty(scores: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:

@@ -32,12 +32,24 @@ until it has, rather than computing the same prefix twice side by side. Slots ar
 the decode calls stay as narrow as without reuse; a free slot's remembered prefix is dropped when the slot is
 taken, and a decode call's throw-away writes land just past it (`free_write_positions`), never inside.
 
+Encoder-decoder packages (seq2seq): a sequence may bring a *source* (`SeqState.source` tokens) that the encoder
+graph turns into cross-attention keys/values when the sequence is admitted, before any call of that iteration
+(`Plan.encode`: every sequence admitted this iteration with a source, encoded in one batch). The encoder's padded
+tokens (rows x longest source) count against the same budget as prompt chunks; a source is never cut (the
+encoder sees it whole), so the first arrival of an iteration is admitted whatever its source's length. Its
+decoder prompt (the start token) is a one-token first chunk: it rides the decode call. Prefix reuse does not
+apply: a slot's keys/values depend on the source, so such sequences track no tokens.
+
+A *gang* (`SeqState.gang` = n on the first of n consecutive waiting sequences: the beams of one beam search) is
+admitted together or not at all, into n free slots at once, so all its beams step in the same iterations.
+
 The executor runs the plan; a sequence's status moves WAITING → PREFILLING → DECODING → FINISHED
 through the methods below, which the engine calls as results come back.
 """
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -63,6 +75,8 @@ class SeqState:
     # not tracked: the slot's contents are not remembered and no prefix is reused for it.
     tokens: list[int] = field(default_factory=list)
     reused: int = 0              # prompt tokens found cached at admission (not prefilled)
+    source: int = 0              # source tokens the encoder runs at admission (seq2seq; 0 = none)
+    gang: int = 1                # this and the next gang - 1 waiting sequences are admitted together (beams)
 
     @classmethod
     def of(cls, prompt: list[int], owner: Any = None) -> "SeqState":
@@ -122,10 +136,16 @@ class Plan:
     copies: tuple[Copy, ...] = ()
     reused_tokens: int = 0       # prompt tokens admitted sequences found cached (copied or in place)
     tails: tuple[Chunk, ...] = ()   # one-token prompt chunks, run as rows of the decode call
+    encode: tuple[SeqState, ...] = ()   # admitted with a source: encoded before the iteration's calls
 
     @property
     def empty(self) -> bool:
         return not self.decode and not self.prefill and not self.tails
+
+    @property
+    def encode_tokens(self) -> int:
+        """The encoder call's padded tokens (rows x longest source)."""
+        return max((s.source for s in self.encode), default=0) * len(self.encode)
 
     @property
     def prefill_tokens(self) -> int:
@@ -227,15 +247,22 @@ class Scheduler:
                 calls.append(PrefillCall((Chunk(seq, seq.computed, n),), first_prompt=False))
                 budget -= n
         # 2. New arrivals into free slots, as many as the budget (counting padding) allows. One whose prompt
-        #    starts with tokens a slot holds skips them: its rest runs as a continuation.
+        #    starts with tokens a slot holds skips them: its rest runs as a continuation. A gang (beams) comes in
+        #    whole or waits; sources to encode count their padded tokens too.
         admitted: list[Chunk] = []
         copies: list[Copy] = []
-        reused_tokens = width = 0
-        while self.waiting and self._free and budget - width * len(admitted) > 0:
+        encode: list[SeqState] = []
+        reused_tokens = width = source_width = 0
+        while self.waiting and self._free and budget - width * len(admitted) - source_width * len(encode) > 0:
             seq = self.waiting[0]
+            gang = list(itertools.islice(self.waiting, seq.gang))
+            if len(gang) > len(self._free):
+                break    # a beam search waits for slots for all its beams
             source, reused, coming = self._cached_prefix(seq)
             if coming - reused >= self.config.min_reuse_tokens:
                 break    # a running sequence is computing more of this prompt: wait for it, do not compute it twice
+            encoding = [q for q in gang if q.source]
+            new_encode = max([source_width, *(q.source for q in encoding)]) * (len(encode) + len(encoding))
             if reused:
                 rest = seq.prompt_len - reused
                 n = _chunk(rest, budget - width * len(admitted))
@@ -243,14 +270,18 @@ class Scheduler:
                     break    # as below: a long rest waits for a budget of its own
             else:
                 n = _chunk(seq.prompt_len, budget)
-                if admitted and max(width, n) * (len(admitted) + 1) > budget:
+                cost = max(width, n) * (len(admitted) + len(gang)) + new_encode
+                if (admitted or encode) and cost > budget:
                     break
-                if not admitted and n < seq.prompt_len and calls:
+                if not admitted and (n < seq.prompt_len or cost > budget) and calls:
                     break    # a new long prompt waits for a budget of its own rather than starting on scraps
-            self.waiting.popleft()
-            seq.slot = self._take()
-            seq.status = Status.PREFILLING
-            self.running.append(seq)
+            for member in gang:
+                self.waiting.popleft()
+                member.slot = self._take()
+                member.status = Status.PREFILLING
+                self.running.append(member)
+            encode += encoding
+            source_width = max([source_width, *(q.source for q in encoding)])
             if reused:
                 if source != seq.slot:
                     copies.append(Copy(source, seq.slot, reused))
@@ -259,14 +290,17 @@ class Scheduler:
                 calls.append(PrefillCall((Chunk(seq, reused, n),), first_prompt=False))
                 budget -= n
             else:
-                admitted.append(Chunk(seq, 0, n))
-                width = max(width, n)
+                for member in gang:
+                    admitted.append(Chunk(member, 0, _chunk(member.prompt_len, budget)))
+                width = max(width, *(c.length for c in admitted[-len(gang):]))
         if admitted:
             budget -= width * len(admitted)
             calls.extend(_contiguous_groups(admitted))
-        tails = tuple(call.chunks[0] for call in calls if call.padded_tokens == 1)
-        return Plan(decode=decode, prefill=tuple(call for call in calls if call.padded_tokens != 1),
-                    copies=tuple(copies), reused_tokens=reused_tokens, tails=tails)
+        # One-token chunks ride the decode call: a continuation's last token, a one-token first prompt (a seq2seq
+        # start token), or a group of them (the call's rows are exactly decode rows at the slots' next positions).
+        tails = tuple(c for call in calls if call.width == 1 for c in call.chunks)
+        return Plan(decode=decode, prefill=tuple(call for call in calls if call.width != 1),
+                    copies=tuple(copies), reused_tokens=reused_tokens, tails=tails, encode=tuple(encode))
 
     # ------------------------------------------------------------------ slots
 

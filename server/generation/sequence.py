@@ -5,7 +5,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
@@ -40,13 +40,20 @@ class Sequence:
     state: "SeqState | None" = None      # the slot scheduler's view (in-place-cache engine only)
     # With prompt_logprobs: the prompt's tokens scored so far (the first unscored), until sent with the first token.
     prompt_tokens: list[GeneratedToken] | None = None
+    # Encoder-decoder packages: the source's ids (encoded at admission); prompt_ids are then the decoder's own
+    # prompt (its start token). None for a decoder.
+    source_ids: list[int] | None = None
+    # The beams.BeamSearch answering this request (num_beams > 1); typed loosely: beams.py builds on this module.
+    search: Any = None
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
-               deadline: float | None, eos_id: int | None = None) -> "Sequence":
-        return cls(prompt_ids=prompt_ids, params=params, sampler=Sampler(params, vocab_size, prompt_ids, eos_id),
+               deadline: float | None, eos_id: int | None = None, source_ids: list[int] | None = None,
+               forced: dict[int, int] | None = None) -> "Sequence":
+        return cls(prompt_ids=prompt_ids, params=params,
+                   sampler=Sampler(params, vocab_size, prompt_ids, eos_id, forced),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), stopper=StopMatcher(params.stop),
-                   deadline=deadline,
+                   deadline=deadline, source_ids=source_ids,
                    prompt_tokens=None if params.prompt_logprobs is None
                    else [GeneratedToken(prompt_ids[0], token=token_text(tokenizer, prompt_ids[0]))])
 
@@ -61,11 +68,13 @@ class Sequence:
 
     @property
     def budget(self) -> int:
-        """Tokens this request may occupy: what admission control counts."""
-        return len(self.prompt_ids) + self.params.max_new_tokens
+        """Tokens this request may occupy: what admission control counts (a source's too)."""
+        return len(self.prompt_ids) + self.params.max_new_tokens + len(self.source_ids or ())
 
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(self.generated),
+        """prompt_tokens: the source's for an encoder-decoder (what the caller sent), else the prompt's."""
+        prompt = self.prompt_ids if self.source_ids is None else self.source_ids
+        return Usage(prompt_tokens=len(prompt), completion_tokens=len(self.generated),
                      cached_prompt_tokens=self.state.reused if self.state is not None else 0)
 
     def fail(self, error: BaseException) -> None:

@@ -164,6 +164,7 @@ class SlotRunner:
             for prefix, lo, hi in slices:
                 for past, present in zip(self.spec.past_names, self.spec.present_names):
                     self.cache.bind(io, past, prefix + past, prefix + present, lo, hi)
+                self._bind_slots(io, prefix, lo, hi)
             self._bindings[key] = io
         return io
 
@@ -171,7 +172,7 @@ class SlotRunner:
         """groups: (session, prefix, lo, hi, ids, lens, positions) — all of one session. Logits per group."""
         session = groups[0][0]
         io = self._binding(session, tuple((g[1], g[2], g[3]) for g in groups))
-        for _, prefix, _, _, ids, lens, positions in groups:
+        for _, prefix, lo, hi, ids, lens, positions in groups:
             if int(lens.max()) > self.spec.max_length:
                 raise ValueError(f"a row would write past the context of {self.spec.max_length} tokens")
             width = int(lens.max())
@@ -179,10 +180,20 @@ class SlotRunner:
             io.bind_cpu_input(prefix + "attention_mask", (np.arange(width)[None, :] < lens[:, None]).astype(np.int64))
             if self._has_positions:
                 io.bind_cpu_input(prefix + "position_ids", positions)
+            self._feed_slots(io, prefix, lo, hi)
             io.bind_output(prefix + "logits")
         session.run_with_iobinding(io)
         outputs = io.get_outputs()
         return [o.numpy() for o in outputs[-len(groups):]]
+
+
+    # ------------------------------------------------------------------ what a subclass adds per slot range
+
+    def _bind_slots(self, io: ort.IOBinding, prefix: str, lo: int, hi: int) -> None:
+        """More device buffers of slots [lo, hi) to bind once per binding (an encoder-decoder's cross buffers)."""
+
+    def _feed_slots(self, io: ort.IOBinding, prefix: str, lo: int, hi: int) -> None:
+        """More host inputs of slots [lo, hi) to bind before each run (an encoder-decoder's source mask)."""
 
 
 def _spins(session: ort.InferenceSession) -> bool:

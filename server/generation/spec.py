@@ -57,6 +57,14 @@ class DecoderSpec:
         vocab = _positive("vocab_size", manifest.vocab_size)
         special = manifest.special_tokens
         eos, bos, pad = (_token(f"special_tokens.{k}", special.get(k), vocab) for k in ("eos", "bos", "pad"))
+        return cls.of_graph(cache, session, max_length=_positive("max_length", manifest.max_length), vocab_size=vocab,
+                            eos_id=eos, bos_id=bos, pad_id=next((t for t in (pad, eos, bos) if t is not None), 0))
+
+    @classmethod
+    def of_graph(cls, cache: CacheSpec, session: ort.InferenceSession, *, max_length: int, vocab_size: int,
+                 eos_id: int | None, bos_id: int | None, pad_id: int) -> "DecoderSpec":
+        """The spec of an in-place graph whose cache `cache` describes (a decoder's, or an encoder-decoder's
+        decoder); ValueError naming the graph input or output that does not fit."""
         spec_inputs = {i.name: i for i in session.get_inputs()}
         spec_outputs = {o.name for o in session.get_outputs()}
         past = past_names(cache.num_layers)
@@ -76,9 +84,8 @@ class DecoderSpec:
         # the buffers); float16: the fp16 variant's.
         if past_type not in CACHE_ELEMENT_TYPES:
             raise ValueError(f"model graph: input {past[0]!r} has type {past_type}, expected float32, float16 or int8")
-        return cls(cache=cache, has_position_ids="position_ids" in spec_inputs,
-                   max_length=_positive("max_length", manifest.max_length), vocab_size=vocab, eos_id=eos,
-                   bos_id=bos, pad_id=next((t for t in (pad, eos, bos) if t is not None), 0),
+        return cls(cache=cache, has_position_ids="position_ids" in spec_inputs, max_length=max_length,
+                   vocab_size=vocab_size, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id,
                    past_dtype=np.dtype(CACHE_ELEMENT_TYPES[past_type]).type)
 
 

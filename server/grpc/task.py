@@ -14,7 +14,9 @@ from server.types import ModelStatus, StreamPart
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
                   "cancelled": pb.FINISH_REASON_CANCELLED}
-_OPTIONAL = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed", "prompt_logprobs")
+_OPTIONAL = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed", "prompt_logprobs", "num_beams",
+             "length_penalty")
+_EARLY_STOPPING = {"": None, "false": False, "true": True, "never": "never"}
 
 
 def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
@@ -25,6 +27,10 @@ def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
                   top_logprobs=p.top_logprobs, truncate_prompt=p.truncate_prompt, ignore_eos=p.ignore_eos,
                   presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
                   logit_bias=dict(p.logit_bias), min_p=p.min_p, min_tokens=p.min_tokens)
+    if p.early_stopping not in _EARLY_STOPPING:
+        raise ServingError.invalid("parameters.early_stopping", f"must be \"\", \"true\", \"false\" or \"never\", got "
+                                                                f"{p.early_stopping[:40]!r}")
+    fields["early_stopping"] = _EARLY_STOPPING[p.early_stopping]
     try:
         return GenerationParams.validate(**fields)
     except ValueError as exc:

@@ -24,15 +24,22 @@ def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens
     stop = [request.stop] if isinstance(request.stop, str) else request.stop
     if stop is not None and not all(isinstance(s, str) for s in stop):
         raise ServingError.invalid("stop", "must be a string or a list of strings")
+    beams = request.num_beams is not None and request.num_beams > 1
+    if beams and request.stream:
+        raise ServingError.invalid("num_beams", "a beam search's hypotheses are only known at its end, so it is not "
+                                                "streamed; use num_beams 1 to stream, or stream false")
+    # A beam search samples nothing: OpenAI's default temperature of 1 does not apply to it.
+    temperature = request.temperature if request.temperature is not None else 0.0 if beams else DEFAULT_TEMPERATURE
     try:
         return GenerationParams.validate(
             max_new_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            temperature=temperature,
             top_p=request.top_p, top_k=request.top_k, repetition_penalty=request.repetition_penalty,
             presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
             logit_bias=request.logit_bias, min_p=request.min_p, min_tokens=request.min_tokens,
             stop_token_ids=request.stop_token_ids, stop=stop, seed=request.seed, logprobs=logprobs is not None,
-            top_logprobs=logprobs or 0, ignore_eos=request.ignore_eos)
+            top_logprobs=logprobs or 0, ignore_eos=request.ignore_eos, num_beams=request.num_beams,
+            length_penalty=request.length_penalty, early_stopping=request.early_stopping)
     except ValueError as exc:
         raise _invalid(exc, max_tokens_field) from None
 
@@ -54,6 +61,11 @@ def choices(request: SamplingRequest, params: GenerationParams) -> list[Generati
         raise ServingError.invalid("n", f"must be in [1, {MAX_CHOICES}], got {n}")
     if request.best_of is not None and request.best_of != n:
         raise ServingError.invalid("best_of", f"only best_of = n is supported (no ranking), got {request.best_of}")
+    if params.num_beams > 1:     # the n best hypotheses of one search, best first
+        if n > params.num_beams:
+            raise ServingError.invalid("n", f"the {n} best hypotheses of a beam search need at least {n} beams, "
+                                            f"got num_beams {params.num_beams}")
+        return [dataclasses.replace(params, beam_rank=j) for j in range(n)]
     if params.seed is None:
         return [params] * n
     return [dataclasses.replace(params, seed=(params.seed + j) % 2 ** 64) for j in range(n)]

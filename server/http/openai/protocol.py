@@ -24,8 +24,7 @@ from server.errors import ServingError
 UNSET = msgspec.UNSET   # absent (null is None): the refusal tells them apart from a given value
 # Field -> the values that leave the answer as this server computes it (absent and null are always accepted).
 _SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "num_beams": (1,), "use_beam_search": (False,), "length_penalty": (1, 1.0), "early_stopping": (False,),
-    "do_sample": (True,), "typical_p": (1, 1.0), "suffix": ("",),
+    "use_beam_search": (False,), "do_sample": (True,), "typical_p": (1, 1.0), "suffix": ("",),
     "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
     "guided_grammar": (), "structured_outputs": (), "allowed_token_ids": (), "bad_words": ([],),
     "logits_processors": ([],), "truncate_prompt_tokens": (), "prompt_embeds": (),
@@ -88,11 +87,12 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     prompt_logprobs: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    # Beam search (encoder-decoder models), as transformers' generate takes it: `n` <= num_beams best hypotheses.
+    num_beams: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None
     # Refused unless off (UNSUPPORTED); typed loosely so that any value reaches the refusal naming the field.
-    num_beams: Any = UNSET
     use_beam_search: Any = UNSET
-    length_penalty: Any = UNSET
-    early_stopping: Any = UNSET
     do_sample: Any = UNSET
     typical_p: Any = UNSET
     response_format: Any = UNSET

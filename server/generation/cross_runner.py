@@ -1,0 +1,52 @@
+"""The slot runner of an encoder-decoder's decoder graph: slot_runner.SlotRunner's calls over the self cache, with
+the per-slot cross-attention buffers bound beside it by the same slot range.
+
+Cross buffers: one per decoder layer and kind, `[slots, heads, max_source_length, head_dim]` on the session's
+device (device_cache.CacheBuffers), written once per request by the encoder step (encoder_step.py) and bound
+by address as the decoder's `cross.{i}.key|value` inputs for slots [lo, hi) of each call — read only, never
+copied per step. `encoder_attention_mask` [hi - lo, max_source_length] marks each slot's source positions; the
+runner keeps every slot's source length (written in the worker thread by `encode`, read by the calls after it).
+A slot that holds no source yet (idle in a decode call's range) attends to one zero key: finite throw-away
+outputs, never NaN.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from .device_cache import CacheBuffers, Device
+from .encoder_step import EncodeRow, SourceEncoder
+from .seq2seq_spec import SOURCE_MASK, SourceSpec
+from .slot_runner import SlotRunner
+from .spec import DecoderSpec
+
+
+class CrossSlotRunner(SlotRunner):
+    def __init__(self, session: ort.InferenceSession, spec: DecoderSpec, source: SourceSpec, num_slots: int,
+                 encoder: ort.InferenceSession, device: Device | None = None) -> None:
+        super().__init__(session, spec, num_slots, None, device)
+        self.source = source
+        self.cross = CacheBuffers(source.cross_names, num_slots, source.num_heads, source.max_length,
+                                  source.head_dim, source.dtype, self.device)
+        self.encoder = SourceEncoder(encoder, source, self.cross)
+        self.source_lengths = np.ones(num_slots, dtype=np.int64)
+        self._positions = np.arange(source.max_length)[None, :]
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes + self.cross.nbytes
+
+    def encode(self, rows: list[EncodeRow]) -> None:
+        """Sources into their slots' cross buffers (one encoder call); later calls see their lengths."""
+        self.encoder.run(rows)
+        for r in rows:
+            for slot in r.slots:
+                self.source_lengths[slot] = len(r.source)
+
+    def _bind_slots(self, io: ort.IOBinding, prefix: str, lo: int, hi: int) -> None:
+        for name in self.source.cross_names:
+            self.cross.bind_input(io, name, prefix + name, lo, hi)
+
+    def _feed_slots(self, io: ort.IOBinding, prefix: str, lo: int, hi: int) -> None:
+        mask = (self._positions < self.source_lengths[lo:hi, None]).astype(np.int64)
+        io.bind_cpu_input(prefix + SOURCE_MASK, mask)
