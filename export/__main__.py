@@ -41,7 +41,7 @@ def _export_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-source-length", type=int, default=None,
                    help="encoder-decoder: longest source in tokens (default: the position table; T5 512)")
     p.add_argument("--max-target-length", type=int, default=None,
-                   help="encoder-decoder: self-cache length in tokens (default: as --max-source-length)")
+                   help="encoder-decoder: self-cache length in tokens (default: the position table; T5 512)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -71,10 +71,6 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if passed else 1
         from .pipeline import export_checkpoint
 
-        for flag, value in (("--max-source-length", args.max_source_length),
-                            ("--max-target-length", args.max_target_length)):
-            if value is not None and value < 2:
-                raise ExportError(f"{flag}: must be at least 2, got {value}")
 
         variants = tuple(dict.fromkeys(v.strip() for v in ["fp32", *args.variants.split(",")] if v.strip()))
         cfg = ExportConfig(checkpoint=args.checkpoint, task=args.task, repository=args.repository, name=args.name,

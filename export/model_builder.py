@@ -179,6 +179,9 @@ def validate_config(cfg: ExportConfig) -> None:
     if quantized and not inplace:
         raise ExportError(f"--variants: {quantized[0]} (weight-quantized MatMulNBits) is a variant of the in-place "
                           "decoder graph only (--task generate --cache-layout inplace)")
+    for flag, value in (("--max-source-length", cfg.max_source_length), ("--max-target-length", cfg.max_target_length)):
+        if value is not None:
+            raise ExportError(f"{flag}: applies to encoder-decoder checkpoints (Marian, BART, T5) only")
     if "fp32" not in cfg.variants:
         raise ExportError("--variants: fp32 is required (every other variant is derived from and checked against it)")
     package.validate_name(cfg.name)

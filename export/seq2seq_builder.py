@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 PERTURB_ENV = "ORTSERVE_EXPORT_PERTURB"   # test hook (export/model_builder.py): "fp32" = decoder, "encoder"
 TARGET_TOKENIZER = "target_tokenizer.json"
+MIN_LENGTH = 16
 
 
 def is_seq2seq_checkpoint(path: Path) -> bool:
@@ -86,10 +87,13 @@ class Seq2SeqBuilder:
                                    ("--max-target-length", cfg.max_target_length, w.max_target_length)):
             if wanted is not None and wanted > have:
                 raise ExportError(f"{name}: {wanted} is past the model's {have} positions")
-        if cfg.max_source_length:
+        if cfg.max_source_length is not None:
             w.max_source_length = cfg.max_source_length
-        if cfg.max_target_length:
+        if cfg.max_target_length is not None:
             w.max_target_length = cfg.max_target_length
+        for name, length in (("--max-source-length", w.max_source_length), ("--max-target-length", w.max_target_length)):
+            if length < MIN_LENGTH:   # the gate's ragged batch needs that much room
+                raise ExportError(f"{name}: {length} tokens is below the {MIN_LENGTH} an encoder-decoder package takes")
         seq2seq_graph.write_graphs(w, staging)
         enc_io, dec_io = seq2seq_graph.graph_specs(w)
         target = os.environ.get(PERTURB_ENV)

@@ -101,7 +101,10 @@ def target_tokenizer(specials: dict[int, str], vocab_size: int):
 
 def write_checkpoint(name: str, out: Path, seed: int = 1) -> Path:
     """save_pretrained of hf_model(name) + tokenizer.json (+ target_tokenizer.json for two vocabularies)."""
+    import transformers
+
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    transformers.utils.logging.disable_progress_bar()   # "Writing model shards" bars in every test's stderr
     out = Path(out)
     model = hf_model(name, seed)
     model.save_pretrained(out)

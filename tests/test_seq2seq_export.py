@@ -207,3 +207,19 @@ def test_seq2seq_block_rejects_what_a_server_cannot_run(packages: dict[str, Path
     plain = {k: v for k, v in good.items() if k != "encoder_decoder"}
     assert Manifest.from_dict(plain).encoder_decoder is None
     assert "encoder_decoder" not in Manifest.from_dict(plain).to_dict()
+
+
+def test_bad_settings_are_one_line_errors(tmp_path: Path, capsys) -> None:
+    from export.__main__ import main
+
+    ckpt = write_checkpoint("bart", tmp_path / "ckpt")
+    capsys.readouterr()
+    base = [str(ckpt), "--task", "generate", "--repository", str(tmp_path / "repo"), "--name", "b"]
+    for extra, message in ((["--max-target-length", "8"], "--max-target-length: 8 tokens is below the 16"),
+                           (["--max-source-length", "41"], "--max-source-length: 41 is past the model's 40"),
+                           (["--variants", "fp32,int8"], "--variants: an encoder-decoder package ships fp32 only"),
+                           (["--cache-layout", "concat"], "--cache-layout: an encoder-decoder package")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "repo" / "b").exists() or not any((tmp_path / "repo" / "b").iterdir())
