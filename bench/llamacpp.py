@@ -138,13 +138,14 @@ class LlamaServer:
     """llama-server on one GGUF, every core, `parallel` slots of `ctx_per_slot` tokens, OpenAI API on a free port."""
 
     def __init__(self, gguf: Path, threads: int, parallel: int, ctx_per_slot: int = 512,
-                 startup_timeout: float = 300, repack: bool = True) -> None:
+                 startup_timeout: float = 300, repack: bool = True, build: str = "native") -> None:
         self.port = free_port()
         self.args = ["-m", str(gguf), "-t", str(threads), "-tb", str(threads), "--parallel", str(parallel),
                      "-c", str(parallel * ctx_per_slot), "--host", "127.0.0.1", "--port", str(self.port),
                      *([] if repack else ["--no-repack"])]
-        self.threads, self.parallel, self.gguf, self.repack = threads, parallel, gguf, repack
-        self.proc = Process([str(tool("llama-server")), *self.args])
+        self.threads, self.parallel, self.gguf, self.repack, self.build = threads, parallel, gguf, repack, build
+        binary = tool("llama-server") if build == "native" else NOAMX_BIN / "llama-server"
+        self.proc = Process([str(binary), *self.args])
         self.proc.wait_for_line(re.compile(r"listening on http|server is listening"), startup_timeout)
         self._wait_healthy(startup_timeout)
 
@@ -183,6 +184,7 @@ class LlamaServer:
     def describe(self) -> dict[str, Any]:
         return {"threads": self.threads, "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50)",
                 "parallel": self.parallel, "quant": self.gguf.stem.rsplit("-", 1)[-1], "repack": self.repack,
+                "build": self.build, **({} if self.build == "native" else {"why_build": NOAMX_WHY}),
                 **({} if self.repack else {"why_no_repack": NO_REPACK_WHY}),
                 "args": ["llama-server", *[a if a != str(self.gguf) else self.gguf.name for a in self.args]]}
 
@@ -195,16 +197,27 @@ NO_REPACK_WHY = ("llama-server exited with SIGSEGV in ggml_backend_amx_mul_mat (
                  "repacked kernels: the raw piece measures what that costs llama-bench")
 
 
+NOAMX_BIN = LLAMACPP_VENV / "noamx" / "bin"
+NOAMX_WHY = ("the native build's llama-server exited with SIGSEGV in ggml_backend_amx_mul_mat (its Intel AMX path) "
+             "while warming up; this is the same tree built with every vector extension of the CPU but AMX "
+             "(bench/setup_llamacpp_noamx.sh), weight repacking on")
+
+
 def start_llama_server(gguf: Path, threads: int, parallel: int) -> LlamaServer:
-    """llama-server with its defaults; again with --no-repack when it dies at start (2026-11-26, Intel Xeon with AMX:
-    the AMX matmul of the llama-cpp-python 0.3.36 tree crashes on Q8_0 / Q4_0 in llama-server, gdb backtrace in
-    docs/BENCHMARKS.md)."""
+    """llama-server as built natively, with its defaults. When it dies at start (2026-11-26, Intel Xeon with AMX: the
+    AMX matmul of the llama-cpp-python 0.3.36 tree crashes on Q8_0 / Q4_0 in llama-server; gdb backtrace in
+    docs/BENCHMARKS.md): the build without AMX (bench/setup_llamacpp_noamx.sh) with the same defaults, else the
+    native one with --no-repack."""
     try:
         return LlamaServer(gguf, threads, parallel)
     except ServerStartError as exc:
-        log.warning("llama-server on %s did not start with weight repacking (%s); again with --no-repack",
-                    gguf.name, str(exc).splitlines()[0])
-        return LlamaServer(gguf, threads, parallel, repack=False)
+        first = str(exc).splitlines()[0]
+    if (NOAMX_BIN / "llama-server").is_file():
+        log.warning("llama-server on %s did not start (%s); the build without AMX instead", gguf.name, first)
+        return LlamaServer(gguf, threads, parallel, build="no AMX")
+    log.warning("llama-server on %s did not start (%s) and bench/setup_llamacpp_noamx.sh has not run; "
+                "again with --no-repack", gguf.name, first)
+    return LlamaServer(gguf, threads, parallel, repack=False)
 
 
 def tokenization_mismatches(ours: Callable[[str], list[int]], theirs: Callable[[str], list[int]],
@@ -364,6 +377,16 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
 # ----------------------------------------------------------------------------- report
 
 
+def _build_note(variant: str, side: dict[str, Any]) -> str:
+    build = side.get("build", "native")
+    note = f"{variant}: {build} build, repacking {'on' if side.get('repack', True) else 'off'}"
+    if build != "native":
+        note += f" ({NOAMX_WHY})"
+    if not side.get("repack", True):
+        note += f" ({NO_REPACK_WHY})"
+    return note
+
+
 def render(r: dict[str, Any]) -> list[str]:
     """The llama.cpp block of docs/BENCHMARKS.md."""
     m = r.get("machine", {})
@@ -404,8 +427,8 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"{r.get('new_tokens')} new tokens, greedy, ignore_eos; ortserve GenerateStream over gRPC, llama-server "
                   "/v1/completions streamed)", "",
                   "Each cell: median of the runs; the sides take turns run by run, a second apart. llama-server's "
-                  "repacking per pair: " + ", ".join(f"{v} {'on' if (r.get('sides') or {}).get(f'llamacpp_{v}', {}).get('repack', True) else 'off (--no-repack: ' + NO_REPACK_WHY + ')'}"
-                                                     for v in sv) + ".", "",
+                  "build and repacking per pair: " + "; ".join(_build_note(v, (r.get("sides") or {}).get(f"llamacpp_{v}", {}))
+                                                               for v in sv) + ".", "",
                   "| ours ↔ llama.cpp | streams | ortserve tok/s | llama.cpp tok/s | ortserve / llama.cpp | "
                   "ortserve TTFT p50 ms | llama.cpp TTFT p50 ms |", "|---|---|---|---|---|---|---|"]
         for v, x in sv.items():
