@@ -7,9 +7,11 @@ project dependencies).
                                     other (the next when the previous answer is complete); every side gets the same
                                     sources in the same order, so each is fed the same arrivals
     ArrivalBatcher(engine)          a server for an engine without continuous batching (CTranslate2's
-                                    translate_batch, transformers' generate): one thread takes every request that
-                                    has arrived (up to max_batch), runs them as ONE batch call, answers each, and
-                                    starts over; a request arriving during a call waits for the next one
+                                    translate_batch, transformers' generate): a loop thread takes every request
+                                    that has arrived (up to max_batch), runs them as ONE batch call, answers each,
+                                    and starts over; a request arriving during a call waits for the next one.
+                                    workers=2 runs two such loops on one queue (CTranslate2 with inter_threads 2:
+                                    two batches at once, one per model replica)
 """
 from __future__ import annotations
 
@@ -99,24 +101,31 @@ class ArrivalBatcher:
 
     with ArrivalBatcher(engine, max_batch=32) as server:
         run_clients(8, sources, server.call)
-    server.batches: the size of every batch it ran, in order."""
+    server.batches: the size of every batch it ran, in the order they started."""
 
-    def __init__(self, engine: Engine, max_batch: int = 32) -> None:
+    def __init__(self, engine: Engine, max_batch: int = 32, workers: int = 1) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch: must be >= 1, got {max_batch}")
+        if workers < 1:
+            raise ValueError(f"workers: must be >= 1, got {workers}")
         self.engine = engine
         self.max_batch = max_batch
         self.batches: list[int] = []
+        self._lock = threading.Lock()
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="arrival-batcher", daemon=True)
+        self._threads = [threading.Thread(target=self._loop, name=f"arrival-batcher-{i}", daemon=True)
+                         for i in range(workers)]
 
     def __enter__(self) -> "ArrivalBatcher":
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join()
 
     def call(self, source: Any, on_token: Callable[[], None]) -> list:
         pending = _Pending(source, on_token)
@@ -143,7 +152,8 @@ class ArrivalBatcher:
                     stop = True
                     break
                 batch.append(nxt)
-            self.batches.append(len(batch))
+            with self._lock:
+                self.batches.append(len(batch))
             try:
                 outputs = self.engine([p.source for p in batch], lambda row: batch[row].on_token())
                 if len(outputs) != len(batch):

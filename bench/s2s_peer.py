@@ -11,7 +11,7 @@ peer loaded while the sides take turns:
       max_batch_size after sorting by length; transformers: the same split done here) -> {"wall_s", "outputs"}
   {"op": "clients", "sources": [...], "clients": 8, "max_new": 32, "min_new": 0, "max_batch": 32}
       served: closed-loop client threads in this process calling an ArrivalBatcher (bench/s2s_loop.py) over the
-      engine, greedy -> {"wall_s", "records": [{"client", "index", "sent", "first", "done", "output"}], "batches"}
+      engine (CTranslate2: one loop per inter_threads replica), greedy -> {"wall_s", "records": [{"client", "index", "sent", "first", "done", "output"}], "batches"}
   {"op": "quit"}
 Sources are token strings for CTranslate2 (what translate_batch takes, the eos included) and token ids for
 transformers; outputs likewise (without the eos).
@@ -93,6 +93,7 @@ class Ct2Engine:
 
         self.translator = ctranslate2.Translator(str(model), device="cpu", inter_threads=inter_threads,
                                                  intra_threads=intra_threads)
+        self.workers = inter_threads    # served: one arrival loop per replica, so that every replica is used
         self.threads = {"inter_threads": inter_threads, "intra_threads": intra_threads,
                         "compute_type": self.translator.compute_type, "version": ctranslate2.__version__}
 
@@ -127,6 +128,7 @@ class HfEngine:
         self.model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(model)).eval()
         cfg = self.model.config
         self.pad, self.eos = cfg.pad_token_id, cfg.eos_token_id
+        self.workers = 1
         self.threads = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
                         "attn_implementation": cfg._attn_implementation, "torch": torch.__version__,
                         "transformers": transformers.__version__}
@@ -188,7 +190,7 @@ def answer(engine: Any, request: dict[str, Any]) -> dict[str, Any]:
         return {"wall_s": time.perf_counter() - t0, "outputs": outputs}
     if op == "clients":
         with ArrivalBatcher(engine.engine(request["max_new"], request.get("min_new", 0)),
-                            request.get("max_batch", 32)) as server:
+                            request.get("max_batch", 32), engine.workers) as server:
             wall, records = run_clients(request["clients"], request["sources"], server.call)
         return {"wall_s": wall, "batches": server.batches,
                 "records": [{"client": r.client, "index": r.index, "sent": r.sent, "first": r.first, "done": r.done,

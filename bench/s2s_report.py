@@ -25,6 +25,10 @@ def _range(runs: list[dict[str, Any]], key: str, d: int = 0) -> str:
     return "" if len(values) < 2 else f" [{_f(min(values), d)}–{_f(max(values), d)}]"
 
 
+def _load(values: list[float] | None) -> str:
+    return "unknown" if not values else " / ".join(f"{v:.2f}" for v in values)
+
+
 def _goal(value: float, goal: float, higher_is_better: bool) -> str:
     met = value >= goal if higher_is_better else value <= goal
     return "met" if met else "**missed**"
@@ -43,8 +47,9 @@ def render(r: dict[str, Any]) -> list[str]:
     lines = ["## Encoder-decoder generation vs CTranslate2 and transformers (bench/seq2seq.py)", "",
              f"- Command: `{r.get('command')}` at {r.get('started')} ({_f(r.get('elapsed_s'))} s, of which "
              f"{_f(r.get('material_s'))} s making the checkpoints, packages and conversions)",
-             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
-             f"{m.get('loadavg_at_start')}, at the end {r.get('load_at_end')}; git {m.get('git_commit', '?')}",
+             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average (1 / 5 / 15 min) at "
+             f"start {_load(m.get('loadavg_at_start'))}, at the end {_load(r.get('load_at_end'))}; git "
+             f"{m.get('git_commit', '?')}",
              "- Sides and their threads:"]
     lines += [f"  - {side_line(name, side)}" for name, side in (r.get("sides") or {}).items()]
     lines += ["- Tokens: target tokens without the eos, counted the same way on every side. Every cell is the median "

@@ -23,13 +23,26 @@ STEP_S = 0.004
 class Speller:
     """Engine: each source (a word) comes back reversed, one letter per step; a step costs STEP_S for the batch."""
 
+    workers = 1
+
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
         self.lock = threading.Lock()
+        self.running = 0
+        self.most_at_once = 0
 
     def __call__(self, sources, on_step):
         with self.lock:
             self.calls.append(list(sources))
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            return self._spell(sources, on_step)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def _spell(self, sources, on_step):
         outs = [list(reversed(s)) for s in sources]
         for step in range(max(len(o) for o in outs)):
             time.sleep(STEP_S)
@@ -94,6 +107,15 @@ def test_a_request_arriving_during_a_call_waits_for_the_next_batch():
     assert engine.calls == [["abcdefghijklmnopqrstuvwxyz"], ["xy"]]
 
 
+def test_two_workers_run_two_batches_at_once_and_one_never_does():
+    for workers, most in ((2, 2), (1, 1)):
+        engine = Speller()
+        with ArrivalBatcher(engine, max_batch=2, workers=workers) as server:
+            _, records = run_clients(8, WORDS, server.call)
+        assert ["".join(r.output) for r in records] == [w[::-1] for w in WORDS]
+        assert engine.most_at_once == most and sum(server.batches) == len(WORDS)
+
+
 def test_an_engine_error_reaches_every_caller():
     def broken(sources, on_step):
         raise RuntimeError("engine on fire")
@@ -107,6 +129,8 @@ def test_bad_sizes_are_refused():
         run_clients(0, WORDS, lambda s, t: [])
     with pytest.raises(ValueError, match="max_batch"):
         ArrivalBatcher(Speller(), max_batch=0)
+    with pytest.raises(ValueError, match="workers"):
+        ArrivalBatcher(Speller(), workers=0)
 
 
 def test_summary_counts_tokens_over_the_wall_time():
@@ -169,7 +193,7 @@ REPORT = {
 def test_report_states_command_machine_sides_figures_and_goals():
     text = "\n".join(render(REPORT))
     assert "`python -m bench.seq2seq` at 2026-11-26T13:00:00Z" in text
-    assert "nproc 2, Test CPU" in text and "[0.5, 0.4, 0.3]" in text and "[0.9, 0.8, 0.7]" in text
+    assert "nproc 2, Test CPU" in text and "at start 0.50 / 0.40 / 0.30, at the end 0.90 / 0.80 / 0.70" in text
     assert "CTranslate2 float32, batch job: inter threads 1, intra threads 2, compute type float32" in text
     assert "transformers generate, served: threads 2, attn implementation sdpa" in text
     assert "| greedy | 3,000 [2,700–3,300] | 2,000 | 1.50 | met | 4,000 | 99.5% |" in text
