@@ -68,6 +68,23 @@ def step_logits(pkg: Seq2SeqPackage, cross: dict[str, np.ndarray], target_ids: S
     return pkg.decoder.run(["logits"], feeds)[0][0]
 
 
+def stepped_logits(pkg: Seq2SeqPackage, source_ids: Sequence[int], target_ids: Sequence[int]) -> np.ndarray:
+    """Teacher forcing through the self cache: one decoder call per target token (decoder start included),
+    each reading the cache the previous calls wrote. Logits [len(target_ids), target_vocab]."""
+    spec = pkg.spec
+    cross = encode(pkg, source_ids)
+    pasts, presents = past_names(spec.num_layers), present_names(spec.num_layers)
+    past = {n: np.zeros((1, spec.num_heads, 0, spec.head_dim), np.float32) for n in pasts}
+    rows = []
+    for step, token in enumerate(target_ids):
+        feeds = {"input_ids": np.asarray([[token]], np.int64), "attention_mask": np.ones((1, step + 1), np.int64),
+                 "encoder_attention_mask": np.ones((1, len(source_ids)), np.int64), **cross, **past}
+        results = pkg.decoder.run(["logits", *presents], feeds)
+        rows.append(results[0][0, -1])
+        past = dict(zip(pasts, results[1:]))
+    return np.stack(rows)
+
+
 def greedy(pkg: Seq2SeqPackage, source_ids: Sequence[int], max_new_tokens: int,
            forced: bool = True) -> list[int]:
     """Greedy new ids (the eos id included when decoding ended on it). forced=False ignores the package's

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import numpy as np
 import httpx2 as httpx
 import pytest
 from tokenizers import Tokenizer
@@ -78,6 +79,22 @@ def _hf_generate(name: str, package: Path, sources: list[str], **kwargs) -> list
     return answers
 
 
+def _check_logprobs(package: Path, text: str, ids: list[int], logprobs: list[float], new: int = NEW) -> None:
+    """Each served token's logprob equals the offline decoder's, teacher-forced through its own cache
+    (random models repeat tokens, so equal ids alone would say little), forced steps aside."""
+    from testing.seq2seq_offline import load_package, stepped_logits
+
+    pkg = load_package(package)
+    source, _ = _tokenizers(package)
+    rows = stepped_logits(pkg, source.encode(text).ids, [pkg.spec.decoder_start_token_id, *ids[:-1]]).astype(float)
+    rows -= rows.max(axis=1, keepdims=True)
+    rows -= np.log(np.exp(rows).sum(axis=1, keepdims=True))
+    forced = {0: pkg.spec.forced_bos_token_id, new - 1: pkg.spec.forced_eos_token_id}
+    for i, (token, logprob) in enumerate(zip(ids, logprobs, strict=True)):
+        if forced.get(i) is None:
+            assert logprob == pytest.approx(rows[i, token], abs=1e-4), (text, i)
+
+
 def _offline(package: Path, sources: list[str], new: int = NEW) -> list[list[int]]:
     from testing.seq2seq_offline import greedy, load_package
 
@@ -90,10 +107,12 @@ def _offline(package: Path, sources: list[str], new: int = NEW) -> list[list[int
 def test_greedy_answers_of_concurrent_requests_equal_transformers_and_the_offline_decoder(
         client: OrtserveClient, packages: dict[str, Path], name: str) -> None:
     with ThreadPoolExecutor(len(SOURCES)) as pool:       # sent together: encoded and decoded as one batch
-        results = list(pool.map(lambda s: client.generate(s, name, max_new_tokens=NEW), SOURCES))
+        results = list(pool.map(lambda s: client.generate(s, name, max_new_tokens=NEW, logprobs=True), SOURCES))
     got = [[t.token_id for t in r.tokens] for r in results]
     assert got == _hf_generate(name, packages[name], SOURCES, do_sample=False, num_beams=1)
     assert got == _offline(packages[name], SOURCES)
+    for text, r, ids in zip(SOURCES, results, got):
+        _check_logprobs(packages[name], text, ids, [t.logprob for t in r.tokens])
     source, target = _tokenizers(packages[name])
     for r, ids, text in zip(results, got, SOURCES):
         eos = r.finish_reason == "eos"
@@ -136,13 +155,15 @@ def test_sequences_joining_and_leaving_a_running_batch_equal_offline_decoding(
              "quick", "brown fox"]
     leave = {1, 4}
     out: dict[int, list[int]] = {}
+    scores: dict[int, list[float]] = {}
 
     def stream(i: int) -> None:
         time.sleep(0.015 * i)
         with OrtserveClient(server.address, timeout=60) as c:
             ids: list[int] = []
-            for chunk in c.generate_stream(texts[i], name, max_new_tokens=NEW):
+            for chunk in c.generate_stream(texts[i], name, max_new_tokens=NEW, logprobs=True):
                 ids += [t.token_id for t in chunk.tokens]
+                scores.setdefault(i, []).extend(t.logprob for t in chunk.tokens)
                 if i in leave and len(ids) >= 2:
                     break            # closing the stream cancels it: its slot goes to a waiting one
             out[i] = ids
@@ -161,6 +182,8 @@ def test_sequences_joining_and_leaving_a_running_batch_equal_offline_decoding(
     offline = _offline(packages[name], texts)
     for i in range(len(texts)):
         assert out[i] == (offline[i][:len(out[i])] if i in leave else offline[i]), (i, texts[i])
+        if i not in leave:
+            _check_logprobs(packages[name], texts[i], out[i], scores[i])
     assert out[-1] == _hf_generate(name, packages[name], [texts[2]], do_sample=False, num_beams=4)[0]
     wait_for(lambda: server.metric("ortserve_active_sequences", model=name) == 0, 10, "every slot given back")
 
