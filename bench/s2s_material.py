@@ -202,8 +202,8 @@ def build(work: Path, which: tuple[str, ...], g2p: Path | None, threads: int) ->
             fixed = False
         else:
             ckpt = marian_checkpoint(work)
-            pkg = export_package(ckpt, work / "repo-marian", "marian", threads, ["--max-source-length", str(MARIAN_MAX_SOURCE),
-                                                                 "--max-target-length", str(MARIAN_MAX_TARGET)])
+            sizes = ["--max-source-length", str(MARIAN_MAX_SOURCE), "--max-target-length", str(MARIAN_MAX_TARGET)]
+            pkg = export_package(ckpt, work / "repo-marian", "marian", threads, sizes)
             fixed = True
         ct2 = {q: convert_ct2(ckpt, work / "ct2" / f"{name}-{q}", q) for q in ("float32", "int8")}
         eos = json.loads((ckpt / "config.json").read_text())["eos_token_id"]

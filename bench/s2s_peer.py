@@ -11,7 +11,8 @@ peer loaded while the sides take turns:
       max_batch_size after sorting by length; transformers: the same split done here) -> {"wall_s", "outputs"}
   {"op": "clients", "sources": [...], "clients": 8, "max_new": 32, "min_new": 0, "max_batch": 32}
       served: closed-loop client threads in this process calling an ArrivalBatcher (bench/s2s_loop.py) over the
-      engine (CTranslate2: one loop per inter_threads replica), greedy -> {"wall_s", "records": [{"client", "index", "sent", "first", "done", "output"}], "batches"}
+      engine (CTranslate2: one loop per inter_threads replica), greedy
+      -> {"wall_s", "records": [{"client", "index", "sent", "first", "done", "output"}], "batches"}
   {"op": "quit"}
 Sources are token strings for CTranslate2 (what translate_batch takes, the eos included) and token ids for
 transformers; outputs likewise (without the eos).

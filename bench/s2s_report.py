@@ -78,8 +78,9 @@ def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                 continue
             beam = int(key[4:])
             o, c, q = cell["ortserve"], cell["ct2"], cell.get("ct2_int8")
-            lines.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {_f(o['tokens_per_s'])}"
-                         f"{_range(o['runs'], 'tokens_per_s')} | {_f(c['tokens_per_s'])}{_range(c['runs'], 'tokens_per_s')}"
+            ours = f"{_f(o['tokens_per_s'])}{_range(o['runs'], 'tokens_per_s')}"
+            theirs = f"{_f(c['tokens_per_s'])}{_range(c['runs'], 'tokens_per_s')}"
+            lines.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {ours} | {theirs}"
                          f" | {_f(cell['ratio_vs_ct2'], 2)} | {_goal(cell['ratio_vs_ct2'], BATCH_GOAL, True)} | "
                          f"{_f(q['tokens_per_s']) if q else '–'} | {100 * cell['identical_outputs_vs_ct2']:.1f}% |")
         lines.append("")

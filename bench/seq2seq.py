@@ -510,7 +510,8 @@ def step_piece(model: Model, cfg: Config) -> dict[str, Any]:
     a, b = statistics.median(times[short]), statistics.median(times[long])
     extra = stepper.extra_cache_bytes(short, long)
     floor = 1000 * extra / bandwidth
-    return {"batch": cfg.step_batch, "positions": [short, long], "rounds": cfg.step_rounds, "runs": {str(k): v for k, v in times.items()},
+    return {"batch": cfg.step_batch, "positions": [short, long], "rounds": cfg.step_rounds,
+            "runs": {str(k): v for k, v in times.items()},
             "short_ms": a, "long_ms": b, "growth_ms": b - a, "extra_cache_bytes": extra,
             "read_bandwidth_gb_s": bandwidth / 1e9, "read_floor_ms": floor, "growth_over_floor": (b - a) / floor}
 
