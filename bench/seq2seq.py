@@ -376,12 +376,13 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
     layouts = ct2_layouts(cfg)
     peers = {**{name: ct2_peer(model, "float32", cfg, lay) for name, lay in layouts.items()}, "hf": hf_peer(model, cfg)}
     sides.setdefault("ortserve_served", ours.describe())
-    loop = (f"its own process: closed-loop client threads and an arrival-batching loop (max {cfg.served_slots} rows; "
-            "one loop per replica)")
-    for name in layouts:
-        sides.setdefault(f"{name}_served", {**peers[name].threads,
-                                             "path": f"translate_batch per batch, greedy; {loop}"})
-    sides.setdefault("hf_served", {**peers["hf"].threads, "path": f"generate per batch, greedy; {loop}"})
+
+    def path(call: str, loops: int) -> str:
+        return (f"{call} per batch, greedy, in its own process: closed-loop client threads and {loops} "
+                f"arrival-batching loop{'s' if loops > 1 else ''} (max {cfg.served_slots} rows a batch)")
+    for name, (inter, _) in layouts.items():
+        sides.setdefault(f"{name}_served", {**peers[name].threads, "path": path("translate_batch", inter)})
+    sides.setdefault("hf_served", {**peers["hf"].threads, "path": path("generate", 1)})
     out: dict[str, Any] = {"max_new_tokens": max_new, "min_new_tokens": min_new, "peer_max_batch": cfg.served_slots}
     try:
         for n, count in cfg.warmup_clients:      # untimed: first calls of each batch shape (torch's above all)
