@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .s2s_peer import conversion
+
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -53,6 +55,7 @@ class Model:
     checkpoint: Path
     package: Path                      # <repo>/<name>/1, the model alone in its repository
     ct2: dict[str, Path]               # "float32" | "int8" -> CTranslate2 model directory
+    ct2_conversion: str                # how the converter was run (bench/s2s_peer.py conversion())
     eos_id: int
     fixed_length: bool                 # True: every side generates exactly max_new tokens (random weights)
 
@@ -206,6 +209,6 @@ def build(work: Path, which: tuple[str, ...], g2p: Path | None, threads: int) ->
             pkg = export_package(ckpt, work / "repo-marian", "marian", threads, sizes)
             fixed = True
         ct2 = {q: convert_ct2(ckpt, work / "ct2" / f"{name}-{q}", q) for q in ("float32", "int8")}
-        eos = json.loads((ckpt / "config.json").read_text())["eos_token_id"]
-        models[name] = Model(name, ckpt, pkg, ct2, eos, fixed)
+        config = json.loads((ckpt / "config.json").read_text())
+        models[name] = Model(name, ckpt, pkg, ct2, conversion(config), config["eos_token_id"], fixed)
     return models

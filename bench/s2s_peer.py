@@ -46,11 +46,9 @@ def convert(checkpoint: Path, out: Path, quantization: str | None) -> str:
     import ctranslate2
     from ctranslate2.converters import transformers as ct2t
 
-    config = json.loads((checkpoint / "config.json").read_text())
-    loader = "its registered loader, as ct2-transformers-converter"
-    if config.get("model_type") == "marian" and config.get("pad_token_id") != config.get("vocab_size", 0) - 1:
+    loader = conversion(json.loads((checkpoint / "config.json").read_text()))
+    if loader != STANDARD:
         ct2t._MODEL_LOADERS["MarianConfig"] = _marian_keeping_pad()
-        loader = "CTranslate2's Marian loader without its OPUS-MT pad handling"
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     ctranslate2.converters.TransformersConverter(str(checkpoint)).convert(str(tmp), quantization=quantization,
@@ -59,6 +57,18 @@ def convert(checkpoint: Path, out: Path, quantization: str | None) -> str:
         shutil.rmtree(out)
     os.replace(tmp, out)
     return loader
+
+
+STANDARD = "ct2-transformers-converter's own loader"
+KEEPING_PAD = ("its Marian loader without the OPUS-MT pad handling (pad is not the last token): the decoder starts "
+               "from the start token's embedding, as transformers does")
+
+
+def conversion(config: dict[str, Any]) -> str:
+    """How convert() converts a checkpoint of this config.json."""
+    if config.get("model_type") == "marian" and config.get("pad_token_id") != config.get("vocab_size", 0) - 1:
+        return KEEPING_PAD
+    return STANDARD
 
 
 def _marian_keeping_pad():

@@ -56,6 +56,8 @@ def render(r: dict[str, Any]) -> list[str]:
              f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average (1 / 5 / 15 min) at "
              f"start {_load(m.get('loadavg_at_start'))}, at the end {_load(r.get('load_at_end'))}; git "
              f"{m.get('git_commit', '?')}",
+             "- Peers: CTranslate2 4.8.5 (CPU wheel) in bench/.venv-ct2 (`bash bench/setup_ct2.sh`), transformers' "
+             "`generate` in the project's environment; each in a process of its own.",
              "- Sides and their threads:"]
     lines += [f"  - {side_line(name, side)}" for name, side in (r.get("sides") or {}).items()]
     lines += ["- Tokens: target tokens without the eos, counted the same way on every side. Every cell is the median "
@@ -67,7 +69,10 @@ def render(r: dict[str, Any]) -> list[str]:
 
 
 def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
-    lines = [f"### {_MODELS.get(name, name)}", "", f"Checkpoint: `{entry.get('checkpoint')}`.", ""]
+    conv = entry.get("ct2_conversion")
+    lines = [f"### {_MODELS.get(name, name)}", "", f"Checkpoint: `{entry.get('checkpoint')}`; ortserve serves its "
+             "`python -m export` package (fp32, parity-gated), CTranslate2 its conversion (float32 and "
+             "`quantization=\"int8\"`)" + (f" with {conv}" if conv else "") + ".", ""]
     b = entry.get("batch")
     if b:
         fixed = b.get("min_new_tokens")

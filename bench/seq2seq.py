@@ -545,7 +545,8 @@ def run(cfg: Config, command: str, g2p: Path | None, out_path: Path) -> dict[str
         write_json(out_path, report)
 
     for name, model in models.items():
-        entry: dict[str, Any] = report["models"].setdefault(name, {"checkpoint": str(model.checkpoint)})
+        entry: dict[str, Any] = report["models"].setdefault(name, {"checkpoint": str(model.checkpoint),
+                                                                   "ct2_conversion": model.ct2_conversion})
         n_batch = cfg.batch_inputs[name]
         most = max([n * cfg.requests_per_client[name][n] for n in cfg.clients]
                    + [count for _, count in cfg.warmup_clients])

@@ -13,7 +13,7 @@ import pytest
 
 from bench.blocks import write_block
 from bench.s2s_loop import ArrivalBatcher, Record, run_clients, summarize
-from bench.s2s_peer import answer
+from bench.s2s_peer import KEEPING_PAD, STANDARD, answer, conversion
 from bench.s2s_report import BLOCK, render
 from bench.seq2seq import main as seq2seq_main
 
@@ -30,12 +30,14 @@ class Speller:
         self.lock = threading.Lock()
         self.running = 0
         self.most_at_once = 0
+        self.started = threading.Event()
 
     def __call__(self, sources, on_step):
         with self.lock:
             self.calls.append(list(sources))
             self.running += 1
             self.most_at_once = max(self.most_at_once, self.running)
+        self.started.set()
         try:
             return self._spell(sources, on_step)
         finally:
@@ -100,7 +102,7 @@ def test_a_request_arriving_during_a_call_waits_for_the_next_batch():
     with ArrivalBatcher(engine, max_batch=8) as server:
         first = threading.Thread(target=server.call, args=("abcdefghijklmnopqrstuvwxyz", lambda: None))
         first.start()
-        time.sleep(10 * STEP_S)                       # the long word is being spelled
+        assert engine.started.wait(10)                # the long word is being spelled (26 steps)
         late = server.call("xy", lambda: None)
         first.join()
     assert late == ["y", "x"]
@@ -154,6 +156,13 @@ def test_peer_dispatch_runs_batch_and_clients_requests():
         answer(engine, {"op": "translate"})
 
 
+def test_conversion_keeps_a_pad_that_is_not_last_and_leaves_opus_layouts_to_the_converter():
+    # the g2p model: pad 0 with a trained row; OPUS-MT: pad = the last id, a zero row (CTranslate2's assumption)
+    assert conversion({"model_type": "marian", "pad_token_id": 0, "vocab_size": 101}) == KEEPING_PAD
+    assert conversion({"model_type": "marian", "pad_token_id": 58100, "vocab_size": 58101}) == STANDARD
+    assert conversion({"model_type": "bart", "pad_token_id": 1, "vocab_size": 60}) == STANDARD
+
+
 def _cell(ours: float, ct2: float, int8: float | None = None) -> dict:
     cell = {"ortserve": {"runs": [{"tokens_per_s": ours * 0.9}, {"tokens_per_s": ours * 1.1}], "tokens_per_s": ours},
             "ct2": {"runs": [{"tokens_per_s": ct2}], "tokens_per_s": ct2},
@@ -179,7 +188,7 @@ REPORT = {
               "ct2_batch": {"inter_threads": 1, "intra_threads": 2, "compute_type": "float32"},
               "hf_served": {"threads": 2, "attn_implementation": "sdpa"}},
     "models": {
-        "g2p": {"checkpoint": "artifacts/checkpoints/g2p",
+        "g2p": {"checkpoint": "artifacts/checkpoints/g2p", "ct2_conversion": "a loader of its own",
                 "batch": {"inputs": 2000, "max_new_tokens": 32, "min_new_tokens": 0,
                           "beam1": _cell(3000.0, 2000.0, 4000.0), "beam4": _cell(900.0, 1800.0)},
                 "served": {"peer_max_batch": 32, "max_new_tokens": 32, "min_new_tokens": 0,
@@ -200,6 +209,7 @@ def test_report_states_command_machine_sides_figures_and_goals():
     assert "| greedy | 3,000 [2,700–3,300] | 2,000 | 1.50 | met | 4,000 | 99.5% |" in text
     assert "| beam 4 | 900 [810–990] | 1,800 | 0.50 | **missed** | – | 99.5% |" in text
     assert "no int8 encoder-decoder variant" in text
+    assert "`quantization=\"int8\"`) with a loader of its own." in text and "bash bench/setup_ct2.sh" in text
     assert "Batch job: 2000 inputs, up to 32 new tokens (eos ends)" in text      # the issue's size: no remark
     small = {**REPORT, "models": {"marian": {"checkpoint": "m", "batch": {
         "inputs": 128, "max_new_tokens": 16, "min_new_tokens": 16, "beam1": _cell(400.0, 500.0)}}}}
