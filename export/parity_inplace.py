@@ -373,12 +373,7 @@ class MixedDriver:
         """rows: (slot, token, position); idle: slot -> harmless write position. -> (decode logits in row
         order [n, V], chunk logits [len(chunk), V])."""
         d = self.d
-        hi = max(s for s, _, _ in rows) + 1
-        tokens, pos = np.zeros((hi, 1), np.int64), np.zeros(hi, np.int64)
-        for slot, p in idle.items():
-            pos[slot] = p
-        for slot, t, p in rows:
-            tokens[slot, 0], pos[slot] = t, p
+        hi, tokens, pos = _decode_feed(rows, idle)
         io = self.sess.io_binding()
         groups = [("", 0, hi, tokens, pos + 1, pos), (MIXED_PREFIX, chunk_slot, chunk_slot + 1, np.array([chunk]),
                                                        np.array([start + len(chunk)]), np.array([start]))]
@@ -409,15 +404,22 @@ class PlainDriver:
 
     def run(self, rows: list[tuple[int, int, int]], idle: dict[int, int], chunk_slot: int, chunk: list[int],
             start: int) -> tuple[np.ndarray, np.ndarray]:
-        hi = max(s for s, _, _ in rows) + 1
-        tokens, pos = np.zeros((hi, 1), np.int64), np.zeros(hi, np.int64)
-        for slot, p in idle.items():
-            pos[slot] = p
-        for slot, t, p in rows:
-            tokens[slot, 0], pos[slot] = t, p
+        hi, tokens, pos = _decode_feed(rows, idle)
         dec = self.d.run(0, tokens, pos + 1, pos)
         pre = self.d.chunk(chunk_slot, chunk, start)
         return dec[[s for s, _, _ in rows], 0], pre
+
+
+def _decode_feed(rows: list[tuple[int, int, int]], idle: dict[int, int]) -> tuple[int, np.ndarray, np.ndarray]:
+    """A decode call over slots [0, hi): (hi, token per slot [hi, 1], position per slot), idle slots writing at
+    their harmless position."""
+    hi = max(s for s, _, _ in rows) + 1
+    tokens, pos = np.zeros((hi, 1), np.int64), np.zeros(hi, np.int64)
+    for slot, p in idle.items():
+        pos[slot] = p
+    for slot, t, p in rows:
+        tokens[slot, 0], pos[slot] = t, p
+    return hi, tokens, pos
 
 
 def _logsumexp(x: np.ndarray) -> float:

@@ -3,7 +3,6 @@ the CUDA provider takes too, with only the memory calls differing (docs/GPU.md f
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper

@@ -6,7 +6,8 @@ import numpy as np
 
 from server.generation.beams import BeamOptions, BeamSearch
 from server.generation.params import GenerationParams
-from server.generation.scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
+from server.generation.scheduler import Scheduler, SchedulerConfig, SeqState, Status
+from tests.test_scheduler import execute   # what the engine does with a plan's results
 
 
 def make(slots: int = 4, chunk: int = 8, max_prefill: int = 64, reuse: bool = False) -> Scheduler:
@@ -19,14 +20,6 @@ def source(n: int, gang: int = 1) -> SeqState:
     return SeqState(1, source=n, gang=gang)
 
 
-def execute(s: Scheduler, plan: Plan) -> None:
-    for seq in plan.decode:
-        s.decoded(seq)
-    for call in plan.prefill:
-        for chunk in call.chunks:
-            s.prefilled(chunk)
-    for chunk in plan.tails:
-        s.prefilled(chunk)
 
 
 def test_sources_admitted_together_are_encoded_in_one_call_and_their_start_tokens_ride_the_decode_call() -> None:
