@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -112,17 +113,13 @@ def _advise_huge_pages(address: int, nbytes: int) -> None:
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_HUGEPAGE)
 
 
-_LIBC: list[ctypes.CDLL | None] = []
-
-
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    if not _LIBC:
-        name = ctypes.util.find_library("c")
-        try:
-            _LIBC.append(ctypes.CDLL(name, use_errno=True) if name else None)
-        except OSError:
-            _LIBC.append(None)
-    return _LIBC[0]
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
 
 
 def _check(status: int, what: str) -> None:
