@@ -82,10 +82,12 @@ def _past_dtype(session: ort.InferenceSession) -> type:
 
 
 def greedy_inplace(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int],
-                   max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+                   max_new_tokens: int, stop_at_eos: bool = True,
+                   step_logits: list[np.ndarray] | None = None) -> list[int]:
     """greedy_generate for an in-place-cache graph (model.json cache.layout "inplace", any variant: its cache
     element type is read from the graph): one buffer per layer and kind of max_length positions, bound as both
-    past and present; the prompt in one run, then one token per run."""
+    past and present; the prompt in one run, then one token per run. `step_logits`, when given, receives each
+    step's last-position logits."""
     cache = CacheSpec.from_dict(manifest["cache"])
     eos = (manifest.get("special_tokens") or {}).get("eos")
     if not prompt_ids:
@@ -106,7 +108,10 @@ def greedy_inplace(session: ort.InferenceSession, manifest: dict[str, Any], prom
             io.bind_cpu_input("position_ids", np.arange(total - len(ids), total, dtype=np.int64)[None, :])
         io.bind_output("logits")
         session.run_with_iobinding(io)
-        token = int(np.argmax(io.get_outputs()[-1].numpy()[0, -1]))
+        last = io.get_outputs()[-1].numpy()[0, -1]
+        if step_logits is not None:
+            step_logits.append(last.astype(np.float32))
+        token = int(np.argmax(last))
         out.append(token)
         if stop_at_eos and token == eos:
             break
