@@ -155,20 +155,57 @@ def _seq2seq_answers(repository: Path, providers: str) -> tuple[dict, str, list[
     return answers, log, served_on
 
 
+# onnxruntime's CUDA provider runs fp32 MatMul in TF32 by default (10-bit mantissa): logprobs move by ~1e-3-1e-2,
+# so CUDA's greedy ids may part from the CPU's where two tokens tie within that.
+TF32_LOGPROB_ATOL = 2e-2
+
+
+def _cpu_logprobs(package: Path, source: str, ids: list[int]) -> np.ndarray:
+    """Teacher-forced log-softmax rows of the CPU offline decoder for target `ids` (row i predicts ids[i])."""
+    from tokenizers import Tokenizer
+
+    from testing.seq2seq_offline import load_package, stepped_logits
+
+    pkg = load_package(package)
+    src = Tokenizer.from_file(str(package / "tokenizer.json")).encode(source).ids
+    rows = stepped_logits(pkg, src, [pkg.spec.decoder_start_token_id, *ids[:-1]]).astype(np.float64)
+    rows -= rows.max(axis=1, keepdims=True)
+    return rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+
+
 def test_seq2seq_engine_serves_on_cuda_and_answers_as_the_cpu_does(seq2seq_repository: Path) -> None:
     """Marian and T5 through the one engine with CUDA first: the encoder, the cross keys/values and the self cache
-    live on the GPU (fp32: the self-attention op itself falls back to the CPU provider, which the log says); greedy
-    and beam-4 ids of a batch of four equal the CPU server's, logprobs within 1e-3."""
+    live on the GPU (fp32: the self-attention op itself falls back to the CPU provider). Each greedy token of a
+    batch of four is the CPU offline decoder's choice (or ties with it within TF32's error) and its logprob is the
+    CPU's within that error; beam-4 answers (slot forks copied on the device) equal the CPU server's, or score
+    the same under the CPU decoder."""
     cuda, cuda_log, cuda_on = _seq2seq_answers(seq2seq_repository, f"{CUDA},CPUExecutionProvider")
     cpu, _, cpu_on = _seq2seq_answers(seq2seq_repository, "CPUExecutionProvider")
     assert cuda_on == [CUDA] * len(S2S_NAMES) and cpu_on == ["CPUExecutionProvider"] * len(S2S_NAMES)
     assert "on cuda" in cuda_log and "encoder-decoder" in cuda_log, cuda_log[-2000:]
     for name in S2S_NAMES:
-        (g_ids, g_lp, b_ids), (c_ids, c_lp, c_b_ids) = cuda[name], cpu[name]
-        assert g_ids == c_ids, name
-        assert b_ids == c_b_ids, name
-        for got, want in zip(g_lp, c_lp, strict=True):
-            np.testing.assert_allclose(got, want, atol=1e-3, err_msg=name)
+        package = seq2seq_repository / name / "1"
+        spec = json.loads((package / "model.json").read_text())["encoder_decoder"]
+        (ids, logprobs, beams), (cpu_ids, _, cpu_beams) = cuda[name], cpu[name]
+        worst_lp, worst_tie, departures = 0.0, 0.0, 0
+        for source, row_ids, row_lp in zip(S2S_SOURCES, ids, logprobs, strict=True):
+            rows = _cpu_logprobs(package, source, row_ids)
+            forced = {0: spec.get("forced_bos_token_id"), len(row_ids) - 1: spec.get("forced_eos_token_id")}
+            for i, (token, lp) in enumerate(zip(row_ids, row_lp, strict=True)):
+                if forced.get(i) is not None:
+                    continue
+                worst_lp = max(worst_lp, abs(lp - rows[i, token]))
+                tie = float(rows[i].max() - rows[i, token])
+                worst_tie, departures = max(worst_tie, tie), departures + (tie > 0)
+        print(f"{name}: greedy equal to the CPU server's {ids == cpu_ids}, largest logprob difference "
+              f"{worst_lp:.2e}, {departures} steps off the CPU argmax (by at most {worst_tie:.2e}), "
+              f"beams equal {beams == cpu_beams}")
+        assert worst_lp <= TF32_LOGPROB_ATOL and worst_tie <= 2 * TF32_LOGPROB_ATOL, name
+        for source, got, want in zip(S2S_SOURCES, beams, cpu_beams, strict=True):
+            if got != want:
+                score = {tuple(h): _cpu_logprobs(package, source, h)[np.arange(len(h)), h].sum() / len(h)
+                         for h in (got, want)}
+                assert abs(score[tuple(got)] - score[tuple(want)]) <= 2 * TF32_LOGPROB_ATOL, (name, source, score)
 
 
 def test_weight_quantized_variants_run_their_matmuls_on_cuda(tiny_checkpoints, tmp_path: Path) -> None:
