@@ -29,8 +29,9 @@ class Seq2SeqPackage:
     decoder: ort.InferenceSession
 
 
-def load_package(package_dir: str | Path, variant: str = "fp32", threads: int = 1) -> Seq2SeqPackage:
-    """The package's manifest and its two graphs of `variant` as CPU sessions."""
+def load_package(package_dir: str | Path, variant: str = "fp32", threads: int = 1,
+                 providers: Sequence[str] = ("CPUExecutionProvider",)) -> Seq2SeqPackage:
+    """The package's manifest and its two graphs of `variant` as sessions on `providers` (the CPU's by default)."""
     package_dir = Path(package_dir)
     manifest = Manifest.from_json((package_dir / "model.json").read_text(encoding="utf-8"))
     spec = manifest.encoder_decoder
@@ -41,7 +42,7 @@ def load_package(package_dir: str | Path, variant: str = "fp32", threads: int = 
     opts.log_severity_level = 3
 
     def open_graph(name: str) -> ort.InferenceSession:
-        return ort.InferenceSession(str(package_dir / name), opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(package_dir / name), opts, providers=list(providers))
 
     return Seq2SeqPackage(manifest, spec, open_graph(spec.encoder_file(variant)),
                           open_graph(spec.decoder_file(variant)))

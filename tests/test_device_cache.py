@@ -34,6 +34,10 @@ def _add_in_place_session(provider: str = "CPUExecutionProvider") -> ort.Inferen
 def test_buffers_start_zeroed_and_a_bound_slice_is_written_in_place(provider: str) -> None:
     session = _add_in_place_session(provider)
     assert Device.of(session) == Device("cuda" if provider == CUDA else "cpu", 0)
+    # An fp16 cache lives where the session computes; any other stays on the host, where onnxruntime's attention
+    # op runs for it (its CUDA GroupQueryAttention takes fp16 only).
+    assert Device.for_cache(session, np.float16) == Device.of(session)
+    assert Device.for_cache(session, np.float32) == Device.for_cache(session, np.int8) == Device("cpu", 0)
     cache = CacheBuffers(["past"], slots=4, kv_heads=2, max_length=5, head_dim=3, dtype=np.float32,
                          device=Device.of(session))
     assert cache.nbytes == 4 * 2 * 5 * 3 * 4

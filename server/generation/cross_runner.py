@@ -2,7 +2,8 @@
 the per-slot cross-attention buffers bound beside it by the same slot range.
 
 Cross buffers: one per decoder layer and kind, `[slots, heads, max_source_length, head_dim]` on the session's
-device (device_cache.CacheBuffers), written once per request by the encoder step (encoder_step.py) and bound
+device (device_cache.CacheBuffers; its cross-attention op runs there in every precision, while an fp32 self cache
+stays on the host beside a CUDA session: Device.for_cache), written once per request by the encoder step (encoder_step.py) and bound
 by address as the decoder's `cross.{i}.key|value` inputs for slots [lo, hi) of each call — read only, never
 copied per step. `encoder_attention_mask` [hi - lo, max_source_length] marks each slot's source positions; the
 runner keeps every slot's source length (written in the worker thread by `encode`, read by the calls after it).
@@ -27,7 +28,7 @@ class CrossSlotRunner(SlotRunner):
         super().__init__(session, spec, num_slots, None, device)
         self.source = source
         self.cross = CacheBuffers(source.cross_names, num_slots, source.num_heads, source.max_length,
-                                  source.head_dim, source.dtype, self.device)
+                                  source.head_dim, source.dtype, Device.of(session))
         self.encoder = SourceEncoder(encoder, source, self.cross)
         self.source_lengths = np.ones(num_slots, dtype=np.int64)
         self._positions = np.arange(source.max_length)[None, :]

@@ -1,7 +1,8 @@
-"""The in-place decoder's cache buffers, allocated once on the session's device and bound by pointer.
+"""The in-place decoder's cache buffers, allocated once on the device of the session's attention op and bound by
+pointer.
 
 One buffer per layer and kind, `[slots, kv_heads, max_length, head_dim]`, each an onnxruntime OrtValue on
-the device the session computes on ("cpu" or "cuda"). A call binds a contiguous slice of slots as both the
+the device the attention op computes on ("cpu" or "cuda": `Device.for_cache`). A call binds a contiguous slice of slots as both the
 graph's `past_key_values.*` input and its `present.*` output: the slice is the buffer's base address plus
 `lo` slot strides, so nothing of the cache crosses between host and device, whatever the provider.
 
@@ -40,12 +41,24 @@ class Device:
 
     @classmethod
     def of(cls, session: ort.InferenceSession) -> "Device":
-        """The device of the session's first provider (the one its attention runs on)."""
+        """The device of the session's first provider."""
         provider = session.get_providers()[0]
         if provider == CUDA_PROVIDER:
             options = session.get_provider_options().get(CUDA_PROVIDER, {})
             return cls("cuda", int(options.get("device_id", 0)))
         return cls("cpu", 0)
+
+    @classmethod
+    def for_cache(cls, session: ort.InferenceSession, dtype: type) -> "Device":
+        """Where an in-place cache of `dtype` must live: where the session's attention op reads and writes it.
+        onnxruntime's CUDA GroupQueryAttention takes fp16 caches only; with any other the op runs on the CPU
+        provider, and a cache bound in GPU memory then crosses to the host and back around it every call —
+        which on an H100 (onnxruntime-gpu 1.31) also gave wrong answers from the second token on (docs/GPU.md).
+        So such a cache stays in host memory, shared in place by the op; the session's other ops keep the GPU."""
+        device = cls.of(session)
+        if device.kind == "cuda" and np.dtype(dtype) != np.float16:
+            return cls("cpu", 0)
+        return device
 
     # -------------------------------------------------------------- memory
 

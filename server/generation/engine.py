@@ -39,6 +39,7 @@ from tokenizers import Tokenizer
 from modelpkg import Manifest
 
 from .beams import BeamOptions, BeamSearch
+from .device_cache import Device
 from .encoder_step import EncodeRow
 from .executor import Outcome, SlotExecutor
 from .factory import engine_parts
@@ -96,10 +97,10 @@ class GenerationEngine:
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._thread: ThreadPoolExecutor | None = None
-        if self._runner.device.kind == "cuda" and self.spec.past_dtype is not np.float16:
-            logger.warning("generation %s: a %s cache on CUDA: onnxruntime's CUDA GroupQueryAttention takes fp16 "
-                           "only, so attention runs on the CPU provider and the cache crosses to the host every "
-                           "step; export the package with --variants fp32,fp16", model_label,
+        if self._runner.device.kind != Device.of(self._runner.session).kind:
+            logger.warning("generation %s: a %s cache beside a CUDA session: onnxruntime's CUDA GroupQueryAttention "
+                           "takes fp16 only, so attention runs on the CPU provider and the cache stays in host "
+                           "memory; export the package with --variants fp32,fp16 to keep it on the GPU", model_label,
                            np.dtype(self.spec.past_dtype).name)
         logger.info("generation %s: %d cache slots of %d tokens%s (%.1f MiB of %s on %s), prefill chunk %d tokens, %s",
                     model_label, cfg.max_batch_size, self.spec.max_length,

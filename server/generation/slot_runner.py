@@ -51,8 +51,9 @@ class PrefillRow:
 class SlotRunner:
     def __init__(self, session: ort.InferenceSession, spec: DecoderSpec, num_slots: int,
                  mixed: ort.InferenceSession | None = None, device: Device | None = None) -> None:
-        """device: where the cache lives; the session's own device unless told (another device works, at the
-        price of onnxruntime copying every bound slice there and back each call: bench/gpu_slots.py's A/B)."""
+        """device: where the cache lives; where the session's attention op runs unless told (Device.for_cache).
+        Another device is for bench/gpu_slots.py's A/B only: onnxruntime then copies every bound slice there and
+        back around the op each call, and its answers are not the same (docs/GPU.md)."""
         self.session = session
         self.mixed_session = mixed   # the package's two-group graph (decode rows + one prompt chunk), if any
         self.spec = spec
@@ -60,7 +61,8 @@ class SlotRunner:
         self.scratch = num_slots          # the throw-away slot of the mixed graph's filler rows
         self.mixed_only = mixed is not None and _spins(mixed) and _own_pool(mixed)
         self.cache = CacheBuffers(spec.past_names, num_slots + (1 if mixed is not None else 0), spec.num_kv_heads,
-                                  spec.max_length, spec.head_dim, spec.past_dtype, device or Device.of(session))
+                                  spec.max_length, spec.head_dim, spec.past_dtype,
+                                  device or Device.for_cache(session, spec.past_dtype))
         self._bindings: dict[tuple, ort.IOBinding] = {}
         self._has_positions = spec.has_position_ids
 
