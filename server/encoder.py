@@ -18,6 +18,7 @@ from server.admission import check_candidates, check_response_bytes, check_rows,
 from server.batching import DynamicBatcher
 from server.consistency import check_tokenizer, probe_encoder
 from server.errors import ServingError
+from server.length_buckets import LengthBucketedRun
 from server.model import Feeds, Loaded, ServedModel
 from server.pieces import run_in_pieces
 from server.sessions import run_failure, warm_up_encoder
@@ -46,10 +47,13 @@ class EncoderModel(ServedModel):
         super().__init__(parts)
         self.encoder = TextEncoder(self.package.file(TOKENIZER_FILE), self.manifest.max_length)
         self.pad_id = self.manifest.special_token("pad") or 0
-        self.batcher = DynamicBatcher(self.runner.run, {"input_ids": self.pad_id}, self.runtime.batch,
-                                      self.metrics, self.name, self.stats)
         # Outputs with a sequence axis come back padded to their batch's longest row: cut to the request's.
         self._sequence_outputs = [s.name for s in self.outputs if len(s.dims) > 1 and s.dims[1] == ("sequence",)]
+        sequence_inputs = [s.name for s in self.inputs if len(s.dims) > 1 and s.dims[1] == ("sequence",)]
+        # A batch of short and long rows runs in groups of similar length (server/length_buckets.py).
+        self.batcher = DynamicBatcher(LengthBucketedRun(self.runner.run, sequence_inputs, self._sequence_outputs),
+                                      {"input_ids": self.pad_id}, self.runtime.batch, self.metrics, self.name,
+                                      self.stats)
 
     @property
     def max_batch_size(self) -> int:
