@@ -47,3 +47,16 @@ def build_cross_encoder(tiny_checkpoints, root: Path, steps: int = 80) -> Path:
         model.eval()
         files = {p.name: p for p in source.iterdir() if p.is_file() and not p.name.startswith(("model", "config"))}
         return save_model(model, root / "cross-encoder", tokenizer_files=files)
+
+
+def add_tiny_embed(tiny_checkpoints, repository: Path, name: str = "tiny-embed") -> Path:
+    """The tiny MLM checkpoint exported as an embedding model (cls pooling, not normalized, 64 values, no
+    Matryoshka declaration) into `repository`: a cheap scorer (cosine) for the fuzzers (~2 s)."""
+    from conftest import one_torch_thread
+
+    from export import ExportConfig, export_checkpoint
+
+    with one_torch_thread():
+        export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.mlm, task="embed", repository=repository,
+                                       name=name, pooling="cls", normalize="off"))
+    return repository
