@@ -33,7 +33,8 @@ def check_dimensions(name: str, size: int | None, asked: int | None, matryoshka:
         raise ServingError.invalid("dimensions", f"{name!r} answers {size}-dimensional vectors; {asked} is more")
     if asked != size and not matryoshka:
         raise ServingError.invalid("dimensions", f"{name!r} answers {size}-dimensional vectors and its package "
-                                                 f"declares no Matryoshka shortening (export --matryoshka); got {asked}")
+                                                 "declares no Matryoshka shortening (export --matryoshka); got "
+                                                 f"{asked}")
 
 
 def shorten(vectors: np.ndarray, asked: int | None, renormalize: bool) -> np.ndarray:

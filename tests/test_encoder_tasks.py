@@ -136,8 +136,9 @@ def test_encoder_tokens_equal_transformers(http: httpx.Client, tasks: pb_grpc.Ta
             plain = "".join(c for c in unicodedata.normalize("NFD", text[start:stop]) if not unicodedata.combining(c))
             assert token.removeprefix("##") in (text[start:stop], plain.lower()) or token == "[UNK]"
     response = tasks.Tokenize(pb.TokenizeRequest(model=name, prompt=text))
+    fields = zip(body["tokens"], body["token_strs"], body["special"], body["offsets"])
     assert [(t.id, t.text, t.special, t.start, t.stop) for t in response.tokens] == \
-        [(i, s, m, a, b) for i, s, m, (a, b) in zip(body["tokens"], body["token_strs"], body["special"], body["offsets"])]
+        [(i, s, m, a, b) for i, s, m, (a, b) in fields]
     assert response.max_length == body["max_model_len"] and response.version == 1
 
 
@@ -306,3 +307,27 @@ def test_rerank_refusals_name_the_field(http: httpx.Client, tasks: pb_grpc.TaskS
         assert refused(http.post("/v1/rerank", json={"model": model, "query": QUERY, "documents": DOCUMENTS})) \
             == "model"
     assert batches(server) == before      # every refusal came before compute: no batch ran
+
+
+def test_pipeline_embed_matryoshka_declares_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               tiny_checkpoints) -> None:
+    """`python -m pipeline --embed minilm --embed-matryoshka` publishes the package with the declaration; the flag
+    without --embed, and `export --matryoshka` of another task, are one-line refusals."""
+    from pipeline.cli import parse_args
+    from pipeline.run import Pipeline
+
+    cfg = parse_args(["--workdir", str(tmp_path / "work"), "--repository", str(tmp_path / "repo"),
+                      "--embed", "minilm", "--embed-matryoshka"])
+    assert cfg.embed_matryoshka
+    Pipeline(cfg).publish("embed", cfg.embed_checkpoint)
+    manifest = json.loads((tmp_path / "repo" / cfg.names["embed"] / "1" / "model.json").read_text())
+    assert manifest["embedding"]["matryoshka"] is True
+    with pytest.raises(SystemExit):
+        parse_args(["--workdir", str(tmp_path / "w"), "--repository", str(tmp_path / "r"), "--embed-matryoshka"])
+    assert "--embed-matryoshka: needs --embed" in capsys.readouterr().err
+    done = subprocess.run([sys.executable, "-m", "export", str(tiny_checkpoints.classifier), "--task", "classify",
+                           "--repository", str(tmp_path / "other"), "--name", "x", "--matryoshka"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: --matryoshka: declares an embedding model's vectors; the task is 'classify', not embed"]
+    assert not (tmp_path / "other" / "x").exists()

@@ -64,7 +64,8 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repository: Path, tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tiny_repository: Path, tiny_checkpoints,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = repository_with(tiny_repository, tmp_path_factory.mktemp("fuzz-http") / "repo", CLASSIFIER, FILL_MASK,
                            GPT)
     add_tiny_embed(tiny_checkpoints, repo)

@@ -48,7 +48,8 @@ LOAD_CODES = BAD_INPUT | {C.FAILED_PRECONDITION}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repository: Path, tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tiny_repository: Path, tiny_checkpoints,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = add_tiny_embed(tiny_checkpoints, repository_with(tiny_repository, tmp_path_factory.mktemp("fuzz"),
                                                             CLASSIFIER, FILL_MASK, GPT))
     proc = ServerProcess(repo, ["--max-message-bytes", str(MAX_MESSAGE)])

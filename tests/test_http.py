@@ -617,7 +617,8 @@ def test_tokenize_and_detokenize_as_vllm(server: ServerProcess, tiny_repository:
             ("/tokenize", {"model": CLASSIFIER, "prompt": "a" * ((max_length + 1) * 100 + 1)}, 400, "prompt"),
             ("/tokenize", {"model": "nope", "prompt": "a"}, 404, None),
             ("/tokenize", {"model": GPT}, 400, "prompt"),
-            ("/tokenize", {"model": GPT, "prompt": "a" * ((max_length + 1) * 100 + 1)}, 400, "prompt")):  # not tokenized
+            ("/tokenize", {"model": GPT, "prompt": "a" * ((max_length + 1) * 100 + 1)}, 400,
+             "prompt")):  # not tokenized
         status, error = _json(f"{server.http_url}{url}", payload)
         assert status == code and (param is None or error["error"]["param"] == param), (url, payload, error)
 

@@ -49,7 +49,8 @@ async def score(door: Door, request: Request) -> Response:
     tokens = result.scores.tokens
     return json_answer({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                         "model": body.model,
-                        "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(result.scores.scores)],
+                        "data": [{"index": i, "object": "score", "score": s}
+                                 for i, s in enumerate(result.scores.scores)],
                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
