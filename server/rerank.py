@@ -106,7 +106,13 @@ async def _cross_encoded(model: ScoringEncoder, pairs: Pairs, truncate: bool, de
 
 async def _cosines(model: ScoringEncoder, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:
     check_rows(pairs.left_field, len(pairs.left), model.runtime.admission)
-    left = await model._encode([(t, None) for t in pairs.left], truncate, pairs.left_field, "")
+    try:
+        left = await model._encode([(t, None) for t in pairs.left], truncate, pairs.left_field, "")
+    except ServingError as exc:    # one broadcast text is `query`, not `query[0]`
+        prefix = f"{pairs.left_field}[0]:"
+        if not pairs.broadcasts or not exc.message.startswith(prefix):
+            raise
+        raise ServingError(exc.code, pairs.left_field + exc.message[len(prefix) - 1:]) from None
     right = await model._encode([(t, None) for t in pairs.right], truncate, pairs.right_field, "")
     rows = left + right
     feeds = pad_batch(rows, model.pad_id, [spec.name for spec in model.inputs])

@@ -303,10 +303,17 @@ def test_rerank_refusals_name_the_field(http: httpx.Client, tasks: pb_grpc.TaskS
                                (pb.RerankRequest(model=model, query=QUERY, documents=DOCUMENTS, top_n=0), "top_n"),
                                (pb.RerankRequest(model=model, documents=DOCUMENTS), "query")):
             assert grpc_refused(tasks.Rerank, request) == field
+    long_query = "castle " * 300     # fits the character bound, not the 256 tokens
+    assert refused(http.post("/v1/rerank", json={"model": MINILM, "query": long_query, "documents": ["a"]})) \
+        == "query"
+    assert refused(http.post("/v1/rerank", json={"model": CROSS, "query": long_query, "documents": ["a"]})) \
+        == "documents[0]"      # the pair of query and document is what overflows
     for model in (CLASSIFIER, GPT):   # three labels: no single relevance; a generation model: no scores at all
         assert refused(http.post("/v1/rerank", json={"model": model, "query": QUERY, "documents": DOCUMENTS})) \
             == "model"
     assert batches(server) == before      # every refusal came before compute: no batch ran
+    ok = http.post("/v1/rerank", json={"model": MINILM, "query": long_query, "documents": ["a"], "truncate": True})
+    assert ok.status_code == 200 and ok.json()["usage"]["total_tokens"] == 256 + 3
 
 
 def test_pipeline_embed_matryoshka_declares_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
