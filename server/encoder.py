@@ -20,8 +20,8 @@ from server.consistency import check_tokenizer, probe_encoder
 from server.errors import ServingError
 from server.matryoshka import check_dimensions, declares_matryoshka, shorten
 from server.model import Feeds, Loaded, ServedModel
-from server.pieces import run_in_pieces
 from server.pairs import PairScores, Pairs
+from server.pieces import run_in_pieces
 from server.rerank import score_pairs
 from server.sessions import run_failure, warm_up_encoder
 from server.tokenization import EncodedText, TextEncoder, pad_batch
