@@ -38,6 +38,9 @@ def _export_parser() -> argparse.ArgumentParser:
                    help="embed: auto = the checkpoint's sentence-transformers config (else mean)")
     p.add_argument("--normalize", default="auto", choices=("auto", "on", "off"),
                    help="embed: L2-normalize the vectors; auto = as the sentence-transformers config says")
+    p.add_argument("--matryoshka", action="store_true",
+                   help="embed: declare the model Matryoshka-trained (its vectors' leading values make a shorter "
+                        "embedding): the server then answers `dimensions` below the full size")
     p.add_argument("--max-source-length", type=int, default=None,
                    help="encoder-decoder: longest source in tokens (default: the position table; T5 512)")
     p.add_argument("--max-target-length", type=int, default=None,
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ExportConfig(checkpoint=args.checkpoint, task=args.task, repository=args.repository, name=args.name,
                            version=args.version, variants=variants, eval_data=args.eval_data, threads=args.threads,
                            cache_layout=args.cache_layout, pooling=args.pooling, normalize=args.normalize,
+                           matryoshka=args.matryoshka,
                            max_source_length=args.max_source_length, max_target_length=args.max_target_length)
         result = export_checkpoint(cfg)
     except ExportError as exc:

@@ -122,6 +122,7 @@ class ExportConfig:
     cache_layout: str = "inplace"  # generate: "inplace" (GroupQueryAttention, shared buffer) or "concat" (traced)
     pooling: str = "auto"          # embed: auto (the checkpoint's sentence-transformers config, else mean), mean, cls
     normalize: str = "auto"        # embed: auto (a Normalize module in modules.json), on, off
+    matryoshka: bool = False       # embed: the package declares Matryoshka vectors (served `dimensions` shortening)
     weight_quant: dict[int, WeightQuantConfig] = field(default_factory=lambda: dict(WEIGHT_QUANT))
     # Encoder-decoders: the longest source (the cross buffer's width) and target (the self cache's length); None:
     # the position table's length (Marian, BART), 512 for T5 (relative positions, no table) unless n_positions.

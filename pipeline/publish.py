@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from modelpkg import MANIFEST_FILE, Manifest, ManifestError, existing_versions, sha256_file
 
@@ -25,14 +26,16 @@ def latest_source(repository: Path, name: str) -> tuple[int, str | None]:
     return versions[-1], manifest.source.get("checkpoint_sha256")
 
 
-def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: str) -> int | None:
-    """Exports (parity gate included) and publishes; the new version, or None when already published."""
+def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: str,
+            options: Sequence[str] = ()) -> int | None:
+    """Exports (parity gate included) and publishes; the new version, or None when already published. `options`:
+    more `python -m export` flags (--matryoshka)."""
     latest, source = latest_source(repository, name)
     if source is not None and source == sha256_file(checkpoint / "model.safetensors"):
         log.info("publish %s: version %d already holds this checkpoint", name, latest)
         return None
     cmd = [sys.executable, "-m", "export", str(checkpoint), "--task", task, "--repository", str(repository),
-           "--name", name, "--variants", variants]
+           "--name", name, "--variants", variants, *options]
     run_command(cmd, f"export+validate+publish {name}")
     new, _ = latest_source(repository, name)
     if new <= latest:

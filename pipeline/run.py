@@ -35,6 +35,7 @@ class PipelineConfig:
     minilm: Path | None = None                         # the MiniLM dir (encoder "minilm")
     classify_init: Path | None = None                  # an HF BERT dir to fine-tune instead of the default
     embed_checkpoint: Path | None = None               # an encoder to publish as the embedding model (--embed)
+    embed_matryoshka: bool = False                     # its package declares Matryoshka vectors (--embed-matryoshka)
     classify_data: list[Path] = field(default_factory=list)  # [train, validation, test] JSONL/CSV
     steps: dict[str, int] = field(default_factory=dict)      # per-stage step overrides (tests use tiny runs)
     threads: int | None = None                         # torch threads per training run (None: the trainer's)
@@ -152,7 +153,8 @@ class Pipeline:
         """Publish a stage's checkpoint under the stage's name; `task` when the export task differs from the stage
         (g2p is exported as a generation model)."""
         name = self.cfg.names[stage]
-        version = publish(self.cfg.repository, name, task or stage, ckpt, self.cfg.variants[stage])
+        options = ("--matryoshka",) if stage == "embed" and self.cfg.embed_matryoshka else ()
+        version = publish(self.cfg.repository, name, task or stage, ckpt, self.cfg.variants[stage], options)
         if version is None:
             self.skipped.append(f"publish-{name}")
             return

@@ -69,6 +69,21 @@ class TaskServiceStub:
                 request_serializer=protos_dot_ortserve__pb2.ModelInfoRequest.SerializeToString,
                 response_deserializer=protos_dot_ortserve__pb2.ModelInfoResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/ortserve.v1.TaskService/Tokenize',
+                request_serializer=protos_dot_ortserve__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=protos_dot_ortserve__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/ortserve.v1.TaskService/Detokenize',
+                request_serializer=protos_dot_ortserve__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=protos_dot_ortserve__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
+        self.Rerank = channel.unary_unary(
+                '/ortserve.v1.TaskService/Rerank',
+                request_serializer=protos_dot_ortserve__pb2.RerankRequest.SerializeToString,
+                response_deserializer=protos_dot_ortserve__pb2.RerankResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -121,6 +136,29 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """The tokens of a text, for every model kind (an encoder's with its special tokens; a generation model's prompt
+        ids), each with its string, a special-token mark and character offsets into the text.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Token ids back to text (at most one context of ids).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rerank(self, request, context):
+        """Documents ranked by relevance to a query: by a cross-encoder (a pair classifier with one label; score =
+        sigmoid of its logit) or by an embedding model (cosine of the query's and each document's vectors).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +196,21 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.ModelInfo,
                     request_deserializer=protos_dot_ortserve__pb2.ModelInfoRequest.FromString,
                     response_serializer=protos_dot_ortserve__pb2.ModelInfoResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=protos_dot_ortserve__pb2.TokenizeRequest.FromString,
+                    response_serializer=protos_dot_ortserve__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=protos_dot_ortserve__pb2.DetokenizeRequest.FromString,
+                    response_serializer=protos_dot_ortserve__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=protos_dot_ortserve__pb2.RerankRequest.FromString,
+                    response_serializer=protos_dot_ortserve__pb2.RerankResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +402,87 @@ class TaskService:
             '/ortserve.v1.TaskService/ModelInfo',
             protos_dot_ortserve__pb2.ModelInfoRequest.SerializeToString,
             protos_dot_ortserve__pb2.ModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.TaskService/Tokenize',
+            protos_dot_ortserve__pb2.TokenizeRequest.SerializeToString,
+            protos_dot_ortserve__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.TaskService/Detokenize',
+            protos_dot_ortserve__pb2.DetokenizeRequest.SerializeToString,
+            protos_dot_ortserve__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.TaskService/Rerank',
+            protos_dot_ortserve__pb2.RerankRequest.SerializeToString,
+            protos_dot_ortserve__pb2.RerankResponse.FromString,
             options,
             channel_credentials,
             insecure,

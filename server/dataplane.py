@@ -28,8 +28,11 @@ from server.generation import GenerationConfig, GenerationParams, StreamChunk
 from server.metrics import Metrics
 from server.model import RuntimeConfig, ServedModel
 from server.repository import ModelRepository
+from server.pairs import Pairs, RerankResult, ScoreResult
+from server.rerank import check_top_n, rank
 from server.sessions import SessionConfig, resolve_providers
 from server.settings import ServerSettings
+from server.tokens import Tokenized
 from server.types import (ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo, ModelMetadata,
                           ModelState, ModelStatistics, ModelStatus, RepositoryEntry, StreamPart, TensorMetadata)
 from server.version import ModelVersion
@@ -291,9 +294,26 @@ class DataPlane:
 
     async def embed(self, model: str, version: int, texts: list[str], truncate: bool = False,
                     deadline: float | None = None, dimensions: int | None = None) -> EmbedResult:
-        """dimensions: the vector length the caller asks for (OpenAI's), refused up front unless the model's."""
+        """dimensions: the vector length the caller asks for (OpenAI's; server/matryoshka.py), checked up front."""
         with self.lease(model, version) as served:
             return await served.embed(texts, truncate, deadline, dimensions)
+
+    async def score(self, model: str, version: int, pairs: Pairs, truncate: bool = False,
+                    deadline: float | None = None) -> ScoreResult:
+        """Each text pair's relevance, in order (server/rerank.py: a cross-encoder's or an embedding model's)."""
+        with self.lease(model, version) as served:
+            return ScoreResult(model=served.name, version=served.version,
+                               scores=await served.score(pairs, truncate, deadline))
+
+    async def rerank(self, model: str, version: int, pairs: Pairs, top_n: int | None = None, truncate: bool = False,
+                     raw_scores: bool = False, deadline: float | None = None,
+                     top_n_field: str = "top_n") -> RerankResult:
+        """The right texts of `pairs` ranked by relevance to their left one, best first, at most top_n."""
+        check_top_n(top_n, top_n_field)
+        result = await self.score(model, version, pairs, truncate, deadline)
+        scores = result.scores
+        return RerankResult(model=result.model, version=result.version, tokens=scores.tokens,
+                            results=rank(scores.raw if raw_scores else scores.scores, top_n))
 
     async def generate(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None = None, echo: bool = False) -> GenerateResult:
@@ -345,9 +365,13 @@ class DataPlane:
         held = _SharedLease(lease, len(streams))
         return [_Parts(served, stream, prompt if echo else None, held) for stream, (prompt, _) in zip(streams, jobs)]
 
-    async def tokenize(self, model: str, version: int, text: str) -> list[int]:
-        """The ids a generation model makes of a text prompt (a long one tokenized off the event loop)."""
-        return await self.repository.resolve(model, version).model.tokenize(text)
+    async def tokenize(self, model: str, version: int, text: str) -> Tokenized:
+        """The tokens any model makes of a text (a generation model's: the prompt ids it would run), with strings,
+        special marks and offsets (a long text tokenized off the event loop)."""
+        served = self.repository.resolve(model, version).model
+        tokens = await served.tokenize(text)
+        return Tokenized(model=served.name, version=served.version, tokens=tokens,
+                         max_length=served.manifest.max_length)
 
     async def detokenize(self, model: str, version: int, token_ids: list[int]) -> str:
         """The text of at most a context of token ids (INVALID_ARGUMENT naming `tokens` beyond it)."""

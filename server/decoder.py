@@ -21,6 +21,7 @@ from server.generation.engine import INLINE_PROMPT_SIZE, Job, SequenceStream
 from server.model import Feeds, Loaded, ServedModel
 from server.sessions import create_session
 from server.tokenization import load_tokenizer
+from server.tokens import TokenSpan, encode_spans, special_ids
 from server.types import ChatTemplate
 
 
@@ -73,11 +74,22 @@ class DecoderModel(ServedModel):
     async def close(self) -> None:
         await self.engine.stop()
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, text: str) -> list[TokenSpan]:
         with engine_errors():
             if len(text) <= INLINE_PROMPT_SIZE:
-                return self.engine.tokenize(text)
-            return await asyncio.get_running_loop().run_in_executor(None, self.engine.tokenize_batched, text)
+                return self._spans(text, False)
+            return await asyncio.get_running_loop().run_in_executor(None, self._spans, text, True)
+
+    def _spans(self, text: str, batched: bool) -> list[TokenSpan]:
+        """The ids generation would run (the engine's bounds), with their strings and offsets."""
+        ids = self.engine.tokenize_batched(text) if batched else self.engine.tokenize(text)
+        tokenizer = self.engine.inputs.tokenizer
+        special = special_ids(dict(self.manifest.special_tokens))
+        found = encode_spans(tokenizer, text, special, batched)
+        if [t.id for t in found] == ids:
+            return found
+        # (a prompt processor that cut or added ids: the ids are the truth, without offsets)
+        return [TokenSpan(i, tokenizer.id_to_token(i) or "", i in special, 0, 0) for i in ids]
 
     async def detokenize(self, token_ids: list[int]) -> str:
         context = self.engine.spec.max_length

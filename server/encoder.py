@@ -19,10 +19,14 @@ from server.batching import DynamicBatcher
 from server.consistency import check_tokenizer, probe_encoder
 from server.errors import ServingError
 from server.length_buckets import LengthBucketedRun
+from server.matryoshka import check_dimensions, declares_matryoshka, shorten
 from server.model import Feeds, Loaded, ServedModel
+from server.pairs import PairScores, Pairs
 from server.pieces import run_in_pieces
+from server.rerank import score_pairs
 from server.sessions import run_failure, warm_up_encoder
 from server.tokenization import EncodedText, TextEncoder, pad_batch
+from server.tokens import TokenSpan, check_ids, check_text_bound, encode_spans, special_ids
 from server.types import (Classification, ClassifyResult, EmbedResult, FillMaskResult, LabelScore, MaskPrediction,
                           TokenCandidate)
 
@@ -35,11 +39,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     e = np.exp(shifted)
     return e / e.sum(axis=-1, keepdims=True)
-
-
-def _dimensions(name: str, dimension: int, asked: int) -> ServingError:
-    return ServingError.invalid("dimensions", f"{name!r} answers {dimension}-dimensional vectors (no shortening), "
-                                              f"got {asked}")
 
 
 class EncoderModel(ServedModel):
@@ -163,12 +162,11 @@ class EncoderModel(ServedModel):
     async def embed(self, texts: list[str], truncate: bool, deadline: float | None,
                     dimensions: int | None = None) -> EmbedResult:
         """One vector per text: the graph pools (and normalizes) inside, so padding in a batch changes nothing.
-        dimensions: the length the caller asks for, refused before anything runs unless it is the model's."""
+        dimensions: the length the caller asks for (server/matryoshka.py), checked before anything runs."""
         if self.task != "embed":
             raise self._not("embed")
-        known = self.dimension
-        if dimensions is not None and known is not None and dimensions != known:
-            raise _dimensions(self.name, known, dimensions)
+        matryoshka = declares_matryoshka(self.manifest.extra)
+        check_dimensions(self.name, self.dimension, dimensions, matryoshka)
         if not texts:
             raise ServingError.invalid("texts", "at least one text is required")
         limits = self.runtime.admission
@@ -178,11 +176,28 @@ class EncoderModel(ServedModel):
         check_response_bytes(tensor_bytes(self.outputs, {"batch": len(rows), "sequence": width}, width), limits, "texts")
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
         vectors = (await self.run_batched(feeds, deadline))["embeddings"]
-        if dimensions is not None and vectors.shape[1] != dimensions:   # (a graph that declares no length)
-            raise _dimensions(self.name, vectors.shape[1], dimensions)
-        pooling = self.manifest.extra.get("embedding") or {}
-        return EmbedResult(model=self.name, version=self.version, embeddings=np.asarray(vectors, dtype=np.float32),
-                           token_counts=[len(r.ids) for r in rows], normalized=bool(pooling.get("normalize")))
+        check_dimensions(self.name, vectors.shape[1], dimensions, matryoshka)   # (a graph that declares no length)
+        normalized = bool((self.manifest.extra.get("embedding") or {}).get("normalize"))
+        vectors = shorten(np.asarray(vectors, dtype=np.float32), dimensions, normalized)
+        return EmbedResult(model=self.name, version=self.version, embeddings=vectors,
+                           token_counts=[len(r.ids) for r in rows], normalized=normalized)
+
+    async def score(self, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:
+        return await score_pairs(self, pairs, truncate, deadline)
+
+    async def tokenize(self, text: str) -> list[TokenSpan]:
+        """The tokens the model would see for this text (special tokens included), with their offsets."""
+        check_text_bound(text, self.manifest.max_length, "prompt")
+        special = special_ids(dict(self.manifest.special_tokens))
+        if len(text) <= INLINE_TEXT_CHARS:
+            return encode_spans(self.encoder.tokenizer, text, special, False)
+        return await asyncio.get_running_loop().run_in_executor(None, encode_spans, self.encoder.tokenizer, text,
+                                                                special, True)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        tokenizer = self.encoder.tokenizer
+        check_ids(token_ids, self.manifest.vocab_size or tokenizer.get_vocab_size(), self.manifest.max_length)
+        return tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def mask_token_id(self) -> int:
         mask = self.manifest.special_token("mask")

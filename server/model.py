@@ -24,9 +24,11 @@ from server.errors import Code, ServingError
 from server.generation import GenerationConfig, GenerationParams, GenerationResult, StreamChunk
 from server.metrics import Metrics
 from server.package import Package
+from server.pairs import PairScores, Pairs
 from server.sessions import SessionConfig, SessionRunner
 from server.signature import TensorSpec, check_inputs, specs_from_manifest
 from server.stats import ModelStats
+from server.tokens import TokenSpan
 from server.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult
 
 Feeds = dict[str, np.ndarray]
@@ -117,6 +119,10 @@ class ServedModel(ABC):
                     dimensions: int | None = None) -> EmbedResult:
         raise self._not("embed")
 
+    async def score(self, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:
+        """Each text pair's relevance (server/rerank.py): a cross-encoder's or an embedding model's."""
+        raise self._not("rerank or score")
+
     async def generate(self, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None) -> GenerationResult:
         raise self._not("generate")
@@ -136,14 +142,15 @@ class ServedModel(ABC):
         """generate_many, as one chunk stream per job (closing one cancels its sequence)."""
         raise self._not("generate")
 
-    async def tokenize(self, text: str) -> list[int]:
-        """The ids a text prompt becomes (what generation would run); INVALID_ARGUMENT when it cannot fit."""
-        raise self._not("generate")
+    @abstractmethod
+    async def tokenize(self, text: str) -> list[TokenSpan]:
+        """The tokens a text becomes (a decoder's: what generation would run), with strings, special marks and
+        character offsets; INVALID_ARGUMENT naming `prompt` for a text longer than any context can take."""
 
+    @abstractmethod
     async def detokenize(self, token_ids: list[int]) -> str:
         """The text of at most a context of token ids (INVALID_ARGUMENT naming `tokens`, or the first id outside
         the vocabulary)."""
-        raise self._not("generate")
 
     def prompt_text(self, token_ids: list[int]) -> str:
         """The text of an admitted token-id prompt (its ids were checked when it was admitted)."""

@@ -19,9 +19,10 @@ import httpx2 as httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pair_models import add_tiny_embed
 from server_process import ServerProcess, repository_with
 
-CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
+CLASSIFIER, FILL_MASK, GPT, EMBED = "tiny-classifier", "tiny-fill-mask", "tiny-gpt", "tiny-embed"
 EXAMPLES = int(os.environ.get("ORTSERVE_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
                 derandomize=EXAMPLES <= 100,
@@ -63,9 +64,11 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tiny_repository: Path, tiny_checkpoints,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = repository_with(tiny_repository, tmp_path_factory.mktemp("fuzz-http") / "repo", CLASSIFIER, FILL_MASK,
                            GPT)
+    add_tiny_embed(tiny_checkpoints, repo)
     proc = ServerProcess(repo, ["--http-port", "0", "--max-message-bytes", str(2 ** 20)])
     try:
         yield proc
@@ -140,9 +143,10 @@ def test_fuzzed_infer_bodies(server: ServerProcess, client: httpx.Client, body: 
 
 
 tokenizer_bodies = st.fixed_dictionaries(
-    {"model": st.sampled_from([GPT, CLASSIFIER, "nope"]) | scalars},
+    {"model": st.sampled_from([GPT, CLASSIFIER, EMBED, FILL_MASK, "nope"]) | scalars},
     optional={"prompt": st.text(max_size=40) | values,
-              "tokens": st.lists(st.integers(-3, 10 ** 6), max_size=6) | values})
+              "tokens": st.lists(st.integers(-3, 10 ** 6), max_size=6) | values,
+              "return_token_strs": st.booleans() | values, "add_special_tokens": st.booleans() | values})
 
 
 @FUZZ
@@ -151,6 +155,43 @@ def test_fuzzed_tokenizer_bodies(server: ServerProcess, client: httpx.Client, bo
     response = client.post(f"{server.http_url}{path}", content=dumps(body).encode(),
                            headers={"content-type": "application/json"})
     _check(response, openai_shape=True)
+
+
+texts_or_not = st.lists(st.text(max_size=30) | st.fixed_dictionaries({"text": st.text(max_size=20)}) | values,
+                        max_size=5) | values
+scoring_models = st.sampled_from([EMBED, EMBED, CLASSIFIER, GPT, "nope"]) | scalars
+rerank_bodies = st.fixed_dictionaries(
+    {"model": scoring_models},
+    optional={"query": st.text(max_size=30) | values, "documents": texts_or_not,
+              "top_n": st.integers(-1, 6) | values, "return_documents": st.booleans() | values,
+              "truncate": st.booleans() | values, "rank_fields": values, "max_tokens_per_doc": values})
+score_bodies = st.fixed_dictionaries(
+    {"model": scoring_models},
+    optional={"text_1": st.text(max_size=30) | texts_or_not, "text_2": st.text(max_size=30) | texts_or_not,
+              "truncate": st.booleans() | values, "truncate_prompt_tokens": values})
+tei_bodies = st.fixed_dictionaries(
+    {"model": scoring_models},
+    optional={"query": st.text(max_size=30) | values, "texts": texts_or_not, "raw_scores": st.booleans() | values,
+              "return_text": st.booleans() | values, "truncate": st.booleans() | values,
+              "truncation_direction": st.sampled_from(["Right", "Left"]) | values})
+embedding_bodies = st.fixed_dictionaries(
+    {"model": st.sampled_from([EMBED, EMBED, CLASSIFIER]) | scalars},
+    optional={"input": st.text(max_size=30) | texts_or_not, "dimensions": st.integers(-2, 70) | values,
+              "encoding_format": st.sampled_from(["float", "base64"]) | values})
+
+
+@FUZZ
+@given(body=st.one_of(rerank_bodies.map(lambda b: ("/v1/rerank", b)), score_bodies.map(lambda b: ("/v1/score", b)),
+                      tei_bodies.map(lambda b: ("/rerank", b)), embedding_bodies.map(lambda b: ("/v1/embeddings", b))))
+def test_fuzzed_rerank_score_and_embedding_bodies(server: ServerProcess, client: httpx.Client,
+                                                  body: tuple[str, dict[str, Any]]) -> None:
+    path, payload = body
+    response = client.post(f"{server.http_url}{path}", content=dumps(payload).encode(),
+                           headers={"content-type": "application/json"})
+    _check(response, openai_shape=path.startswith("/v1/"))
+    if response.status_code == 200 and path == "/v1/rerank":
+        scores = [r["relevance_score"] for r in response.json()["results"]]
+        assert scores == sorted(scores, reverse=True)
 
 
 def _elements(sizes: list[int]) -> bytes:

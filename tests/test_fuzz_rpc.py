@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pair_models import add_tiny_embed
 from server_process import ServerProcess, repository_with
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
@@ -28,8 +29,8 @@ from protos import grpc_service_pb2, ortserve_pb2
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 
-CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
-MODELS = (CLASSIFIER, FILL_MASK, GPT)
+CLASSIFIER, FILL_MASK, GPT, EMBED = "tiny-classifier", "tiny-fill-mask", "tiny-gpt", "tiny-embed"
+MODELS = (CLASSIFIER, FILL_MASK, GPT, EMBED)
 EXAMPLES = int(os.environ.get("ORTSERVE_FUZZ_EXAMPLES", "60"))
 MAX_MESSAGE = 4 * 2 ** 20  # the fuzz server's --max-message-bytes
 TIMEOUT = 30.0             # a call still unanswered after this is a hang: DEADLINE_EXCEEDED fails the test
@@ -47,8 +48,10 @@ LOAD_CODES = BAD_INPUT | {C.FAILED_PRECONDITION}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = repository_with(tiny_repository, tmp_path_factory.mktemp("fuzz"), *MODELS)
+def server(tiny_repository: Path, tiny_checkpoints,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = add_tiny_embed(tiny_checkpoints, repository_with(tiny_repository, tmp_path_factory.mktemp("fuzz"),
+                                                            CLASSIFIER, FILL_MASK, GPT))
     proc = ServerProcess(repo, ["--max-message-bytes", str(MAX_MESSAGE)])
     try:
         yield proc
@@ -283,6 +286,73 @@ def test_fuzz_model_info(tasks: pb_grpc.TaskServiceStub) -> None:
     seen.expect(C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND)
 
 
+def test_fuzz_tokenize_and_detokenize(tasks: pb_grpc.TaskServiceStub) -> None:
+    """Every model kind tokenizes; what it answers detokenizes, and ids of any value are refused by name."""
+    seen = Outcomes()
+
+    @FUZZ
+    @given(model=mostly(st.sampled_from(MODELS), names), version=mostly(0, versions), prompt=texts,
+           ids=st.lists(mostly(st.integers(0, 300), INT32), max_size=8))
+    def case(model: str, version: int, prompt: str, ids: list[int]) -> None:
+        answer = call(lambda: tasks.Tokenize(pb.TokenizeRequest(model=model, version=version, prompt=prompt),
+                                             timeout=TIMEOUT), BAD_INPUT, seen)
+        if answer is not None:
+            for t in answer.tokens:
+                assert 0 <= t.start <= t.stop <= len(prompt) and t.id >= 0
+            if answer.tokens and len(answer.tokens) <= answer.max_length:
+                call(lambda: tasks.Detokenize(pb.DetokenizeRequest(model=model, version=version,
+                                                                   tokens=[t.id for t in answer.tokens]),
+                                              timeout=TIMEOUT), {C.OK})
+        call(lambda: tasks.Detokenize(pb.DetokenizeRequest(model=model, version=version, tokens=ids),
+                                      timeout=TIMEOUT), BAD_INPUT, seen)
+
+    case()
+    seen.expect(C.OK, C.INVALID_ARGUMENT)
+
+
+def test_fuzz_embed_dimensions(tasks: pb_grpc.TaskServiceStub) -> None:
+    seen = Outcomes()
+
+    @FUZZ
+    @given(model=mostly(EMBED, names), version=mostly(0, versions), texts_=st.lists(texts, max_size=4),
+           dimensions=maybe(mostly(st.sampled_from([64, 64, 1, 0, 65]), INT32)), truncate=st.booleans())
+    def case(model: str, version: int, texts_: list[str], dimensions: int | None, truncate: bool) -> None:
+        request = pb.EmbedRequest(model=model, version=version, texts=texts_, truncate=truncate,
+                                  dimensions=dimensions)
+        response = call(lambda: tasks.Embed(request, timeout=TIMEOUT), BAD_INPUT, seen)
+        if response is not None:
+            assert len(response.embeddings) == len(texts_) and response.dimension == 64
+            assert dimensions in (None, 64)    # tiny-embed declares no Matryoshka shortening
+
+    case()
+    seen.expect(C.OK, C.INVALID_ARGUMENT)
+
+
+def test_fuzz_rerank(tasks: pb_grpc.TaskServiceStub) -> None:
+    """Rerank by the embedding model (cosine), and refusals: a 3-label classifier, bad top_n, empty texts."""
+    seen = Outcomes()
+
+    @FUZZ
+    @given(model=mostly(EMBED, names), version=mostly(0, versions), query=texts,
+           documents=mostly(st.lists(texts, min_size=1, max_size=6), st.lists(texts, max_size=6)),
+           top_n=maybe(mostly(st.integers(1, 7), INT32)), flags=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+    def case(model: str, version: int, query: str, documents: list[str], top_n: int | None,
+             flags: tuple[bool, bool, bool]) -> None:
+        truncate, raw_scores, return_documents = flags
+        request = pb.RerankRequest(model=model, version=version, query=query, documents=documents, top_n=top_n,
+                                   truncate=truncate, raw_scores=raw_scores, return_documents=return_documents)
+        response = call(lambda: tasks.Rerank(request, timeout=TIMEOUT), BAD_INPUT, seen)
+        if response is not None:
+            n = len(documents) if top_n is None else min(top_n, len(documents))
+            assert len(response.results) == n and len({r.index for r in response.results}) == n
+            scores = [r.score for r in response.results]
+            assert scores == sorted(scores, reverse=True) and all(-1.0001 <= s <= 1.0001 for s in scores)
+            assert all(r.document == (documents[r.index] if return_documents else "") for r in response.results)
+
+    case()
+    seen.expect(C.OK, C.INVALID_ARGUMENT)
+
+
 # ---------------------------------------------------------------------------- KServe v2
 
 
@@ -441,7 +511,7 @@ def text_mode_requests(draw: st.DrawFn) -> kserve_pb.ModelInferRequest:
     """The 'text mode' of ModelInfer (BYTES inputs named text / text_pair / prompt), near-valid."""
     model = draw(st.sampled_from(MODELS))
     request = kserve_pb.ModelInferRequest(model_name=model)
-    names_ = {CLASSIFIER: ["text", "text_pair"], FILL_MASK: ["text"], GPT: ["prompt"]}[model]
+    names_ = {CLASSIFIER: ["text", "text_pair"], FILL_MASK: ["text"], GPT: ["prompt"], EMBED: ["text"]}[model]
     rows = draw(st.integers(0, 3))
     for name in draw(st.lists(st.sampled_from(names_), min_size=1, max_size=2, unique=True)):
         tensor = request.inputs.add(name=name, datatype="BYTES", shape=[draw(st.sampled_from([rows, rows, rows + 1]))])

@@ -606,16 +606,19 @@ def test_tokenize_and_detokenize_as_vllm(server: ServerProcess, tiny_repository:
     text = "To be, or not to be: é漢"
     status, body = _json(f"{server.http_url}/tokenize", {"model": GPT, "prompt": text})
     max_length = json.loads((tiny_repository / GPT / "1" / "model.json").read_text())["max_length"]
-    assert status == 200 and body == {"count": len(tokenizer.encode(text).ids), "max_model_len": max_length,
-                                      "tokens": tokenizer.encode(text).ids}
+    encoding = tokenizer.encode(text)
+    assert status == 200 and body == {"count": len(encoding.ids), "max_model_len": max_length,
+                                      "tokens": encoding.ids, "special": [False] * len(encoding.ids),
+                                      "offsets": [list(o) for o in encoding.offsets]}
     status, back = _json(f"{server.http_url}/detokenize", {"model": GPT, "tokens": body["tokens"]})
     assert status == 200 and back == {"prompt": text}
     for url, payload, code, param in (
             ("/detokenize", {"model": GPT, "tokens": [1, 10 ** 9]}, 400, "tokens[1]"),
-            ("/tokenize", {"model": CLASSIFIER, "prompt": "a"}, 400, None),
+            ("/tokenize", {"model": CLASSIFIER, "prompt": "a" * ((max_length + 1) * 100 + 1)}, 400, "prompt"),
             ("/tokenize", {"model": "nope", "prompt": "a"}, 404, None),
             ("/tokenize", {"model": GPT}, 400, "prompt"),
-            ("/tokenize", {"model": GPT, "prompt": "a" * ((max_length + 1) * 100 + 1)}, 400, "prompt")):  # not tokenized
+            ("/tokenize", {"model": GPT, "prompt": "a" * ((max_length + 1) * 100 + 1)}, 400,
+             "prompt")):  # not tokenized
         status, error = _json(f"{server.http_url}{url}", payload)
         assert status == code and (param is None or error["error"]["param"] == param), (url, payload, error)
 

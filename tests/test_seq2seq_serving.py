@@ -251,3 +251,18 @@ def test_beams_are_not_streamed_and_the_http_doors_name_the_field(client: Ortser
                             json={"model": "marian", "prompt": "ok", "max_tokens": 4, **body})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == field, answer.text
+
+
+@pytest.mark.parametrize("name", ["marian", "marian-two-vocabs"])
+def test_tokenize_answers_the_source_tokens_with_offsets(server: ServerProcess, packages: dict[str, Path],
+                                                         name: str) -> None:
+    """/tokenize of an encoder-decoder: the source ids generation would run (the source tokenizer's, </s> marked
+    special), each with its characters of the prompt."""
+    source, _ = _tokenizers(packages[name])
+    text = "translation, at last!"
+    want = source.encode(text)
+    answer = httpx.post(f"{server.http_url}/tokenize", json={"model": name, "prompt": text}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["tokens"] == want.ids and body["offsets"] == [list(o) for o in want.offsets]
+    assert body["special"] == [bool(m) for m in want.special_tokens_mask] and body["special"][-1]

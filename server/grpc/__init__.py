@@ -2,6 +2,7 @@
 
     app.py       the grpc.aio server: services, reflection, the bearer-token interceptor, ports, TLS
     task.py      ortserve.v1.TaskService (protos/ortserve.proto)
+    encoder_tasks.py  Tokenize / Detokenize / Rerank messages <-> data-plane arguments and results
     kserve.py    inference.GRPCInferenceService (KServe v2; text mode in server/kserve.py, shared with HTTP)
     health.py    grpc.health.v1
     common.py    what every servicer shares: deadlines, the unary / streaming handler wrappers

@@ -10,6 +10,7 @@ from protos import ortserve_pb2_grpc as pb_grpc
 from server.errors import Code, ServingError
 from server.generation import GeneratedToken, GenerationParams, Usage
 from server.grpc.common import Instrumented, deadline_of, streaming, unary
+from server.grpc.encoder_tasks import rerank_pairs, rerank_to_proto, tokenized_to_proto, top_n
 from server.types import ModelStatus, StreamPart
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
@@ -128,7 +129,8 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
     @unary("Embed")
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         result = await self.plane.embed(request.model, request.version, list(request.texts), request.truncate,
-                                        deadline_of(context))
+                                        deadline_of(context),
+                                        request.dimensions if request.HasField("dimensions") else None)
         return pb.EmbedResponse(
             model=request.model, version=result.version, dimension=int(result.embeddings.shape[1]),
             normalized=result.normalized,
@@ -147,3 +149,19 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
                                     max_length=info.max_length, mask_token=info.mask_token, variant=info.variant,
                                     providers=info.providers, versions=info.versions,
                                     max_batch_size=info.max_batch_size, manifest_json=info.manifest_json)
+
+    @unary("Tokenize")
+    async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        return tokenized_to_proto(await self.plane.tokenize(request.model, request.version, request.prompt))
+
+    @unary("Detokenize")
+    async def Detokenize(self, request: pb.DetokenizeRequest,
+                         context: grpc.aio.ServicerContext) -> pb.DetokenizeResponse:
+        text = await self.plane.detokenize(request.model, request.version, list(request.tokens))
+        return pb.DetokenizeResponse(model=request.model, text=text)
+
+    @unary("Rerank")
+    async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
+        result = await self.plane.rerank(request.model, request.version, rerank_pairs(request), top_n(request),
+                                         request.truncate, request.raw_scores, deadline_of(context))
+        return rerank_to_proto(request, result)

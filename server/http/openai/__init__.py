@@ -6,7 +6,9 @@ to the data plane, the answer encoded.
     completions.py     POST /v1/completions (logprobs, echo, vLLM's prompt_logprobs, stream)
     chat.py            POST /v1/chat/completions (chat_template.py: messages -> prompt, the package's template)
     embeddings.py      POST /v1/embeddings
-    tokenizer.py       POST /tokenize, /detokenize (vLLM's)
+    tokenizer.py       POST /tokenize, /detokenize (vLLM's), every model kind
+    rerank.py          POST /v1/rerank (Cohere / Jina / vLLM), /v1/score (vLLM), /rerank (TEI's shape)
+    rerank_protocol.py their typed request bodies
     protocol.py        the typed request bodies
     params.py          typed request -> GenerationParams per choice (n), OpenAI's defaults and field names
     answers.py         finish reasons, usage, JSON encoding
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from server.http.openai import chat, completions, embeddings, models, tokenizer
+from server.http.openai import chat, completions, embeddings, models, rerank, tokenizer
 
 
 def routes() -> list[Route]:
@@ -32,4 +34,7 @@ def routes() -> list[Route]:
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/tokenize", tokenizer.tokenize, methods=["POST"]),
         Route("/detokenize", tokenizer.detokenize, methods=["POST"]),
+        Route("/v1/rerank", rerank.rerank, methods=["POST"]),
+        Route("/v1/score", rerank.score, methods=["POST"]),
+        Route("/rerank", rerank.tei_rerank, methods=["POST"]),
     ]

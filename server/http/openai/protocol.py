@@ -185,9 +185,9 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     model: str
     prompt: str
     add_special_tokens: Any = UNSET
-    return_token_strs: Any = UNSET
+    return_token_strs: bool | None = None
 
-    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"add_special_tokens": (True,), "return_token_strs": (False,)}
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"add_special_tokens": (True,)}
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
