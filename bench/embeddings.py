@@ -124,7 +124,9 @@ def infinity_model_dir(work: Path, repo: Path) -> Path:
 
 
 def start_ortserve(repo: Path) -> ServerProcess:
-    server = ServerProcess(repo, ["--http-port", "0"], startup_timeout=180)
+    # The cores are the server's alone here: spinning on, as docs/configuration.md advises for such a machine
+    # (onnxruntime's own default, which infinity-emb keeps).
+    server = ServerProcess(repo, ["--http-port", "0", "--intra-op-spinning", "on"], startup_timeout=180)
     server.__enter__()
     return server
 
@@ -248,8 +250,9 @@ def run(cfg: Config) -> dict[str, Any]:
                       "ratio": med["ortserve"]["embeddings_per_s"] / med["infinity"]["embeddings_per_s"]}
     threads_line = next((line for line in infinity_log.splitlines() if "optimum" in line.lower()), "")
     return {"machine": describe(ROOT), "config": cfg.__dict__, "cosine_min": cosine, "cells": cells,
-            "sides": {"ortserve": "python -m server --http-port 0 (defaults: onnxruntime's default intra-op threads "
-                                  "= the 2 cores, encoder batching on), POST /v1/embeddings",
+            "sides": {"ortserve": "python -m server --http-port 0 --intra-op-spinning on (onnxruntime's default intra-op "
+                                  "threads = the 2 cores, spinning as on a machine of its own; encoder batching "
+                                  "with length-grouped runs), POST /v1/embeddings",
                       "infinity": f"infinity_emb v2 --engine optimum --device cpu --batch-size {cfg.infinity_batch} "
                                   f"--pooling-method mean (onnxruntime's default threads = the 2 cores; its optimum "
                                   f"graph optimisation fails with optimum 2.1 and it serves the graph without it), "
