@@ -14,8 +14,11 @@ from .types import (
     MaskPrediction,
     ModelInfo,
     ModelStatus,
+    RankedDocument,
     StreamChunk,
     TokenCandidate,
+    Tokenization,
+    TokenSpan,
     TokenLogprob,
     Usage,
 )
@@ -23,5 +26,6 @@ from .types import (
 __all__ = [
     "AsyncOrtserveClient", "Backoff", "Classification", "ClientConfig", "Embedding", "FillMaskResult", "GeneratedToken",
     "Generation", "GenerationParams", "LabelScore", "MaskPrediction", "ModelInfo", "ModelStatus",
-    "OrtserveClient", "OrtserveError", "StreamChunk", "TLSConfig", "TokenCandidate", "TokenLogprob", "Usage",
+    "OrtserveClient", "OrtserveError", "RankedDocument", "StreamChunk", "TLSConfig", "TokenCandidate", "TokenLogprob",
+    "Tokenization", "TokenSpan", "Usage",
 ]

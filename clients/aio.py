@@ -25,7 +25,9 @@ from .types import (
     GenerationParams,
     ModelInfo,
     ModelStatus,
+    RankedDocument,
     StreamChunk,
+    Tokenization,
 )
 
 log = logging.getLogger(__name__)
@@ -106,9 +108,27 @@ class AsyncOrtserveClient:
         return convert.fill_mask_results(await self._unary("FillMask", request, timeout))
 
     async def embed(self, texts: str | Sequence[str], model: str, version: int | None = None,
-                    truncate: bool = False, *, timeout: float | None = _UNSET) -> list[Embedding]:
-        request = convert.embed_request(texts, model, version, truncate)
+                    truncate: bool = False, *, dimensions: int | None = None,
+                    timeout: float | None = _UNSET) -> list[Embedding]:
+        request = convert.embed_request(texts, model, version, truncate, dimensions)
         return convert.embeddings(await self._unary("Embed", request, timeout))
+
+    async def tokenize(self, text: str, model: str, version: int | None = None, *,
+                       timeout: float | None = _UNSET) -> Tokenization:
+        request = convert.tokenize_request(text, model, version)
+        return convert.tokenization(await self._unary("Tokenize", request, timeout))
+
+    async def detokenize(self, ids: Sequence[int], model: str, version: int | None = None, *,
+                         timeout: float | None = _UNSET) -> str:
+        request = convert.detokenize_request(ids, model, version)
+        return (await self._unary("Detokenize", request, timeout)).text
+
+    async def rerank(self, query: str, documents: Sequence[str], model: str, version: int | None = None, *,
+                     top_n: int | None = None, truncate: bool = False, raw_scores: bool = False,
+                     return_documents: bool = False, timeout: float | None = _UNSET) -> list[RankedDocument]:
+        request = convert.rerank_request(query, documents, model, version, top_n, truncate, raw_scores,
+                                         return_documents)
+        return convert.ranked(await self._unary("Rerank", request, timeout))
 
     async def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                        timeout: float | None = _UNSET, **params: Any) -> Generation:

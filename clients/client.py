@@ -25,7 +25,9 @@ from .types import (
     GenerationParams,
     ModelInfo,
     ModelStatus,
+    RankedDocument,
     StreamChunk,
+    Tokenization,
 )
 
 log = logging.getLogger(__name__)
@@ -96,10 +98,30 @@ class OrtserveClient:
         return convert.fill_mask_results(self._unary(self._tasks.FillMask, request, timeout))
 
     def embed(self, texts: str | Sequence[str], model: str, version: int | None = None, truncate: bool = False, *,
-              timeout: float | None = _UNSET) -> list[Embedding]:
-        """One Embedding per text, in order (an embedding model: task "embed")."""
-        request = convert.embed_request(texts, model, version, truncate)
+              dimensions: int | None = None, timeout: float | None = _UNSET) -> list[Embedding]:
+        """One Embedding per text, in order (an embedding model: task "embed"). dimensions: Matryoshka
+        shortening, for models whose package declares it."""
+        request = convert.embed_request(texts, model, version, truncate, dimensions)
         return convert.embeddings(self._unary(self._tasks.Embed, request, timeout))
+
+    def tokenize(self, text: str, model: str, version: int | None = None, *,
+                 timeout: float | None = _UNSET) -> Tokenization:
+        """The model's tokens of `text` (any model kind), special tokens marked, with character offsets."""
+        request = convert.tokenize_request(text, model, version)
+        return convert.tokenization(self._unary(self._tasks.Tokenize, request, timeout))
+
+    def detokenize(self, ids: Sequence[int], model: str, version: int | None = None, *,
+                   timeout: float | None = _UNSET) -> str:
+        request = convert.detokenize_request(ids, model, version)
+        return self._unary(self._tasks.Detokenize, request, timeout).text
+
+    def rerank(self, query: str, documents: Sequence[str], model: str, version: int | None = None, *,
+               top_n: int | None = None, truncate: bool = False, raw_scores: bool = False,
+               return_documents: bool = False, timeout: float | None = _UNSET) -> list[RankedDocument]:
+        """Documents ranked by relevance to the query, best first (a cross-encoder or an embedding model)."""
+        request = convert.rerank_request(query, documents, model, version, top_n, truncate, raw_scores,
+                                         return_documents)
+        return convert.ranked(self._unary(self._tasks.Rerank, request, timeout))
 
     def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                  timeout: float | None = _UNSET, **params: Any) -> Generation:

@@ -8,6 +8,9 @@ from typing import Union
 from protos import ortserve_pb2 as pb
 
 from .types import (
+    RankedDocument,
+    Tokenization,
+    TokenSpan,
     Classification,
     Embedding,
     FillMaskResult,
@@ -63,12 +66,46 @@ def fill_mask_request(texts: str | Sequence[str], model: str, version: int | Non
     return pb.FillMaskRequest(model=model, version=version or 0, texts=items, top_k=top_k, truncate=truncate)
 
 
-def embed_request(texts: str | Sequence[str], model: str, version: int | None, truncate: bool) -> pb.EmbedRequest:
+def embed_request(texts: str | Sequence[str], model: str, version: int | None, truncate: bool,
+                  dimensions: int | None = None) -> pb.EmbedRequest:
     items = [texts] if isinstance(texts, str) else list(texts)
     for i, t in enumerate(items):
         if not isinstance(t, str):
             raise TypeError(f"texts[{i}]: expected a str, got {type(t).__name__}")
-    return pb.EmbedRequest(model=model, version=version or 0, texts=items, truncate=truncate)
+    request = pb.EmbedRequest(model=model, version=version or 0, texts=items, truncate=truncate)
+    if dimensions is not None:
+        request.dimensions = dimensions
+    return request
+
+
+def tokenize_request(text: str, model: str, version: int | None) -> pb.TokenizeRequest:
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected a str, got {type(text).__name__}")
+    return pb.TokenizeRequest(model=model, version=version or 0, prompt=text)
+
+
+def tokenization(response: pb.TokenizeResponse) -> Tokenization:
+    return Tokenization([TokenSpan(t.id, t.text, t.special, t.start, t.stop) for t in response.tokens],
+                        response.max_length)
+
+
+def detokenize_request(ids: Sequence[int], model: str, version: int | None) -> pb.DetokenizeRequest:
+    return pb.DetokenizeRequest(model=model, version=version or 0, tokens=[int(i) for i in ids])
+
+
+def rerank_request(query: str, documents: Sequence[str], model: str, version: int | None, top_n: int | None,
+                   truncate: bool, raw_scores: bool, return_documents: bool) -> pb.RerankRequest:
+    if isinstance(documents, str):
+        raise TypeError("documents: expected a list of str, got one str")
+    request = pb.RerankRequest(model=model, version=version or 0, query=query, documents=list(documents),
+                               truncate=truncate, raw_scores=raw_scores, return_documents=return_documents)
+    if top_n is not None:
+        request.top_n = top_n
+    return request
+
+
+def ranked(response: pb.RerankResponse) -> list[RankedDocument]:
+    return [RankedDocument(r.index, r.score, r.document) for r in response.results]
 
 
 def embeddings(response: pb.EmbedResponse) -> list[Embedding]:

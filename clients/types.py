@@ -93,6 +93,34 @@ class StreamChunk:
 
 
 @dataclass(frozen=True)
+class TokenSpan:
+    """One token of a Tokenize answer."""
+
+    id: int
+    text: str        # as the vocabulary writes it ("##ing", "[CLS]")
+    special: bool    # a special token (added by the tokenizer, or written in the text)
+    start: int       # characters [start, stop) of the text; 0, 0 for an added special token
+    stop: int
+
+
+@dataclass(frozen=True)
+class Tokenization:
+    tokens: list[TokenSpan]
+    max_length: int  # the model's context
+
+    @property
+    def ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
+
+@dataclass(frozen=True)
+class RankedDocument:
+    index: int       # the document's position in the request
+    score: float
+    document: str = ""   # with return_documents
+
+
+@dataclass(frozen=True)
 class ModelStatus:
     name: str
     version: int

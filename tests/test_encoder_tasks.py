@@ -338,3 +338,43 @@ def test_pipeline_embed_matryoshka_declares_it(tmp_path: Path, capsys: pytest.Ca
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "error: --matryoshka: declares an embedding model's vectors; the task is 'classify', not embed"]
     assert not (tmp_path / "other" / "x").exists()
+
+
+# ---------------------------------------------------------------- the client library
+
+
+def test_client_library_tokenizes_embeds_shortened_and_reranks(server: ServerProcess, http: httpx.Client,
+                                                               full_vectors: np.ndarray,
+                                                               cross_reference: tuple[np.ndarray, np.ndarray]) -> None:
+    """OrtserveClient / AsyncOrtserveClient: tokenize, detokenize, embed with dimensions and rerank answer what the
+    references outside the server give; a refused field comes back as OrtserveError naming it."""
+    import asyncio
+
+    from clients import AsyncOrtserveClient, OrtserveClient, OrtserveError
+
+    scores, _ = cross_reference
+    order = list(np.argsort(-scores, kind="stable"))
+    with OrtserveClient(server.address, timeout=60) as client:
+        tokens = client.tokenize(QUERY, MINILM)
+        want = http.post("/tokenize", json={"model": MINILM, "prompt": QUERY, "return_token_strs": True}).json()
+        assert tokens.ids == want["tokens"] and tokens.max_length == want["max_model_len"]
+        assert tokens.tokens[0].special and QUERY[tokens.tokens[1].start:tokens.tokens[1].stop] == "the"
+        assert client.detokenize(tokens.ids[1:-1], MINILM) == QUERY
+        vectors = client.embed([QUERY, *DOCUMENTS], MINILM, dimensions=64)
+        np.testing.assert_allclose([v.values for v in vectors], cut(full_vectors, 64), atol=2e-5)
+        ranked = client.rerank(QUERY, DOCUMENTS, CROSS, top_n=2, return_documents=True)
+        assert [r.index for r in ranked] == order[:2] and ranked[0].document == DOCUMENTS[order[0]]
+        np.testing.assert_allclose([r.score for r in ranked], scores[order[:2]], atol=1e-5)
+        with pytest.raises(OrtserveError, match="top_n"):
+            client.rerank(QUERY, DOCUMENTS, CROSS, top_n=0)
+        with pytest.raises(OrtserveError, match="dimensions"):
+            client.embed(QUERY, PLAIN, dimensions=8)
+
+    async def run() -> None:
+        async with AsyncOrtserveClient(server.address, timeout=60) as aclient:
+            assert (await aclient.tokenize(QUERY, MINILM)).ids == tokens.ids
+            assert await aclient.detokenize(tokens.ids[1:-1], MINILM) == QUERY
+            got = await aclient.rerank(QUERY, DOCUMENTS, CROSS)
+            assert [r.index for r in got] == order and got[0].document == ""
+            assert len((await aclient.embed(QUERY, MINILM, dimensions=1))[0].values) == 1
+    asyncio.run(run())
