@@ -20,6 +20,7 @@ from typing import Any
 from ray import serve
 from ray.serve.config import AutoscalingConfig
 
+from server import tracing
 from server.dataplane import DataPlane
 from server.http.app import build_app
 from server.metrics import Metrics
@@ -78,6 +79,7 @@ class _Replica:
 
     async def __init__(self, repository: str, server_args: list[str]) -> None:
         self.settings = replica_settings(repository, server_args)
+        tracing.configure(self.settings.otlp_endpoint)  # one replica per process: the process's exporter
         self.plane = DataPlane(self.settings, Metrics())
         self.grpc_servicers = servicers(self.plane)
         await self.plane.open(poll=True)
