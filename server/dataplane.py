@@ -97,7 +97,7 @@ class Lease:
         self._started = time.perf_counter()
         # dataplane.<operation>, a child of the door's span (None unless tracing)
         self.span = tracing.start(f"dataplane.{operation}", model=version.name, version=version.version) \
-            if operation else None
+            if operation and tracing.enabled() else None
         self._token = None
 
     def __enter__(self) -> ServedModel:
@@ -113,7 +113,8 @@ class Lease:
         self._plane._done(self._version)
         if self.span is not None:
             tracing.reset(self._token)
-            tracing.end(self.span, exc if exc is not None else (kind() if kind is not None else None))
+            tracing.end(self.span, exc if exc is not None else
+                        (RuntimeError(kind.__name__) if kind is not None else None))
 
 
 class _SharedLease:
@@ -141,7 +142,7 @@ class _Parts:
                  held: _SharedLease, parent_span: Any = None) -> None:
         self._served, self._chunks, self._echo, self._held = served, chunks, echo, held
         self._open = True
-        self._spans = _StreamSpans(parent_span)
+        self._spans = _StreamSpans(parent_span) if parent_span is not None else None
 
     def __aiter__(self) -> "_Parts":
         return self
@@ -160,7 +161,8 @@ class _Parts:
         text = None
         if self._echo is not None:
             text, self._echo = _prompt_text(self._served, self._echo), None
-        self._spans.chunk(chunk)
+        if self._spans is not None:
+            self._spans.chunk(chunk)
         if chunk.final:
             self._end(True)
         return StreamPart(model=self._served.name, version=self._served.version, chunk=chunk, prompt_text=text)
@@ -175,7 +177,8 @@ class _Parts:
     def _end(self, ok: bool) -> None:
         if self._open:
             self._open = False
-            self._spans.end(ok)
+            if self._spans is not None:
+                self._spans.end(ok)
             self._held.end(ok)
 
 
@@ -187,13 +190,11 @@ class _StreamSpans:
 
     def __init__(self, parent: Any) -> None:
         self._parent = parent
-        self._first = tracing.start("engine.first_token", parent) if parent is not None else None
+        self._first = tracing.start("engine.first_token", parent)
         self._decode: Any = None
         self._tokens = 0
 
     def chunk(self, chunk: StreamChunk) -> None:
-        if self._parent is None:
-            return
         self._tokens += len(chunk.tokens)
         if self._first is not None:
             tracing.end(self._first)
@@ -201,8 +202,6 @@ class _StreamSpans:
             self._decode = tracing.start("engine.decode", self._parent)
 
     def end(self, ok: bool) -> None:
-        if self._parent is None:
-            return
         error = None if ok else RuntimeError("stream closed before its end")
         tracing.end(self._first, error)
         tracing.end(self._decode, error, tokens=self._tokens)
@@ -367,18 +366,20 @@ class DataPlane:
         lease = self.lease(model, version, "generate_stream")
         with lease as served:
             chunks = served.stream(prompt, params, deadline)
-            spans = _StreamSpans(lease.span)
+            spans = _StreamSpans(lease.span) if lease.span is not None else None
             first = echo
             ok = False
             try:
                 async for chunk in chunks:
                     text = _prompt_text(served, prompt) if first else None
                     first = False
-                    spans.chunk(chunk)
+                    if spans is not None:
+                        spans.chunk(chunk)
                     yield StreamPart(model=served.name, version=served.version, chunk=chunk, prompt_text=text)
                 ok = True
             finally:
-                spans.end(ok)
+                if spans is not None:
+                    spans.end(ok)
                 await chunks.aclose()  # type: ignore[attr-defined]
 
     async def generate_streams(self, model: str, version: int, jobs: list[tuple[str | list[int], GenerationParams]],

@@ -78,7 +78,7 @@ class EncoderModel(ServedModel):
         """Every output for these rows through the batcher; more rows than a batch go in several pieces."""
         rows = next(iter(feeds.values())).shape[0]
         size = self.max_batch_size
-        span = tracing.start("batcher", rows=rows)  # None unless tracing
+        span = tracing.start("batcher", rows=rows) if tracing.enabled() else None
         try:
             if rows <= size:
                 outputs = await self.batcher.submit(feeds, deadline)

@@ -23,7 +23,7 @@ import contextvars
 import itertools
 import logging
 import os
-from typing import Any, Iterable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,8 @@ _tracer: Any = None          # an opentelemetry Tracer while tracing is on
 _propagator: Any = None      # W3C TraceContext
 _provider: Any = None
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("ortserve_span", default=None)
-request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("ortserve_request_id", default=None)
+# the caller's id (str), or this process's counter (int, formatted only when a record is logged)
+request_id: contextvars.ContextVar[str | int | None] = contextvars.ContextVar("ortserve_request_id", default=None)
 _ids = itertools.count(1)
 _PREFIX = f"{os.getpid():x}"
 
@@ -72,25 +73,29 @@ def shutdown() -> None:
 
 # ---------------------------------------------------------------------------------------------- spans
 
-def start_door(name: str, headers: Iterable[tuple[str, str]]) -> Any:
-    """The door's span, child of the caller's traceparent if any; sets the request id. None when off."""
-    given = None
-    traceparent = None
-    for key, value in headers:
-        key = key.lower()
-        if key == "x-request-id":
-            given = value[:128]
-        elif key == "traceparent":
-            traceparent = value
-    span = None
-    if _tracer is not None:
-        from opentelemetry.trace import SpanKind
+def _header(headers: Any, name: str) -> str | None:
+    get = getattr(headers, "get", None)   # HTTP: Starlette's case-insensitive Headers
+    if get is not None:
+        return get(name)
+    for key, value in headers:           # gRPC: invocation metadata, lower-case keys
+        if key == name:
+            return value if isinstance(value, str) else None
+    return None
 
-        parent = _propagator.extract({"traceparent": traceparent}) if traceparent else None
-        span = _tracer.start_span(name, context=parent, kind=SpanKind.SERVER)
-        if given is None:
-            given = format(span.get_span_context().trace_id, "032x")
-    request_id.set(given or f"{_PREFIX}-{next(_ids):x}")
+
+def start_door(door: str, method: str, headers: Any) -> Any:
+    """The door's span `<door>.<method>`, child of the caller's traceparent if any, and the request id.
+    headers: Starlette Headers or gRPC invocation metadata. None when tracing is off."""
+    given = _header(headers, "x-request-id")
+    if _tracer is None:
+        request_id.set(given[:128] if given else next(_ids))
+        return None
+    from opentelemetry.trace import SpanKind
+
+    traceparent = _header(headers, "traceparent")
+    parent = _propagator.extract({"traceparent": traceparent}) if traceparent else None
+    span = _tracer.start_span(f"{door}.{method}", context=parent, kind=SpanKind.SERVER)
+    request_id.set(given[:128] if given else format(span.get_span_context().trace_id, "032x"))
     return span
 
 
@@ -143,5 +148,5 @@ class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         rid = request_id.get()
         if rid is not None and not hasattr(record, "request_id"):
-            record.request_id = rid
+            record.request_id = rid if isinstance(rid, str) else f"{_PREFIX}-{rid:x}"
         return True

@@ -42,7 +42,7 @@ class guarded:
     async def __aenter__(self) -> None:
         self._started = time.perf_counter()
         # the request id, and the door's span when tracing (child of the caller's traceparent metadata)
-        self._span = tracing.start_door(f"grpc.{self._method}", self._context.invocation_metadata() or ())
+        self._span = tracing.start_door("grpc", self._method, self._context.invocation_metadata() or ())
         self._token = tracing.use(self._span)
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:

@@ -62,7 +62,7 @@ def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handl
             code = "CANCELLED"
             streaming = False
             # the request id, and the door's span when tracing (child of the caller's traceparent)
-            span = tracing.start_door(f"http.{method}", request.headers.items())
+            span = tracing.start_door("http", method, request.headers)
             token = tracing.use(span)
             try:
                 if not open_route:
