@@ -1,19 +1,22 @@
 """A two-node Ray cluster on this machine, each node in its own network namespace (root only).
 
-    root namespace:  bridge ortsbr0 10.231.0.1/24  (the test's clients)
-    ortserve-head:   10.231.0.2   `ray start --head`, the Serve controller and a proxy
-    ortserve-worker: 10.231.0.3   `ray start --address 10.231.0.2:6390`
+    root namespace:        bridge ortsb<id> 10.<a>.<b>.1/24   (the test's clients)
+    ortserve-head-<id>:    10.<a>.<b>.2   `ray start --head`, the Serve controller and a proxy
+    ortserve-worker-<id>:  10.<a>.<b>.3   `ray start --address 10.<a>.<b>.2:6390`
 
-Each node has its own addresses and ports, so two nodes cannot share a socket by accident, and a process of
-one node is told from the other's by its network namespace (`ip netns pids`). Stopping kills exactly the
-processes in the two namespaces (never `ray stop`, which would stop every Ray on the machine), then removes the
-namespaces and the bridge.
+<id> is the owning process's pid (and <a>.<b> derived from it), so two runs on one machine cannot collide; a
+run's start removes what a dead run left. Each node has its own addresses and ports, so two nodes cannot share
+a socket by accident, and a process of one node is told from the other's by its network namespace
+(`ip netns pids`). Stopping kills exactly the processes in the two namespaces (never `ray stop`, which would
+stop every Ray on the machine), then removes the namespaces, the bridge and the session files.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,10 +27,9 @@ from typing import Sequence
 
 log = logging.getLogger(__name__)
 
-BRIDGE = "ortsbr0"
-BRIDGE_ADDRESS = "10.231.0.1"
 GCS_PORT = 6390
 RAY = str(Path(sys.executable).with_name("ray"))
+_OWNED = re.compile(r"^ortserve-(head|worker)-(\d+)\b")
 
 
 class ClusterError(RuntimeError):
@@ -41,8 +43,11 @@ class Node:
     veth: str
 
 
-HEAD = Node("ortserve-head", "10.231.0.2", "ortsv-head")
-WORKER = Node("ortserve-worker", "10.231.0.3", "ortsv-worker")
+def _nodes(owner: int) -> tuple[str, str, "Node", "Node"]:
+    """(bridge, bridge address, head, worker) of the cluster owned by process `owner`."""
+    net = f"10.{100 + (owner >> 8) % 150}.{owner % 256}"
+    return (f"ortsb{owner}", f"{net}.1", Node(f"ortserve-head-{owner}", f"{net}.2", f"ortsh{owner}"),
+            Node(f"ortserve-worker-{owner}", f"{net}.3", f"ortsw{owner}"))
 
 
 def _run(*cmd: str, check: bool = True, timeout: float = 120, env: dict[str, str] | None = None
@@ -65,22 +70,23 @@ def namespaces_available() -> str | None:
 
 
 class RayCluster:
-    def __init__(self, num_cpus: int = 1, env: dict[str, str] | None = None,
-                 temp_dir: Path = Path("/tmp/ortserve-ray")) -> None:
-        """temp_dir: the head's Ray session files (its logs), apart from any other Ray on this machine; short,
-        for Ray's unix socket paths."""
+    def __init__(self, num_cpus: int = 1, env: dict[str, str] | None = None, owner: int | None = None) -> None:
+        self.owner = os.getpid() if owner is None else owner
+        self.bridge, self.bridge_address, self.head, self.worker = _nodes(self.owner)
         self.num_cpus = num_cpus
-        self.temp_dir = temp_dir
+        # the head's Ray session files (its logs), apart from any other Ray here; short, for Ray's socket paths
+        self.temp_dir = Path(f"/tmp/ortserve-ray-{self.owner}")
         # Ray's token authentication, with a token of this cluster's own (not ~/.ray/auth_token).
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
                     "RAY_AUTH_TOKEN": secrets.token_hex(32), **(env or {})}
 
     @property
     def gcs(self) -> str:
-        return f"{HEAD.address}:{GCS_PORT}"
+        return f"{self.head.address}:{GCS_PORT}"
 
     def start(self) -> "RayCluster":
-        self.stop()  # what an interrupted run left
+        _remove_dead_owners()  # what an interrupted run left
+        self.stop()
         try:
             self._start()
         except BaseException:
@@ -89,21 +95,21 @@ class RayCluster:
         return self
 
     def _start(self) -> None:
-        _run("ip", "link", "add", BRIDGE, "type", "bridge")
-        _run("ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE)
-        _run("ip", "link", "set", BRIDGE, "up")
-        for node in (HEAD, WORKER):
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        for node in (self.head, self.worker):
             _run("ip", "netns", "add", node.namespace)
             _run("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.namespace)
-            _run("ip", "link", "set", node.veth, "master", BRIDGE)
+            _run("ip", "link", "set", node.veth, "master", self.bridge)
             _run("ip", "link", "set", node.veth, "up")
             self.exec(node, "ip", "addr", "add", f"{node.address}/24", "dev", "eth0")
             self.exec(node, "ip", "link", "set", "eth0", "up")
             self.exec(node, "ip", "link", "set", "lo", "up")
         common = ["--num-cpus", str(self.num_cpus), "--disable-usage-stats"]
-        self.exec(HEAD, RAY, "start", "--head", "--node-ip-address", HEAD.address, "--port", str(GCS_PORT), *common,
+        self.exec(self.head, RAY, "start", "--head", "--node-ip-address", self.head.address, "--port", str(GCS_PORT), *common,
                   "--include-dashboard=false", "--temp-dir", str(self.temp_dir), timeout=180)
-        self.exec(WORKER, RAY, "start", "--address", self.gcs, "--node-ip-address", WORKER.address, *common,
+        self.exec(self.worker, RAY, "start", "--address", self.gcs, "--node-ip-address", self.worker.address, *common,
                   timeout=180)
 
     def exec(self, node: Node, *cmd: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
@@ -137,7 +143,7 @@ class RayCluster:
         return found
 
     def stop(self) -> None:
-        for node in (WORKER, HEAD):
+        for node in (self.worker, self.head):
             if Path(f"/run/netns/{node.namespace}").exists():
                 for _ in range(3):
                     pids = self.pids(node)
@@ -151,7 +157,8 @@ class RayCluster:
                     time.sleep(0.5)
                 _run("ip", "netns", "del", node.namespace, check=False)
             _run("ip", "link", "del", node.veth, check=False)
-        _run("ip", "link", "del", BRIDGE, check=False)
+        _run("ip", "link", "del", self.bridge, check=False)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
         # `ray start --head` wrote its address here; a later ray.init(address=None) would try the dead cluster
         current = Path("/tmp/ray/ray_current_cluster")
         if current.exists() and current.read_text().strip() == self.gcs:
@@ -162,3 +169,12 @@ class RayCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _remove_dead_owners() -> None:
+    """Clusters whose owning process is gone (a run killed before its cleanup)."""
+    listed = _run("ip", "netns", "list", check=False).stdout.splitlines()
+    owners = {int(m.group(2)) for m in map(_OWNED.match, listed) if m}
+    for owner in owners:
+        if not Path(f"/proc/{owner}").exists():
+            RayCluster(owner=owner).stop()

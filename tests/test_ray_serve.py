@@ -30,7 +30,7 @@ from testing.httpmix import HttpMix, MixConfig, summary
 
 pytest.importorskip("ray.serve", reason="the optional extra 'ray' is not installed (pip install -e '.[ray]')")
 
-from testing.raycluster import HEAD, WORKER, RayCluster, namespaces_available  # noqa: E402
+from testing.raycluster import RayCluster, namespaces_available  # noqa: E402
 
 pytestmark = [pytest.mark.ray_cluster, pytest.mark.timeout(300)]
 REPLICA = "ServeReplica:ortserve:ortserve"
@@ -67,14 +67,14 @@ def cluster() -> Iterator[RayCluster]:
 def deploy(cluster: RayCluster, repository: Path, *args: str) -> float:
     """`python -m server.ray --detach` in the head's namespace; the seconds it took (it returns when ready)."""
     started = time.monotonic()
-    cluster.exec(HEAD, sys.executable, "-m", "server.ray", "--address", cluster.gcs, "--detach", "--repository",
+    cluster.exec(cluster.head, sys.executable, "-m", "server.ray", "--address", cluster.gcs, "--detach", "--repository",
                  str(repository), "--http-host", "0.0.0.0", "--http-port", str(PORT), "--grpc-port", str(GRPC_PORT), "--max-ongoing-requests",
                  str(MAX_ONGOING), "--graceful-shutdown-timeout", "15", *args, timeout=240)
     return time.monotonic() - started
 
 
 def replicas(cluster: RayCluster) -> dict[str, list[int]]:
-    return {node.namespace: cluster.processes(node, REPLICA) for node in (HEAD, WORKER)}
+    return {node.namespace: cluster.processes(node, REPLICA) for node in (cluster.head, cluster.worker)}
 
 
 def wait_for(condition, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
@@ -86,8 +86,8 @@ def wait_for(condition, timeout: float, what: str) -> float:  # type: ignore[no-
     raise AssertionError(f"{what} not within {timeout:.0f} s")
 
 
-def mix(**overrides) -> HttpMix:  # type: ignore[no-untyped-def]
-    config = MixConfig(host=HEAD.address, port=PORT, classifier="tiny-classifier", embedder="tiny-embed",
+def mix(cluster: RayCluster, **overrides) -> HttpMix:  # type: ignore[no-untyped-def]
+    config = MixConfig(host=cluster.head.address, port=PORT, classifier="tiny-classifier", embedder="tiny-embed",
                        generator="tiny-gpt", clients=6, max_requests=5000, stream_tokens=64)
     for key, value in overrides.items():
         setattr(config, key, value)
@@ -98,7 +98,7 @@ def report(name: str, figures: dict) -> None:
     print(f"\n[ray-serve] {name}: {json.dumps(figures)}")
 
 
-def grpc_through_the_proxy() -> None:
+def grpc_through_the_proxy(cluster: RayCluster) -> None:
     """The task API and KServe v2 over Ray Serve's gRPC proxy: unary, server streaming, and the server's own status
     codes (server/ray/grpc_bridge.py)."""
     import grpc
@@ -108,7 +108,7 @@ def grpc_through_the_proxy() -> None:
     from protos import ortserve_pb2 as pb
     from protos import ortserve_pb2_grpc as rpc
 
-    with grpc.insecure_channel(f"{HEAD.address}:{GRPC_PORT}") as channel:
+    with grpc.insecure_channel(f"{cluster.head.address}:{GRPC_PORT}") as channel:
         task, kserve = rpc.TaskServiceStub(channel), krpc.GRPCInferenceServiceStub(channel)
         answer = task.Classify(pb.ClassifyRequest(model="tiny-classifier", inputs=[pb.TextInput(text="a fine day")]),
                                timeout=30)
@@ -139,10 +139,10 @@ def test_two_nodes_downscale_redeploy_and_a_killed_replica(cluster: RayCluster, 
     placed = replicas(cluster)
     assert [len(p) for p in placed.values()] == [1, 1], placed  # one replica on each node
     report("deployed", {"seconds": round(took, 1), "replica pids by node": placed})
-    grpc_through_the_proxy()
+    grpc_through_the_proxy(cluster)
 
     # (a) downscale and redeploy under load: Ray Serve stops routing to a replica it removes and lets it finish
-    load = mix().start()
+    load = mix(cluster).start()
     time.sleep(3)
     down = deploy(cluster, ray_repository, "--replicas", "1")
     wait_for(lambda: sum(map(len, replicas(cluster).values())) == 1, 60, "one replica after the downscale")
@@ -160,15 +160,15 @@ def test_two_nodes_downscale_redeploy_and_a_killed_replica(cluster: RayCluster, 
     assert replicas(cluster) != placed  # the redeploy replaced both replicas
 
     # (b) SIGKILL of the worker's replica under load, idempotent calls retried by the client
-    (victim,) = replicas(cluster)[WORKER.namespace]
-    load = mix(retry_idempotent=True).start()
+    (victim,) = replicas(cluster)[cluster.worker.namespace]
+    load = mix(cluster, retry_idempotent=True).start()
     time.sleep(3)
     started_before = started_replicas(cluster)
     inflight_at_kill = load.inflight
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     recovered = wait_for(lambda: sorted(map(len, replicas(cluster).values())) == [1, 1]
-                         and victim not in replicas(cluster)[WORKER.namespace], RECOVERY_BOUND_S,
+                         and victim not in replicas(cluster)[cluster.worker.namespace], RECOVERY_BOUND_S,
                          "a new replica in place of the killed one")
     ready = wait_for(lambda: started_replicas(cluster) > started_before, RECOVERY_BOUND_S,
                      "the new replica's data plane loaded")
