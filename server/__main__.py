@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import NoReturn, Sequence
 
-from server import eventloop
+from server import eventloop, tracing
 from server.app import OrtServer, StartupError
 from server.logs import configure_logging
 from server.sessions import resolve_providers
@@ -35,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(exc), code=1)
     configure_logging(settings.log_format, settings.log_level)
     try:
+        tracing.configure(settings.otlp_endpoint)
+    except RuntimeError as exc:  # the extra is not installed
+        _fail(str(exc))
+    try:
         eventloop.run(OrtServer(settings).run_until_signal(), settings.event_loop)
     except StartupError as exc:
         _fail(str(exc))
@@ -42,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(exc), code=1)
     except KeyboardInterrupt:
         pass
+    finally:
+        tracing.shutdown()
     return 0
 
 

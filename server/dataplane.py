@@ -16,11 +16,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import numpy as np
 from prometheus_client import generate_latest
 
+from server import tracing
 from server.admission import AdmissionLimits
 from server.batching import BatchConfig
 from server.errors import Code, ServingError
@@ -91,14 +92,19 @@ class Lease:
     """A request's hold on one model version (a plain class: this runs on every request, and a generator-based
     context manager costs several times as much)."""
 
-    __slots__ = ("_plane", "_version", "_started")
+    __slots__ = ("_plane", "_version", "_started", "span", "_token")
 
-    def __init__(self, plane: "DataPlane", version: ModelVersion) -> None:
+    def __init__(self, plane: "DataPlane", version: ModelVersion, operation: str = "") -> None:
         self._plane = plane
         self._version = version
         self._started = time.perf_counter()
+        # dataplane.<operation>, a child of the door's span (None unless tracing)
+        self.span = tracing.start(f"dataplane.{operation}", model=version.name, version=version.version) \
+            if operation and tracing.enabled() else None
+        self._token = None
 
     def __enter__(self) -> ServedModel:
+        self._token = tracing.use(self.span)
         try:
             return self._version.model
         except BaseException as exc:  # no served model after all: the lease ends here, counted as a failure
@@ -108,6 +114,10 @@ class Lease:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self._version.stats.record_request(kind is None, time.perf_counter() - self._started)
         self._plane._done(self._version)
+        if self.span is not None:
+            tracing.reset(self._token)
+            tracing.end(self.span, exc if exc is not None else
+                        (RuntimeError(kind.__name__) if kind is not None else None))
 
 
 class _SharedLease:
@@ -132,9 +142,10 @@ class _Parts:
     its end, or aclose(), gives back its share of the request's lease."""
 
     def __init__(self, served: ServedModel, chunks: AsyncIterator[StreamChunk], echo: str | list[int] | None,
-                 held: _SharedLease) -> None:
+                 held: _SharedLease, parent_span: Any = None) -> None:
         self._served, self._chunks, self._echo, self._held = served, chunks, echo, held
         self._open = True
+        self._spans = _StreamSpans(parent_span) if parent_span is not None else None
 
     def __aiter__(self) -> "_Parts":
         return self
@@ -153,6 +164,8 @@ class _Parts:
         text = None
         if self._echo is not None:
             text, self._echo = _prompt_text(self._served, self._echo), None
+        if self._spans is not None:
+            self._spans.chunk(chunk)
         if chunk.final:
             self._end(True)
         return StreamPart(model=self._served.name, version=self._served.version, chunk=chunk, prompt_text=text)
@@ -167,7 +180,35 @@ class _Parts:
     def _end(self, ok: bool) -> None:
         if self._open:
             self._open = False
+            if self._spans is not None:
+                self._spans.end(ok)
             self._held.end(ok)
+
+
+class _StreamSpans:
+    """A stream's engine spans (tracing on): engine.first_token from submission to the first chunk, then
+    engine.decode to the last; children of the data plane's span."""
+
+    __slots__ = ("_parent", "_first", "_decode", "_tokens")
+
+    def __init__(self, parent: Any) -> None:
+        self._parent = parent
+        self._first = tracing.start("engine.first_token", parent)
+        self._decode: Any = None
+        self._tokens = 0
+
+    def chunk(self, chunk: StreamChunk) -> None:
+        self._tokens += len(chunk.tokens)
+        if self._first is not None:
+            tracing.end(self._first)
+            self._first = None
+            self._decode = tracing.start("engine.decode", self._parent)
+
+    def end(self, ok: bool) -> None:
+        error = None if ok else RuntimeError("stream closed before its end")
+        tracing.end(self._first, error)
+        tracing.end(self._decode, error, tokens=self._tokens)
+        self._first = self._decode = None
 
 
 class DataPlane:
@@ -247,6 +288,8 @@ class DataPlane:
         """A front door's answered request, in the request metrics. Only names of loaded models become label
         values: arbitrary client strings would explode the metrics' cardinality."""
         self.metrics.record_request(model if self.repository.knows(model) else "", method, code, seconds)
+        if log.isEnabledFor(logging.DEBUG):  # an access log at --log-level DEBUG (with request_id in JSON)
+            log.debug("%s %s %s %.1f ms", method, model or "-", code, seconds * 1e3)
 
     def model_health(self, name: str) -> bool | None:
         """Health of one model name: True when a version serves, False when not, None for an unknown name."""
@@ -275,33 +318,34 @@ class DataPlane:
         if self._inflight == 0:
             self._idle.set()
 
-    def lease(self, name: str, version: int = 0) -> "Lease":
+    def lease(self, name: str, version: int = 0, operation: str = "") -> "Lease":
         """`with plane.lease(name, version) as served:` the served model of a SERVING version, counted in flight
-        (and in its statistics) while held. Admission happens here, before the `with` body runs."""
-        return Lease(self, self._admit(name, version))
+        (and in its statistics) while held. Admission happens here, before the `with` body runs. operation names
+        the request's span (dataplane.<operation>) when tracing."""
+        return Lease(self, self._admit(name, version), operation)
 
     # ------------------------------------------------------------------ tasks
 
     async def classify(self, model: str, version: int, inputs: list[tuple[str, str | None]], top_k: int = 0,
                        truncate: bool = False, deadline: float | None = None) -> ClassifyResult:
-        with self.lease(model, version) as served:
+        with self.lease(model, version, "classify") as served:
             return await served.classify(inputs, top_k, truncate, deadline)
 
     async def fill_mask(self, model: str, version: int, texts: list[str], top_k: int = 5, truncate: bool = False,
                         deadline: float | None = None) -> FillMaskResult:
-        with self.lease(model, version) as served:
+        with self.lease(model, version, "fill_mask") as served:
             return await served.fill_mask(texts, top_k, truncate, deadline)
 
     async def embed(self, model: str, version: int, texts: list[str], truncate: bool = False,
                     deadline: float | None = None, dimensions: int | None = None) -> EmbedResult:
         """dimensions: the vector length the caller asks for (OpenAI's; server/matryoshka.py), checked up front."""
-        with self.lease(model, version) as served:
+        with self.lease(model, version, "embed") as served:
             return await served.embed(texts, truncate, deadline, dimensions)
 
     async def score(self, model: str, version: int, pairs: Pairs, truncate: bool = False,
                     deadline: float | None = None) -> ScoreResult:
         """Each text pair's relevance, in order (server/rerank.py: a cross-encoder's or an embedding model's)."""
-        with self.lease(model, version) as served:
+        with self.lease(model, version, "score") as served:
             return ScoreResult(model=served.name, version=served.version,
                                scores=await served.score(pairs, truncate, deadline))
 
@@ -318,7 +362,7 @@ class DataPlane:
     async def generate(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None = None, echo: bool = False) -> GenerateResult:
         """echo: the result carries the prompt's text (what an echoing answer starts with)."""
-        with self.lease(model, version) as served:
+        with self.lease(model, version, "generate") as served:
             output = await served.generate(prompt, params, deadline)
             return GenerateResult(model=served.name, version=served.version, output=output,
                                   prompt_text=_prompt_text(served, prompt) if echo else None)
@@ -329,7 +373,7 @@ class DataPlane:
         """Every (prompt, params) of one request (KServe's prompts, OpenAI's prompts x n) on one version, admitted
         together or refused before any starts; one failing, or the caller going away, cancels the others.
         `field` names the request's prompts in a refusal of their number."""
-        with self.lease(model, version) as served:
+        with self.lease(model, version, "generate_many") as served:
             outputs = await served.generate_many(jobs, deadline, field)
             return [GenerateResult(model=served.name, version=served.version, output=output,
                                    prompt_text=_prompt_text(served, prompt) if echo else None)
@@ -339,15 +383,23 @@ class DataPlane:
                               deadline: float | None = None, echo: bool = False) -> AsyncIterator[StreamPart]:
         """Chunks with the version that produces them; closing the iterator cancels the sequence. echo: the first
         part carries the prompt's text."""
-        with self.lease(model, version) as served:
+        lease = self.lease(model, version, "generate_stream")
+        with lease as served:
             chunks = served.stream(prompt, params, deadline)
+            spans = _StreamSpans(lease.span) if lease.span is not None else None
             first = echo
+            ok = False
             try:
                 async for chunk in chunks:
                     text = _prompt_text(served, prompt) if first else None
                     first = False
+                    if spans is not None:
+                        spans.chunk(chunk)
                     yield StreamPart(model=served.name, version=served.version, chunk=chunk, prompt_text=text)
+                ok = True
             finally:
+                if spans is not None:
+                    spans.end(ok)
                 await chunks.aclose()  # type: ignore[attr-defined]
 
     async def generate_streams(self, model: str, version: int, jobs: list[tuple[str | list[int], GenerationParams]],
@@ -355,7 +407,7 @@ class DataPlane:
                                field: str = "prompt") -> list[AsyncIterator[StreamPart]]:
         """generate_stream for every (prompt, params) of one request, admitted together (as generate_many): the
         request holds its version until the last stream is closed (or ends); close every one."""
-        lease = self.lease(model, version)
+        lease = self.lease(model, version, "generate_streams")
         served = lease.__enter__()
         try:
             streams = await served.stream_many(jobs, deadline, field)
@@ -363,7 +415,8 @@ class DataPlane:
             lease.__exit__(type(exc), exc, None)
             raise
         held = _SharedLease(lease, len(streams))
-        return [_Parts(served, stream, prompt if echo else None, held) for stream, (prompt, _) in zip(streams, jobs)]
+        return [_Parts(served, stream, prompt if echo else None, held, lease.span)
+                for stream, (prompt, _) in zip(streams, jobs)]
 
     async def tokenize(self, model: str, version: int, text: str) -> Tokenized:
         """The tokens any model makes of a text (a generation model's: the prompt ids it would run), with strings,
@@ -386,7 +439,7 @@ class DataPlane:
     async def infer(self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str] | None = None,
                     deadline: float | None = None) -> InferResult:
         """Graph tensors in, graph outputs out (encoders: through the model's dynamic batcher)."""
-        with self.lease(model, version) as served:
+        with self.lease(model, version, "infer") as served:
             result = await served.infer(inputs, outputs, deadline)
             return InferResult(model=served.name, version=served.version, outputs=select_outputs(result, outputs))
 

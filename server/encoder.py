@@ -14,6 +14,7 @@ import functools
 import numpy as np
 
 from modelpkg import TOKENIZER_FILE
+from server import tracing
 from server.admission import check_candidates, check_response_bytes, check_rows, fill_mask_bytes, tensor_bytes
 from server.batching import DynamicBatcher
 from server.consistency import check_tokenizer, probe_encoder
@@ -80,11 +81,20 @@ class EncoderModel(ServedModel):
         """Every output for these rows through the batcher; more rows than a batch go in several pieces."""
         rows = next(iter(feeds.values())).shape[0]
         size = self.max_batch_size
-        if rows <= size:
-            return await self.batcher.submit(feeds, deadline)
-        pieces = await run_in_pieces(self.batcher.enqueue, feeds, size, self.runtime.admission.max_pieces_per_request,
-                                     deadline)
-        return {name: np.concatenate([self._widen(p[name], pieces, name) for p in pieces]) for name in pieces[0]}
+        span = tracing.start("batcher", rows=rows) if tracing.enabled() else None
+        try:
+            if rows <= size:
+                outputs = await self.batcher.submit(feeds, deadline)
+            else:
+                pieces = await run_in_pieces(self.batcher.enqueue, feeds, size,
+                                             self.runtime.admission.max_pieces_per_request, deadline)
+                outputs = {name: np.concatenate([self._widen(p[name], pieces, name) for p in pieces])
+                           for name in pieces[0]}
+        except BaseException as exc:
+            tracing.end(span, exc)
+            raise
+        tracing.end(span)
+        return outputs
 
     @staticmethod
     def _widen(array: np.ndarray, pieces: list[Feeds], name: str) -> np.ndarray:

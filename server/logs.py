@@ -6,6 +6,8 @@ import logging
 import sys
 import time
 
+from server.tracing import RequestIdFilter
+
 # Attributes every LogRecord has; anything else was passed via `extra=` and goes into the JSON object.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -31,6 +33,7 @@ def configure_logging(fmt: str = "text", level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
+        handler.addFilter(RequestIdFilter())  # records logged while serving a request carry its request_id
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

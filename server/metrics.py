@@ -46,6 +46,10 @@ class Metrics:
         self.cache_slots = Gauge(
             "ortserve_cache_slots", "KV-cache slots of an in-place-cache decoder, by state (used / total).",
             ["model", "state"], registry=r)
+        self.kv_cache_usage = Gauge(
+            "ortserve_kv_cache_usage_ratio", "Share of a decoder's KV-cache slots in use (0-1): with "
+            "ortserve_queued_requests, what a load-aware router (the Kubernetes inference gateway) reads.",
+            ["model"], registry=r)
         self.prefill_chunks = Counter(
             "ortserve_prefill_chunks", "Prompt chunks prefilled (a long prompt is cut into several).",
             ["model"], registry=r)

@@ -89,6 +89,7 @@ class ServerSettings:
     variant: str = VARIANT_AUTO           # "auto" = the manifest's default_variant for the device
     log_format: str = "text"
     log_level: str = "INFO"
+    otlp_endpoint: str | None = None      # OpenTelemetry traces over OTLP/gRPC (server/tracing.py); None = off
 
     def validate(self) -> "ServerSettings":
         """Raises SettingsError naming the first bad field; returns self."""
@@ -134,6 +135,8 @@ class ServerSettings:
             raise bad("auth_token", "must not be empty")
         if self.event_loop not in EVENT_LOOPS:
             raise bad("event_loop", f"must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise bad("otlp_endpoint", f"must be http://HOST:PORT or https://HOST:PORT, got {self.otlp_endpoint!r}")
         if self.log_format not in LOG_FORMATS:
             raise bad("log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.log_level.upper() not in _LOG_LEVELS:
@@ -272,6 +275,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                                      "package's default_variant for the device)")
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json lines")
     p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    p.add_argument("--otlp-endpoint", help="send OpenTelemetry traces to this OTLP/gRPC collector "
+                                           "(http://HOST:4317; needs the extra 'tracing'); default: off")
     return p
 
 

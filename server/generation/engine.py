@@ -615,6 +615,7 @@ class GenerationEngine:
             m.tokens_in_flight.set(sum(s.budget for s in self._sequences()))
             m.slots_used.set(self._scheduler.occupied_slots)
             m.slots_total.set(self._scheduler.config.num_slots)
+            m.kv_cache_usage.set(self._scheduler.occupied_slots / max(self._scheduler.config.num_slots, 1))
 
     def _check_logits(self, logits: np.ndarray, batch: int, what: str) -> None:
         if logits.ndim != 2 or logits.shape[0] != batch or logits.shape[1] < self.spec.vocab_size:
@@ -695,3 +696,4 @@ class _ModelMetrics:
         self.prefix_reused_tokens = metrics.prefix_reused_tokens.labels(model=label)
         self.slots_used = metrics.cache_slots.labels(model=label, state="used")
         self.slots_total = metrics.cache_slots.labels(model=label, state="total")
+        self.kv_cache_usage = metrics.kv_cache_usage.labels(model=label)

@@ -1,8 +1,8 @@
 """Optional bearer-token authentication: `authorization: Bearer <token>` metadata on every call.
 
 What stays open without the token is what tells nothing of the models (docs/protocol.md, Authentication):
-grpc.health.v1 Check and Watch of the whole server (service "" or one of the API service names), so that load
-balancers and orchestrators can probe without the secret. The health of a named service needs the token, whether
+grpc.health.v1 Check and Watch of the whole server (service "", one of the API service names, or "liveness"), so
+that load balancers and orchestrators can probe without the secret. The health of a named service needs the token, whether
 the name is a model's or not: the answer (SERVING / NOT_SERVING / NOT_FOUND) would tell real model names from
 unknown ones. Health/List (every model name) needs it like everything else.
 """
@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from server.grpc.health import SERVER_NAMES
+from server.grpc.health import OPEN_NAMES
 
 HEALTH_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 
@@ -46,7 +46,7 @@ def _server_health_only(handler: grpc.RpcMethodHandler, problem: str) -> grpc.Rp
         check = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if request.service not in SERVER_NAMES:
+            if request.service not in OPEN_NAMES:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
             return await check(request, context)
 
@@ -55,7 +55,7 @@ def _server_health_only(handler: grpc.RpcMethodHandler, problem: str) -> grpc.Rp
     watch = handler.unary_stream
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        if request.service not in SERVER_NAMES:
+        if request.service not in OPEN_NAMES:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         async for response in watch(request, context):
             yield response

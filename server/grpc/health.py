@@ -1,7 +1,9 @@
 """grpc.health.v1.Health computed from the data plane on every call (no state to keep in sync).
 
 Service names: "" (and the two API service names) = the whole server: SERVING once the repository is
-loaded, NOT_SERVING while draining. A model name = SERVING when one of its versions is.
+loaded, NOT_SERVING while draining (a readiness probe). "liveness" = SERVING whenever the process answers,
+loading and draining included (a liveness probe must not restart a server that is loading or draining).
+A model name = SERVING when one of its versions is.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from grpc_health.v1 import health_pb2_grpc as pb_grpc
 from server.dataplane import DataPlane
 
 SERVER_NAMES = ("", "ortserve.v1.TaskService", "inference.GRPCInferenceService")
+LIVENESS_NAME = "liveness"
+OPEN_NAMES = (*SERVER_NAMES, LIVENESS_NAME)  # answered without the bearer token (probes send no metadata)
 _WATCH_PERIOD_S = 0.5
 
 
@@ -24,6 +28,8 @@ class HealthServicer(pb_grpc.HealthServicer):
 
     def status_of(self, service: str) -> "pb.HealthCheckResponse.ServingStatus.ValueType | None":
         serving, not_serving = pb.HealthCheckResponse.SERVING, pb.HealthCheckResponse.NOT_SERVING
+        if service == LIVENESS_NAME:
+            return serving
         if service in SERVER_NAMES:
             return serving if self.plane.ready else not_serving
         healthy = self.plane.model_health(service)
@@ -51,7 +57,7 @@ class HealthServicer(pb_grpc.HealthServicer):
 
     async def List(self, request: pb.HealthListRequest, context: grpc.aio.ServicerContext) -> pb.HealthListResponse:
         response = pb.HealthListResponse()
-        for name in (*SERVER_NAMES, *self.plane.model_names()):
+        for name in (*SERVER_NAMES, LIVENESS_NAME, *self.plane.model_names()):
             status = self.status_of(name)
             if status is not None:
                 response.statuses[name].status = status

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import grpc
 
+from server import tracing
 from server.errors import Code, ServingError
 
 log = logging.getLogger(__name__)
@@ -33,13 +34,16 @@ class guarded:
     with status_of's code; the outcome is recorded. (A class rather than a generator-based context manager: it
     wraps every RPC, and the generator machinery costs several times as much.)"""
 
-    __slots__ = ("_recorder", "_method", "_model", "_context", "_started")
+    __slots__ = ("_recorder", "_method", "_model", "_context", "_started", "_span", "_token")
 
     def __init__(self, recorder: Recorder, method: str, model: str, context: grpc.aio.ServicerContext) -> None:
         self._recorder, self._method, self._model, self._context = recorder, method, model, context
 
     async def __aenter__(self) -> None:
         self._started = time.perf_counter()
+        # the request id, and the door's span when tracing (child of the caller's traceparent metadata)
+        self._span = tracing.start_door("grpc", self._method, self._context.invocation_metadata() or ())
+        self._token = tracing.use(self._span)
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         code = "OK"
@@ -57,3 +61,5 @@ class guarded:
             return False
         finally:
             self._recorder.record(self._model, self._method, code, self._started)
+            tracing.reset(self._token)
+            tracing.end(self._span, code=code)

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from server import tracing
 from server.dataplane import DataPlane
 from server.errors import Code, ServingError
 from server.http.errors import HttpError, classify_error, kserve_body, openai_body
@@ -60,6 +61,9 @@ def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handl
             started = time.perf_counter()
             code = "CANCELLED"
             streaming = False
+            # the request id, and the door's span when tracing (child of the caller's traceparent)
+            span = tracing.start_door("http", method, request.headers)
+            token = tracing.use(span)
             try:
                 if not open_route:
                     door.authorize(request)
@@ -67,15 +71,18 @@ def route(method: str, flavor: str, open_route: bool = False) -> Callable[[Handl
                 code = "OK"
                 if isinstance(response, StreamingResponse):  # recorded when its last event is sent, as gRPC streams
                     streaming = True
-                    response.body_iterator = _recorded(response.body_iterator, door, request, method, started)
+                    response.body_iterator = _recorded(response.body_iterator, door, request, method, started,
+                                                       span)
                 return response
             except Exception as exc:
                 status, message, code = classify_error(exc, f"http {method}")
                 headers = {"www-authenticate": "Bearer"} if status == 401 else None
                 return error_response(flavor, status, message, headers)
             finally:
+                tracing.reset(token)
                 if not streaming:
                     door.record(_model_of(request), f"http.{method}", code, started)
+                    tracing.end(span, code=code)
         return endpoint
     return wrap
 
@@ -112,7 +119,7 @@ def _model_of(request: Request) -> str:
 
 
 async def _recorded(events: AsyncIterator[Any], door: Door, request: Request, method: str,
-                    started: float) -> AsyncIterator[Any]:
+                    started: float, span: Any = None) -> AsyncIterator[Any]:
     """A stream's events; its request is counted once they are all sent (CANCELLED when the client left)."""
     code = "CANCELLED"
     try:
@@ -121,3 +128,4 @@ async def _recorded(events: AsyncIterator[Any], door: Door, request: Request, me
         code = "OK"
     finally:
         door.record(_model_of(request), f"http.{method}", code, started)
+        tracing.end(span, code=code)
