@@ -2,9 +2,9 @@
 
 What stays open without the token is what tells nothing of the models (docs/protocol.md, Authentication):
 grpc.health.v1 Check and Watch of the whole server (service "", one of the API service names, or "liveness"), so
-that load balancers and orchestrators can probe without the secret. The health of a named service needs the token, whether
-the name is a model's or not: the answer (SERVING / NOT_SERVING / NOT_FOUND) would tell real model names from
-unknown ones. Health/List (every model name) needs it like everything else.
+that load balancers and orchestrators can probe without the secret. The health of a named service needs the
+token, whether the name is a model's or not: the answer (SERVING / NOT_SERVING / NOT_FOUND) would tell real
+model names from unknown ones. Health/List (every model name) needs it like everything else.
 """
 from __future__ import annotations
 

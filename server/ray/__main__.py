@@ -3,7 +3,8 @@
 Joins a running Ray cluster (`--address auto`, or ADDRESS) or starts a local one, deploys the application
 `ortserve` at route prefix "/", and keeps it until SIGTERM / SIGINT, which deletes the application (Ray Serve
 drains every replica) and exits 0. With --detach it deploys (or updates the running application: another
-replica count or other flags roll its replicas) and exits at once. Flags after `--` go to every replica's data plane as `python -m server` flags.
+replica count or other flags roll its replicas) and exits at once. Flags after `--` go to every replica's data
+plane as `python -m server` flags.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ answers HTTP through Ray Serve's proxy with the server's own Starlette app (KSer
 
 Replicas, autoscaling on ongoing requests and the drain on downscale or redeploy are Ray Serve's: it stops routing
 to a replica it is removing, waits for the replica's ongoing requests (graceful_shutdown_timeout_s), and only then
-calls __del__, which closes the data plane. gRPC: server/ray/grpc_bridge.py. check_health tells Ray Serve's controller to replace a replica whose
-repository is not loaded.
+calls __del__, which closes the data plane. gRPC: server/ray/grpc_bridge.py. check_health tells Ray Serve's
+controller to replace a replica whose repository is not loaded.
 
 `app_builder` is the application builder for `serve run server.ray.deployment:app_builder repository=DIR`;
 `python -m server.ray` (server/ray/__main__.py) is the one-command form.
