@@ -1,0 +1,190 @@
+"""What Ray Serve's proxy costs: the same HTTP load on the plain server and on `python -m server.ray` with 2 replicas.
+
+    python -m bench.ray_proxy --out bench/results/ray_proxy.json [--rounds 3] [--seconds 8]
+    python -m bench.ray_proxy --render-only --out bench/results/ray_proxy.json
+
+Material: the MiniLM embedding package of bench/embeddings.py (bench/results/embeddings-work/repository). Load:
+POST /v1/embeddings with one Shakespeare passage, and POST /v2/models/minilm/infer (KServe v2 REST, text mode)
+alternately, from 1 and 8 closed-loop client threads, each with its own connection, for a fixed time.
+
+Sides, both started once and kept up (only one under load at a time, alternating round by round):
+  plain  `python -m server --http-port P --intra-op-spinning on` (onnxruntime's default threads: both cores,
+         spinning as on a machine of its own, one process)
+  ray    `python -m server.ray --replicas 2 --num-cpus 1 -- --intra-op-threads 1`: a local Ray cluster on this
+         machine, two replicas of one intra-op thread each behind Ray Serve's HTTP proxy
+The Ray side's processes use CPU while the plain side is measured (its controller, proxy, raylet, GCS); the
+report gives that share, read from /proc (the `python -m server.ray` process and its descendants) over each
+plain-side run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.blocks import write_block
+from bench.embeddings import MODEL, WORK, ortserve_package
+from bench.machine import describe
+from bench.material import passages
+from bench.peer import tree_cpu_seconds
+from bench.stats import percentile
+from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENTS = (1, 8)
+log = logging.getLogger("bench.ray_proxy")
+
+
+def _ready(url: str) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url + "/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def start_ray(repo: Path) -> tuple[ChildProcess, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "server.ray", "--repository", str(repo), "--replicas", "2", "--num-cpus", "1",
+           "--http-port", str(port), "--grpc-port", "-1", "--", "--intra-op-threads", "1"]
+    proc = ChildProcess(cmd, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    proc.__enter__()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ready(url), 300, "Ray Serve's proxy ready")
+    except AssertionError:
+        proc.stop()
+        raise RuntimeError("python -m server.ray did not become ready:\n" + proc.output(last=40)) from None
+    return proc, url
+
+
+def drive(url: str, pool: list[str], clients: int, seconds: float) -> dict[str, Any]:
+    import httpx2 as httpx
+
+    lat: list[float] = []
+    failed = [0]
+    lock = threading.Lock()
+    stop_at = time.perf_counter() + seconds
+
+    def worker(k: int) -> None:
+        with httpx.Client(timeout=60) as c:
+            i = k * 131
+            while time.perf_counter() < stop_at:
+                text = pool[i % len(pool)]
+                t = time.perf_counter()
+                if i % 2:
+                    r = c.post(url + "/v1/embeddings", json={"model": MODEL, "input": [text]})
+                else:
+                    r = c.post(f"{url}/v2/models/{MODEL}/infer", json={"inputs": [
+                        {"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]})
+                dt = time.perf_counter() - t
+                i += 1
+                with lock:
+                    if r.status_code == 200:
+                        lat.append(dt)
+                    else:
+                        failed[0] += 1
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"requests_per_s": len(lat) / wall, "failed": failed[0], "p50_ms": 1000 * percentile(lat, 50),
+            "p90_ms": 1000 * percentile(lat, 90), "wall_s": wall}
+
+
+def run(rounds: int, seconds: float) -> dict[str, Any]:
+    WORK.mkdir(parents=True, exist_ok=True)
+    repo = ortserve_package(WORK)
+    pool = passages(300, 20, seed=31)
+    plain = ServerProcess(repo, ["--http-port", "0", "--intra-op-spinning", "on"], startup_timeout=180)
+    plain.__enter__()
+    ray_proc, ray_url = start_ray(repo)
+    urls = {"plain": plain.http_url, "ray": ray_url}
+    try:
+        for url in urls.values():
+            drive(url, pool, 4, 3.0)
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {str(c): {"plain": [], "ray": []} for c in CLIENTS}
+        for r in range(rounds):
+            for clients in CLIENTS:
+                for side in (("plain", "ray") if r % 2 == 0 else ("ray", "plain")):
+                    before = tree_cpu_seconds(ray_proc.pid)
+                    res = drive(urls[side], pool, clients, seconds)
+                    if side == "plain":
+                        res["ray_idle_cpu_share"] = (tree_cpu_seconds(ray_proc.pid) - before) / res["wall_s"]
+                    runs[str(clients)][side].append(res)
+                    log.info("round %d, %d clients, %s: %.0f req/s, p50 %.1f ms, failed %d", r + 1, clients, side,
+                             res["requests_per_s"], res["p50_ms"], res["failed"])
+    finally:
+        ray_proc.stop(timeout=60)
+        plain.stop()
+    cells = {}
+    for clients, sides in runs.items():
+        med = {s: {m: statistics.median(x[m] for x in v) for m in ("requests_per_s", "p50_ms", "p90_ms")}
+               for s, v in sides.items()}
+        cells[clients] = {"runs": sides, "median": med,
+                          "ratio": med["ray"]["requests_per_s"] / med["plain"]["requests_per_s"],
+                          "ray_idle_cpu_share": statistics.median(x["ray_idle_cpu_share"] for x in sides["plain"]),
+                          "failed": sum(x["failed"] for v in sides.values() for x in v)}
+    return {"machine": describe(ROOT), "cells": cells, "rounds": rounds, "seconds": seconds,
+            "command": "python -m bench.ray_proxy " + " ".join(sys.argv[1:]),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    m = result["machine"]
+    lines = ["## Ray Serve's proxy vs the plain server (bench/ray_proxy.py)", "",
+             f"- Command: `{result['command']}` at {result['at']}; {m['cpu_model']}, {m['nproc']} cores, commit "
+             f"{m['git_commit']}, load average at start {m['loadavg_at_start']}",
+             "- plain: `python -m server --http-port P --intra-op-spinning on`, one process, onnxruntime's default "
+             "threads (both cores), spinning as on a machine of its own",
+             "- ray: `python -m server.ray --replicas 2 --num-cpus 1 -- --intra-op-threads 1` (Ray 2.60, a local "
+             "cluster; two replicas of one intra-op thread each behind Ray Serve's HTTP proxy)",
+             "- Load: MiniLM, alternately POST /v1/embeddings and KServe v2 REST infer (text mode), one passage per "
+             f"request, closed-loop clients; {result['rounds']} rounds of {result['seconds']:.0f} s per cell and side, "
+             "medians. 'Ray idle' = CPU the Ray side's processes used while the plain side was measured (cores).", "",
+             "| clients | plain req/s | ray req/s | ray / plain | p50 ms plain / ray | p90 ms plain / ray | "
+             "Ray idle | failed |", "|---|---|---|---|---|---|---|---|"]
+    for clients, cell in result["cells"].items():
+        p, r = cell["median"]["plain"], cell["median"]["ray"]
+        lines.append(f"| {clients} | {p['requests_per_s']:,.0f} | {r['requests_per_s']:,.0f} | {cell['ratio']:.2f} | "
+                     f"{p['p50_ms']:.1f} / {r['p50_ms']:.1f} | {p['p90_ms']:.1f} / {r['p90_ms']:.1f} | "
+                     f"{cell['ray_idle_cpu_share']:.2f} | {cell['failed']} |")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ray_proxy.json")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    p.add_argument("--render-only", action="store_true")
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if a.render_only:
+        result = json.loads(a.out.read_text())
+    else:
+        result = run(a.rounds, a.seconds)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = a.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, a.out)
+    write_block(a.docs, "ray-proxy", render(result))
+    print("\n".join(render(result)))
+
+
+if __name__ == "__main__":
+    main()
