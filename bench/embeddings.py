@@ -251,8 +251,8 @@ def run(cfg: Config) -> dict[str, Any]:
     threads_line = next((line for line in infinity_log.splitlines() if "optimum" in line.lower()), "")
     return {"machine": describe(ROOT), "config": cfg.__dict__, "cosine_min": cosine, "cells": cells,
             "sides": {"ortserve": "python -m server --http-port 0 --intra-op-spinning on (onnxruntime's default "
-                                  "intra-op threads = the 2 cores, spinning as on a machine of its own; encoder batching "
-                                  "with length-grouped runs), POST /v1/embeddings",
+                                  "intra-op threads = the 2 cores, spinning as on a machine of its own; encoder "
+                                  "batching with length-grouped runs), POST /v1/embeddings",
                       "infinity": f"infinity_emb v2 --engine optimum --device cpu --batch-size {cfg.infinity_batch} "
                                   f"--pooling-method mean (onnxruntime's default threads = the 2 cores; its optimum "
                                   f"graph optimisation fails with optimum 2.1 and it serves the graph without it), "
