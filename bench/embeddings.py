@@ -123,10 +123,11 @@ def infinity_model_dir(work: Path, repo: Path) -> Path:
 # ----------------------------------------------------------------------------- sides
 
 
-def start_ortserve(repo: Path) -> ServerProcess:
+def start_ortserve(repo: Path, cfg: Config) -> ServerProcess:
     # The cores are the server's alone here: spinning on, as docs/configuration.md advises for such a machine
-    # (onnxruntime's own default, which infinity-emb keeps).
-    server = ServerProcess(repo, ["--http-port", "0", "--intra-op-spinning", "on"], startup_timeout=180)
+    # (onnxruntime's own default, which infinity-emb keeps); batches of up to 32 rows like infinity's.
+    server = ServerProcess(repo, ["--http-port", "0", "--intra-op-spinning", "on", "--max-batch-size",
+                                  str(cfg.infinity_batch)], startup_timeout=180)
     server.__enter__()
     return server
 
@@ -220,7 +221,7 @@ def run(cfg: Config) -> dict[str, Any]:
     repo = ortserve_package(WORK)
     model_dir = infinity_model_dir(WORK, repo)
     pool = passages(400, 12, seed=11) + passages(400, 40, seed=12)
-    server = start_ortserve(repo)
+    server = start_ortserve(repo, cfg)
     infinity, inf_url = start_infinity(model_dir, cfg, WORK / "hf-home")
     try:
         urls = {"ortserve": server.http_url + "/v1/embeddings", "infinity": inf_url + "/embeddings"}
@@ -250,9 +251,10 @@ def run(cfg: Config) -> dict[str, Any]:
                       "ratio": med["ortserve"]["embeddings_per_s"] / med["infinity"]["embeddings_per_s"]}
     threads_line = next((line for line in infinity_log.splitlines() if "optimum" in line.lower()), "")
     return {"machine": describe(ROOT), "config": cfg.__dict__, "cosine_min": cosine, "cells": cells,
-            "sides": {"ortserve": "python -m server --http-port 0 --intra-op-spinning on (onnxruntime's default "
-                                  "intra-op threads = the 2 cores, spinning as on a machine of its own; encoder "
-                                  "batching with length-grouped runs), POST /v1/embeddings",
+            "sides": {"ortserve": f"python -m server --http-port 0 --intra-op-spinning on --max-batch-size "
+                                  f"{cfg.infinity_batch} (onnxruntime's default intra-op threads = the 2 cores, "
+                                  "spinning as on a machine of its own; batches as large as infinity's, run in "
+                                  "length-grouped runs), POST /v1/embeddings",
                       "infinity": f"infinity_emb v2 --engine optimum --device cpu --batch-size {cfg.infinity_batch} "
                                   f"--pooling-method mean (onnxruntime's default threads = the 2 cores; its optimum "
                                   f"graph optimisation fails with optimum 2.1 and it serves the graph without it), "
