@@ -1,0 +1,246 @@
+"""Token classification (per-word labels) against `transformers`, for the five encoder families.
+
+References are transformers' *ForTokenClassification models built from small random configs (no hub downloads),
+saved with `save_pretrained` beside tokenizers trained on a small corpus (so rare words split into several
+sub-tokens). Our modules equal HF's logits on a padded batch with multi-token words, our checkpoints load in
+AutoModelForTokenClassification, and `python -m training token-classify` trains with labels on first sub-tokens.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+FAMILIES = ("bert", "roberta", "albert", "distilbert", "electra")
+TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")
+LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+HF_CLASS = {"bert": "BertForTokenClassification", "roberta": "RobertaForTokenClassification",
+            "albert": "AlbertForTokenClassification", "distilbert": "DistilBertForTokenClassification",
+            "electra": "ElectraForTokenClassification"}
+# Rare names split into several sub-tokens under a 400-token vocabulary; one text is much shorter (padding).
+TEXTS = ["Benedick quarrelled with Dogberry in Messina", "Castle", "the king walked to Ravenspurgh, sadly!"]
+
+
+def _hf_config(family: str, vocab: int, pad: int, **extra: Any):
+    # initializer_range 0.2: a random head separates labels clearly, so equal answers mean something.
+    small = dict(vocab_size=vocab, pad_token_id=pad, max_position_embeddings=64, initializer_range=0.2, **extra)
+    if family == "bert":
+        return transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=64, **small)
+    if family == "roberta":
+        return transformers.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=64, bos_token_id=0, eos_token_id=2, **small)
+    if family == "albert":
+        return transformers.AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=3,
+                                         num_attention_heads=2, intermediate_size=64, **small)
+    if family == "electra":
+        return transformers.ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, intermediate_size=64, **small)
+    return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **small)
+
+
+def build_token_checkpoints(root: Path) -> dict[str, Path]:
+    """transformers-saved *ForTokenClassification checkpoints of the five families, with our tokenizers."""
+    from conftest import _corpus
+    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+
+    corpus = _corpus()
+    toks = {kind: save_tokenizer(train_tokenizer(corpus, TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1)),
+                                 root / f"tok-{kind}", kind, 62)
+            for kind in ("roberta", "wordpiece")}
+    out = {}
+    torch.manual_seed(0)
+    for family in FAMILIES:
+        tok_dir = toks["roberta" if family == "roberta" else "wordpiece"]
+        tok = json.loads((tok_dir / "tokenizer.json").read_text())
+        vocab = len(tok["model"]["vocab"]) + sum(1 for t in tok["added_tokens"] if t["content"] not in tok["model"]["vocab"])
+        cfg = _hf_config(family, vocab, 1 if family == "roberta" else 0, id2label=dict(enumerate(LABELS)))
+        model = getattr(transformers, HF_CLASS[family])(cfg).eval()
+        d = root / f"{family}-token"
+        model.save_pretrained(d)
+        for f in tok_dir.iterdir():
+            (d / f.name).write_bytes(f.read_bytes())
+        out[family] = d
+    return out
+
+
+@pytest.fixture(scope="module")
+def token_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return build_token_checkpoints(tmp_path_factory.mktemp("token_families"))
+
+
+def encode(ckpt: Path, texts: list[str]) -> dict[str, torch.Tensor]:
+    """Right-padded batch from the checkpoint's tokenizer.json (what the server does)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    cfg = json.loads((ckpt / "tokenizer_config.json").read_text())
+    encs = [tok.encode(t) for t in texts]
+    n = max(len(e.ids) for e in encs)
+    ids = torch.full((len(encs), n), tok.token_to_id(cfg["pad_token"]))
+    mask = torch.zeros((len(encs), n), dtype=torch.long)
+    for i, e in enumerate(encs):
+        ids[i, :len(e.ids)], mask[i, :len(e.ids)] = torch.tensor(e.ids), 1
+    types = (torch.arange(n) >= 3).long() * mask   # a second segment: type 1 is exercised where the family has it
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def hf_call(hf, family: str, feeds: dict[str, torch.Tensor]):
+    if family in TOKEN_TYPE_FAMILIES:
+        return hf(**feeds)
+    return hf(input_ids=feeds["input_ids"], attention_mask=feeds["attention_mask"])
+
+
+def test_texts_have_multi_token_words(token_checkpoints) -> None:
+    from tokenizers import Tokenizer
+
+    for family in ("bert", "roberta"):
+        tok = Tokenizer.from_file(str(token_checkpoints[family] / "tokenizer.json"))
+        enc = tok.encode(TEXTS[0])
+        words = [w for w in enc.word_ids if w is not None]
+        assert len(words) > len(set(words)) + 2, (family, enc.tokens)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_token_classifier_loads_and_matches(token_checkpoints, family: str) -> None:
+    from training.checkpoint import checkpoint_kind, load_model
+
+    ckpt = token_checkpoints[family]
+    assert checkpoint_kind(ckpt) == f"{family}-token-classifier"
+    ours, config = load_model(ckpt)   # HF's file, strictly: no missing or foreign keys
+    assert [config.id2label[i] for i in range(len(LABELS))] == LABELS
+    hf = getattr(transformers, HF_CLASS[family]).from_pretrained(ckpt).eval()
+    feeds = encode(ckpt, TEXTS)
+    real = feeds["attention_mask"].bool()
+    assert (~real).any()
+    with torch.no_grad():
+        ref = hf_call(hf, family, feeds).logits
+        got = hf_call(ours, family, feeds)
+    assert got.shape == ref.shape == (*feeds["input_ids"].shape, len(LABELS))
+    assert float((ref - got).abs()[real].max()) <= 1e-5
+    with torch.no_grad():
+        other = hf_call(ours, family, {**feeds, "input_ids": feeds["input_ids"].flip(0)})
+    assert float((other - got).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_our_token_classifier_loads_in_transformers(token_checkpoints, tmp_path: Path, family: str) -> None:
+    from training.checkpoint import load_model, save_model
+
+    ours, _ = load_model(token_checkpoints[family])
+    with torch.no_grad():  # every weight differs from the file it came from
+        for p in ours.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    save_model(ours, tmp_path / "ours")
+    hf, info = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert type(hf).__name__ == HF_CLASS[family]
+    assert hf.config.id2label == dict(enumerate(LABELS))
+    feeds = encode(token_checkpoints[family], TEXTS)
+    real = feeds["attention_mask"].bool()
+    with torch.no_grad():
+        d = (hf_call(hf.eval(), family, feeds).logits - hf_call(ours, family, feeds)).abs()
+    assert float(d[real].max()) <= 1e-5
+
+
+def test_sequence_classifier_lends_its_body_not_its_head(tmp_path: Path) -> None:
+    from training.bert import BertConfig, BertForSequenceClassification
+    from training.checkpoint import load_model, save_model
+
+    seq = BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=50, num_labels=5))
+    save_model(seq, tmp_path / "seq")
+    tok, _ = load_model(tmp_path / "seq", kind="bert-token-classifier", id2label=dict(enumerate(LABELS)))
+    assert torch.equal(tok.bert.encoder.layer[0].attention.self.query.weight,
+                       seq.bert.encoder.layer[0].attention.self.query.weight)
+    assert not torch.equal(tok.classifier.weight, seq.classifier.weight)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_labels_sit_on_the_first_sub_token_of_each_word(token_checkpoints, family: str) -> None:
+    from tokenizers import Tokenizer
+
+    from training.token_data import IGNORE, WordsExample, align
+
+    tok = Tokenizer.from_file(str(token_checkpoints[family] / "tokenizer.json"))
+    words = TEXTS[0].split()
+    tags = ["B-PER", "O", "O", "B-PER", "O", "B-LOC"]
+    got = align(tok, WordsExample(tuple(words), tuple(tags)), {t: i for i, t in enumerate(LABELS)})
+    # Reference: the tokenizer's own word ids of the pre-split words (HF's is_split_into_words recipe).
+    enc = tok.encode(words, is_pretokenized=True, add_special_tokens=True)
+    expected, last = [], None
+    for w in enc.word_ids:
+        expected.append(IGNORE if w is None or w == last else LABELS.index(tags[w]))
+        last = w if w is not None else last
+    if family == "bert":   # WordPiece: the same tokens either way
+        assert got.ids == enc.ids
+        assert got.labels == expected
+    assert [LABELS[x] for x in got.labels if x != IGNORE] == tags
+    assert got.words_kept == len(words) and len(got.labels) > len(words) + 2
+
+
+def _synthetic_ner(path: Path, n: int, seed: int) -> None:
+    """Keyword words are entities: a river/boat word B-LOC, a castle/crown word B-PER (the rest O)."""
+    import random
+
+    from conftest import _FILLER, _KEYWORDS
+
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for _ in range(n):
+            words, tags = [], []
+            for _ in range(rng.randint(4, 9)):
+                r = rng.random()
+                if r < 0.2:
+                    words.append(rng.choice(_KEYWORDS["alpha"])); tags.append("B-LOC")
+                elif r < 0.4:
+                    words.append(rng.choice(_KEYWORDS["beta"])); tags.append("B-PER")
+                else:
+                    words.append(rng.choice(_FILLER)); tags.append("O")
+            f.write(json.dumps({"tokens": words, "labels": tags}) + "\n")
+
+
+def test_training_cli_trains_a_token_classifier_that_transformers_loads(tiny_checkpoints, tmp_path: Path) -> None:
+    _synthetic_ner(tmp_path / "train.jsonl", 300, 1)
+    _synthetic_ner(tmp_path / "test.jsonl", 60, 2)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "training", "token-classify", "--init", str(tiny_checkpoints.mlm),
+                           "--train", str(tmp_path / "train.jsonl"), "--test", str(tmp_path / "test.jsonl"),
+                           "--out", str(out), "--steps", "60", "--batch-size", "16", "--lr", "3e-3", "--threads", "1",
+                           "--quiet"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    test = metrics["test"]
+    base = metrics["data"]["majority_baseline_test"]
+    assert metrics["data"]["labels"] == ["O", "B-LOC", "B-PER"]
+    assert base["label"] == "O" and test["words"] == base["examples"]
+    assert test["macro_f1"] > base["macro_f1"] + 0.3, (test, base)
+    hf = transformers.AutoModelForTokenClassification.from_pretrained(out).eval()
+    assert type(hf).__name__ == "BertForTokenClassification"
+    assert hf.config.id2label == {0: "O", 1: "B-LOC", 2: "B-PER"}
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"tokens": ["a", "b"], "labels": ["O"]}, "field 'labels'"),
+    ({"tokens": ["a b"], "labels": ["O"]}, "field 'tokens[0]'"),
+    ({"text": "a b", "labels": ["O", "O"]}, "field 'tokens'"),
+])
+def test_training_cli_names_the_bad_field(tiny_checkpoints, tmp_path: Path, row: dict, field: str) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"tokens": ["x", "y"], "labels": ["O", "B-X"]}) + "\n" + json.dumps(row) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "training", "token-classify", "--init", str(tiny_checkpoints.mlm),
+                           "--train", str(bad), "--out", str(tmp_path / "out"), "--steps", "1", "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and f"bad.jsonl:2: {field}" in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
