@@ -244,3 +244,72 @@ def test_training_cli_names_the_bad_field(tiny_checkpoints, tmp_path: Path, row:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and f"bad.jsonl:2: {field}" in lines[0], proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- export + parity gate
+
+
+@pytest.fixture(scope="module")
+def token_repository(token_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    from conftest import one_torch_thread
+    from export import ExportConfig, export_checkpoint
+
+    repo = tmp_path_factory.mktemp("token_repository")
+    reports = {}
+    with one_torch_thread():
+        for family, ckpt in token_checkpoints.items():
+            r = export_checkpoint(ExportConfig(checkpoint=ckpt, task="token-classify", repository=repo,
+                                               name=f"{family}-token", variants=("fp32",)))
+            reports[family] = r.parity
+    return repo, reports
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_passes_the_gate_and_equals_transformers(token_repository, token_checkpoints, family: str) -> None:
+    import onnxruntime as ort
+
+    repo, reports = token_repository
+    pkg = repo / f"{family}-token" / "1"
+    m = json.loads((pkg / "model.json").read_text())
+    assert reports[family]["passed"] and reports[family]["variants"]["fp32"]["passed"]
+    assert m["task"] == "token-classify" and m["labels"] == LABELS and m["architecture"] == family
+    assert m["outputs"] == [{"name": "logits", "dtype": "float32", "shape": ["batch", "sequence", "labels"]}]
+    names = [i["name"] for i in m["inputs"]]
+    assert names == (["input_ids", "attention_mask", "token_type_ids"] if family in TOKEN_TYPE_FAMILIES
+                     else ["input_ids", "attention_mask"])
+    feeds = encode(token_checkpoints[family], TEXTS)
+    sess = ort.InferenceSession(str(pkg / m["variants"]["fp32"]), providers=["CPUExecutionProvider"])
+    got = sess.run(["logits"], {n: feeds[n].numpy() for n in names})[0]
+    hf = getattr(transformers, HF_CLASS[family]).from_pretrained(token_checkpoints[family]).eval()
+    with torch.no_grad():
+        ref = hf_call(hf, family, feeds).logits.numpy()
+    real = feeds["attention_mask"].numpy().astype(bool)
+    assert got.shape == ref.shape
+    assert float(np.abs(got - ref)[real].max()) <= 1e-5
+
+
+def test_validate_reruns_the_gate_on_a_token_package(token_repository) -> None:
+    from export.validate import validate_package
+
+    repo, _ = token_repository
+    passed, table = validate_package(repo / "electra-token" / "1")
+    assert passed, table
+
+
+def test_gate_refuses_a_perturbed_token_graph(token_checkpoints, tmp_path: Path, monkeypatch) -> None:
+    from export import ExportConfig, ParityFailure, export_checkpoint
+    from export.model_builder import PERTURB_ENV
+
+    monkeypatch.setenv(PERTURB_ENV, "fp32")
+    with pytest.raises(ParityFailure):
+        export_checkpoint(ExportConfig(checkpoint=token_checkpoints["distilbert"], task="token-classify",
+                                       repository=tmp_path, name="bad", variants=("fp32",)))
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
+
+
+def test_export_names_a_checkpoint_without_a_token_head(tiny_checkpoints, tmp_path: Path) -> None:
+    from export import ExportConfig, ExportError, export_checkpoint
+
+    with pytest.raises(ExportError, match="--task token-classify: .*BertForTokenClassification"):
+        export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.classifier, task="token-classify",
+                                       repository=tmp_path, name="nohead"))
