@@ -26,6 +26,7 @@ from .types import (
     ModelInfo,
     ModelStatus,
     StreamChunk,
+    TokenEntity,
 )
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,14 @@ class OrtserveClient:
         """One Embedding per text, in order (an embedding model: task "embed")."""
         request = convert.embed_request(texts, model, version, truncate)
         return convert.embeddings(self._unary(self._tasks.Embed, request, timeout))
+
+    def token_classify(self, texts: str | Sequence[str], model: str, version: int | None = None,
+                       aggregation_strategy: str = "none", ignore_labels: Sequence[str] | None = None,
+                       truncate: bool = False, *, timeout: float | None = _UNSET) -> list[list[TokenEntity]]:
+        """Each text's entities (a token-classification model), grouped as transformers' pipeline groups them:
+        aggregation_strategy none | simple | first | average | max; ignore_labels None = ["O"], [] = keep all."""
+        request = convert.token_classify_request(texts, model, version, aggregation_strategy, ignore_labels, truncate)
+        return convert.token_entities(self._unary(self._tasks.TokenClassify, request, timeout))
 
     def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                  timeout: float | None = _UNSET, **params: Any) -> Generation:

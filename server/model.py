@@ -27,7 +27,7 @@ from server.package import Package
 from server.sessions import SessionConfig, SessionRunner
 from server.signature import TensorSpec, check_inputs, specs_from_manifest
 from server.stats import ModelStats
-from server.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult
+from server.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, TokenClassifyResult
 
 Feeds = dict[str, np.ndarray]
 
@@ -116,6 +116,10 @@ class ServedModel(ABC):
     async def embed(self, texts: list[str], truncate: bool, deadline: float | None,
                     dimensions: int | None = None) -> EmbedResult:
         raise self._not("embed")
+
+    async def token_classify(self, texts: list[str], aggregation_strategy: str, ignore_labels: list[str] | None,
+                             truncate: bool, deadline: float | None) -> TokenClassifyResult:
+        raise self._not("token-classify")
 
     async def generate(self, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None) -> GenerationResult:

@@ -29,6 +29,9 @@ HF_CLASS = {"bert": "BertForTokenClassification", "roberta": "RobertaForTokenCla
             "electra": "ElectraForTokenClassification"}
 # Rare names split into several sub-tokens under a 400-token vocabulary; one text is much shorter (padding).
 TEXTS = ["Benedick quarrelled with Dogberry in Messina", "Castle", "the king walked to Ravenspurgh, sadly!"]
+# Served: punctuation glued to words, a non-ASCII word and a double space too (offsets are characters).
+SERVED_TEXTS = ["Benedick quarrelled with Dogberry in Messina", "Castle",
+                "the king walked to Ravenspurgh,  sadly! café Bolingbroke"]
 
 
 def _hf_config(family: str, vocab: int, pad: int, **extra: Any):
@@ -67,11 +70,29 @@ def build_token_checkpoints(root: Path) -> dict[str, Path]:
         cfg = _hf_config(family, vocab, 1 if family == "roberta" else 0, id2label=dict(enumerate(LABELS)))
         model = getattr(transformers, HF_CLASS[family])(cfg).eval()
         d = root / f"{family}-token"
-        model.save_pretrained(d)
+        d.mkdir()
         for f in tok_dir.iterdir():
             (d / f.name).write_bytes(f.read_bytes())
+        _spread_labels(model, family, d)
+        model.save_pretrained(d)
         out[family] = d
     return out
+
+
+def _spread_labels(model, family: str, ckpt: Path) -> None:
+    """A random encoder's token states share one large common part, so a random head gives every token the same
+    label. The head is re-drawn on the states' deviations from their mean over the test texts (the bias takes the
+    mean out), scaled to logits of std 2: labels then change from token to token and every grouping rule is
+    exercised."""
+    feeds = encode(ckpt, TEXTS + SERVED_TEXTS)
+    feeds["token_type_ids"] = torch.zeros_like(feeds["input_ids"])   # one segment, as the texts are served
+    with torch.no_grad():
+        hidden = hf_call(model.base_model, family, feeds).last_hidden_state[feeds["attention_mask"].bool()]
+        centred = hidden - hidden.mean(0)
+        w = torch.randn(len(LABELS), hidden.shape[1])
+        w *= 2.0 / float((centred @ w.T).std())
+        model.classifier.weight.copy_(w)
+        model.classifier.bias.copy_(-(w @ hidden.mean(0)))
 
 
 @pytest.fixture(scope="module")
@@ -313,3 +334,158 @@ def test_export_names_a_checkpoint_without_a_token_head(tiny_checkpoints, tmp_pa
     with pytest.raises(ExportError, match="--task token-classify: .*BertForTokenClassification"):
         export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.classifier, task="token-classify",
                                        repository=tmp_path, name="nohead"))
+
+
+# ----------------------------------------------------------------------------- serving vs transformers' pipeline
+
+STRATEGIES = ("none", "simple", "first", "average", "max")
+
+
+def hf_pipeline(ckpt: Path):
+    """transformers' own token-classification pipeline on the checkpoint, its tokenizer.json as a fast tokenizer."""
+    cfg = json.loads((ckpt / "tokenizer_config.json").read_text())
+    specials = {k: v for k, v in cfg.items() if k.endswith("_token") and isinstance(v, str)}
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(ckpt / "tokenizer.json"), **specials)
+    model = transformers.AutoModelForTokenClassification.from_pretrained(ckpt).eval()
+    return transformers.pipeline("token-classification", model=model, tokenizer=tok, device="cpu")
+
+
+def assert_same_entities(got: list[dict], ref: list[dict], where: str) -> None:
+    """Equal entities: keys, labels, words, offsets and token positions exactly; scores within ONNX's error."""
+    assert [set(g) for g in got] == [set(r) for r in ref], where
+    for g, r in zip(got, ref):
+        for k in r:
+            if k == "score":
+                assert abs(float(g[k]) - float(r[k])) <= 1e-4, (where, g, r)
+            else:
+                assert g[k] == r[k], (where, k, g, r)
+
+
+@pytest.fixture(scope="module")
+def token_server(token_repository):
+    from server_process import ServerProcess
+    from test_server import wait_ready
+
+    repo, _ = token_repository
+    proc = ServerProcess(repo, ["--http-port", "0"])
+    try:
+        wait_ready(proc.address)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _entity_dicts(entities, strategy: str) -> list[dict]:
+    out = []
+    for e in entities:
+        d = {"entity" if strategy == "none" else "entity_group": e.label, "score": e.score, "word": e.word,
+             "start": e.start, "end": e.end}
+        if strategy == "none":
+            d["index"] = e.index
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_served_entities_equal_the_transformers_pipeline(token_server, token_checkpoints, family: str) -> None:
+    import httpx2 as httpx
+    import tritonclient.http as thttp
+
+    from clients.client import OrtserveClient
+
+    pipe = hf_pipeline(token_checkpoints[family])
+    name = f"{family}-token"
+    with OrtserveClient(token_server.address) as client:
+        for strategy in STRATEGIES:
+            refs = [pipe(t, aggregation_strategy=strategy) for t in SERVED_TEXTS]
+            assert any(refs), "the random model must label something other than O"
+            # gRPC task API, through the client library
+            got = client.token_classify(SERVED_TEXTS, name, aggregation_strategy=strategy)
+            for text, g, r in zip(SERVED_TEXTS, got, refs):
+                assert_same_entities(_entity_dicts(g, strategy), r, f"grpc {family} {strategy} {text!r}")
+            # HTTP
+            resp = httpx.post(f"{token_server.http_url}/v1/token-classify", timeout=60,
+                              json={"model": name, "inputs": SERVED_TEXTS, "aggregation_strategy": strategy})
+            assert resp.status_code == 200, resp.text
+            body = resp.json()
+            assert body["labels"] == LABELS and body["aggregation_strategy"] == strategy
+            for text, g, r in zip(SERVED_TEXTS, body["results"], refs):
+                assert_same_entities(g, r, f"http {family} {strategy} {text!r}")
+        # every label kept (ignore_labels=[]), on both doors
+        refs = [pipe(t, aggregation_strategy="first", ignore_labels=[]) for t in SERVED_TEXTS]
+        got = client.token_classify(SERVED_TEXTS, name, aggregation_strategy="first", ignore_labels=[])
+        for g, r in zip(got, refs):
+            assert_same_entities(_entity_dicts(g, "first"), r, "grpc keep all")
+        none = [e["entity"] for t in SERVED_TEXTS for e in pipe(t, aggregation_strategy="none", ignore_labels=[])]
+        assert len(set(none)) >= 3, none   # varied labels: the groupings differ from one run of one label
+    # KServe text mode (REST): BYTES text in, per text a JSON list of the pipeline's entities out
+    kc = thttp.InferenceServerClient(token_server.http_url.split("://", 1)[1])
+    inp = thttp.InferInput("text", [len(SERVED_TEXTS)], "BYTES")
+    inp.set_data_from_numpy(np.array([t.encode() for t in SERVED_TEXTS], dtype=object))
+    res = kc.infer(name, [inp], parameters={"aggregation_strategy": "average"})
+    answers = [json.loads(x) for x in res.as_numpy("entities")]
+    for text, g in zip(SERVED_TEXTS, answers):
+        assert_same_entities(g, pipe(text, aggregation_strategy="average"), f"kserve text {family}")
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_kserve_tensor_mode_answers_the_logits(token_server, token_checkpoints, family: str) -> None:
+    import tritonclient.grpc as tgrpc
+
+    feeds = encode(token_checkpoints[family], TEXTS)
+    names = ["input_ids", "attention_mask", "token_type_ids"][:3 if family in TOKEN_TYPE_FAMILIES else 2]
+    client = tgrpc.InferenceServerClient(token_server.address)
+    inputs = []
+    for n in names:
+        i = tgrpc.InferInput(n, list(feeds[n].shape), "INT64")
+        i.set_data_from_numpy(feeds[n].numpy())
+        inputs.append(i)
+    logits = client.infer(f"{family}-token", inputs).as_numpy("logits")
+    hf = getattr(transformers, HF_CLASS[family]).from_pretrained(token_checkpoints[family]).eval()
+    with torch.no_grad():
+        ref = hf_call(hf, family, feeds).logits.numpy()
+    real = feeds["attention_mask"].numpy().astype(bool)
+    assert logits.shape == ref.shape and float(np.abs(logits - ref)[real].max()) <= 1e-4
+
+
+def test_bad_token_requests_name_the_field(token_server) -> None:
+    import grpc
+    import httpx2 as httpx
+
+    from protos import ortserve_pb2 as pb
+    from protos import ortserve_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(token_server.address) as ch:
+        stub = pb_grpc.TaskServiceStub(ch)
+        cases = [
+            (pb.TokenClassifyRequest(model="bert-token", texts=["a b"], aggregation_strategy="mean"),
+             "aggregation_strategy"),
+            (pb.TokenClassifyRequest(model="bert-token", texts=[]), "texts"),
+            (pb.TokenClassifyRequest(model="bert-token", texts=["ok", "  "]), "texts[1]"),
+            (pb.TokenClassifyRequest(model="bert-token", texts=["a"], ignore_labels=["O"], keep_all_labels=True),
+             "keep_all_labels"),
+            (pb.TokenClassifyRequest(model="bert-token", texts=["word " * 200]), "texts[0]"),
+        ]
+        for request, field in cases:
+            with pytest.raises(grpc.RpcError) as err:
+                stub.TokenClassify(request, timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert err.value.details().startswith(field + ":"), err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.TokenClassify(pb.TokenClassifyRequest(model="nope", texts=["a"]), timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        # A long text is cut when asked to be
+        ok = stub.TokenClassify(pb.TokenClassifyRequest(model="bert-token", texts=["word " * 200], truncate=True,
+                                                        keep_all_labels=True), timeout=30)
+        assert max(e.end for e in ok.results[0].entities) < 5 * 200
+    url = f"{token_server.http_url}/v1/token-classify"
+    for body, field in [({"model": "bert-token", "inputs": ["a"], "aggregation_strategy": "mean"}, "aggregation_strategy"),
+                        ({"model": "bert-token", "inputs": []}, "inputs"),
+                        ({"model": "bert-token", "inputs": ["a", 5]}, "inputs[1]"),
+                        ({"model": "bert-token", "inputs": "a", "ignore_labels": "O"}, "ignore_labels"),
+                        ({"inputs": "a"}, "model")]:
+        resp = httpx.post(url, json=body, timeout=30)
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["message"].startswith(field), resp.text
+    resp = httpx.post(url, json={"model": "nope", "inputs": "a"}, timeout=30)
+    assert resp.status_code == 404
