@@ -111,3 +111,14 @@ def test_unknown_strategy_names_the_field(bad: str) -> None:
     with pytest.raises(ServingError, match="aggregation_strategy: must be one of none, simple, first, average, max"):
         check_strategy(bad)
     assert check_strategy("") == "none" and check_strategy("Average") == "average"
+
+
+def test_restore_text_applies_casing_and_marks_at_the_offsets() -> None:
+    from clients.punctuation import restore_text
+    from clients.types import TokenEntity
+
+    text = "what my young master  o my gentle master"
+    ents = [TokenEntity("Cap+COMMA", 0.9, "what", 0, 4), TokenEntity("QUESTION", 0.8, "master", 14, 20),
+            TokenEntity("Cap", 0.7, "o", 22, 23), TokenEntity("EXCLAIM", 0.9, "master", 34, 40)]
+    assert restore_text(text, ents) == "What, my young master?  O my gentle master!"
+    assert restore_text(text, []) == text

@@ -489,3 +489,167 @@ def test_bad_token_requests_name_the_field(token_server) -> None:
         assert resp.json()["error"]["message"].startswith(field), resp.text
     resp = httpx.post(url, json={"model": "nope", "inputs": "a"}, timeout=30)
     assert resp.status_code == 404
+
+
+# ----------------------------------------------------------------------------- punctuation & casing data
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("Sir,", ("sir", "B-Cap+COMMA")), ("lord.--", ("lord", "B-PERIOD")), ("Ay!", ("ay", "B-Cap+EXCLAIM")),
+    ("'tis", ("'tis", "O")), ("(aside)", ("aside", "O")), ("KING;", ("king", "B-Cap+COMMA")), ("--", None),
+    ("why?", ("why", "B-QUESTION")),
+])
+def test_punctuation_labels_come_from_the_text(raw: str, expected) -> None:
+    from training.punctuation import word_label
+
+    assert word_label(raw) == expected
+
+
+def test_punctuation_examples_restore_their_text() -> None:
+    from training.punctuation import LABELS, examples_of, restore
+
+    text = "Who's there?\nWhat, my young master?--O my gentle master!\nNo more do yours; your virtues, gentle master,"
+    (ex,) = examples_of(text, 40, "scene")
+    assert ex.words[:6] == ("who's", "there", "what", "my", "young", "master")
+    assert set(ex.labels) <= set(LABELS)
+    assert restore(list(ex.words), list(ex.labels)) == (
+        "Who's there? What, my young master? O my gentle master! No more do yours, your virtues, gentle master,")
+
+
+def test_punctuation_data_keeps_the_test_plays_apart() -> None:
+    from training.punctuation import LABELS, punctuation_data
+
+    d = punctuation_data()
+    assert list(d.labels) == LABELS and LABELS[0] == "O" and len(LABELS) == 10
+    train_words = {w for e in d.splits["train"][:2000] for w in e.words}
+    assert all(len(e.words) <= 40 for s in d.splits.values() for e in s)
+    seen = {t for e in d.splits["train"] for t in e.labels}
+    assert seen == set(LABELS)   # every label occurs in training
+    assert {e.source.split()[0] for e in d.splits["test"]} == {"test"} and train_words
+
+
+def test_default_token_data_trains_without_train_files(tiny_checkpoints, tmp_path: Path) -> None:
+    out = tmp_path / "punct"
+    proc = subprocess.run([sys.executable, "-m", "training", "token-classify", "--init", str(tiny_checkpoints.mlm),
+                           "--out", str(out), "--steps", "2", "--batch-size", "8", "--eval-examples", "20",
+                           "--threads", "1", "--quiet"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["data"]["labels"][0] == "O" and "B-Cap+COMMA" in m["data"]["labels"]
+    assert m["data"]["majority_baseline_test"]["label"] == "O"
+    assert m["test"]["words"] == m["data"]["majority_baseline_test"]["examples"] > 500
+
+
+# ----------------------------------------------------------------------------- fuzzing the new request shapes
+
+
+def test_fuzz_token_classify_rpc_http_and_kserve(token_server) -> None:
+    """Random TokenClassify requests on every door: only the documented bad-input codes, consistent OK answers
+    (offsets inside the text, in order; labels the model's), and a healthy server after."""
+    import os
+
+    import grpc
+    import httpx2 as httpx
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
+
+    from protos import ortserve_pb2 as pb
+    from protos import ortserve_pb2_grpc as pb_grpc
+
+    examples = int(os.environ.get("ORTSERVE_FUZZ_EXAMPLES", "60"))
+    fuzz = settings(max_examples=examples, deadline=None, database=None, derandomize=examples <= 100,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    tags = set(LABELS) | {t.split("-", 1)[-1] for t in LABELS}
+    texts = st.one_of(st.text(min_size=1, max_size=120), st.sampled_from(SERVED_TEXTS + ["", " ", "\u200b", "a" * 700]))
+    def mostly(usual, others):   # the usual value 3 times in 4: most cases reach the model
+        return st.integers(0, 3).flatmap(lambda i: others if i == 3 else usual)
+
+    strategies = mostly(st.sampled_from(STRATEGIES + ("",)), st.one_of(st.sampled_from(("MAX", "mean")),
+                                                                      st.text(max_size=10)))
+    models = mostly(st.sampled_from(["bert-token", "roberta-token"]), st.text(max_size=12))
+    C = grpc.StatusCode
+    seen: dict[str, set] = {"grpc": set(), "http": set(), "kserve": set()}
+
+    def consistent(text: str, entities: list[tuple[str, int, int]]) -> None:
+        last = 0
+        for label, start, end in entities:
+            assert label in tags and 0 <= start <= end <= len(text) and start >= last, (text, entities)
+            last = start
+
+    with grpc.insecure_channel(token_server.address) as ch:
+        stub = pb_grpc.TaskServiceStub(ch)
+        kserve = kserve_grpc.GRPCInferenceServiceStub(ch)
+
+        @fuzz
+        @given(model=models, version=mostly(st.just(0), st.sampled_from([1, 2, -1, 2 ** 62])),
+               batch=st.lists(texts, max_size=5), strategy=strategies,
+               ignore=mostly(st.just([]), st.lists(st.text(max_size=6), max_size=3)),
+               keep=mostly(st.just(False), st.just(True)), truncate=st.booleans())
+        def grpc_case(model, version, batch, strategy, ignore, keep, truncate) -> None:
+            request = pb.TokenClassifyRequest(model=model, version=version, texts=batch, aggregation_strategy=strategy,
+                                              ignore_labels=ignore, keep_all_labels=keep, truncate=truncate)
+            try:
+                answer = stub.TokenClassify(request, timeout=30)
+            except grpc.RpcError as exc:
+                assert exc.code() in (C.INVALID_ARGUMENT, C.NOT_FOUND), (exc.code(), exc.details())
+                seen["grpc"].add(exc.code())
+                return
+            seen["grpc"].add(C.OK)
+            assert len(answer.results) == len(batch)
+            for text, r in zip(batch, answer.results):
+                consistent(text, [(e.label, e.start, e.end) for e in r.entities])
+
+        @fuzz
+        @given(body=st.one_of(
+            st.fixed_dictionaries({"model": models, "inputs": st.one_of(texts, st.lists(texts, max_size=4))},
+                                  optional={"aggregation_strategy": strategies, "truncate": st.booleans(),
+                                            "ignore_labels": st.lists(st.text(max_size=5), max_size=2)}),
+            st.dictionaries(st.sampled_from(["model", "inputs", "aggregation_strategy", "ignore_labels", "x"]),
+                            st.one_of(st.none(), st.integers(), st.text(max_size=8), st.lists(st.integers(), max_size=2)),
+                            max_size=4)))
+        def http_case(body) -> None:
+            resp = httpx.post(f"{token_server.http_url}/v1/token-classify", json=body, timeout=30)
+            assert resp.status_code in (200, 400, 404), resp.text
+            seen["http"].add(resp.status_code)
+            if resp.status_code == 200:
+                inputs = body["inputs"] if isinstance(body["inputs"], list) else [body["inputs"]]
+                for text, ents in zip(inputs, resp.json()["results"]):
+                    consistent(text, [(e.get("entity", e.get("entity_group")), e["start"], e["end"]) for e in ents])
+            else:
+                assert resp.json()["error"]["message"]
+
+        @fuzz
+        @given(batch=st.lists(texts, min_size=1, max_size=3), params=st.dictionaries(
+            st.sampled_from(["aggregation_strategy", "ignore_labels", "truncate"]),
+            st.one_of(strategies, st.booleans(), st.integers(), st.sampled_from(['["O"]', "[]", "[1]", "{", "null"])),
+            max_size=3))
+        def kserve_case(batch, params) -> None:
+            req = kserve_pb.ModelInferRequest(model_name="bert-token")
+            t = req.inputs.add(name="text", datatype="BYTES", shape=[len(batch)])
+            t.contents.bytes_contents.extend(x.encode("utf-8", "surrogatepass") for x in batch)
+            for k, v in params.items():
+                p = req.parameters[k]
+                if isinstance(v, bool):
+                    p.bool_param = v
+                elif isinstance(v, int):
+                    p.int64_param = v
+                else:
+                    p.string_param = v
+            try:
+                out = kserve.ModelInfer(req, timeout=30)
+            except grpc.RpcError as exc:
+                assert exc.code() == C.INVALID_ARGUMENT, (exc.code(), exc.details())
+                seen["kserve"].add(exc.code())
+                return
+            seen["kserve"].add(C.OK)
+            assert out.outputs[0].name == "entities" and out.outputs[0].shape == [len(batch)]
+
+        grpc_case()
+        http_case()
+        kserve_case()
+        assert seen["grpc"] >= {C.OK, C.INVALID_ARGUMENT}, seen
+        assert seen["http"] >= {200, 400}, seen
+        assert seen["kserve"] >= {C.OK, C.INVALID_ARGUMENT}, seen
+        assert token_server.proc.poll() is None
+        assert stub.TokenClassify(pb.TokenClassifyRequest(model="bert-token", texts=["a crown"]), timeout=10).results
