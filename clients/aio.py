@@ -26,6 +26,7 @@ from .types import (
     ModelInfo,
     ModelStatus,
     StreamChunk,
+    TokenEntity,
 )
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,12 @@ class AsyncOrtserveClient:
                     truncate: bool = False, *, timeout: float | None = _UNSET) -> list[Embedding]:
         request = convert.embed_request(texts, model, version, truncate)
         return convert.embeddings(await self._unary("Embed", request, timeout))
+
+    async def token_classify(self, texts: str | Sequence[str], model: str, version: int | None = None,
+                             aggregation_strategy: str = "none", ignore_labels: Sequence[str] | None = None,
+                             truncate: bool = False, *, timeout: float | None = _UNSET) -> list[list[TokenEntity]]:
+        request = convert.token_classify_request(texts, model, version, aggregation_strategy, ignore_labels, truncate)
+        return convert.token_entities(await self._unary("TokenClassify", request, timeout))
 
     async def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                        timeout: float | None = _UNSET, **params: Any) -> Generation:

@@ -653,3 +653,17 @@ def test_fuzz_token_classify_rpc_http_and_kserve(token_server) -> None:
         assert seen["kserve"] >= {C.OK, C.INVALID_ARGUMENT}, seen
         assert token_server.proc.poll() is None
         assert stub.TokenClassify(pb.TokenClassifyRequest(model="bert-token", texts=["a crown"]), timeout=10).results
+
+
+def test_async_client_answers_as_the_sync_one(token_server) -> None:
+    import asyncio
+
+    from clients import AsyncOrtserveClient, OrtserveClient
+
+    async def run():
+        async with AsyncOrtserveClient(token_server.address) as client:
+            return await client.token_classify(SERVED_TEXTS, "albert-token", aggregation_strategy="max")
+
+    with OrtserveClient(token_server.address) as client:
+        sync = client.token_classify(SERVED_TEXTS, "albert-token", aggregation_strategy="max")
+    assert asyncio.run(run()) == sync and any(sync)
