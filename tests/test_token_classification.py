@@ -260,7 +260,7 @@ def test_training_cli_names_the_bad_field(tiny_checkpoints, tmp_path: Path, row:
     bad.write_text(json.dumps({"tokens": ["x", "y"], "labels": ["O", "B-X"]}) + "\n" + json.dumps(row) + "\n")
     proc = subprocess.run([sys.executable, "-m", "training", "token-classify", "--init", str(tiny_checkpoints.mlm),
                            "--train", str(bad), "--out", str(tmp_path / "out"), "--steps", "1", "--quiet"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and f"bad.jsonl:2: {field}" in lines[0], proc.stderr
