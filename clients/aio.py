@@ -28,6 +28,7 @@ from .types import (
     RankedDocument,
     StreamChunk,
     Tokenization,
+    TokenEntity,
 )
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,12 @@ class AsyncOrtserveClient:
         request = convert.rerank_request(query, documents, model, version, top_n, truncate, raw_scores,
                                          return_documents)
         return convert.ranked(await self._unary("Rerank", request, timeout))
+
+    async def token_classify(self, texts: str | Sequence[str], model: str, version: int | None = None,
+                             aggregation_strategy: str = "none", ignore_labels: Sequence[str] | None = None,
+                             truncate: bool = False, *, timeout: float | None = _UNSET) -> list[list[TokenEntity]]:
+        request = convert.token_classify_request(texts, model, version, aggregation_strategy, ignore_labels, truncate)
+        return convert.token_entities(await self._unary("TokenClassify", request, timeout))
 
     async def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                        timeout: float | None = _UNSET, **params: Any) -> Generation:

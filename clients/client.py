@@ -28,6 +28,7 @@ from .types import (
     RankedDocument,
     StreamChunk,
     Tokenization,
+    TokenEntity,
 )
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,14 @@ class OrtserveClient:
         request = convert.rerank_request(query, documents, model, version, top_n, truncate, raw_scores,
                                          return_documents)
         return convert.ranked(self._unary(self._tasks.Rerank, request, timeout))
+
+    def token_classify(self, texts: str | Sequence[str], model: str, version: int | None = None,
+                       aggregation_strategy: str = "none", ignore_labels: Sequence[str] | None = None,
+                       truncate: bool = False, *, timeout: float | None = _UNSET) -> list[list[TokenEntity]]:
+        """Each text's entities (a token-classification model), grouped as transformers' pipeline groups them:
+        aggregation_strategy none | simple | first | average | max; ignore_labels None = ["O"], [] = keep all."""
+        request = convert.token_classify_request(texts, model, version, aggregation_strategy, ignore_labels, truncate)
+        return convert.token_entities(self._unary(self._tasks.TokenClassify, request, timeout))
 
     def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                  timeout: float | None = _UNSET, **params: Any) -> Generation:

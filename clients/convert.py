@@ -11,6 +11,7 @@ from .types import (
     RankedDocument,
     Tokenization,
     TokenSpan,
+    TokenEntity,
     Classification,
     Embedding,
     FillMaskResult,
@@ -209,3 +210,21 @@ def model_info(response: pb.ModelInfoResponse) -> ModelInfo:
         status=model_status(response.status), labels=list(response.labels), max_length=response.max_length,
         mask_token=response.mask_token, variant=response.variant, providers=list(response.providers),
         versions=list(response.versions), max_batch_size=response.max_batch_size, manifest=manifest)
+
+
+def token_classify_request(texts: str | Sequence[str], model: str, version: int | None, aggregation_strategy: str,
+                           ignore_labels: Sequence[str] | None, truncate: bool) -> pb.TokenClassifyRequest:
+    """ignore_labels None: the server's default (["O"]); an empty list keeps every label."""
+    items = [texts] if isinstance(texts, str) else list(texts)
+    for i, t in enumerate(items):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}]: expected a str, got {type(t).__name__}")
+    ignore = list(ignore_labels) if ignore_labels is not None else []
+    return pb.TokenClassifyRequest(model=model, version=version or 0, texts=items,
+                                   aggregation_strategy=aggregation_strategy, ignore_labels=ignore,
+                                   keep_all_labels=ignore_labels is not None and not ignore, truncate=truncate)
+
+
+def token_entities(response: pb.TokenClassifyResponse) -> list[list[TokenEntity]]:
+    return [[TokenEntity(label=e.label, score=e.score, word=e.word, start=e.start, end=e.end,
+                         index=None if e.index < 0 else e.index) for e in r.entities] for r in response.results]

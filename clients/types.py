@@ -204,3 +204,15 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, list):
         return [to_jsonable(v) for v in value]
     return value
+
+
+@dataclass(frozen=True)
+class TokenEntity:
+    """One entry of a token-classification answer (transformers pipeline's entity)."""
+
+    label: str          # the token's label (aggregation "none") or the entity group's tag (the others)
+    score: float
+    word: str
+    start: int          # character offsets into the text, end exclusive
+    end: int
+    index: int | None = None   # token position (aggregation "none" only)

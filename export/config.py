@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TASKS = ("classify", "fill-mask", "generate", "embed")
+TASKS = ("classify", "fill-mask", "generate", "embed", "token-classify")
 # w8 / w4: weight-quantized in-place decoders (MatMulNBits); w8kv8 / w4kv8 the same over the int8 cache
 WEIGHT_VARIANTS = ("w8", "w4", "w8kv8", "w4kv8")
 VARIANTS = ("fp32", "optimized", "int8", "fp16", "kv8", *WEIGHT_VARIANTS)

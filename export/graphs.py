@@ -60,7 +60,8 @@ ENCODER_INPUTS = tuple(TensorSpec(n, "int64", ("batch", "sequence"))
 
 def encoder_spec(task: str, token_types: bool = True) -> GraphSpec:
     """token_types=False: no token_type_ids input (RoBERTa, DistilBERT); the manifest lists the inputs."""
-    shape = ("batch", "labels") if task == "classify" else ("batch", "sequence", "vocab")
+    shape = {"classify": ("batch", "labels"), "token-classify": ("batch", "sequence", "labels")}.get(
+        task, ("batch", "sequence", "vocab"))
     inputs = ENCODER_INPUTS if token_types else tuple(t for t in ENCODER_INPUTS if t.name != "token_type_ids")
     return GraphSpec(inputs, (TensorSpec("logits", "float32", shape),))
 

@@ -1,4 +1,5 @@
-"""The encoder and decoder tasks' builder (classify, fill-mask, generate), plugged into export/skeleton.py."""
+"""The encoder and decoder tasks' builder (classify, token-classify, fill-mask, generate), plugged into
+export/skeleton.py."""
 from __future__ import annotations
 
 import logging
@@ -142,7 +143,7 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     if template:
         extra["chat_template"] = template  # /v1/chat/completions renders it (docs/protocol.md)
     manifest = new_manifest(cfg.name, cfg.task, info, max_length=info.max_positions, special_tokens=ids,
-                            labels=info.labels if cfg.task == "classify" else (),
+                            labels=info.labels if cfg.task in ("classify", "token-classify") else (),
                             mask_token=mask_token if cfg.task == "fill-mask" else None,
                             inputs=tensors(spec.inputs), outputs=tensors(spec.outputs), cache=cache,
                             variants={v: b.file for v, b in builds.items()}, extra=extra)

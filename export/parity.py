@@ -275,6 +275,8 @@ class Gate:
                 ref = torch_encoder(inp, feeds)
                 if inp.task == "fill-mask":
                     sel = feeds["input_ids"] == inp.special_tokens["mask"]
+                elif inp.task == "token-classify":   # every real token is a prediction
+                    sel = feeds["attention_mask"].astype(bool)
                 else:
                     sel = np.ones(len(texts), dtype=bool)
                 out.append((feeds, ref, sel))

@@ -28,6 +28,12 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "DistilBertForMaskedLM": {"fill-mask": "distilbert-mlm"},
     "ElectraForSequenceClassification": {"classify": "electra-classifier"},
     "ElectraForMaskedLM": {"fill-mask": "electra-mlm"},  # the generator; the discriminator has no served head
+    # Per-token classifiers: logits [batch, sequence, labels].
+    "BertForTokenClassification": {"token-classify": "bert-token-classifier"},
+    "RobertaForTokenClassification": {"token-classify": "roberta-token-classifier"},
+    "AlbertForTokenClassification": {"token-classify": "albert-token-classifier"},
+    "DistilBertForTokenClassification": {"token-classify": "distilbert-token-classifier"},
+    "ElectraForTokenClassification": {"token-classify": "electra-token-classifier"},
     "GPT2LMHeadModel": {"generate": "gpt"},
     # Llama family: exported as the in-place graph only (rotary and grouped-query attention live in the op).
     "LlamaForCausalLM": {"generate": "llama"},
@@ -40,7 +46,7 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
-                      for task in ("classify", "fill-mask", "generate")}
+                      for task in ("classify", "fill-mask", "generate", "token-classify")}
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
 # embed (export/embed.py): any encoder checkpoint, its own encoder and pooling; no head is used.
 TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES

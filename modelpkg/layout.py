@@ -14,7 +14,7 @@ FORMAT = "ortserve.model-package/1"
 MANIFEST_FILE = "model.json"
 PARITY_FILE = "parity.json"
 TOKENIZER_FILE = "tokenizer.json"
-TASKS = ("classify", "fill-mask", "generate", "embed")
+TASKS = ("classify", "fill-mask", "generate", "embed", "token-classify")
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
 _NAME_RE = re.compile(NAME_PATTERN)

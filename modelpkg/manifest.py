@@ -202,8 +202,8 @@ class Manifest:
         labels = optional("labels", list, [])
         if not all(isinstance(x, str) for x in labels):
             raise ManifestError("model.json: labels must be a list of strings")
-        if task == "classify" and not labels:
-            raise ManifestError("model.json: labels must be a non-empty list of strings for classify")
+        if task in ("classify", "token-classify") and not labels:
+            raise ManifestError(f"model.json: labels must be a non-empty list of strings for {task}")
         mask_token = optional("mask_token", str, None)
         if task == "fill-mask" and mask_token is None:
             raise ManifestError("model.json: mask_token missing or not a str")

@@ -448,3 +448,55 @@ class RerankResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[RankedDocument]
     tokens: int
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[RankedDocument, _Mapping]]] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class TokenClassifyRequest(_message.Message):
+    __slots__ = ("model", "version", "texts", "aggregation_strategy", "ignore_labels", "keep_all_labels", "truncate")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATION_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_LABELS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALL_LABELS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    aggregation_strategy: str
+    ignore_labels: _containers.RepeatedScalarFieldContainer[str]
+    keep_all_labels: bool
+    truncate: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., texts: _Optional[_Iterable[str]] = ..., aggregation_strategy: _Optional[str] = ..., ignore_labels: _Optional[_Iterable[str]] = ..., keep_all_labels: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class TokenEntity(_message.Message):
+    __slots__ = ("label", "score", "word", "start", "end", "index")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    WORD_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    score: float
+    word: str
+    start: int
+    end: int
+    index: int
+    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., word: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class TokenClassification(_message.Message):
+    __slots__ = ("entities",)
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    entities: _containers.RepeatedCompositeFieldContainer[TokenEntity]
+    def __init__(self, entities: _Optional[_Iterable[_Union[TokenEntity, _Mapping]]] = ...) -> None: ...
+
+class TokenClassifyResponse(_message.Message):
+    __slots__ = ("model", "version", "results", "labels")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    results: _containers.RepeatedCompositeFieldContainer[TokenClassification]
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[TokenClassification, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -84,6 +84,11 @@ class TaskServiceStub:
                 request_serializer=protos_dot_ortserve__pb2.RerankRequest.SerializeToString,
                 response_deserializer=protos_dot_ortserve__pb2.RerankResponse.FromString,
                 _registered_method=True)
+        self.TokenClassify = channel.unary_unary(
+                '/ortserve.v1.TaskService/TokenClassify',
+                request_serializer=protos_dot_ortserve__pb2.TokenClassifyRequest.SerializeToString,
+                response_deserializer=protos_dot_ortserve__pb2.TokenClassifyResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -159,6 +164,14 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TokenClassify(self, request, context):
+        """Per-token labels of each text from a token-classification model (task "token-classify"), grouped into
+        words and entities as transformers' token-classification pipeline does (aggregation_strategy).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +224,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.Rerank,
                     request_deserializer=protos_dot_ortserve__pb2.RerankRequest.FromString,
                     response_serializer=protos_dot_ortserve__pb2.RerankResponse.SerializeToString,
+            ),
+            'TokenClassify': grpc.unary_unary_rpc_method_handler(
+                    servicer.TokenClassify,
+                    request_deserializer=protos_dot_ortserve__pb2.TokenClassifyRequest.FromString,
+                    response_serializer=protos_dot_ortserve__pb2.TokenClassifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +501,33 @@ class TaskService:
             '/ortserve.v1.TaskService/Rerank',
             protos_dot_ortserve__pb2.RerankRequest.SerializeToString,
             protos_dot_ortserve__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TokenClassify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.TaskService/TokenClassify',
+            protos_dot_ortserve__pb2.TokenClassifyRequest.SerializeToString,
+            protos_dot_ortserve__pb2.TokenClassifyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,7 +35,8 @@ from server.sessions import SessionConfig, resolve_providers
 from server.settings import ServerSettings
 from server.tokens import Tokenized
 from server.types import (ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo, ModelMetadata,
-                          ModelState, ModelStatistics, ModelStatus, RepositoryEntry, StreamPart, TensorMetadata)
+                          ModelState, ModelStatistics, ModelStatus, RepositoryEntry, StreamPart, TensorMetadata,
+                          TokenClassifyResult)
 from server.version import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -358,6 +359,14 @@ class DataPlane:
         scores = result.scores
         return RerankResult(model=result.model, version=result.version, tokens=scores.tokens,
                             results=rank(scores.raw if raw_scores else scores.scores, top_n))
+
+    async def token_classify(self, model: str, version: int, texts: list[str], aggregation_strategy: str = "none",
+                             ignore_labels: list[str] | None = None, truncate: bool = False,
+                             deadline: float | None = None) -> TokenClassifyResult:
+        """Per-token labels, grouped as transformers' pipeline groups them (server/token_aggregation.py);
+        ignore_labels None: the pipeline's default ["O"]."""
+        with self.lease(model, version, "token_classify") as served:
+            return await served.token_classify(texts, aggregation_strategy, ignore_labels, truncate, deadline)
 
     async def generate(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None = None, echo: bool = False) -> GenerateResult:

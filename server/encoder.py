@@ -1,4 +1,4 @@
-"""A served encoder (classify, fill-mask or embed): text or raw tensors in, one dynamic batcher, onnxruntime.
+"""A served encoder (classify, token-classify, fill-mask or embed): text or raw tensors in, one dynamic batcher, onnxruntime.
 
 Task calls tokenize, then submit their rows to the batcher; raw KServe ModelInfer submits the caller's
 tensors to the same batcher, so both kinds of request share batches. Every request's cost is checked before it
@@ -26,14 +26,17 @@ from server.pairs import PairScores, Pairs
 from server.pieces import run_in_pieces
 from server.rerank import score_pairs
 from server.sessions import run_failure, warm_up_encoder
+from server.token_aggregation import DEFAULT_IGNORE, TokenEntity, TokenRow, aggregate, check_strategy
 from server.tokenization import EncodedText, TextEncoder, pad_batch
 from server.tokens import TokenSpan, check_ids, check_text_bound, encode_spans, special_ids
 from server.types import (Classification, ClassifyResult, EmbedResult, FillMaskResult, LabelScore, MaskPrediction,
-                          TokenCandidate)
+                          TokenCandidate, TokenClassifyResult)
 
 DEFAULT_FILL_MASK_TOP_K = 5
 # Characters of one request's texts above which they are tokenized in a worker thread (below: well under 1 ms).
 INLINE_TEXT_CHARS = 16_384
+# Tokens of one token-classification answer above which its entities are built in a worker thread.
+INLINE_TOKENS = 2048
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -275,3 +278,48 @@ class EncoderModel(ServedModel):
         # Building up to max_fill_mask_candidates filled sequences takes tens of ms: off the event loop.
         results = await asyncio.get_running_loop().run_in_executor(None, self._predictions, rows, positions, logits, k)
         return FillMaskResult(model=self.name, version=self.version, results=results, mask_token=mask_token)
+
+    # ------------------------------------------------------------------ token classification
+
+    def _token_rows(self, texts: list[str], rows: list[EncodedText], logits: list[np.ndarray], strategy: str,
+                    ignore_labels: list[str]) -> list[list[TokenEntity]]:
+        """Each text's entities (server/token_aggregation.py), with the package tokenizer's own rules: its
+        decoder joins tokens into words, a continuing-subword prefix makes it word-aware, its unk token."""
+        tokenizer = self.encoder.tokenizer
+        model = tokenizer.model
+        decoder = tokenizer.decoder
+        join = decoder.decode if decoder is not None else " ".join
+        unk = getattr(model, "unk_token", None)
+        unk_id = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+        word_aware = bool(getattr(model, "continuing_subword_prefix", None))
+        labels = list(self.manifest.labels)
+        out = []
+        for text, row, row_logits in zip(texts, rows, logits):
+            enc = row.encoding
+            view = TokenRow(text, row.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)
+            out.append(aggregate(view, row_logits, labels, strategy, join, word_aware, unk_id, ignore_labels))
+        return out
+
+    async def token_classify(self, texts: list[str], aggregation_strategy: str, ignore_labels: list[str] | None,
+                             truncate: bool, deadline: float | None) -> TokenClassifyResult:
+        if self.task != "token-classify":
+            raise self._not("token-classify")
+        strategy = check_strategy(aggregation_strategy)
+        if not texts:
+            raise ServingError.invalid("texts", "at least one text is required")
+        ignore = list(DEFAULT_IGNORE) if ignore_labels is None else list(ignore_labels)
+        limits = self.runtime.admission
+        check_rows("texts", len(texts), limits)
+        rows = await self._encode([(t, None) for t in texts], truncate, "texts", "")
+        # At most one entity per token, each with its label, token text and numbers: bounded before compute.
+        label_bytes = max(len(label.encode()) for label in self.manifest.labels)
+        check_response_bytes(sum(len(r.ids) for r in rows) * (label_bytes + 64) + sum(len(t.encode()) for t in texts),
+                             limits, "texts")
+        logits = await self._logits(rows, deadline)
+        if sum(len(r.ids) for r in rows) <= INLINE_TOKENS:
+            results = self._token_rows(texts, rows, logits, strategy, ignore)
+        else:   # thousands of tokens of Python work: off the event loop
+            results = await asyncio.get_running_loop().run_in_executor(
+                None, self._token_rows, texts, rows, logits, strategy, ignore)
+        return TokenClassifyResult(model=self.name, version=self.version, results=results,
+                                   labels=list(self.manifest.labels), aggregation_strategy=strategy)

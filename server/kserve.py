@@ -9,9 +9,13 @@ for generate the GenerationParameters by name, and `stop` as a JSON list of stri
     fill-mask  text                ->  sequence (BYTES: every mask filled with its best candidate)
     generate   prompt              ->  text, finish_reason (BYTES)
     embed      text                ->  embedding (FP32 [n, dimension])
+    token-classify  text           ->  entities (BYTES: per text a JSON list of the transformers pipeline's
+                                       entities: entity / entity_group, score, word, start, end [, index]);
+                                       parameters aggregation_strategy (string), ignore_labels (JSON list)
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -21,10 +25,12 @@ from server import jsontext
 from server.dataplane import DataPlane, select_outputs
 from server.errors import Code, ServingError
 from server.generation import GenerationParams
+from server.token_aggregation import as_pipeline_dict
 from server.types import FillMaskResult, InferResult, MaskPrediction
 
 EXTENSIONS = ["model_repository", "statistics", "parameters"]
-TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}, "embed": {"text"}}
+TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}, "embed": {"text"},
+               "token-classify": {"text"}}
 _PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "min_tokens", "repetition_penalty",
                "presence_penalty", "frequency_penalty", "seed", "truncate_prompt", "ignore_eos", "num_beams",
                "length_penalty", "early_stopping")
@@ -57,6 +63,8 @@ async def model_infer(plane: DataPlane, model: str, version: int, inputs: dict[s
         result = await _classify(plane, model, version, inputs, parameters, deadline)
     elif task == "embed":
         result = await _embed(plane, model, version, inputs, parameters, deadline)
+    elif task == "token-classify":
+        result = await _token_classify(plane, model, version, inputs, parameters, deadline)
     else:
         result = await _fill_mask(plane, model, version, inputs, parameters, deadline)
     return InferResult(model=result.model, version=result.version, outputs=select_outputs(result.outputs, outputs))
@@ -97,6 +105,23 @@ async def _embed(plane: DataPlane, model: str, version: int, inputs: dict[str, n
     result = await plane.embed(model, version, _texts(inputs, "text"), bool(parameters.get("truncate", False)),
                                deadline)
     return InferResult(model=result.model, version=result.version, outputs={"embedding": result.embeddings})
+
+
+async def _token_classify(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
+                          parameters: dict[str, Any], deadline: float | None) -> InferResult:
+    strategy = parameters.get("aggregation_strategy", "none")
+    if not isinstance(strategy, str):
+        raise ServingError.invalid("parameters.aggregation_strategy", "must be a string")
+    ignore = None
+    if "ignore_labels" in parameters:
+        ignore = _json_parameter(parameters, "ignore_labels", list, "a JSON list of strings")
+        if not all(isinstance(x, str) for x in ignore):
+            raise ServingError.invalid("parameters.ignore_labels", "must be a JSON list of strings")
+    result = await plane.token_classify(model, version, _texts(inputs, "text"), strategy, ignore,
+                                        bool(parameters.get("truncate", False)), deadline)
+    answers = [json.dumps([as_pipeline_dict(e, result.aggregation_strategy) for e in entities], ensure_ascii=False)
+               for entities in result.results]
+    return InferResult(model=result.model, version=result.version, outputs={"entities": _bytes_array(answers)})
 
 
 async def _fill_mask(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],

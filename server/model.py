@@ -29,7 +29,7 @@ from server.sessions import SessionConfig, SessionRunner
 from server.signature import TensorSpec, check_inputs, specs_from_manifest
 from server.stats import ModelStats
 from server.tokens import TokenSpan
-from server.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult
+from server.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, TokenClassifyResult
 
 Feeds = dict[str, np.ndarray]
 
@@ -122,6 +122,10 @@ class ServedModel(ABC):
     async def score(self, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:
         """Each text pair's relevance (server/rerank.py): a cross-encoder's or an embedding model's."""
         raise self._not("rerank or score")
+
+    async def token_classify(self, texts: list[str], aggregation_strategy: str, ignore_labels: list[str] | None,
+                             truncate: bool, deadline: float | None) -> TokenClassifyResult:
+        raise self._not("token-classify")
 
     async def generate(self, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None) -> GenerationResult:

@@ -167,6 +167,8 @@ def _check_encoder_output(out: dict[str, np.ndarray], manifest: Manifest, batch:
         raise PackageError("warm-up: the graph has no 'logits' output")
     if manifest.task == "classify":
         expected: tuple[int, ...] = (batch, len(manifest.labels))
+    elif manifest.task == "token-classify":
+        expected = (batch, seq, len(manifest.labels))
     else:
         expected = (batch, seq, logits.shape[-1])
         vocab = manifest.vocab_size

@@ -1,7 +1,7 @@
 """Text -> token ids for encoder models, with the package's own tokenizer.json (`tokenizers`, no torch)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -30,6 +30,8 @@ CHARS_PER_TOKEN_BOUND = 100
 class EncodedText:
     ids: list[int]
     type_ids: list[int]
+    # The tokenizer's Encoding (tokens, character offsets, special tokens): what token classification answers with.
+    encoding: Encoding | None = field(default=None, compare=False, repr=False)
 
 
 class TextEncoder:
@@ -76,7 +78,7 @@ class TextEncoder:
             redone = self._truncating.encode_batch([batch[i] for i in too_long])
             for i, e in zip(too_long, redone):
                 encodings[i] = e
-        return [EncodedText(ids=list(e.ids), type_ids=list(e.type_ids)) for e in encodings]
+        return [EncodedText(ids=list(e.ids), type_ids=list(e.type_ids), encoding=e) for e in encodings]
 
 
 def pad_batch(rows: list[EncodedText], pad_id: int,

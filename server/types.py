@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from server.generation import GenerationResult, StreamChunk
+    from server.token_aggregation import TokenEntity
 
 
 class ModelState(str, enum.Enum):
@@ -180,3 +181,12 @@ class StreamPart:
     version: int
     chunk: StreamChunk
     prompt_text: str | None = None   # asked with echo, on the first part: as GenerateResult.prompt_text
+
+
+@dataclass(frozen=True)
+class TokenClassifyResult:
+    model: str
+    version: int
+    results: list[list["TokenEntity"]]   # per text, its entities in text order (server/token_aggregation.py)
+    labels: list[str]                     # the model's labels, in logit order
+    aggregation_strategy: str = "none"

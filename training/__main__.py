@@ -1,4 +1,4 @@
-"""`python -m training <command>`: tokenizer | mlm | classify | lm | g2p | data.
+"""`python -m training <command>`: tokenizer | mlm | classify | token-classify | lm | g2p | data.
 
 Every command has recipe defaults (Shakespeare corpus, step counts sized for a few minutes on 2 CPU cores):
 "pretrained" when `--init` is a pretrained encoder (`--init minilm`: the packaged all-MiniLM-L6-v2, what the
@@ -34,10 +34,12 @@ ARTIFACTS = Path("artifacts")
 DEFAULT_TOKENIZER = {"wordpiece": ARTIFACTS / "tokenizers" / "wordpiece", "bpe": ARTIFACTS / "tokenizers" / "bpe",
                      "roberta": ARTIFACTS / "tokenizers" / "roberta"}
 DEFAULT_OUT = {"mlm": ARTIFACTS / "checkpoints" / "mlm", "classify": ARTIFACTS / "checkpoints" / "classifier",
+               "token-classify": ARTIFACTS / "checkpoints" / "token-classifier",
                "lm": ARTIFACTS / "checkpoints" / "lm", "g2p": ARTIFACTS / "checkpoints" / "g2p",
                "data": ARTIFACTS / "data" / "genre"}
 # The default (first) family of each command keeps the paths above; the others get "<path>-<arch>".
 ARCHS = {"mlm": ("bert", "roberta", "albert"), "classify": ("bert", "roberta", "albert", "distilbert", "electra"),
+         "token-classify": ("bert", "roberta", "albert", "distilbert", "electra"),
          "lm": ("gpt2", "llama"), "g2p": ("marian",)}
 # Tokenizer each family trains with by default.
 ARCH_TOKENIZER = {"bert": "wordpiece", "albert": "wordpiece", "roberta": "roberta", "gpt2": "bpe", "llama": "bpe"}
@@ -165,6 +167,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-initialise the top N encoder layers first; -1 (default): all of them when --init is "
                         "an MLM checkpoint stuck at token frequencies (its metrics.json top-1 < 0.2), else none")
     _add_common(p, "classify")
+
+    p = sub.add_parser("token-classify", help="fine-tune an encoder checkpoint as a per-token (word) classifier "
+                                              "(HF *ForTokenClassification)")
+    p.add_argument("--init", type=Path, default=None, metavar="DIR|minilm",
+                   help="encoder checkpoint dir of any of the five families, or minilm = the packaged all-MiniLM-L6-v2 "
+                        f"(default: minilm for bert, else {DEFAULT_OUT['mlm']}-ARCH)")
+    p.add_argument("--train", type=Path, default=None,
+                   help="JSONL with tokens (words) and labels (one per word, BIO-style or plain); default: "
+                        "punctuation and casing restoration on the Shakespeare corpus")
+    p.add_argument("--validation", type=Path, default=None)
+    p.add_argument("--test", type=Path, default=None)
+    p.add_argument("--labels", default=None, help="comma-separated label set and order (default: from --train, O first)")
+    p.add_argument("--eval-examples", type=int, default=1000, help="held-out examples scored (cap)")
+    _add_common(p, "token-classify")
 
     p = sub.add_parser("lm", help="pre-train a GPT-2 or Llama-style decoder")
     p.add_argument("--tokenizer", type=Path, default=None, help=f"default: {DEFAULT_TOKENIZER['bpe']}")
@@ -338,6 +354,32 @@ def cmd_classify(a: argparse.Namespace) -> int:
     return _run_training(ClassifyTask(cfg, a.seed), a, cfg, a.init)
 
 
+def cmd_token_classify(a: argparse.Namespace) -> int:
+    from training.checkpoint import checkpoint_kind, family_of_kind
+    from training.tasks import TokenClassifyConfig, TokenClassifyTask, from_scratch_mlm
+    if a.init is None:
+        if a.arch in ("distilbert", "electra"):  # families we load, never pre-train
+            raise CliError(f"--init: {a.arch} is fine-tuned from a Hugging Face checkpoint dir of its family; "
+                           "give --init")
+        a.init = Path(MINILM) if a.arch == "bert" else default_out("mlm", a.arch)
+    a.init = resolve_init(a.init)
+    if not (a.init / "config.json").is_file():
+        raise CliError(f"--init: {a.init}/config.json not found (train one with `python -m training mlm "
+                       f"--arch {a.arch}`)")
+    family = family_of_kind(checkpoint_kind(a.init))
+    if family != a.arch:
+        raise CliError(f"--arch: {a.arch} does not match --init {a.init}, a {family} checkpoint (pass --arch {family})")
+    apply_recipe(a, "scratch" if from_scratch_mlm(a.init) else "pretrained")
+    labels = [s.strip() for s in a.labels.split(",") if s.strip()] if a.labels else None
+    if a.labels is not None and (not labels or len(set(labels)) != len(labels)):
+        raise CliError(f"--labels: expected distinct comma-separated labels, got {a.labels!r}")
+    cfg = TokenClassifyConfig(init=str(a.init), train=str(a.train) if a.train else None,
+                              validation=str(a.validation) if a.validation else None,
+                              test=str(a.test) if a.test else None, labels=labels, max_length=a.max_length,
+                              eval_examples=a.eval_examples)
+    return _run_training(TokenClassifyTask(cfg, a.seed), a, cfg, a.init)
+
+
 def cmd_lm(a: argparse.Namespace) -> int:
     from training.tasks import LMConfig, LMTask
     apply_recipe(a, "scratch")
@@ -392,7 +434,8 @@ def cmd_data(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"tokenizer": cmd_tokenizer, "mlm": cmd_mlm, "classify": cmd_classify, "lm": cmd_lm, "g2p": cmd_g2p,
+COMMANDS = {"tokenizer": cmd_tokenizer, "mlm": cmd_mlm, "classify": cmd_classify,
+            "token-classify": cmd_token_classify, "lm": cmd_lm, "g2p": cmd_g2p,
             "data": cmd_data}
 
 

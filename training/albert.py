@@ -293,3 +293,28 @@ class AlbertForSequenceClassification(nn.Module):
         """-> logits [B, num_labels]."""
         _, pooled = self.albert(input_ids, attention_mask, token_type_ids)
         return self.classifier(self.dropout(pooled))
+
+
+class AlbertForTokenClassification(nn.Module):
+    """ALBERT without pooler + dropout (classifier_dropout_prob) + a linear classifier at every position."""
+
+    def __init__(self, config: AlbertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.albert = AlbertModel(config, add_pooling_layer=False)
+        p = config.classifier_dropout_prob if config.classifier_dropout_prob is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.albert(input_ids, attention_mask, token_type_ids)[0]
+
+    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(hidden))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """-> logits [B, S, num_labels]."""
+        return self.token_head(self.encode(input_ids, attention_mask, token_type_ids))

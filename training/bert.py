@@ -420,3 +420,29 @@ class BertForPreTraining(_TiedMLM):
         """-> (mlm_logits [B, S, vocab], seq_relationship_logits [B, 2])."""
         hidden, pooled = self.bert(input_ids, attention_mask, token_type_ids)
         return self.cls.predictions(hidden), self.cls.seq_relationship(pooled)
+
+
+class BertForTokenClassification(nn.Module):
+    """BERT without pooler + dropout + one linear classifier applied at every position (HF's layout)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.bert(input_ids, attention_mask, token_type_ids)[0]
+
+    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Per-position logits from [..., hidden] states."""
+        return self.classifier(self.dropout(hidden))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """-> logits [B, S, num_labels]."""
+        return self.token_head(self.encode(input_ids, attention_mask, token_type_ids))

@@ -23,15 +23,19 @@ from torch import nn
 from training import bart as bart_mod
 from training import marian as marian_mod
 from training import t5 as t5_mod
-from training.albert import AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining, AlbertForSequenceClassification
+from training.albert import (AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining, AlbertForSequenceClassification,
+                             AlbertForTokenClassification)
 from training.bert import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
-                           BertModel)
-from training.distilbert import DistilBertConfig, DistilBertForMaskedLM, DistilBertForSequenceClassification
-from training.electra import ElectraConfig, ElectraForMaskedLM, ElectraForSequenceClassification
+                           BertForTokenClassification, BertModel)
+from training.distilbert import (DistilBertConfig, DistilBertForMaskedLM, DistilBertForSequenceClassification,
+                                 DistilBertForTokenClassification)
+from training.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForSequenceClassification,
+                              ElectraForTokenClassification)
 from training.gpt import GPT2LMHeadModel, GPTConfig
 from training.llama import FAMILIES as LLAMA_FAMILIES
 from training.llama import LlamaConfig, LlamaForCausalLM
-from training.roberta import RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification
+from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification,
+                              RobertaForTokenClassification)
 from training.bart import BartConfig, BartForConditionalGeneration
 from training.marian import MarianConfig, MarianMTModel
 from training.t5 import T5Config, T5ForConditionalGeneration
@@ -59,6 +63,13 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
                               "distilbert"),
     "electra-mlm": (ElectraForMaskedLM, "ElectraForMaskedLM", "electra"),
     "electra-classifier": (ElectraForSequenceClassification, "ElectraForSequenceClassification", "electra"),
+    # Per-token classifiers (HF *ForTokenClassification): one linear `classifier` at every position.
+    "bert-token-classifier": (BertForTokenClassification, "BertForTokenClassification", "bert"),
+    "roberta-token-classifier": (RobertaForTokenClassification, "RobertaForTokenClassification", "roberta"),
+    "albert-token-classifier": (AlbertForTokenClassification, "AlbertForTokenClassification", "albert"),
+    "distilbert-token-classifier": (DistilBertForTokenClassification, "DistilBertForTokenClassification",
+                                    "distilbert"),
+    "electra-token-classifier": (ElectraForTokenClassification, "ElectraForTokenClassification", "electra"),
     # One class for the three Llama-family checkpoints; the architecture written follows config.model_type.
     "llama": (LlamaForCausalLM, "LlamaForCausalLM", "llama"),
     # Encoder-decoders (training/seq2seq.py's call convention).
@@ -336,6 +347,10 @@ def load_model(path: str | os.PathLike, kind: str | None = None, **config_overri
                               f"num_labels or id2label")
     config = _config_for(kind, cfg, config_overrides)
     sd = read_state_dict(path)
+    if kind.endswith("-classifier") and stored != kind:
+        # Another kind's classifier (a sequence head under a token head, or the reverse) is not this one's:
+        # it starts fresh instead of lending weights of another meaning (or shape).
+        sd = {k: v for k, v in sd.items() if not k.startswith(("classifier.", "pre_classifier."))}
     if kind in SEQ2SEQ:
         _untie_if_distinct(kind, config, sd, path)
     model = KINDS[kind][0](config)

@@ -234,3 +234,27 @@ class DistilBertForMaskedLM(nn.Module):
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """-> logits [B, S, vocab]."""
         return self.mlm_head(self.distilbert(input_ids, attention_mask))
+
+
+class DistilBertForTokenClassification(nn.Module):
+    """DistilBERT + dropout (config.dropout) + a linear classifier at every position (HF's layout)."""
+
+    def __init__(self, config: DistilBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.distilbert = DistilBertModel(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(config.dim, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.distilbert(input_ids, attention_mask)
+
+    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(hidden))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """-> logits [B, S, num_labels]. token_type_ids is accepted and ignored (DistilBERT has none)."""
+        return self.token_head(self.encode(input_ids, attention_mask))

@@ -148,3 +148,28 @@ class ElectraForMaskedLM(nn.Module):
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """-> logits [B, S, vocab]."""
         return self.mlm_head(self.electra(input_ids, attention_mask, token_type_ids))
+
+
+class ElectraForTokenClassification(nn.Module):
+    """ELECTRA + dropout + a linear classifier at every position (HF's layout)."""
+
+    def __init__(self, config: ElectraConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.electra = ElectraModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.electra(input_ids, attention_mask, token_type_ids)
+
+    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(hidden))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """-> logits [B, S, num_labels]."""
+        return self.token_head(self.encode(input_ids, attention_mask, token_type_ids))

@@ -29,6 +29,14 @@ TRAIN_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
         "pretrained": dict(steps=120, batch_size=32, lr=2e-4, warmup=12, schedule="linear", eval_every=0,
                            max_length=64),
     },
+    # Per-word labels on a pretrained encoder: the fresh per-token classifier at 10x the body's lr. Sized for the
+    # default data (punctuation and casing of the corpus, 40-word runs) on MiniLM: docs/MODELS.md.
+    "token-classify": {
+        "scratch": dict(steps=200, batch_size=32, lr=5e-4, warmup=20, schedule="linear", eval_every=0,
+                        max_length=64),
+        "pretrained": dict(steps=250, batch_size=32, lr=2e-4, head_lr=2e-3, warmup=25, schedule="linear",
+                           eval_every=0, max_length=64),
+    },
     "lm": {"scratch": dict(steps=300, batch_size=16, lr=3e-3, warmup=30, schedule="cosine", eval_every=0,
                            max_length=64)},
     # g2p's recipes are its --preset (model shape + optimiser), measured on 2 cores (docs/MODELS.md). Noam's

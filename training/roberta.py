@@ -180,3 +180,28 @@ class RobertaForSequenceClassification(nn.Module):
         """-> logits [B, num_labels]."""
         return self.head(self.encode(input_ids, attention_mask, token_type_ids)[:, 0])
 
+
+
+class RobertaForTokenClassification(nn.Module):
+    """RoBERTa + dropout + a linear classifier at every position (HF's layout: `classifier` is one Linear)."""
+
+    def __init__(self, config: RobertaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.roberta = RobertaModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.roberta(input_ids, attention_mask, token_type_ids)
+
+    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(hidden))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """-> logits [B, S, num_labels]."""
+        return self.token_head(self.encode(input_ids, attention_mask, token_type_ids))

@@ -137,6 +137,22 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
             embeddings=[pb.Embedding(values=row.tolist(), tokens=n)
                         for row, n in zip(result.embeddings, result.token_counts)])
 
+    @unary("TokenClassify")
+    async def TokenClassify(self, request: pb.TokenClassifyRequest,
+                            context: grpc.aio.ServicerContext) -> pb.TokenClassifyResponse:
+        if request.keep_all_labels and request.ignore_labels:
+            raise ServingError.invalid("keep_all_labels", "give ignore_labels or keep_all_labels, not both")
+        ignore = [] if request.keep_all_labels else (list(request.ignore_labels) or None)
+        result = await self.plane.token_classify(request.model, request.version, list(request.texts),
+                                                 request.aggregation_strategy or "none", ignore, request.truncate,
+                                                 deadline_of(context))
+        response = pb.TokenClassifyResponse(model=result.model, version=result.version, labels=result.labels)
+        for entities in result.results:
+            response.results.add().entities.extend(
+                pb.TokenEntity(label=e.label, score=e.score, word=e.word, start=e.start, end=e.end,
+                               index=-1 if e.index is None else e.index) for e in entities)
+        return response
+
     @unary("ListModels", model_field="")
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:

@@ -1,0 +1,59 @@
+"""POST /v1/token-classify: token-classification models (task "token-classify").
+
+Body: {"model": str, "inputs": str | [str], "aggregation_strategy": "none" | "simple" | "first" | "average" |
+"max" (default "none"), "ignore_labels": [str] (default ["O"]; [] keeps every label), "truncate": bool}.
+Answer: {"model", "version", "aggregation_strategy", "labels", "results": one list per input of the entities
+transformers' token-classification pipeline returns, under its keys: "entity" (or "entity_group" when grouped),
+"score", "word", "start", "end" (character offsets into the input, end exclusive) and "index" (token position,
+"none" only)}. Errors in the OpenAI error shape, like every /v1/ route.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from server.errors import ServingError
+from server.http.body import deadline_from_headers
+from server.http.decode import typed_body
+from server.http.guard import OPENAI, Door, route
+from server.http.openai.answers import json_answer
+from server.token_aggregation import as_pipeline_dict
+
+PATH = "/v1/token-classify"
+
+
+class TokenClassifyBody(msgspec.Struct, kw_only=True):
+    model: str
+    inputs: str | list[Any]
+    aggregation_strategy: str | None = None
+    ignore_labels: list[str] | None = None
+    truncate: bool | None = None
+
+
+def _texts(given: str | list[Any]) -> list[str]:
+    texts = [given] if isinstance(given, str) else given
+    if not texts:
+        raise ServingError.invalid("inputs", "must not be an empty list")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise ServingError.invalid(f"inputs[{i}]", "must be a string")
+    return texts
+
+
+@route("TokenClassify", OPENAI)
+async def token_classify(door: Door, request: Request) -> Response:
+    body = await typed_body(request, door.max_body_bytes, TokenClassifyBody)
+    result = await door.plane.token_classify(body.model, 0, _texts(body.inputs), body.aggregation_strategy or "none",
+                                             body.ignore_labels, bool(body.truncate), deadline_from_headers(request))
+    strategy = result.aggregation_strategy
+    return json_answer({"model": result.model, "version": result.version, "aggregation_strategy": strategy,
+                        "labels": result.labels,
+                        "results": [[as_pipeline_dict(e, strategy) for e in entities] for entities in result.results]})
+
+
+def routes() -> list[Route]:
+    return [Route(PATH, token_classify, methods=["POST"])]

@@ -1,0 +1,170 @@
+"""Per-token logits -> the entities a token-classification answer lists (pure numpy, no tokenizer inside).
+
+The rules are those of transformers' token-classification pipeline, so a served answer equals
+`pipeline("token-classification", aggregation_strategy=...)` on the same checkpoint and text:
+- scores are the softmax of each token's logits; special tokens are skipped;
+- `none`: every token with its best label (`index` = the token's position);
+- `simple`: tokens grouped into entities: a token joins the group before it when its tag (the label without a
+  `B-`/`I-` prefix) is the same and it is not a `B-`;
+- `first` / `average` / `max`: sub-tokens are first merged into words (the first token's label, the mean of
+  the tokens' scores, or the label of the single most confident token), then words are grouped as `simple` does;
+- labels in `ignore_labels` (default `O`) are left out of the answer.
+A token continues the word before it when the tokenizer is word-aware (its model has a continuing-subword prefix,
+WordPiece's `##`: the token's text is longer than the characters it covers) or, for other tokenizers, when the
+character before it is not a space (the pipeline's fallback). Offsets are character offsets (Unicode code points)
+into the text, end exclusive.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from server.errors import ServingError
+
+STRATEGIES = ("none", "simple", "first", "average", "max")
+DEFAULT_IGNORE = ("O",)
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """One text's tokens as the model saw them."""
+
+    text: str
+    ids: Sequence[int]
+    tokens: Sequence[str]                 # the vocabulary strings of `ids`
+    offsets: Sequence[tuple[int, int]]    # character span of each token in `text`
+    special: Sequence[int]                # 1 for special tokens ([CLS], <s>, ...)
+
+
+@dataclass(frozen=True)
+class TokenEntity:
+    label: str          # the token's or word's label (`none`), or the entity group's tag (the others)
+    score: float
+    word: str           # the token string (`none`, `simple` pieces) or the decoded text of the group
+    start: int
+    end: int
+    index: int | None = None   # the token's position in the sequence (`none` only)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    token: str
+    scores: np.ndarray
+    start: int
+    end: int
+    index: int
+    is_subword: bool
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row softmax in the logits' own precision (float32 from the graph), as the pipeline computes it."""
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def check_strategy(strategy: str, field: str = "aggregation_strategy") -> str:
+    s = (strategy or "none").lower()
+    if s not in STRATEGIES:
+        raise ServingError.invalid(field, f"must be one of {', '.join(STRATEGIES)}, got {strategy[:40]!r}")
+    return s
+
+
+def pieces(row: TokenRow, scores: np.ndarray, word_aware: bool, unk_id: int | None) -> list[_Piece]:
+    """The non-special tokens with their scores, spans and whether each continues the word before it."""
+    out = []
+    text = row.text
+    for idx, (token_id, token, (start, end), special) in enumerate(zip(row.ids, row.tokens, row.offsets, row.special)):
+        if special:
+            continue
+        covered = text[start:end]
+        if word_aware:
+            is_subword = len(token) != len(covered)
+        else:
+            is_subword = start > 0 and " " not in text[start - 1:start + 1]
+        if unk_id is not None and token_id == unk_id:
+            token, is_subword = covered, False
+        out.append(_Piece(token, scores[idx], start, end, idx, is_subword))
+    return out
+
+
+def _tag(label: str) -> tuple[str, str]:
+    if label.startswith("B-"):
+        return "B", label[2:]
+    if label.startswith("I-"):
+        return "I", label[2:]
+    return "I", label   # no B-/I- prefix: a continuation of the same label
+
+
+def _word(group: list[_Piece], strategy: str, labels: Sequence[str], join: Callable[[list[str]], str]) -> TokenEntity:
+    if strategy == "first":
+        scores = group[0].scores
+    elif strategy == "max":
+        scores = max(group, key=lambda p: p.scores.max()).scores
+    else:   # average
+        scores = np.nanmean(np.stack([p.scores for p in group]), axis=0)
+    best = int(scores.argmax())
+    return TokenEntity(labels[best], float(scores[best]), join([p.token for p in group]), group[0].start, group[-1].end)
+
+
+def _words(ps: list[_Piece], strategy: str, labels: Sequence[str], join: Callable[[list[str]], str]) -> list[TokenEntity]:
+    out: list[TokenEntity] = []
+    group: list[_Piece] = []
+    for p in ps:
+        if group and not p.is_subword:
+            out.append(_word(group, strategy, labels, join))
+            group = []
+        group.append(p)
+    if group:
+        out.append(_word(group, strategy, labels, join))
+    return out
+
+
+def _grouped(entities: list[TokenEntity], join: Callable[[list[str]], str]) -> list[TokenEntity]:
+    """Adjacent entities of the same tag (not starting a new B-) merged: tag, mean score, decoded words."""
+    def close(run: list[TokenEntity]) -> TokenEntity:
+        return TokenEntity(run[0].label.split("-", 1)[-1], float(np.nanmean([e.score for e in run])),
+                           join([e.word for e in run]), run[0].start, run[-1].end)
+
+    out: list[TokenEntity] = []
+    run: list[TokenEntity] = []
+    for e in entities:
+        if run:
+            bi, tag = _tag(e.label)
+            if tag == _tag(run[-1].label)[1] and bi != "B":
+                run.append(e)
+                continue
+            out.append(close(run))
+        run = [e]
+    if run:
+        out.append(close(run))
+    return out
+
+
+def aggregate(row: TokenRow, logits: np.ndarray, labels: Sequence[str], strategy: str,
+              join: Callable[[list[str]], str], word_aware: bool, unk_id: int | None,
+              ignore_labels: Sequence[str] = DEFAULT_IGNORE) -> list[TokenEntity]:
+    """One text's entities from its logits [tokens, labels] (rows past len(row.ids) are ignored)."""
+    scores = softmax(np.asarray(logits)[:len(row.ids)])
+    ps = pieces(row, scores, word_aware, unk_id)
+    if strategy in ("none", "simple"):
+        entities = []
+        for p in ps:
+            best = int(p.scores.argmax())
+            entities.append(TokenEntity(labels[best], float(p.scores[best]), p.token, p.start, p.end, p.index))
+        if strategy == "simple":
+            entities = _grouped(entities, join)
+    else:
+        entities = _grouped(_words(ps, strategy, labels, join), join)
+    ignored = set(ignore_labels)
+    return [e for e in entities if e.label not in ignored]
+
+
+def as_pipeline_dict(entity: TokenEntity, strategy: str) -> dict:
+    """An entity under the pipeline's keys: `entity` and `index` for "none", `entity_group` for the others."""
+    if strategy == "none":
+        return {"entity": entity.label, "score": entity.score, "index": entity.index, "word": entity.word,
+                "start": entity.start, "end": entity.end}
+    return {"entity_group": entity.label, "score": entity.score, "word": entity.word, "start": entity.start,
+            "end": entity.end}
