@@ -81,7 +81,8 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
     texts = passages(200, 12, seed=21) + passages(200, 40, seed=22)
     pipe = transformers.pipeline("token-classification", model=str(ckpt), aggregation_strategy="simple",
                                  device="cpu")
-    with ServerProcess(repo, ["--intra-op-spinning", "on"], startup_timeout=180) as server, OrtserveClient(server.address, timeout=120) as client:
+    with ServerProcess(repo, ["--intra-op-spinning", "on"], startup_timeout=180) as server, \
+            OrtserveClient(server.address, timeout=120) as client:
         def served(batch: list[str]) -> list[list[tuple[str, int, int, float]]]:
             got = client.token_classify(batch, MODEL, aggregation_strategy="simple")
             return [[(e.label, e.start, e.end, e.score) for e in row] for row in got]
@@ -131,10 +132,10 @@ def render(result: dict[str, Any]) -> list[str]:
              f"- Command: `{result['command']}` at {result['at']}; {m['cpu_model']}, {m['nproc']} cores, commit "
              f"{m['git_commit']}, load average at start {m['loadavg_at_start']}",
              "- ortserve: `python -m server --intra-op-spinning on` (onnxruntime's default intra-op threads = the "
-             "cores, spinning as on a machine of its own; encoder batching on), one gRPC client thread sending `TokenClassify` with the batch's texts, "
-             "aggregation_strategy simple",
-             f"- transformers pipeline: `pipeline(\"token-classification\", aggregation_strategy=\"simple\")` in-process,"
-             f" torch {result['torch_threads']} threads, `batch_size` = the batch",
+             "cores, spinning as on a machine of its own; encoder batching on), one gRPC client thread sending "
+             "`TokenClassify` with the batch's texts, aggregation_strategy simple",
+             "- transformers pipeline: `pipeline(\"token-classification\", aggregation_strategy=\"simple\")` "
+             f"in-process, torch {result['torch_threads']} threads, `batch_size` = the batch",
              "- Model: all-MiniLM-L6-v2 as BertForTokenClassification, 9 labels (random head). Entities agree "
              f"(labels, offsets, scores within 1e-3) on {result['agree'][0]} of {result['agree'][1]} texts.",
              f"- {result['rounds']} rounds of {result['seconds']:.0f} s per batch size and side, medians.", "",
