@@ -564,6 +564,8 @@ def test_fuzz_repository(kserve: kserve_grpc.GRPCInferenceServiceStub) -> None:
 
     @FUZZ
     @given(ready=st.booleans(), name=names, load=st.booleans())
+    @example(ready=True, name="no-such-model", load=True)     # a well-formed name nobody serves: NOT_FOUND,
+    @example(ready=False, name="no-such-model", load=False)   # whatever the derandomized draws hold
     def case(ready: bool, name: str, load: bool) -> None:
         index = kserve.RepositoryIndex(kserve_pb.RepositoryIndexRequest(ready=ready), timeout=TIMEOUT)
         assert {m.name for m in index.models} >= set(MODELS)
