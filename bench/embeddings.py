@@ -24,8 +24,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,6 @@ import numpy as np
 
 from bench import piece_cli
 from bench.material import passages
-from bench.stats import percentile
 from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,35 +166,14 @@ def embed(client, url: str, texts: list[str]) -> np.ndarray:
 
 
 def drive(url: str, pool: list[str], clients: int, batch: int, seconds: float) -> dict[str, Any]:
-    """Closed loop: each client thread sends its next request when the last is answered, for `seconds`."""
-    import httpx2 as httpx
+    """Closed loop: each client thread sends its next request of `batch` passages when the last is answered."""
+    def send(client, i: int) -> int:
+        embed(client, url, [pool[(i * batch + j) % len(pool)] for j in range(batch)])
+        return batch
 
-    lat: list[float] = []
-    done = [0]
-    lock = threading.Lock()
-    stop_at = time.perf_counter() + seconds
-
-    def worker(k: int) -> None:
-        with httpx.Client(timeout=120) as client:
-            i = k * 997
-            while time.perf_counter() < stop_at:
-                texts = [pool[(i + j) % len(pool)] for j in range(batch)]
-                i += batch
-                t = time.perf_counter()
-                embed(client, url, texts)
-                dt = time.perf_counter() - t
-                with lock:
-                    lat.append(dt)
-                    done[0] += batch
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    return {"embeddings_per_s": done[0] / wall, "requests": len(lat), "p50_ms": 1000 * percentile(lat, 50),
-            "p90_ms": 1000 * percentile(lat, 90)}
+    r = piece_cli.closed_loop(clients, seconds, send)
+    return {"embeddings_per_s": r["items_per_s"], "requests": r["requests"], "p50_ms": r["p50_ms"],
+            "p90_ms": r["p90_ms"]}
 
 
 def agreement(urls: dict[str, str], texts: list[str]) -> float:

@@ -22,8 +22,6 @@ import logging
 import os
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,6 @@ from bench import piece_cli
 from bench.embeddings import MODEL, WORK, ortserve_package
 from bench.material import passages
 from bench.peer import tree_cpu_seconds
-from bench.stats import percentile
 from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,40 +61,19 @@ def start_ray(repo: Path) -> tuple[ChildProcess, str]:
 
 
 def drive(url: str, pool: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    import httpx2 as httpx
+    """Closed loop, one passage a request: alternately POST /v1/embeddings and KServe v2 REST infer (text mode)."""
+    def send(client, i: int) -> int:
+        text = pool[i % len(pool)]
+        if i % 2:
+            r = client.post(url + "/v1/embeddings", json={"model": MODEL, "input": [text]})
+        else:
+            r = client.post(f"{url}/v2/models/{MODEL}/infer", json={"inputs": [
+                {"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]})
+        return 1 if r.status_code == 200 else 0
 
-    lat: list[float] = []
-    failed = [0]
-    lock = threading.Lock()
-    stop_at = time.perf_counter() + seconds
-
-    def worker(k: int) -> None:
-        with httpx.Client(timeout=60) as c:
-            i = k * 131
-            while time.perf_counter() < stop_at:
-                text = pool[i % len(pool)]
-                t = time.perf_counter()
-                if i % 2:
-                    r = c.post(url + "/v1/embeddings", json={"model": MODEL, "input": [text]})
-                else:
-                    r = c.post(f"{url}/v2/models/{MODEL}/infer", json={"inputs": [
-                        {"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]})
-                dt = time.perf_counter() - t
-                i += 1
-                with lock:
-                    if r.status_code == 200:
-                        lat.append(dt)
-                    else:
-                        failed[0] += 1
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    return {"requests_per_s": len(lat) / wall, "failed": failed[0], "p50_ms": 1000 * percentile(lat, 50),
-            "p90_ms": 1000 * percentile(lat, 90), "wall_s": wall}
+    r = piece_cli.closed_loop(clients, seconds, send)
+    return {"requests_per_s": r["items_per_s"], "failed": r["failed"], "p50_ms": r["p50_ms"],
+            "p90_ms": r["p90_ms"], "wall_s": r["wall_s"]}
 
 
 def run(rounds: int, seconds: float) -> dict[str, Any]:
