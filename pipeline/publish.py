@@ -16,22 +16,34 @@ log = logging.getLogger("ortserve.pipeline")
 
 def latest_source(repository: Path, name: str) -> tuple[int, str | None]:
     """(latest version, sha256 of the checkpoint weights it was exported from); (0, None) when none."""
+    version, manifest = _latest(repository, name)
+    return version, None if manifest is None else manifest.source.get("checkpoint_sha256")
+
+
+def _latest(repository: Path, name: str) -> tuple[int, Manifest | None]:
     versions = existing_versions(repository / name)
     if not versions:
         return 0, None
     try:
-        manifest = Manifest.from_json((repository / name / str(versions[-1]) / MANIFEST_FILE).read_text())
+        return versions[-1], Manifest.from_json((repository / name / str(versions[-1]) / MANIFEST_FILE).read_text())
     except (OSError, ManifestError):  # unreadable: treated as not holding this checkpoint, so it is exported again
         return versions[-1], None
-    return versions[-1], manifest.source.get("checkpoint_sha256")
+
+
+def _declares_matryoshka(manifest: Manifest) -> bool:
+    block = manifest.extra.get("embedding")
+    return isinstance(block, dict) and block.get("matryoshka") is True
 
 
 def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: str,
             options: Sequence[str] = ()) -> int | None:
     """Exports (parity gate included) and publishes; the new version, or None when already published. `options`:
     more `python -m export` flags (--matryoshka)."""
-    latest, source = latest_source(repository, name)
-    if source is not None and source == sha256_file(checkpoint / "model.safetensors"):
+    latest, manifest = _latest(repository, name)
+    source = None if manifest is None else manifest.source.get("checkpoint_sha256")
+    # The same weights with another Matryoshka declaration than asked make a new version too.
+    same_options = manifest is None or _declares_matryoshka(manifest) == ("--matryoshka" in options)
+    if source is not None and same_options and source == sha256_file(checkpoint / "model.safetensors"):
         log.info("publish %s: version %d already holds this checkpoint", name, latest)
         return None
     cmd = [sys.executable, "-m", "export", str(checkpoint), "--task", task, "--repository", str(repository),

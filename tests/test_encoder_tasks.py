@@ -344,6 +344,16 @@ def test_pipeline_embed_matryoshka_declares_it(tmp_path: Path, capsys: pytest.Ca
     Pipeline(cfg).publish("embed", cfg.embed_checkpoint)
     manifest = json.loads((tmp_path / "repo" / cfg.names["embed"] / "1" / "model.json").read_text())
     assert manifest["embedding"]["matryoshka"] is True
+    # The same checkpoint again: nothing new; without the declaration now: a new version that has none.
+    again = Pipeline(cfg)
+    again.publish("embed", cfg.embed_checkpoint)
+    assert again.published == {} and again.skipped == [f"publish-{cfg.names['embed']}"]
+    plain = Pipeline(parse_args(["--workdir", str(tmp_path / "work"), "--repository", str(tmp_path / "repo"),
+                                 "--embed", "minilm"]))
+    plain.publish("embed", cfg.embed_checkpoint)
+    assert plain.published == {cfg.names["embed"]: 2}
+    manifest = json.loads((tmp_path / "repo" / cfg.names["embed"] / "2" / "model.json").read_text())
+    assert manifest["embedding"]["matryoshka"] is False
     with pytest.raises(SystemExit):
         parse_args(["--workdir", str(tmp_path / "w"), "--repository", str(tmp_path / "r"), "--embed-matryoshka"])
     assert "--embed-matryoshka: needs --embed" in capsys.readouterr().err
