@@ -253,6 +253,18 @@ class Manifest:
 
     # ------------------------------------------------------------------ what readers ask
 
+    @property
+    def matryoshka(self) -> bool:
+        """An embedding package that declares Matryoshka shortening (model.json `embedding.matryoshka`)."""
+        block = self.extra.get("embedding")
+        return isinstance(block, dict) and block.get("matryoshka") is True
+
+    @property
+    def normalized_embeddings(self) -> bool:
+        """An embedding package whose vectors are L2-normalised (model.json `embedding.normalize`)."""
+        block = self.extra.get("embedding")
+        return isinstance(block, dict) and bool(block.get("normalize"))
+
     def special_token(self, name: str) -> int | None:
         """A special token's id ("pad", "mask", "eos", ...); None when the tokenizer has none."""
         value = self.special_tokens.get(name)

@@ -30,11 +30,6 @@ def _latest(repository: Path, name: str) -> tuple[int, Manifest | None]:
         return versions[-1], None
 
 
-def _declares_matryoshka(manifest: Manifest) -> bool:
-    block = manifest.extra.get("embedding")
-    return isinstance(block, dict) and block.get("matryoshka") is True
-
-
 def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: str,
             options: Sequence[str] = ()) -> int | None:
     """Exports (parity gate included) and publishes; the new version, or None when already published. `options`:
@@ -42,7 +37,7 @@ def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: 
     latest, manifest = _latest(repository, name)
     source = None if manifest is None else manifest.source.get("checkpoint_sha256")
     # The same weights with another Matryoshka declaration than asked make a new version too.
-    same_options = manifest is None or _declares_matryoshka(manifest) == ("--matryoshka" in options)
+    same_options = manifest is None or manifest.matryoshka == ("--matryoshka" in options)
     if source is not None and same_options and source == sha256_file(checkpoint / "model.safetensors"):
         log.info("publish %s: version %d already holds this checkpoint", name, latest)
         return None

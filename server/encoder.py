@@ -20,7 +20,7 @@ from server.batching import DynamicBatcher
 from server.consistency import check_tokenizer, probe_encoder
 from server.errors import ServingError
 from server.length_buckets import LengthBucketedRun
-from server.matryoshka import check_dimensions, declares_matryoshka, shorten
+from server.matryoshka import check_dimensions, shorten
 from server.model import Feeds, Loaded, ServedModel
 from server.pairs import PairScores, Pairs
 from server.pieces import run_in_pieces
@@ -45,6 +45,17 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def _token_rules(tokenizer) -> tuple:
+    """How the package tokenizer makes words of tokens, read once: its decoder joins tokens into words (else
+    spaces), a continuing-subword prefix makes it word-aware, and its unk token's id."""
+    model = tokenizer.model
+    decoder = tokenizer.decoder
+    join = decoder.decode if decoder is not None else " ".join
+    unk = getattr(model, "unk_token", None)
+    unk_id = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+    return join, bool(getattr(model, "continuing_subword_prefix", None)), unk_id
+
+
 class EncoderModel(ServedModel):
     def __init__(self, parts: Loaded) -> None:
         super().__init__(parts)
@@ -57,6 +68,9 @@ class EncoderModel(ServedModel):
         self.batcher = DynamicBatcher(LengthBucketedRun(self.runner.run, sequence_inputs, self._sequence_outputs),
                                       {"input_ids": self.pad_id}, self.runtime.batch, self.metrics, self.name,
                                       self.stats)
+        self._special_ids = special_ids(dict(self.manifest.special_tokens))
+        self._token_rules = _token_rules(self.encoder.tokenizer) if self.task == "token-classify" else None
+        self._label_bytes = max((len(label.encode()) for label in self.manifest.labels), default=0)
 
     @property
     def max_batch_size(self) -> int:
@@ -178,7 +192,7 @@ class EncoderModel(ServedModel):
         dimensions: the length the caller asks for (server/matryoshka.py), checked before anything runs."""
         if self.task != "embed":
             raise self._not("embed")
-        matryoshka = declares_matryoshka(self.manifest.extra)
+        matryoshka = self.manifest.matryoshka
         check_dimensions(self.name, self.dimension, dimensions, matryoshka)
         if not texts:
             raise ServingError.invalid("texts", "at least one text is required")
@@ -190,7 +204,7 @@ class EncoderModel(ServedModel):
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
         vectors = (await self.run_batched(feeds, deadline))["embeddings"]
         check_dimensions(self.name, vectors.shape[1], dimensions, matryoshka)   # (a graph that declares no length)
-        normalized = bool((self.manifest.extra.get("embedding") or {}).get("normalize"))
+        normalized = self.manifest.normalized_embeddings
         vectors = shorten(np.asarray(vectors, dtype=np.float32), dimensions, normalized)
         return EmbedResult(model=self.name, version=self.version, embeddings=vectors,
                            token_counts=[len(r.ids) for r in rows], normalized=normalized)
@@ -201,7 +215,7 @@ class EncoderModel(ServedModel):
     async def tokenize(self, text: str) -> list[TokenSpan]:
         """The tokens the model would see for this text (special tokens included), with their offsets."""
         check_text_bound(text, self.manifest.max_length, "prompt")
-        special = special_ids(dict(self.manifest.special_tokens))
+        special = self._special_ids
         if len(text) <= INLINE_TEXT_CHARS:
             return encode_spans(self.encoder.tokenizer, text, special, False)
         return await asyncio.get_running_loop().run_in_executor(None, encode_spans, self.encoder.tokenizer, text,
@@ -283,16 +297,10 @@ class EncoderModel(ServedModel):
 
     def _token_rows(self, texts: list[str], rows: list[EncodedText], logits: list[np.ndarray], strategy: str,
                     ignore_labels: list[str]) -> list[list[TokenEntity]]:
-        """Each text's entities (server/token_aggregation.py), with the package tokenizer's own rules: its
-        decoder joins tokens into words, a continuing-subword prefix makes it word-aware, its unk token."""
-        tokenizer = self.encoder.tokenizer
-        model = tokenizer.model
-        decoder = tokenizer.decoder
-        join = decoder.decode if decoder is not None else " ".join
-        unk = getattr(model, "unk_token", None)
-        unk_id = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
-        word_aware = bool(getattr(model, "continuing_subword_prefix", None))
-        labels = list(self.manifest.labels)
+        """Each text's entities (server/token_aggregation.py), with the package tokenizer's own rules
+        (_token_rules)."""
+        join, word_aware, unk_id = self._token_rules
+        labels = self.manifest.labels
         out = []
         for text, row, row_logits in zip(texts, rows, logits):
             enc = row.encoding
@@ -312,9 +320,8 @@ class EncoderModel(ServedModel):
         check_rows("texts", len(texts), limits)
         rows = await self._encode([(t, None) for t in texts], truncate, "texts", "")
         # At most one entity per token, each with its label, token text and numbers: bounded before compute.
-        label_bytes = max(len(label.encode()) for label in self.manifest.labels)
-        check_response_bytes(sum(len(r.ids) for r in rows) * (label_bytes + 64) + sum(len(t.encode()) for t in texts),
-                             limits, "texts")
+        check_response_bytes(sum(len(r.ids) for r in rows) * (self._label_bytes + 64)
+                             + sum(len(t.encode()) for t in texts), limits, "texts")
         logits = await self._logits(rows, deadline)
         if sum(len(r.ids) for r in rows) <= INLINE_TOKENS:
             results = self._token_rows(texts, rows, logits, strategy, ignore)

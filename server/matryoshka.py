@@ -8,16 +8,9 @@ it is accepted, any other value refused naming `dimensions`, before anything is 
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import numpy as np
 
 from server.errors import ServingError
-
-
-def declares_matryoshka(extra: Mapping[str, Any]) -> bool:
-    block = extra.get("embedding")
-    return isinstance(block, dict) and block.get("matryoshka") is True
 
 
 def check_dimensions(name: str, size: int | None, asked: int | None, matryoshka: bool) -> None:
@@ -48,4 +41,4 @@ def shorten(vectors: np.ndarray, asked: int | None, renormalize: bool) -> np.nda
     return cut
 
 
-__all__ = ["check_dimensions", "declares_matryoshka", "shorten"]
+__all__ = ["check_dimensions", "shorten"]
