@@ -20,9 +20,12 @@ from .cli_args import (DEFAULT_MODELS, OneLineParser, add_connection_args, addre
                        non_negative_float, non_negative_int, positive_float, positive_int)
 from .client import OrtserveClient
 from .errors import OrtserveError
+from .punctuation import restore_text
 from .types import to_jsonable
 
 log = logging.getLogger("clients")
+
+AGGREGATIONS = ("none", "simple", "first", "average", "max")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("texts", nargs="+", metavar="TEXT")
     p.add_argument("--truncate", action="store_true", help="truncate texts longer than the model's max length")
     model_args(p, "embed")
+
+    p = commands.add_parser("token-classify", help="label the words of texts (entities with character offsets)")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.add_argument("--aggregation", choices=AGGREGATIONS, default="simple",
+                   help="how tokens become entities, as transformers' pipeline (default: simple)")
+    p.add_argument("--keep-o", action="store_true", help="also list tokens labelled O")
+    p.add_argument("--truncate", action="store_true")
+    model_args(p, "token-classify")
+
+    p = commands.add_parser("punctuate", help="restore punctuation and capitals of lowercase, unpunctuated texts")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.add_argument("--truncate", action="store_true")
+    model_args(p, "token-classify")
 
     p = commands.add_parser("generate", help="complete a prompt")
     p.add_argument("prompt", metavar="PROMPT")
@@ -108,6 +124,17 @@ def run_command(client: OrtserveClient, args: argparse.Namespace) -> int:
     elif args.command == "embed":
         vectors = client.embed(args.texts, args.model, version=args.version, truncate=args.truncate)
         _emit_json(vectors) if args.json else print(render.embeddings(args.texts, vectors))
+    elif args.command == "token-classify":
+        entities = client.token_classify(args.texts, args.model, version=args.version,
+                                         aggregation_strategy=args.aggregation,
+                                         ignore_labels=[] if args.keep_o else None, truncate=args.truncate)
+        _emit_json(entities) if args.json else print(render.token_entities(args.texts, entities))
+    elif args.command == "punctuate":
+        # One entity per word (its first sub-token's label), written back at the entities' offsets.
+        entities = client.token_classify(args.texts, args.model, version=args.version, aggregation_strategy="first",
+                                         truncate=args.truncate)
+        restored = [restore_text(text, found) for text, found in zip(args.texts, entities)]
+        _emit_json(restored) if args.json else print("\n".join(restored))
     elif args.command == "generate" and args.stream:
         scored = []
         for chunk in client.generate_stream(args.prompt, args.model, version=args.version,

@@ -13,7 +13,8 @@ DEFAULT_ADDRESS = "localhost:8001"
 ADDRESS_ENV = "ORTSERVE_ADDRESS"
 TOKEN_ENV = "ORTSERVE_TOKEN"
 # The model each task's command uses without --model: the names `python -m pipeline` publishes (its default).
-DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm"}
+DEFAULT_MODELS = {"classify": "genre", "fill-mask": "fill-mask", "generate": "gpt", "embed": "minilm",
+                  "token-classify": "punctuate"}
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .types import Classification, Embedding, FillMaskResult, GeneratedToken, Generation, ModelStatus
+from .types import (Classification, Embedding, FillMaskResult, GeneratedToken, Generation, ModelStatus,
+                    TokenEntity)
 
 
 def _quote(text: str, width: int = 70) -> str:
@@ -31,6 +32,18 @@ def fill_masks(texts: Sequence[str], results: Sequence[FillMaskResult]) -> str:
             lines.append(f"    mask at token {mask.position}: {best}")
             if mask.candidates:
                 lines.append(f"    -> {mask.candidates[0].sequence}")
+    return "\n".join(lines)
+
+
+def token_entities(texts: Sequence[str], results: Sequence[Sequence[TokenEntity]]) -> str:
+    lines: list[str] = []
+    for text, entities in zip(texts, results):
+        lines.append(_quote(text))
+        width = max((len(e.label) for e in entities), default=0)
+        for e in entities:
+            lines.append(f"    {e.label:<{width}}  {e.score:.3f}  {e.start:>4}-{e.end:<4} {e.word!r}")
+        if not entities:
+            lines.append("    (no entities)")
     return "\n".join(lines)
 
 

@@ -36,7 +36,8 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
                    help="HF BERT checkpoint dir to fine-tune for classification instead of the --encoder's")
     p.add_argument("--name", action="append", default=[], metavar="TASK=NAME",
                    help="publish a task's model under another name, e.g. --name generate=zh-gpt (tasks: classify, "
-                        "fill-mask, generate, embed; defaults genre, fill-mask, gpt, minilm)")
+                        "fill-mask, generate, embed, token-classify; defaults genre, fill-mask, gpt, minilm, "
+                        "punctuate)")
     p.add_argument("--classify-data", type=Path, nargs="*", default=[], help="train [validation [test]] JSONL/CSV")
     p.add_argument("--embed", default=None, metavar="CHECKPOINT|minilm",
                    help="also publish an embedding model 'minilm' from this encoder checkpoint; 'minilm' = the "
@@ -45,20 +46,25 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
                    help="the --embed model is Matryoshka-trained: its package declares it, and the server answers "
                         "`dimensions` below the full size (export --matryoshka)")
     p.add_argument("--steps", action="append", default=[], metavar="STAGE=N",
-                   help="override training steps, e.g. --steps mlm=50 (stages: mlm, classify, lm, g2p)")
+                   help="override training steps, e.g. --steps mlm=50 (stages: mlm, classify, lm, g2p, "
+                        "token-classify)")
     p.add_argument("--g2p", action="store_true",
                    help="also train the grapheme-to-phoneme encoder-decoder on CMUdict (~5 minutes) and publish it "
                         "as 'g2p'")
+    p.add_argument("--punctuate", action="store_true",
+                   help="also fine-tune the encoder as a punctuation and casing restorer (token classification, "
+                        "~3 minutes) and publish it as 'punctuate'")
     p.add_argument("--variants", action="append", default=[], metavar="TASK=LIST",
                    help="variants per task, e.g. --variants classify=fp32,optimized,int8 (tasks: classify, "
-                        "fill-mask, generate)")
+                        "fill-mask, generate, embed, g2p, token-classify)")
     p.add_argument("--threads", type=int, default=None, help="torch threads of each training run (default: cores)")
     p.add_argument("--quiet", action="store_true")
     server = p.add_argument_group("server (optional): load the new versions into a running server")
     server.add_argument("--server", default=None, metavar="HOST:PORT", help="address of the running server")
     add_security_args(server)
     a = p.parse_args(argv)
-    steps = {k: int(v) for k, v in _assignments(p, "--steps", "STAGE=N", a.steps, ("mlm", "classify", "lm", "g2p"),
+    steps = {k: int(v) for k, v in _assignments(p, "--steps", "STAGE=N", a.steps,
+                                                  ("mlm", "classify", "lm", "g2p", "token-classify"),
                                                   str.isdigit).items()}
     variants = PipelineConfig().variants
     variants.update(_assignments(p, "--variants", "TASK=LIST", a.variants, tuple(variants)))
@@ -84,7 +90,8 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
                           classify_init=a.classify_init, classify_data=a.classify_data, embed_checkpoint=embed,
                           embed_matryoshka=a.embed_matryoshka,
                           steps=steps, threads=a.threads,
-                          server=_server_config(p, a), variants=variants, quiet=a.quiet, g2p=a.g2p)
+                          server=_server_config(p, a), variants=variants, quiet=a.quiet, g2p=a.g2p,
+                          punctuate=a.punctuate)
 
 
 def minilm_path(p: argparse.ArgumentParser, flag: str = "--embed minilm") -> Path:

@@ -1,4 +1,4 @@
-"""The whole chain: tokenizers -> MLM -> classifier -> LM -> export + publish -> (optionally) a live server."""
+"""The whole chain: tokenizers -> MLM -> classifier -> LM (-> g2p, punctuation) -> export + publish -> (optionally) a live server."""
 from __future__ import annotations
 
 import logging
@@ -28,6 +28,10 @@ class PipelineConfig:
     # The encoder-decoder: grapheme-to-phoneme trained on CMUdict (training/tasks/g2p.py), published as "g2p". Off
     # unless asked (`--g2p`; the main command asks): the default recipe takes ~5 minutes on 2 cores.
     g2p: bool = False
+    # Punctuation and casing restoration: MiniLM fine-tuned as a token classifier on the corpus's own marks and
+    # capitals (training/punctuation.py), published as "punctuate". Off unless asked (`--punctuate`; the main
+    # command asks): ~3 minutes on 2 cores.
+    punctuate: bool = False
     # "minilm": fill-mask continues MLM training from the packaged MiniLM (its tokenizer) and the classifier is
     # fine-tuned from MiniLM; "scratch": a WordPiece tokenizer and a BERT pre-trained from random weights on the
     # corpus, the classifier fine-tuned from it (any language, e.g. Chinese: README).
@@ -48,7 +52,7 @@ class PipelineConfig:
     variants: dict[str, str] = field(default_factory=lambda: {"classify": "fp32,optimized",
                                                              "fill-mask": "fp32,optimized",
                                                              "generate": "fp32,w8,w4,w4kv8", "embed": "fp32",
-                                                             "g2p": "fp32"})
+                                                             "g2p": "fp32", "token-classify": "fp32,optimized"})
     quiet: bool = False
 
 
@@ -86,7 +90,7 @@ class Pipeline:
         preset = self.cfg.preset
         if stage == "g2p" and preset != "tiny":   # g2p's presets are its own recipes (tiny, default, long)
             preset = None
-        if preset and stage != "classify" and not (stage == "mlm" and self.cfg.encoder == "minilm"):
+        if preset and stage not in ("classify", "token-classify") and not (stage == "mlm" and self.cfg.encoder == "minilm"):
             args += ["--preset", preset]
         if stage in self.cfg.steps:
             args += ["--steps", str(self.cfg.steps[stage])]
@@ -137,6 +141,8 @@ class Pipeline:
             self.publish(task, ckpt)
         if cfg.g2p:
             self.run_g2p()
+        if cfg.punctuate:
+            self.run_punctuate(default_init)
         if cfg.embed_checkpoint is not None:  # a pretrained encoder as it is: nothing to train
             self.publish("embed", cfg.embed_checkpoint)
         if cfg.server is not None and self.published:
@@ -147,6 +153,13 @@ class Pipeline:
         """Train the grapheme-to-phoneme encoder-decoder on CMUdict and publish it (an exported seq2seq package)."""
         ckpt = self.train("g2p", [], self.cfg.workdir / "checkpoints/g2p", [])
         self.publish("g2p", ckpt, task="generate")
+        return ckpt
+
+    def run_punctuate(self, init: Path) -> Path:
+        """Fine-tune `init` (MiniLM, or the scratch MLM) as the punctuation and casing restorer and publish it."""
+        ckpt = self.train("token-classify", ["--init", str(init)], self.cfg.workdir / "checkpoints/token-classifier",
+                          [init])
+        self.publish("token-classify", ckpt)
         return ckpt
 
     def publish(self, stage: str, ckpt: Path, task: str | None = None) -> None:

@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh main
 . .venv/bin/activate
-python -m pipeline --workdir artifacts --repository model_repository --embed minilm --g2p --quiet
+python -m pipeline --workdir artifacts --repository model_repository --embed minilm --g2p --punctuate --quiet
 exec python -m server --repository model_repository --host "${HOST:-127.0.0.1}" --port "${PORT:-8001}" \
   --http-port "${HTTP_PORT:-8000}" --metrics-port "${METRICS_PORT:-8002}" "$@"

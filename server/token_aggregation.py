@@ -51,10 +51,9 @@ class TokenEntity:
 @dataclass(frozen=True)
 class _Piece:
     token: str
-    scores: np.ndarray
+    index: int          # the token's position in the sequence (its row of scores)
     start: int
     end: int
-    index: int
     is_subword: bool
 
 
@@ -71,21 +70,20 @@ def check_strategy(strategy: str, field: str = "aggregation_strategy") -> str:
     return s
 
 
-def pieces(row: TokenRow, scores: np.ndarray, word_aware: bool, unk_id: int | None) -> list[_Piece]:
-    """The non-special tokens with their scores, spans and whether each continues the word before it."""
+def pieces(row: TokenRow, word_aware: bool, unk_id: int | None) -> list[_Piece]:
+    """The non-special tokens with their spans and whether each continues the word before it."""
     out = []
     text = row.text
     for idx, (token_id, token, (start, end), special) in enumerate(zip(row.ids, row.tokens, row.offsets, row.special)):
         if special:
             continue
-        covered = text[start:end]
         if word_aware:
-            is_subword = len(token) != len(covered)
+            is_subword = len(token) != end - start
         else:
             is_subword = start > 0 and " " not in text[start - 1:start + 1]
         if unk_id is not None and token_id == unk_id:
-            token, is_subword = covered, False
-        out.append(_Piece(token, scores[idx], start, end, idx, is_subword))
+            token, is_subword = text[start:end], False
+        out.append(_Piece(token, idx, start, end, is_subword))
     return out
 
 
@@ -97,46 +95,66 @@ def _tag(label: str) -> tuple[str, str]:
     return "I", label   # no B-/I- prefix: a continuation of the same label
 
 
-def _word(group: list[_Piece], strategy: str, labels: Sequence[str], join: Callable[[list[str]], str]) -> TokenEntity:
-    if strategy == "first":
-        scores = group[0].scores
-    elif strategy == "max":
-        scores = max(group, key=lambda p: p.scores.max()).scores
-    else:   # average
-        scores = np.nanmean(np.stack([p.scores for p in group]), axis=0)
-    best = int(scores.argmax())
-    return TokenEntity(labels[best], float(scores[best]), join([p.token for p in group]), group[0].start, group[-1].end)
+class _Scores:
+    """A row's softmax scores with each token's best label and its score, read once as Python numbers (the per-token
+    work below is Python: numpy scalars there cost more than the arithmetic)."""
+
+    def __init__(self, scores: np.ndarray) -> None:
+        self.rows = scores
+        self.best: list[int] = scores.argmax(axis=-1).tolist() if scores.size else []
+        self.top: list[float] = scores.max(axis=-1).tolist() if scores.size else []
 
 
-def _words(ps: list[_Piece], strategy: str, labels: Sequence[str], join: Callable[[list[str]], str]) -> list[TokenEntity]:
+def _word(group: list[_Piece], strategy: str, s: _Scores, labels: Sequence[str],
+          join: Callable[[list[str]], str]) -> TokenEntity:
+    if strategy == "average":
+        mean = np.nanmean(s.rows[[p.index for p in group]], axis=0)
+        best = int(mean.argmax())
+        score = float(mean[best])
+    else:
+        chosen = group[0] if strategy == "first" else max(group, key=lambda p: s.top[p.index])
+        best, score = s.best[chosen.index], s.top[chosen.index]
+    return TokenEntity(labels[best], score, join([p.token for p in group]), group[0].start, group[-1].end)
+
+
+def _words(ps: list[_Piece], strategy: str, s: _Scores, labels: Sequence[str],
+           join: Callable[[list[str]], str]) -> list[TokenEntity]:
     out: list[TokenEntity] = []
     group: list[_Piece] = []
     for p in ps:
         if group and not p.is_subword:
-            out.append(_word(group, strategy, labels, join))
+            out.append(_word(group, strategy, s, labels, join))
             group = []
         group.append(p)
     if group:
-        out.append(_word(group, strategy, labels, join))
+        out.append(_word(group, strategy, s, labels, join))
     return out
+
+
+def _mean(values: list[float]) -> float:
+    """np.nanmean of a few Python floats, without numpy: NaNs left out, NaN when nothing is left."""
+    kept = [v for v in values if v == v]
+    return sum(kept) / len(kept) if kept else float("nan")
 
 
 def _grouped(entities: list[TokenEntity], join: Callable[[list[str]], str]) -> list[TokenEntity]:
     """Adjacent entities of the same tag (not starting a new B-) merged: tag, mean score, decoded words."""
     def close(run: list[TokenEntity]) -> TokenEntity:
-        return TokenEntity(run[0].label.split("-", 1)[-1], float(np.nanmean([e.score for e in run])),
-                           join([e.word for e in run]), run[0].start, run[-1].end)
+        score = run[0].score if len(run) == 1 else _mean([e.score for e in run])
+        return TokenEntity(run[0].label.split("-", 1)[-1], score, join([e.word for e in run]), run[0].start,
+                           run[-1].end)
 
     out: list[TokenEntity] = []
     run: list[TokenEntity] = []
+    run_tag = ""
     for e in entities:
+        bi, tag = _tag(e.label)
+        if run and tag == run_tag and bi != "B":
+            run.append(e)
+            continue
         if run:
-            bi, tag = _tag(e.label)
-            if tag == _tag(run[-1].label)[1] and bi != "B":
-                run.append(e)
-                continue
             out.append(close(run))
-        run = [e]
+        run, run_tag = [e], tag
     if run:
         out.append(close(run))
     return out
@@ -146,17 +164,15 @@ def aggregate(row: TokenRow, logits: np.ndarray, labels: Sequence[str], strategy
               join: Callable[[list[str]], str], word_aware: bool, unk_id: int | None,
               ignore_labels: Sequence[str] = DEFAULT_IGNORE) -> list[TokenEntity]:
     """One text's entities from its logits [tokens, labels] (rows past len(row.ids) are ignored)."""
-    scores = softmax(np.asarray(logits)[:len(row.ids)])
-    ps = pieces(row, scores, word_aware, unk_id)
+    s = _Scores(softmax(np.asarray(logits)[:len(row.ids)]))
+    ps = pieces(row, word_aware, unk_id)
     if strategy in ("none", "simple"):
-        entities = []
-        for p in ps:
-            best = int(p.scores.argmax())
-            entities.append(TokenEntity(labels[best], float(p.scores[best]), p.token, p.start, p.end, p.index))
+        entities = [TokenEntity(labels[s.best[p.index]], s.top[p.index], p.token, p.start, p.end, p.index)
+                    for p in ps]
         if strategy == "simple":
             entities = _grouped(entities, join)
     else:
-        entities = _grouped(_words(ps, strategy, labels, join), join)
+        entities = _grouped(_words(ps, strategy, s, labels, join), join)
     ignored = set(ignore_labels)
     return [e for e in entities if e.label not in ignored]
 

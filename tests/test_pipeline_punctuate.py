@@ -1,0 +1,57 @@
+"""The pipeline's punctuation stage (the main command's `--punctuate`): the real token-classification trainer on the
+corpus's own marks and capitals (a few steps from a tiny encoder), exported through the gate, published as
+"punctuate", and answered by a real server through the `ortserve punctuate` / `ortserve token-classify` commands."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.run import Pipeline, PipelineConfig
+from tests.server_process import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+LINE = "what say you my lord shall we go to the king"
+
+
+def _cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clients", "--address", server.address, *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def test_the_punctuation_stage_trains_publishes_and_serves(tiny_checkpoints, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    p = Pipeline(PipelineConfig(workdir=tmp_path / "w", repository=repo, steps={"token-classify": 3}, threads=1,
+                                quiet=True, punctuate=True))
+    p.run_punctuate(tiny_checkpoints.mlm)
+    assert p.published == {"punctuate": 1}
+    manifest = json.loads((repo / "punctuate" / "1" / "model.json").read_text())
+    assert manifest["task"] == "token-classify"
+    assert {"O", "B-Cap", "B-COMMA", "B-Cap+PERIOD"} <= set(manifest["labels"])
+    assert set(manifest["variants"]) == {"fp32", "optimized"}
+    p.run_punctuate(tiny_checkpoints.mlm)          # nothing changed: nothing retrained or republished
+    assert p.published == {"punctuate": 1} and "token-classify" in p.skipped
+
+    with ServerProcess(repo) as server:
+        done = _cli(server, "punctuate", LINE)
+        assert done.returncode == 0, done.stderr
+        restored = done.stdout.strip()
+        # Whatever a 3-step model predicts, restoring only capitalises words and appends marks after them.
+        assert re.sub(r"[,.?!]", "", restored).lower() == LINE, restored
+
+        tagged = _cli(server, "--json", "token-classify", "--aggregation", "first", "--keep-o", LINE)
+        assert tagged.returncode == 0, tagged.stderr
+        entities = json.loads(tagged.stdout)[0]
+        # "first" with O kept covers every word in order: each B- word is an entity of its own, and runs of O
+        # words group into one (as transformers' pipeline groups them).
+        assert " ".join(LINE[e["start"]:e["end"]] for e in entities) == LINE
+        for e in entities:
+            words = LINE[e["start"]:e["end"]].split()
+            assert e["label"] == "O" or (len(words) == 1 and f"B-{e['label']}" in manifest["labels"]), e
+
+        bad = _cli(server, "token-classify", "--aggregation", "longest", LINE)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--aggregation" in bad.stderr
+        missing = _cli(server, "punctuate", "--model", "no-such-model", LINE)
+        assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr, missing.stderr
