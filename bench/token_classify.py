@@ -11,6 +11,11 @@ directory (torch, both cores: torch's default threads) with aggregation_strategy
 `batch_size`; ortserve answers the same texts, the same aggregation, over gRPC from one client thread sending
 batches of the same size. Shakespeare passages of 12-40 words. Sides alternate round by round; ratios of the
 medians. Before timing, both sides' entities for the same texts are compared (label, offsets; scores ≤ 1e-3).
+
+Beside the two served sides, the same rounds time each side's forward pass alone on the same padded batches, in the
+benchmark's process while the server idles: the server's graph in an onnxruntime session with the server's options
+(spinning, onnxruntime's default threads) and the checkpoint's torch model under inference_mode. Graph texts/s over
+pipeline texts/s is the most any serving of this graph could reach (no tokenizer, aggregation or door at all).
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench import piece_cli
 from bench.material import passages
@@ -62,6 +69,39 @@ def repository(work: Path, ckpt: Path) -> Path:
                         str(repo), "--name", MODEL, "--version", "1", "--variants", "fp32,optimized"], check=True,
                        cwd=ROOT)
     return repo
+
+
+def forward_passes(repo: Path, ckpt: Path):
+    """(graph, torch) callables: one forward pass of a batch of texts, tokenized and padded as the server pads them."""
+    import onnxruntime as ort
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    package = repo / MODEL / "1"
+    tok = Tokenizer.from_file(str(package / "tokenizer.json"))
+    tok.enable_padding(pad_id=tok.token_to_id("[PAD]") or 0)
+    tok.enable_truncation(512)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    session = ort.InferenceSession(str(package / "model.optimized.onnx"), options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    model = transformers.AutoModelForTokenClassification.from_pretrained(ckpt).eval()
+
+    def feeds(batch: list[str]) -> dict[str, np.ndarray]:
+        enc = tok.encode_batch(batch)
+        ids = np.array([e.ids for e in enc], np.int64)
+        out = {"input_ids": ids, "attention_mask": np.array([e.attention_mask for e in enc], np.int64),
+               "token_type_ids": np.zeros_like(ids)}
+        return {k: v for k, v in out.items() if k in names}
+
+    def graph(batch: list[str]) -> None:
+        session.run(None, feeds(batch))
+
+    def forward(batch: list[str]) -> None:
+        with torch.inference_mode():
+            model(**{k: torch.from_numpy(v) for k, v in feeds(batch).items()})
+    return graph, forward
 
 
 def _entities(items: list[dict]) -> list[tuple[str, int, int, float]]:
@@ -105,20 +145,26 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
                 done += size
             return done / (time.perf_counter() - t0)
 
-        for size in BATCHES:          # warm both
+        graph, forward = forward_passes(repo, ckpt)
+        for size in BATCHES:          # warm every side
             closed_loop(served, size)
             closed_loop(lambda x, s=size: local(x, s), size)
-        runs: dict[str, dict[str, list[float]]] = {str(s): {"ortserve": [], "pipeline": []} for s in BATCHES}
+            closed_loop(graph, size)
+            closed_loop(forward, size)
+        runs: dict[str, dict[str, list[float]]] = {
+            str(s): {"ortserve": [], "pipeline": [], "graph": [], "torch_forward": []} for s in BATCHES}
         for r in range(rounds):
             for size in BATCHES:
-                sides = [("ortserve", served), ("pipeline", lambda x, s=size: local(x, s))]
+                sides = [("ortserve", served), ("pipeline", lambda x, s=size: local(x, s)), ("graph", graph),
+                         ("torch_forward", forward)]
                 for name, fn in (sides if r % 2 == 0 else sides[::-1]):
                     runs[str(size)][name].append(closed_loop(fn, size))
                     log.info("round %d batch %d %s: %.1f texts/s", r + 1, size, name, runs[str(size)][name][-1])
     cells = {}
     for size, sides in runs.items():
         med = {k: statistics.median(v) for k, v in sides.items()}
-        cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"]}
+        cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"],
+                       "ceiling": med["graph"] / med["pipeline"]}
     return {**piece_cli.stamp("python -m bench.token_classify " + " ".join(sys.argv[1:])),
             "agree": [same, len(sample)], "cells": cells, "rounds": rounds, "seconds": seconds,
             "torch_threads": torch.get_num_threads()}
@@ -135,13 +181,20 @@ def render(result: dict[str, Any]) -> list[str]:
              "- Model: all-MiniLM-L6-v2 as BertForTokenClassification, 9 labels (random head), exported with "
              "fp32 + optimized (the pipeline's encoder default; the server runs optimized). Entities agree "
              f"(labels, offsets, scores within 1e-3) on {result['agree'][0]} of {result['agree'][1]} texts.",
+             "- Forward passes alone (same rounds, same batches, in the benchmark's process while the server idles): "
+             "the server's graph in onnxruntime (spinning, default threads) and the checkpoint's torch model "
+             "(inference_mode). 'Ceiling' = graph alone / pipeline: the most any serving of this graph could reach.",
              f"- {result['rounds']} rounds of {result['seconds']:.0f} s per batch size and side, medians.", "",
-             "| texts per request | ortserve texts/s | pipeline texts/s | ratio | goal (batch 8) ≥ 2× |",
-             "|---|---|---|---|---|"]
+             "| texts per request | ortserve texts/s | pipeline texts/s | ratio | goal (batch 8) ≥ 2× | "
+             "graph alone texts/s | torch forward alone texts/s | ceiling |",
+             "|---|---|---|---|---|---|---|---|"]
     for size, cell in result["cells"].items():
         goal = ("met" if cell["ratio"] >= 2 else "**missed**") if size == "8" else "—"
-        lines.append(f"| {size} | {cell['median']['ortserve']:,.1f} | {cell['median']['pipeline']:,.1f} | "
-                     f"{cell['ratio']:.2f} | {goal} |")
+        med = cell["median"]
+        alone = (f" {med['graph']:,.1f} | {med['torch_forward']:,.1f} | {cell['ceiling']:.2f} |" if "graph" in med
+                 else " - | - | - |")
+        lines.append(f"| {size} | {med['ortserve']:,.1f} | {med['pipeline']:,.1f} | {cell['ratio']:.2f} | {goal} |"
+                     + alone)
     return lines
 
 

@@ -1,4 +1,5 @@
-"""The whole chain: tokenizers -> MLM -> classifier -> LM (-> g2p, punctuation) -> export + publish -> (optionally) a live server."""
+"""The whole chain: tokenizers -> MLM -> classifier -> LM (-> g2p, punctuation) -> export + publish -> (optionally)
+a live server."""
 from __future__ import annotations
 
 import logging
@@ -90,7 +91,8 @@ class Pipeline:
         preset = self.cfg.preset
         if stage == "g2p" and preset != "tiny":   # g2p's presets are its own recipes (tiny, default, long)
             preset = None
-        if preset and stage not in ("classify", "token-classify") and not (stage == "mlm" and self.cfg.encoder == "minilm"):
+        fine_tuned = stage in ("classify", "token-classify") or (stage == "mlm" and self.cfg.encoder == "minilm")
+        if preset and not fine_tuned:
             args += ["--preset", preset]
         if stage in self.cfg.steps:
             args += ["--steps", str(self.cfg.steps[stage])]
