@@ -207,8 +207,14 @@ def validate_seq2seq(pkg: Path, manifest: dict, problems: list[str], threads: in
     builder.spec = spec
     builder.weights = seq2seq_weights(builder.model, spec.family, spec.max_source_length, spec.max_target_length)
     tok_report = check_tokenizer(builder.info.path, pkg, list(BUILTIN_TEXTS), None, m.max_length, [])
-    passed, results, _ = run_seq2seq_gate(builder.gate_inputs(pkg), pkg / spec.encoder_file("fp32"),
-                                          pkg / spec.decoder_file("fp32"))
+    inp = builder.gate_inputs(pkg)
+    passed, results, _ = run_seq2seq_gate(inp, pkg / spec.encoder_file("fp32"), pkg / spec.decoder_file("fp32"))
+    quantized = [v for v in spec.graphs if v in SEQ2SEQ_WEIGHT_VARIANTS]
+    if quantized:   # the published weight-quantized variants must still pass their own limits
+        judge = WeightVariantGate(inp, cfg.tolerances)
+        for v in quantized:
+            results[v] = judge.check(v, pkg / spec.encoder_file(v), pkg / spec.decoder_file(v))
+            passed &= results[v].passed is True
     table = failure_table(results, tok_report.as_json())
     if problems:
         table += "\n" + "\n".join(f"package    {p}" for p in problems)

@@ -171,3 +171,11 @@ def test_served_w8_equals_offline_decoding_of_the_same_graphs_and_beams_answer(s
         rows -= np.log(np.exp(rows).sum(1, keepdims=True))
         return float(sum(rows[i, t] for i, t in enumerate(seq))) / len(seq)
     assert score(best) >= score(want[2]) - 1e-4
+
+
+def test_validate_rechecks_the_published_variant(package: Path) -> None:
+    from export.validate import validate_package
+
+    passed, table = validate_package(package)
+    assert passed, table
+    assert "w8" in table and "perplexity ratio (w8 / PyTorch fp32)" in table
