@@ -25,7 +25,8 @@ import onnx
 import torch
 
 from .config import Tolerances, WeightQuantConfig
-from .parity import Check, VariantResult, session
+from .parity import Check, VariantResult
+from .speed import session
 from .seq2seq_parity import GREEDY_TOKENS, Seq2SeqGateInputs, SlotDriver, graph_greedy
 from .variants import VariantBuild
 from .weights import quantize_graph
@@ -82,15 +83,21 @@ class WeightVariantGate:
         self._refs: list[list[int]] | None = None
 
     def references(self) -> list[list[int]]:
-        """PyTorch fp32's greedy ids of each held-out source alone (eos included when it ended there)."""
+        """PyTorch fp32's greedy ids of each held-out source (eos included when it ended there), CHUNK sources a
+        batch (right-padded, masked: a row's ids equal its run alone but on a near tie, which the limits allow)."""
         from training.seq2seq import generate_greedy
 
         if self._refs is None:
-            refs = []
+            inp, refs = self.inp, []
             with torch.no_grad():
-                for s in self.inp.held_out:
-                    ids = generate_greedy(self.inp.model, torch.tensor([s]), None, self.n_new)[0].tolist()
-                    refs.append(ids[:ids.index(self.inp.eos) + 1] if self.inp.eos in ids else ids)
+                for lo in range(0, len(inp.held_out), CHUNK):
+                    chunk = inp.held_out[lo:lo + CHUNK]
+                    ids = torch.full((len(chunk), max(map(len, chunk))), inp.pad)
+                    for r, s in enumerate(chunk):
+                        ids[r, :len(s)] = torch.tensor(s)
+                    mask = (torch.arange(ids.shape[1])[None] < torch.tensor([len(s) for s in chunk])[:, None]).long()
+                    for row in generate_greedy(inp.model, ids, mask, self.n_new).tolist():
+                        refs.append(row[:row.index(inp.eos) + 1] if inp.eos in row else row)
             self._refs = refs
         return self._refs
 
@@ -105,7 +112,8 @@ class WeightVariantGate:
         bits = SEQ2SEQ_WEIGHT_VARIANTS[variant]
         min_identical, max_ratio = self.t.seq2seq_weight_limits(bits)
         res = VariantResult(variant, "", {"min_identical_outputs": min_identical, "max_perplexity_ratio": max_ratio})
-        enc, dec = session(encoder_path, inp.threads), session(decoder_path, inp.threads)
+        # No spinning: PyTorch's references run between the graphs' calls, on the same cores.
+        enc, dec = session(encoder_path, inp.threads, False), session(decoder_path, inp.threads, False)
         refs = self.references()
         sources = inp.held_out
         got: list[list[int]] = []
