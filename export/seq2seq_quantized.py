@@ -3,7 +3,8 @@
 Made by export/weights.py's quantize_graph, the decoders' quantizer: the encoder graph (its layers and the cross
 key/value projection of every decoder layer) and the decoder graph (its layers and the head, rewritten from the
 tied Gemm(transB) into a MatMul over its own transposed copy, `lm_head_bits` wide; the embedding lookups keep the
-fp32 tables). What was measured to choose that (docs/BENCHMARKS.md, "Weight-quantized encoder-decoders"):
+fp32 tables). What was measured to choose that (docs/model-package.md, "Encoder-decoder packages"; docs/BENCHMARKS.md,
+"Weight-quantized encoder-decoders"):
   - the decoder carries the speed: on the OPUS-MT shape (6+6 layers, 512 wide, 58k vocabulary) a w8 decode step is
     ~2x faster than fp32 at batch 1 and 8, and an 8-bit head is half of that gain (the 58k x 512 head is as big as
     the six layers); the encoder gains 1.1-1.4x;
