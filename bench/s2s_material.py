@@ -10,8 +10,8 @@ and the sources fed to every side.
           sample of 2,000 of them. Random weights never choose eos sensibly, so every side generates exactly
           `max_new` tokens (eos suppressed until then)
 
-Each is exported with `python -m export` (parity gate included) and converted with CTranslate2's converter (float32
-and int8); a stamp of the checkpoint's weights file makes a retrained checkpoint re-export and re-convert.
+Each is exported with `python -m export --variants w8` (parity gate included: fp32 and the 8-bit-weight w8 graphs,
+ortserve's int8 counterpart) and converted with CTranslate2's converter (float32 and int8); a stamp of the checkpoint's weights file makes a retrained checkpoint re-export and re-convert.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ MARIAN_SOURCE_WORDS = (8, 24)       # words per synthetic source (+ eos)
 MARIAN_MAX_SOURCE = 32
 STEP_LENGTH = 256                   # the step piece's longer target position: the self cache must hold it
 MARIAN_MAX_TARGET = 288
+VARIANTS = ["--variants", "w8"]     # the package's int8 counterpart of CTranslate2's int8 (export/seq2seq_quantized.py)
 
 
 class MaterialError(RuntimeError):
@@ -201,12 +202,12 @@ def build(work: Path, which: tuple[str, ...], g2p: Path | None, threads: int) ->
     for name in which:
         if name == "g2p":
             ckpt = g2p_checkpoint(g2p)
-            pkg = export_package(ckpt, work / "repo-g2p", "g2p", threads, [])
+            pkg = export_package(ckpt, work / "repo-g2p", "g2p", threads, VARIANTS)
             fixed = False
         else:
             ckpt = marian_checkpoint(work)
             sizes = ["--max-source-length", str(MARIAN_MAX_SOURCE), "--max-target-length", str(MARIAN_MAX_TARGET)]
-            pkg = export_package(ckpt, work / "repo-marian", "marian", threads, sizes)
+            pkg = export_package(ckpt, work / "repo-marian", "marian", threads, [*sizes, *VARIANTS])
             fixed = True
         ct2 = {q: convert_ct2(ckpt, work / "ct2" / f"{name}-{q}", q) for q in ("float32", "int8")}
         config = json.loads((ckpt / "config.json").read_text())

@@ -12,7 +12,8 @@ Pieces, the sides taking turns cell by cell (the order reversed every round, a s
           runner (clients.batch.local.LocalRunner over the server's DataPlane: the `ortserve-batch --local` path,
           the same engine as the server without gRPC, like CTranslate2's in-process translate_batch) vs
           CTranslate2 translate_batch over the whole list (max_batch_size, sorted by length by CTranslate2);
-          fp32 vs float32. ortserve ships no int8 encoder-decoder variant, so CTranslate2's int8 is listed alone.
+          fp32 vs float32, and ortserve's w8 variant (8-bit weights, MatMulNBits, in both graphs) vs CTranslate2's
+          int8 (quantization="int8": int8 weights and int8 matrix products; compute_type int8_float32).
   served  1 / 8 / 32 closed-loop clients, greedy: ortserve's real server process streamed over gRPC
           (GenerateStream, the Python client) vs CTranslate2 and transformers' generate, each in a process of its
           own behind an arrival-batching loop (bench/s2s_loop.py: it runs every request that has arrived as one
@@ -73,6 +74,7 @@ class Config:
     warmup_clients: tuple[tuple[int, int], ...] = ((1, 4), (8, 16), (32, 32))   # (clients, requests) untimed
     rounds: int = 2
     ct2_int8: bool = True
+    ortserve_w8: bool = True            # the batch job also runs the package's w8 variant (when it has one)
     threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     # CTranslate2's parallel batches (model replicas) x threads per batch = the cores. Two replicas of one thread
     # beat one of two threads on these 2 cores (2026-11-26, shared cores: g2p greedy 35k vs 10k tok/s, Marian shape
@@ -230,8 +232,8 @@ class OrtserveBatch:
     translate_batch keeps them. Not the script's output file: it appends, flushes and fsyncs every answer on the
     event loop (its resumability), which is the output's cost, not the engine's."""
 
-    def __init__(self, model: Model, cfg: Config) -> None:
-        self.model, self.cfg = model, cfg
+    def __init__(self, model: Model, cfg: Config, variant: str = "fp32") -> None:
+        self.model, self.cfg, self.variant = model, cfg, variant
         self.loop = asyncio.new_event_loop()
         self.plane = self.loop.run_until_complete(self._start())
 
@@ -241,12 +243,12 @@ class OrtserveBatch:
 
         settings = ServerSettings(repository=self.model.repository, port=0, metrics_port=-1, http_port=-1,
                                   poll_interval=0, intra_op_threads=self.cfg.threads, intra_op_spinning="on",
-                                  max_sequences=self.cfg.batch_slots).validate()
+                                  max_sequences=self.cfg.batch_slots, variant=self.variant).validate()
         return await DataPlane.start(settings)
 
     def describe(self) -> dict[str, Any]:
-        return {"threads": self.cfg.threads, "intra_op_spinning": "on", "max_sequences": self.cfg.batch_slots,
-                "sequences_in_flight": self.cfg.batch_concurrency,
+        return {"variant": self.variant, "threads": self.cfg.threads, "intra_op_spinning": "on",
+                "max_sequences": self.cfg.batch_slots, "sequences_in_flight": self.cfg.batch_concurrency,
                 "path": "ortserve-batch --local's runner (clients.batch LocalRunner over the in-process DataPlane, "
                         "no gRPC), answers kept in memory"}
 
@@ -284,32 +286,42 @@ class OrtserveBatch:
         self.loop.close()
 
 
+def has_variant(model: Model, variant: str) -> bool:
+    from modelpkg import Manifest
+
+    return variant in Manifest.from_json((model.package / "model.json").read_text()).variants
+
+
 def batch_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) -> dict[str, Any]:
     max_new, min_new = limits(model, cfg)
-    ours = OrtserveBatch(model, cfg)
+    mine = {"ortserve": OrtserveBatch(model, cfg)}
+    if cfg.ortserve_w8 and has_variant(model, "w8"):     # the gate may have refused it: then fp32 alone
+        mine["ortserve_w8"] = OrtserveBatch(model, cfg, "w8")
     peers = {"ct2": ct2_peer(model, "float32", cfg)}
     if cfg.ct2_int8:
         peers["ct2_int8"] = ct2_peer(model, "int8", cfg)
-    sides.setdefault("ortserve_batch", ours.describe())
+    for name, side in mine.items():
+        sides.setdefault(f"{name}_batch", side.describe())
     for name, p in peers.items():
         sides.setdefault(f"{name}_batch", {**p.threads, "max_batch_size": cfg.ct2_max_batch_size,
                                            "batch_type": "examples", "path": "translate_batch over every input"})
     out: dict[str, Any] = {"inputs": len(src.texts), "max_new_tokens": max_new, "min_new_tokens": min_new}
     try:
         for beam, count in ((1, 16), (max(cfg.beams), 8)):           # warm-up: sessions, allocator, shapes
-            ours.run(src.texts[:count], beam)
+            for side in mine.values():
+                side.run(src.texts[:count], beam)
             for p in peers.values():
                 p.request({"op": "batch", "sources": src.tokens[:count], "beam": beam, "max_new": max_new,
                            "min_new": min_new, "max_batch_size": cfg.ct2_max_batch_size})
         for beam in cfg.beams:
-            runs: dict[str, list[dict[str, Any]]] = {"ortserve": [], **{k: [] for k in peers}}
+            runs: dict[str, list[dict[str, Any]]] = {**{k: [] for k in mine}, **{k: [] for k in peers}}
             texts: dict[str, list[str]] = {}
             order = list(runs)
             for r in range(cfg.rounds):
                 for side in (order if r % 2 == 0 else order[::-1]):
                     time.sleep(1.0)          # the other side's threads stop spinning
-                    if side == "ortserve":
-                        wall, outs, tokens = ours.run(src.texts, beam)
+                    if side in mine:
+                        wall, outs, tokens = mine[side].run(src.texts, beam)
                     else:
                         reply = peers[side].request({"op": "batch", "sources": src.tokens, "beam": beam,
                                                      "max_new": max_new, "min_new": min_new,
@@ -326,11 +338,15 @@ def batch_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) 
             cell["identical_outputs_vs_ct2"] = agreement(texts["ortserve"], texts["ct2"])
             if "ct2_int8" in texts:
                 cell["identical_outputs_ct2_int8_vs_float32"] = agreement(texts["ct2_int8"], texts["ct2"])
+            if "ortserve_w8" in texts and "ct2_int8" in texts:
+                cell["ratio_w8_vs_ct2_int8"] = cell["ortserve_w8"]["tokens_per_s"] / cell["ct2_int8"]["tokens_per_s"]
+                cell["identical_outputs_w8_vs_fp32"] = agreement(texts["ortserve_w8"], texts["ortserve"])
             cell["examples"] = [{"source": s, "ortserve": texts["ortserve"][i], "ct2": texts["ct2"][i]}
                                 for i, s in enumerate(src.texts[:3])]
             out[f"beam{beam}"] = cell
     finally:
-        ours.close()
+        for side in mine.values():
+            side.close()
         for p in peers.values():
             p.close()
     return out

@@ -52,6 +52,24 @@ def greedy_prompts(tokenizer, texts: tuple[str, ...] | list[str] = BUILTIN_TEXTS
     return [tokenizer.encode(" ".join(t.split()[:PROMPT_WORDS])).ids for t in texts]
 
 
+SOURCE_WORDS = 48        # single words (g2p's unit) ...
+SOURCE_PHRASES = 24      # ... and 5-word phrases (a translation's), one per held-out sentence
+
+
+def seq2seq_sources(tokenizer, max_length: int, texts: tuple[str, ...] | list[str] = BUILTIN_TEXTS) -> list[list[int]]:
+    """The weight-quantized encoder-decoders' held-out sources: the first distinct words of the held-out sentences
+    (punctuation stripped), then each sentence's first five words; source ids cut at `max_length`."""
+    words: list[str] = []
+    for t in texts:
+        for w in t.split():
+            w = w.strip(".,;:?!")
+            if w and w.lower() not in {x.lower() for x in words}:
+                words.append(w)
+    phrases = [" ".join(t.split()[:5]) for t in texts][:SOURCE_PHRASES]
+    out = [tokenizer.encode(x).ids[:max_length] for x in words[:SOURCE_WORDS] + phrases]
+    return [ids for ids in out if ids]
+
+
 @dataclass(frozen=True)
 class LabelledExample:
     text: str

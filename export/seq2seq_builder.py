@@ -1,6 +1,8 @@
 """`--task generate` for an encoder-decoder checkpoint (Marian, BART, T5), plugged into export/skeleton.py:
 encoder.onnx + decoder.onnx (export/seq2seq_graph.py), the tokenizers, a model.json with its `encoder_decoder`
-block (modelpkg.Seq2SeqSpec), checked by export/seq2seq_parity.py."""
+block (modelpkg.Seq2SeqSpec), checked by export/seq2seq_parity.py; with `--variants w8` / `w4` weight-quantized
+twins of both graphs (export/seq2seq_quantized.py), judged on held-out sources, refused alone when they breach
+their limits, and timed for the CPU default (export/seq2seq_speed.py)."""
 from __future__ import annotations
 
 import logging
@@ -10,17 +12,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import onnx
+import torch
 from tokenizers import Tokenizer
 
 from modelpkg import LAYOUT_INPLACE, CacheSpec, Manifest, Seq2SeqSpec, padded_head_dim
 
-from . import seq2seq_graph
+from . import package, seq2seq_graph, seq2seq_speed
 from .checkpoint_tokens import special_tokens
 from .config import ExportConfig
 from .errors import ExportError
-from .heldout import BUILTIN_TEXTS
+from .heldout import BUILTIN_TEXTS, seq2seq_sources
 from .package_manifest import new_manifest, tensors
 from .parity import failure_table
+from .seq2seq_quantized import SEQ2SEQ_WEIGHT_VARIANTS, WeightVariantGate, build_variant, describe
 from .result import ExportResult
 from .seq2seq_parity import Seq2SeqGateInputs, run_seq2seq_gate
 from .seq2seq_weights import SEQ2SEQ_FAMILIES, Seq2SeqWeights, seq2seq_weights
@@ -65,8 +70,10 @@ def _spec(w: Seq2SeqWeights, config, graphs: dict[str, dict[str, str]], target_t
 
 class Seq2SeqBuilder:
     def __init__(self, cfg: ExportConfig) -> None:
-        if cfg.variants != ("fp32",):
-            raise ExportError("--variants: an encoder-decoder package ships fp32 only (encoder.onnx + decoder.onnx)")
+        offered = ("fp32", *SEQ2SEQ_WEIGHT_VARIANTS)
+        if "fp32" not in cfg.variants or set(cfg.variants) - set(offered):
+            raise ExportError(f"--variants: an encoder-decoder package ships {', '.join(offered)} (fp32 required; "
+                              f"got {', '.join(cfg.variants)})")
         if cfg.cache_layout != LAYOUT_INPLACE:
             raise ExportError("--cache-layout: an encoder-decoder package is exported with the in-place cache only")
         self.cfg = cfg
@@ -96,9 +103,21 @@ class Seq2SeqBuilder:
                 raise ExportError(f"{name}: {length} tokens is below the {MIN_LENGTH} an encoder-decoder package takes")
         seq2seq_graph.write_graphs(w, staging)
         enc_io, dec_io = seq2seq_graph.graph_specs(w)
+        graphs = {"fp32": {"encoder": seq2seq_graph.ENCODER_FILE, "decoder": seq2seq_graph.DECODER_FILE}}
+        builds = {"fp32": VariantBuild("fp32", seq2seq_graph.DECODER_FILE,
+                                       notes=[f"with {seq2seq_graph.ENCODER_FILE}"])}
+        self.quantized = [v for v in cfg.variants if v in SEQ2SEQ_WEIGHT_VARIANTS]
+        for v in self.quantized:
+            try:
+                builds[v], graphs[v] = build_variant(v, staging, seq2seq_graph.ENCODER_FILE, seq2seq_graph.DECODER_FILE,
+                                                     cfg.weight_quant)
+            except (ValueError, RuntimeError, onnx.checker.ValidationError) as exc:
+                raise ExportError(f"--variants: {v}: the quantizer failed ({str(exc).splitlines()[0]})") from None
         target = os.environ.get(PERTURB_ENV)
         if target in ("fp32", "encoder"):
             _perturb(staging / (seq2seq_graph.DECODER_FILE if target == "fp32" else seq2seq_graph.ENCODER_FILE))
+        elif target in graphs:   # a weight-quantized variant's decoder
+            _perturb(staging / graphs[target]["decoder"])
         removed = package_tokenizer(info.path, staging, w.max_source_length)
         target_tokenizer = None
         if (info.path / TARGET_TOKENIZER).is_file():   # separate target vocabulary: decoded with its own tokenizer
@@ -106,16 +125,15 @@ class Seq2SeqBuilder:
             target_tokenizer = TARGET_TOKENIZER
         self.tokenizer = Tokenizer.from_file(str(staging / "tokenizer.json"))
         ids, _ = special_tokens(info, self.tokenizer)
-        graphs = {"fp32": {"encoder": seq2seq_graph.ENCODER_FILE, "decoder": seq2seq_graph.DECODER_FILE}}
         self.spec = _spec(w, model.config, graphs, target_tokenizer, enc_io)
         cache = CacheSpec(self.spec.num_layers, self.spec.num_heads, self.spec.head_dim, LAYOUT_INPLACE,
                           model_head_dim=self.spec.model_head_dim, has_layout=True)
         manifest = new_manifest(cfg.name, cfg.task, info, max_length=w.max_source_length, special_tokens=ids,
                                 inputs=tensors(dec_io.inputs), outputs=tensors(dec_io.outputs), cache=cache,
-                                variants={"fp32": seq2seq_graph.DECODER_FILE})
+                                variants={v: files["decoder"] for v, files in graphs.items()},
+                                extra={"quantization": {v: describe(v, cfg.weight_quant) for v in self.quantized}}
+                                if self.quantized else None)
         manifest = replace(manifest, vocab_size=w.source_vocab, encoder_decoder=self.spec)
-        builds = {"fp32": VariantBuild("fp32", seq2seq_graph.DECODER_FILE,
-                                       notes=[f"with {seq2seq_graph.ENCODER_FILE}"])}
         self.weights = w
         return Built(manifest, builds, removed, time.perf_counter() - t0)
 
@@ -131,17 +149,41 @@ class Seq2SeqBuilder:
             eos=spec.eos_token_id, pad=spec.pad_token_id, target_vocab=spec.target_vocab_size,
             forced_bos=spec.forced_bos_token_id, forced_eos=spec.forced_eos_token_id,
             stream=[t for t in stream if t < spec.source_vocab_size], atol=self.cfg.tolerances.fp32_atol,
-            rtol=self.cfg.tolerances.fp32_rtol, threads=self.cfg.threads, checkpoint=self.info.path)
+            rtol=self.cfg.tolerances.fp32_rtol, threads=self.cfg.threads, checkpoint=self.info.path,
+            held_out=seq2seq_sources(self.tokenizer, spec.max_source_length))
 
     def gate(self, built: Built, staging: Path) -> Gated:
-        return Gated(*run_seq2seq_gate(self.gate_inputs(staging), staging / seq2seq_graph.ENCODER_FILE,
-                                       staging / seq2seq_graph.DECODER_FILE))
+        inp = self.gate_inputs(staging)
+        passed, results, seconds = run_seq2seq_gate(inp, staging / seq2seq_graph.ENCODER_FILE,
+                                                    staging / seq2seq_graph.DECODER_FILE)
+        if passed and self.quantized:   # a failed fp32 refuses the whole package: no need to judge its twins
+            t0 = time.perf_counter()
+            before = torch.get_num_threads()
+            torch.set_num_threads(max(1, inp.threads))
+            try:
+                judge = WeightVariantGate(inp, self.cfg.tolerances)
+                for v in self.quantized:
+                    results[v] = judge.check(v, staging / self.spec.encoder_file(v), staging / self.spec.decoder_file(v))
+            finally:
+                torch.set_num_threads(before)
+            seconds += time.perf_counter() - t0
+        return Gated(passed, results, seconds)
 
     def failure_text(self, gated: Gated, tok_report, report: dict) -> str:
         return failure_table(gated.results, report["tokenizer"])
 
     def finish(self, staging: Path, manifest: Manifest, report: dict, gated: Gated) -> Manifest:
-        return replace(manifest, default_variant={"cpu": "fp32", "cuda": "fp32"})
+        from .model_builder import drop_refused
+
+        manifest = drop_refused(staging, manifest, report, gated.results)
+        spec = manifest.encoder_decoder
+        assert spec is not None
+        kept = {v: files for v, files in spec.graphs.items() if v in manifest.variants}
+        for v in set(spec.graphs) - set(kept):    # drop_refused removed its decoder graph; the encoder goes too
+            (staging / spec.graphs[v]["encoder"]).unlink(missing_ok=True)
+        manifest = replace(manifest, encoder_decoder=replace(spec, graphs=kept))
+        seq2seq_speed.record(staging, manifest, report)
+        return replace(manifest, default_variant=package.default_variants(dict(manifest.variants), report["variants"]))
 
     def published(self, result: ExportResult) -> None:
         pass
@@ -165,8 +207,14 @@ def validate_seq2seq(pkg: Path, manifest: dict, problems: list[str], threads: in
     builder.spec = spec
     builder.weights = seq2seq_weights(builder.model, spec.family, spec.max_source_length, spec.max_target_length)
     tok_report = check_tokenizer(builder.info.path, pkg, list(BUILTIN_TEXTS), None, m.max_length, [])
-    passed, results, _ = run_seq2seq_gate(builder.gate_inputs(pkg), pkg / spec.encoder_file("fp32"),
-                                          pkg / spec.decoder_file("fp32"))
+    inp = builder.gate_inputs(pkg)
+    passed, results, _ = run_seq2seq_gate(inp, pkg / spec.encoder_file("fp32"), pkg / spec.decoder_file("fp32"))
+    quantized = [v for v in spec.graphs if v in SEQ2SEQ_WEIGHT_VARIANTS]
+    if quantized:   # the published weight-quantized variants must still pass their own limits
+        judge = WeightVariantGate(inp, cfg.tolerances)
+        for v in quantized:
+            results[v] = judge.check(v, pkg / spec.encoder_file(v), pkg / spec.decoder_file(v))
+            passed &= results[v].passed is True
     table = failure_table(results, tok_report.as_json())
     if problems:
         table += "\n" + "\n".join(f"package    {p}" for p in problems)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +58,7 @@ class Seq2SeqGateInputs:
     rtol: float
     threads: int = 1
     checkpoint: Path | None = None   # compared with transformers' model too when set and transformers imports
+    held_out: list[list[int]] = field(default_factory=list)   # weight-quantized variants' sources (heldout.py)
 
 
 class SlotDriver:

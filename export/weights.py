@@ -37,19 +37,35 @@ def variant_files(variant: str) -> tuple[str, str]:
 
 
 def _head_as_matmul(model: onnx.ModelProto) -> bool:
-    """Rewrite the graph's final Gemm(h, W, transB=1) as MatMul(h, W^T) over its own initializer; False when the
-    graph has no such head."""
+    """Rewrite the graph's final Gemm(h, W, [bias], transB=1, alpha) as MatMul(h, alpha * W^T) [+ bias] over its own
+    initializer; False when the graph has no such head. (The encoder-decoder's head carries T5's output scale as
+    alpha and BART / Marian's final_logits_bias as the third input: export/seq2seq_graph.py.)"""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    heads = [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits
-             and any(a.name == "transB" and a.i == 1 for a in n.attribute) and len(n.input) == 2]
+
+    def attr(n: onnx.NodeProto, name: str, default: float) -> float:
+        return next((a.f if a.type == onnx.AttributeProto.FLOAT else a.i for a in n.attribute if a.name == name),
+                    default)
+    heads = [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and attr(n, "transB", 0) == 1
+             and attr(n, "transA", 0) == 0 and len(n.input) in (2, 3)
+             and (len(n.input) == 2 or (n.input[2] in inits and attr(n, "beta", 1.0) == 1.0))]
     if len(heads) != 1:
         return False
     gemm = heads[0]
     weight = numpy_helper.to_array(inits[gemm.input[1]])
-    graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight.T), HEAD_WEIGHT))
-    matmul = helper.make_node("MatMul", [gemm.input[0], HEAD_WEIGHT], list(gemm.output), name="lm_head")
-    nodes = [matmul if n is gemm else n for n in graph.node]
+    alpha = attr(gemm, "alpha", 1.0)
+    head_t = np.ascontiguousarray(weight.T * np.float32(alpha) if alpha != 1.0 else weight.T)
+    graph.initializer.append(numpy_helper.from_array(head_t.astype(weight.dtype), HEAD_WEIGHT))
+    if len(gemm.input) == 3:   # Gemm's bias broadcasts over rows: the same Add after the MatMul
+        replacement = [helper.make_node("MatMul", [gemm.input[0], HEAD_WEIGHT], [f"{gemm.output[0]}.head"],
+                                        name="lm_head"),
+                       helper.make_node("Add", [f"{gemm.output[0]}.head", gemm.input[2]], list(gemm.output),
+                                        name="lm_head.bias")]
+    else:
+        replacement = [helper.make_node("MatMul", [gemm.input[0], HEAD_WEIGHT], list(gemm.output), name="lm_head")]
+    nodes: list[onnx.NodeProto] = []
+    for n in graph.node:
+        nodes += replacement if n is gemm else [n]
     graph.ClearField("node")
     graph.node.extend(nodes)
     if not any(gemm.input[1] in n.input for n in nodes):   # untied head: its [vocab, hidden] original is unused

@@ -223,6 +223,21 @@ def test_report_states_command_machine_sides_figures_and_goals():
     assert text.count("| search |") == 1 and text.count("| clients |") == 1
 
 
+def test_the_int8_table_compares_ortserve_w8_with_ctranslate2_int8():
+    cell = _cell(3000.0, 2000.0, 4000.0)
+    cell["ortserve_w8"] = {"runs": [{"tokens_per_s": 5000.0}, {"tokens_per_s": 5400.0}], "tokens_per_s": 5200.0}
+    cell.update(ratio_w8_vs_ct2_int8=5200.0 / 4000.0, identical_outputs_w8_vs_fp32=0.987,
+                identical_outputs_ct2_int8_vs_float32=0.97)
+    report = {**REPORT, "sides": {**REPORT["sides"], "ortserve_w8_batch": {"variant": "w8", "threads": 2}},
+              "models": {"g2p": {"checkpoint": "c", "batch": {"inputs": 2000, "max_new_tokens": 32,
+                                                              "min_new_tokens": 0, "beam1": cell}}}}
+    text = "\n".join(render(report))
+    assert "ortserve w8, batch job: variant w8, threads 2" in text
+    assert "| greedy | 5,200 [5,000–5,400] | 4,000 | 1.30 | met | 98.7% / 97.0% |" in text
+    assert "no int8 encoder-decoder variant" not in text and "ortserve's w8 variant" in text
+    assert text.count("| search |") == 2
+
+
 def test_block_is_written_between_its_markers_and_replaced_alone(tmp_path):
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text("# Benchmarks\n\nintro\n\n<!-- http:begin -->\nkeep me\n<!-- http:end -->\n")
