@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .params import GenerationParams
-from .results import GeneratedToken, StreamChunk, TokenLogprob, Usage
+from .results import GeneratedToken, StreamChunk, TokenLogprob, Usage, merge_chunks
 from .sampling import Choice, Sampler
 
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ class Sequence:
     source_ids: list[int] | None = None
     # The beams.BeamSearch answering this request (num_beams > 1); typed loosely: beams.py builds on this module.
     search: Any = None
+    # An error taken off the queue behind chunks that were merged (next_chunk): raised by the next call.
+    held_error: BaseException | None = None
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
@@ -56,6 +58,27 @@ class Sequence:
                    deadline=deadline, source_ids=source_ids,
                    prompt_tokens=None if params.prompt_logprobs is None
                    else [GeneratedToken(prompt_ids[0], token=token_text(tokenizer, prompt_ids[0]))])
+
+    async def next_chunk(self) -> StreamChunk:
+        """The next chunk; when the consumer fell behind and several wait, all of them as one (merge_chunks).
+
+        Each chunk becomes a message on every door (a gRPC message, an SSE event) whose sending costs the event
+        loop and the client more than the token itself: a consumer that is behind catches up in one message, not
+        one per token. Raises the error the engine queued (after the chunks queued before it)."""
+        if self.held_error is not None:
+            error, self.held_error = self.held_error, None
+            raise error
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        chunks = [item]
+        while not chunks[-1].final and not self.queue.empty():
+            nxt = self.queue.get_nowait()
+            if isinstance(nxt, BaseException):
+                self.held_error = nxt
+                break
+            chunks.append(nxt)
+        return merge_chunks(chunks)
 
     def take_prompt_tokens(self) -> list[GeneratedToken]:
         """The scored prompt, once (for the chunk that carries the first generated token); [] afterwards."""
