@@ -337,6 +337,42 @@ def test_an_error_queued_behind_chunks_is_raised_after_them(gpt: Package) -> Non
     run(body())
 
 
+def test_a_stream_interval_sends_the_first_token_alone_then_n_per_chunk(bigram: Package) -> None:
+    params = GenerationParams.validate(max_new_tokens=10, ignore_eos=True)
+
+    async def body() -> tuple[list[StreamChunk], list[StreamChunk]]:
+        async with bigram.engine() as engine:
+            each = await collect(engine, "Z", params)
+        async with bigram.engine(stream_interval=4) as engine:
+            return each, await collect(engine, "Z", params)
+
+    each, grouped = run(body())
+    assert [len(c.tokens) for c in grouped] == [1, 4, 4, 1] and [c.final for c in grouped] == [False] * 3 + [True]
+    assert [t.token_id for c in grouped for t in c.tokens] == [t.token_id for c in each for t in c.tokens]
+    assert "".join(c.text for c in grouped) == "".join(c.text for c in each) == "é漢🙂"
+    assert grouped[-1].usage == each[-1].usage and grouped[-1].finish_reason == each[-1].finish_reason
+
+
+def test_tokens_held_by_the_stream_interval_reach_the_consumer_before_a_failure(gpt: Package) -> None:
+    from server.generation.results import GeneratedToken
+    from server.generation.sequence import Sequence
+
+    async def body() -> None:
+        seq = Sequence.create(gpt.ids("a"), GenerationParams.validate(), gpt.tokenizer, 100, None, stream_interval=4)
+        for i, text in enumerate("xyz"):
+            seq.generated.append(i)
+            seq.send(StreamChunk(text=text, tokens=[GeneratedToken(i)]))
+        first = await seq.next_chunk()                       # the first token is never held
+        assert (first.text, seq.held and len(seq.held)) == ("x", 2)
+        seq.fail(RuntimeError("decode step failed"))
+        held = await seq.next_chunk()
+        assert (held.text, [t.token_id for t in held.tokens]) == ("yz", [1, 2])
+        with pytest.raises(RuntimeError, match="decode step failed"):
+            await seq.next_chunk()
+
+    run(body())
+
+
 def test_ignore_eos_continues_past_it(bigram: Package) -> None:
     async def body() -> Any:
         async with bigram.engine() as engine:

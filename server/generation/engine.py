@@ -322,7 +322,8 @@ class GenerationEngine:
     def _sequence(self, ids: list[int], params: GenerationParams, deadline: float | None) -> Sequence:
         """One job's sequence (a decoder's prompt, or an encoder-decoder's source) and its scheduler state."""
         if self.source is None:
-            seq = Sequence.create(ids, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id)
+            seq = Sequence.create(ids, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id,
+                                  stream_interval=self.config.stream_interval)
             # A request scoring its prompt needs the logits at every prompt position, so none may come from a
             # copied prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
             seq.state = (SeqState.of(ids, owner=seq) if params.prompt_logprobs is None
@@ -330,7 +331,8 @@ class GenerationEngine:
             return seq
         prompt = [self.source.start_id]
         seq = Sequence.create(prompt, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id,
-                              source_ids=ids, forced=self.source.forced(params.max_new_tokens))
+                              source_ids=ids, forced=self.source.forced(params.max_new_tokens),
+                              stream_interval=self.config.stream_interval)
         # Its keys/values depend on its source: no tokens tracked, nothing reused or remembered of its slot.
         seq.state = SeqState(len(prompt), owner=seq, source=len(ids))
         return seq

@@ -47,15 +47,18 @@ class Sequence:
     search: Any = None
     # An error taken off the queue behind chunks that were merged (next_chunk): raised by the next call.
     held_error: BaseException | None = None
+    stream_interval: int = 1             # GenerationConfig.stream_interval
+    # Chunks not yet queued (stream_interval > 1): sent with the chunk that completes the interval, or the last.
+    held: list[StreamChunk] = field(default_factory=list)
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
                deadline: float | None, eos_id: int | None = None, source_ids: list[int] | None = None,
-               forced: dict[int, int] | None = None) -> "Sequence":
+               forced: dict[int, int] | None = None, stream_interval: int = 1) -> "Sequence":
         return cls(prompt_ids=prompt_ids, params=params,
                    sampler=Sampler(params, vocab_size, prompt_ids, eos_id, forced),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), stopper=StopMatcher(params.stop),
-                   deadline=deadline, source_ids=source_ids,
+                   deadline=deadline, source_ids=source_ids, stream_interval=stream_interval,
                    prompt_tokens=None if params.prompt_logprobs is None
                    else [GeneratedToken(prompt_ids[0], token=token_text(tokenizer, prompt_ids[0]))])
 
@@ -79,6 +82,17 @@ class Sequence:
                 break
             chunks.append(nxt)
         return merge_chunks(chunks)
+
+    def send(self, chunk: StreamChunk) -> None:
+        """Queue a chunk for the consumer. With a stream interval n > 1 the first token goes at once (time to first
+        token unchanged), later ones wait until n tokens have gathered; the final chunk takes whatever waits."""
+        if self.stream_interval > 1:
+            self.held.append(chunk)
+            if not chunk.final and len(self.generated) > 1 and \
+                    sum(len(c.tokens) for c in self.held) < self.stream_interval:
+                return
+            chunk, self.held = merge_chunks(self.held), []
+        self.queue.put_nowait(chunk)
 
     def take_prompt_tokens(self) -> list[GeneratedToken]:
         """The scored prompt, once (for the chunk that carries the first generated token); [] afterwards."""
@@ -104,6 +118,9 @@ class Sequence:
         if not self.done:
             self.finish_reason = "error"
             self.finished_at = time.monotonic()
+            if self.held:      # what was produced before the failure reaches the consumer first
+                self.queue.put_nowait(merge_chunks(self.held))
+                self.held = []
             self.queue.put_nowait(error)
 
     def finish(self, reason: str, text: str = "", tokens: list[GeneratedToken] | None = None) -> None:
@@ -117,8 +134,8 @@ class Sequence:
             text += self.stopper.flush()
         self.finish_reason = reason
         self.finished_at = time.monotonic()
-        self.queue.put_nowait(StreamChunk(text=text, tokens=tokens or [], final=True, finish_reason=reason,
-                                          usage=self.usage(), prompt_tokens=self.take_prompt_tokens()))
+        self.send(StreamChunk(text=text, tokens=tokens or [], final=True, finish_reason=reason, usage=self.usage(),
+                              prompt_tokens=self.take_prompt_tokens()))
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
