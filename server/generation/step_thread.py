@@ -18,9 +18,10 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 A = TypeVar("A")
 
-# An upper bound, never a wait in practice: the worker is idle when a step is submitted (one step at a time), so it
-# starts within a wake-up; a machine so loaded that it takes longer loses at most this much loop time per step.
-HANDOFF_TIMEOUT_S = 0.002
+# An upper bound, not the usual wait: the worker is idle when a step is submitted (one step at a time), so it starts
+# within a thread wake-up (~0.05-0.1 ms measured); on a machine so loaded that it takes longer, the loop gives up
+# after this long and goes on (other requests' I/O waits at most this much per step).
+HANDOFF_TIMEOUT_S = 0.001
 
 
 class StepThread:
