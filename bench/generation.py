@@ -71,6 +71,7 @@ class Config:
     model: str = "gpt2"             # "gpt2" or "llama" (grouped-query attention)
     variant: str | None = None      # the package variant ortserve serves and genai runs (None: the package default)
     extra_variants: tuple[str, ...] = ()   # exported beside fp32 and kv8 (e.g. w8, w4: weight-quantized)
+    stream_interval: int = 1        # the server's --stream-interval (1: a message per token, its default)
 
     @classmethod
     def quick(cls) -> "Config":
@@ -296,6 +297,8 @@ def start_ortserve(repo: Path, cfg: Config, chunk: int | None = None, slots: int
     extra += ["--prefix-caching", prefix_caching]
     if cfg.variant:
         extra += ["--variant", cfg.variant]
+    if cfg.stream_interval != 1:
+        extra += ["--stream-interval", str(cfg.stream_interval)]
     return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
                                 "--max-sequences", str(slots), "--poll-interval", "0",
                                 "--intra-op-spinning", spinning, *extra])
@@ -343,7 +346,8 @@ def start_vllm(ckpt: Path, cfg: Config) -> VllmServer:
 def ortserve_side(cfg: Config, variant: str | None = None) -> dict[str, Any]:
     """What start_ortserve gives the server (printed in the report beside the peers')."""
     return {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
-            "intra_op_spinning": cfg.spinning, "max_sequences": 32, "variant": variant or "package default"}
+            "intra_op_spinning": cfg.spinning, "max_sequences": 32, "variant": variant or "package default",
+            "stream_interval": cfg.stream_interval}
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -675,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         f"(default {','.join(map(str, Config.chunk_sizes))})")
     ap.add_argument("--variant", default=None,
                     help="package variant ortserve serves and genai runs (e.g. w8, w4); exported if the package lacks it")
+    ap.add_argument("--stream-interval", type=int, default=None,
+                    help="the server's --stream-interval: tokens per streamed message after the first (default 1)")
     ap.add_argument("--threads", type=int, default=None,
                     help=f"threads of every side (default: this process's cores, {len(os.sched_getaffinity(0))})")
     a = ap.parse_args(argv)
@@ -693,6 +699,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.variant:
         extra = () if a.variant in ("fp32", "kv8") else (a.variant,)
         cfg = dataclasses.replace(cfg, variant=a.variant, extra_variants=extra)
+    if a.stream_interval is not None:
+        if a.stream_interval < 1:
+            ap.error(f"--stream-interval: must be >= 1, got {a.stream_interval}")
+        cfg = dataclasses.replace(cfg, stream_interval=a.stream_interval)
     if a.threads:
         if not 1 <= a.threads <= len(os.sched_getaffinity(0)):
             ap.error(f"--threads: must be 1..{len(os.sched_getaffinity(0))} (this process's cores), got {a.threads}")

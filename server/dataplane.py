@@ -62,6 +62,7 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
                                     max_tokens_in_flight=settings.max_tokens_in_flight,
                                     prefill_chunk_tokens=settings.prefill_chunk_tokens,
                                     max_prefill_tokens=settings.max_prefill_tokens,
+                                    stream_interval=settings.stream_interval,
                                     prefix_caching=settings.prefix_caching == "on"),
         admission=AdmissionLimits(max_rows_per_request=settings.max_rows_per_request,
                                   max_pieces_per_request=settings.max_pieces_per_request,

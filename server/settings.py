@@ -68,6 +68,8 @@ class ServerSettings:
     #                                     sequences decode (in-place-cache decoders)
     max_prefill_tokens: int = _ENGINE.max_prefill_tokens  # padded prompt tokens (rows x longest chunk) per step
     #                                     when no sequence decodes
+    stream_interval: int = _ENGINE.stream_interval  # streamed tokens per message after the first (1 = each token
+    #                                     as it comes; more: fewer messages, less CPU per token on server and client)
     prefix_caching: str = "on"            # in-place-cache decoders: a new prompt that starts with tokens a slot
     #                                     holds (a running or finished sequence's) skips their prefill ("off": never)
     event_loop: str = "auto"              # auto = uvloop when installed (its loop machinery is C), else asyncio
@@ -119,7 +121,7 @@ class ServerSettings:
         for name in ("max_batch_size", "encoder_instances", "max_queued_requests", "max_rows_per_request",
                      "max_pieces_per_request",
                      "max_fill_mask_candidates", "max_tokens_in_flight", "max_sequences",
-                     "prefill_chunk_tokens", "max_prefill_tokens",
+                     "prefill_chunk_tokens", "max_prefill_tokens", "stream_interval",
                      "max_message_bytes"):
             if getattr(self, name) < 1:
                 raise bad(name, f"must be >= 1, got {getattr(self, name)}")
@@ -245,6 +247,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                         f"(default {d.prefill_chunk_tokens})")
     p.add_argument("--max-prefill-tokens", type=int,
                    help=f"generation: padded prompt tokens per step when no sequence decodes (default {d.max_prefill_tokens})")
+    p.add_argument("--stream-interval", type=int,
+                   help="generation: streamed tokens per message after the first (GenerateStream, OpenAI stream); "
+                        f"1 = each token as it is generated (default {d.stream_interval}); n > 1: the tokens of n steps "
+                        "in one message: fewer messages, less CPU per token on the server and the client")
     p.add_argument("--prefix-caching", choices=ON_OFF,
                    help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
                         "sequence's) copies their keys/values instead of prefilling them (default on)")

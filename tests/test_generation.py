@@ -298,6 +298,81 @@ def test_stream_never_splits_multibyte_characters_and_ends_on_eos(bigram: Packag
     assert not any(c.final for c in chunks[:-1])
 
 
+def test_a_consumer_that_fell_behind_gets_the_waiting_chunks_as_one(bigram: Package) -> None:
+    """Chunks queued while nobody read come out merged (one message on a door instead of one per token), and
+    reassemble to what a consumer reading as they come gets."""
+    params = GenerationParams.validate(max_new_tokens=12, ignore_eos=True)
+
+    async def body() -> tuple[list[StreamChunk], StreamChunk, list[StreamChunk]]:
+        async with bigram.engine() as engine:
+            kept_up = await collect(engine, "Z", params)
+            stream = engine.stream("Z", params)
+            first = await stream.__anext__()
+            while engine.active_sequences:      # the other 11 tokens are generated while nobody reads
+                await asyncio.sleep(0.001)
+            return kept_up, first, [c async for c in stream]
+
+    kept_up, first, rest = run(body())
+    assert len(kept_up) == 12 and all(len(c.tokens) == 1 for c in kept_up)   # read as they come: one per token
+    assert len(rest) == 1 and rest[0].final and rest[0].finish_reason == "length"
+    assert [t.token_id for c in (first, *rest) for t in c.tokens] == [t.token_id for c in kept_up for t in c.tokens]
+    assert first.text + rest[0].text == "".join(c.text for c in kept_up) == "é漢🙂xx"
+    assert rest[0].usage == kept_up[-1].usage
+
+
+def test_an_error_queued_behind_chunks_is_raised_after_them(gpt: Package) -> None:
+    from server.generation.results import GeneratedToken
+    from server.generation.sequence import Sequence
+
+    async def body() -> None:
+        seq = Sequence.create(gpt.ids("a"), GenerationParams.validate(), gpt.tokenizer, 100, None)
+        seq.queue.put_nowait(StreamChunk(text="x", tokens=[GeneratedToken(5)]))
+        seq.queue.put_nowait(StreamChunk(text="y", tokens=[GeneratedToken(6)]))
+        seq.queue.put_nowait(RuntimeError("decode step failed"))
+        merged = await seq.next_chunk()
+        assert (merged.text, [t.token_id for t in merged.tokens], merged.final) == ("xy", [5, 6], False)
+        with pytest.raises(RuntimeError, match="decode step failed"):
+            await seq.next_chunk()
+
+    run(body())
+
+
+def test_a_stream_interval_sends_the_first_token_alone_then_n_per_chunk(bigram: Package) -> None:
+    params = GenerationParams.validate(max_new_tokens=10, ignore_eos=True)
+
+    async def body() -> tuple[list[StreamChunk], list[StreamChunk]]:
+        async with bigram.engine() as engine:
+            each = await collect(engine, "Z", params)
+        async with bigram.engine(stream_interval=4) as engine:
+            return each, await collect(engine, "Z", params)
+
+    each, grouped = run(body())
+    assert [len(c.tokens) for c in grouped] == [1, 4, 4, 1] and [c.final for c in grouped] == [False] * 3 + [True]
+    assert [t.token_id for c in grouped for t in c.tokens] == [t.token_id for c in each for t in c.tokens]
+    assert "".join(c.text for c in grouped) == "".join(c.text for c in each) == "é漢🙂"
+    assert grouped[-1].usage == each[-1].usage and grouped[-1].finish_reason == each[-1].finish_reason
+
+
+def test_tokens_held_by_the_stream_interval_reach_the_consumer_before_a_failure(gpt: Package) -> None:
+    from server.generation.results import GeneratedToken
+    from server.generation.sequence import Sequence
+
+    async def body() -> None:
+        seq = Sequence.create(gpt.ids("a"), GenerationParams.validate(), gpt.tokenizer, 100, None, stream_interval=4)
+        for i, text in enumerate("xyz"):
+            seq.generated.append(i)
+            seq.send(StreamChunk(text=text, tokens=[GeneratedToken(i)]))
+        first = await seq.next_chunk()                       # the first token is never held
+        assert (first.text, seq.held and len(seq.held)) == ("x", 2)
+        seq.fail(RuntimeError("decode step failed"))
+        held = await seq.next_chunk()
+        assert (held.text, [t.token_id for t in held.tokens]) == ("yz", [1, 2])
+        with pytest.raises(RuntimeError, match="decode step failed"):
+            await seq.next_chunk()
+
+    run(body())
+
+
 def test_ignore_eos_continues_past_it(bigram: Package) -> None:
     async def body() -> Any:
         async with bigram.engine() as engine:

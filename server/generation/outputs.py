@@ -29,4 +29,4 @@ def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, eos_id: int 
     elif len(seq.generated) >= params.max_new_tokens:
         seq.finish(FINISH_LENGTH, text, [generated])
     else:
-        seq.queue.put_nowait(StreamChunk(text=text, tokens=[generated], prompt_tokens=seq.take_prompt_tokens()))
+        seq.send(StreamChunk(text=text, tokens=[generated], prompt_tokens=seq.take_prompt_tokens()))

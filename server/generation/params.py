@@ -252,10 +252,13 @@ class GenerationConfig:
     prefill_chunk_tokens: int = 20   # prompt tokens per iteration while others decode (in-place-cache models)
     arrival_window_ms: float = 5.0   # waking from idle: longest wait for simultaneous arrivals (0 = none)
     prefix_caching: bool = True      # new prompts starting with tokens a slot holds copy their keys/values
+    # Tokens per streamed chunk after the first (1 = each token as it comes; n: the tokens of n steps in one chunk,
+    # the last chunk whatever is left): each chunk costs a message on the door and the client (Sequence.send).
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",
-                     "prefill_chunk_tokens"):
+                     "prefill_chunk_tokens", "stream_interval"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")

@@ -60,6 +60,17 @@ class StreamChunk:
     prompt_tokens: list[GeneratedToken] = field(default_factory=list)
 
 
+def merge_chunks(chunks: list[StreamChunk]) -> StreamChunk:
+    """Consecutive chunks of one sequence as one: texts and tokens in order, the end (finish reason, usage) of the
+    last. What a consumer reassembles from it equals what it would from the chunks one by one."""
+    if len(chunks) == 1:
+        return chunks[0]
+    last = chunks[-1]
+    return StreamChunk(text="".join(c.text for c in chunks), tokens=[t for c in chunks for t in c.tokens],
+                       final=last.final, finish_reason=last.finish_reason, usage=last.usage,
+                       prompt_tokens=[t for c in chunks for t in c.prompt_tokens])
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     text: str

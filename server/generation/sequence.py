@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .params import GenerationParams
-from .results import GeneratedToken, StreamChunk, TokenLogprob, Usage
+from .results import GeneratedToken, StreamChunk, TokenLogprob, Usage, merge_chunks
 from .sampling import Choice, Sampler
 
 if TYPE_CHECKING:
@@ -45,17 +45,54 @@ class Sequence:
     source_ids: list[int] | None = None
     # The beams.BeamSearch answering this request (num_beams > 1); typed loosely: beams.py builds on this module.
     search: Any = None
+    # An error taken off the queue behind chunks that were merged (next_chunk): raised by the next call.
+    held_error: BaseException | None = None
+    stream_interval: int = 1             # GenerationConfig.stream_interval
+    # Chunks not yet queued (stream_interval > 1): sent with the chunk that completes the interval, or the last.
+    held: list[StreamChunk] = field(default_factory=list)
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
                deadline: float | None, eos_id: int | None = None, source_ids: list[int] | None = None,
-               forced: dict[int, int] | None = None) -> "Sequence":
+               forced: dict[int, int] | None = None, stream_interval: int = 1) -> "Sequence":
         return cls(prompt_ids=prompt_ids, params=params,
                    sampler=Sampler(params, vocab_size, prompt_ids, eos_id, forced),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), stopper=StopMatcher(params.stop),
-                   deadline=deadline, source_ids=source_ids,
+                   deadline=deadline, source_ids=source_ids, stream_interval=stream_interval,
                    prompt_tokens=None if params.prompt_logprobs is None
                    else [GeneratedToken(prompt_ids[0], token=token_text(tokenizer, prompt_ids[0]))])
+
+    async def next_chunk(self) -> StreamChunk:
+        """The next chunk; when the consumer fell behind and several wait, all of them as one (merge_chunks).
+
+        Each chunk becomes a message on every door (a gRPC message, an SSE event) whose sending costs the event
+        loop and the client more than the token itself: a consumer that is behind catches up in one message, not
+        one per token. Raises the error the engine queued (after the chunks queued before it)."""
+        if self.held_error is not None:
+            error, self.held_error = self.held_error, None
+            raise error
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        chunks = [item]
+        while not chunks[-1].final and not self.queue.empty():
+            nxt = self.queue.get_nowait()
+            if isinstance(nxt, BaseException):
+                self.held_error = nxt
+                break
+            chunks.append(nxt)
+        return merge_chunks(chunks)
+
+    def send(self, chunk: StreamChunk) -> None:
+        """Queue a chunk for the consumer. With a stream interval n > 1 the first token goes at once (time to first
+        token unchanged), later ones wait until n tokens have gathered; the final chunk takes whatever waits."""
+        if self.stream_interval > 1:
+            self.held.append(chunk)
+            if not chunk.final and len(self.generated) > 1 and \
+                    sum(len(c.tokens) for c in self.held) < self.stream_interval:
+                return
+            chunk, self.held = merge_chunks(self.held), []
+        self.queue.put_nowait(chunk)
 
     def take_prompt_tokens(self) -> list[GeneratedToken]:
         """The scored prompt, once (for the chunk that carries the first generated token); [] afterwards."""
@@ -81,6 +118,9 @@ class Sequence:
         if not self.done:
             self.finish_reason = "error"
             self.finished_at = time.monotonic()
+            if self.held:      # what was produced before the failure reaches the consumer first
+                self.queue.put_nowait(merge_chunks(self.held))
+                self.held = []
             self.queue.put_nowait(error)
 
     def finish(self, reason: str, text: str = "", tokens: list[GeneratedToken] | None = None) -> None:
@@ -94,8 +134,8 @@ class Sequence:
             text += self.stopper.flush()
         self.finish_reason = reason
         self.finished_at = time.monotonic()
-        self.queue.put_nowait(StreamChunk(text=text, tokens=tokens or [], final=True, finish_reason=reason,
-                                          usage=self.usage(), prompt_tokens=self.take_prompt_tokens()))
+        self.send(StreamChunk(text=text, tokens=tokens or [], final=True, finish_reason=reason, usage=self.usage(),
+                              prompt_tokens=self.take_prompt_tokens()))
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
