@@ -14,7 +14,6 @@ import onnxruntime as ort
 
 from .device_cache import CacheBuffers
 from .seq2seq_spec import SourceSpec
-from .step_thread import entering_graph
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,6 @@ class SourceEncoder:
         names = self.spec.cross_names
         for name in names:     # left on the device: copied from there into the slots
             io.bind_output(name, device.kind, device.index)
-        entering_graph()      # the GIL is released from here: the event loop may go on (step_thread.py)
         self.session.run_with_iobinding(io)
         targets = [(i, slot) for i, r in enumerate(rows) for slot in r.slots]
         for name, value in zip(names, io.get_outputs()):

@@ -29,6 +29,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import numpy as np
@@ -49,7 +50,6 @@ from .sampling import Choice
 from .scheduler import Plan, Scheduler, SchedulerConfig, SeqState, Status
 from .sequence import Sequence, to_generated_token
 from .slot_runner import DecodeRow, PrefillRow, SlotRunner
-from .step_thread import StepThread
 
 if TYPE_CHECKING:
     from server.metrics import Metrics
@@ -96,7 +96,7 @@ class GenerationEngine:
         self._executor = SlotExecutor(self._runner)
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
-        self._thread: StepThread | None = None
+        self._thread: ThreadPoolExecutor | None = None
         if self._runner.device.kind != Device.of(self._runner.session).kind:
             logger.warning("generation %s: a %s cache beside a CUDA session: onnxruntime's CUDA GroupQueryAttention "
                            "takes fp16 only, so attention runs on the CPU provider and the cache stays in host "
@@ -130,7 +130,7 @@ class GenerationEngine:
         if self.running:
             return
         self._wake = asyncio.Event()
-        self._thread = StepThread(f"generate-{self._label}")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"generate-{self._label}")
         self._task = asyncio.create_task(self._loop(), name=f"generation-loop-{self._label}")
         logger.info("generation engine %s started (max_batch_size=%d)", self._label, self.config.max_batch_size)
 
@@ -147,7 +147,8 @@ class GenerationEngine:
             seq.finish(FINISH_CANCELLED)
         self._clear()
         if self._thread is not None:
-            self._thread.shutdown()
+            # A step still running in the thread finishes on its own; do not block the event loop on it.
+            self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
         self._record_gauges()
         logger.info("generation engine %s stopped", self._label)
@@ -504,7 +505,7 @@ class GenerationEngine:
         work = self._executor.prepare(plan, self._scheduler)
         if self._thread is None:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
-        outcome = await self._thread.run(self._executor.run, work)
+        outcome = await asyncio.get_running_loop().run_in_executor(self._thread, self._executor.run, work)
         self._apply(outcome)
         self._retire()     # a sequence that just finished gives its slot back before anyone looks
         self._record_plan(plan)

@@ -32,7 +32,6 @@ from modelpkg import MIXED_PREFIX
 
 from .device_cache import CacheBuffers, Device
 from .spec import DecoderSpec
-from .step_thread import entering_graph
 
 
 @dataclass(frozen=True)
@@ -185,7 +184,6 @@ class SlotRunner:
                 io.bind_cpu_input(prefix + "position_ids", positions)
             self._feed_slots(io, prefix, lo, hi)
             io.bind_output(prefix + "logits")
-        entering_graph()      # the GIL is released from here: the event loop may go on (step_thread.py)
         session.run_with_iobinding(io)
         outputs = io.get_outputs()
         return [o.numpy() for o in outputs[-len(groups):]]
