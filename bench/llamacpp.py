@@ -73,6 +73,7 @@ class Config:
     parallel: int = 32                 # llama-server --parallel (ortserve gets as many sequence slots)
     threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     variants: tuple[str, ...] = ("fp32",)
+    stream_interval: int = 1           # ortserve's --stream-interval (llama-server sends a message per token)
     work: Path = ROOT / "bench" / "results" / "generation-work"
 
     @classmethod
@@ -337,7 +338,7 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
 
     out: dict[str, Any] = {}
     for v, gguf in ggufs.items():
-        gcfg = dataclasses.replace(GenConfig(), threads=cfg.threads, variant=v)
+        gcfg = dataclasses.replace(GenConfig(), threads=cfg.threads, variant=v, stream_interval=cfg.stream_interval)
         ours_srv = start_ortserve(repo, gcfg, slots=cfg.parallel)
         try:
             peer = start_llama_server(gguf, cfg.threads, cfg.parallel)
@@ -346,7 +347,8 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
             raise
         sides[f"llamacpp_{v}"] = peer.describe()
         sides[f"ortserve_{v}"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
-                                  "intra_op_spinning": gcfg.spinning, "max_sequences": cfg.parallel, "variant": v}
+                                  "intra_op_spinning": gcfg.spinning, "max_sequences": cfg.parallel, "variant": v,
+                                  "stream_interval": cfg.stream_interval}
         clients = {"ortserve": OrtserveStreams(ours_srv.address, "gpt"), "llamacpp": OpenAIStreams(peer.port, "gpt")}
         try:
             cells: dict[str, Any] = {}
@@ -452,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="served runs per cell and side")
     ap.add_argument("--levels", default=None, help="comma list of concurrent streams (default 1,8,32)")
     ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="ortserve's --stream-interval: tokens per streamed message after the first (default 1, "
+                         "a message per token as llama-server sends)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "llamacpp.json")
     ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
@@ -475,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, levels=tuple(int(x) for x in a.levels.split(",")))
     if a.new_tokens:
         cfg = dataclasses.replace(cfg, new_tokens=a.new_tokens)
+    if a.stream_interval < 1:
+        print(f"error: --stream-interval: must be >= 1, got {a.stream_interval}", file=sys.stderr)
+        return 2
+    cfg = dataclasses.replace(cfg, stream_interval=a.stream_interval)
     from tokenizers import Tokenizer
 
     from .generation import Config as GenConfig

@@ -21,7 +21,7 @@ def side_line(name: str, side: dict[str, Any]) -> str:
     logged = side.get("logged_core_ids")
     if "logged_core_ids" in side:
         parts[-1] += f" (its log: core ids={logged})" if logged is not None else " (its log names no core ids)"
-    for key in ("intra_op_spinning", "max_sequences", "parallel", "variant", "quant"):
+    for key in ("intra_op_spinning", "max_sequences", "parallel", "variant", "quant", "stream_interval"):
         if key in side:
             parts.append(f"{key.replace('_', ' ')} {side[key]}")
     env = side.get("env")
