@@ -456,14 +456,15 @@ def _batch_sizes(batches: list[int]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- step growth
 
 
-class Seq2SeqStepper:
-    """One decode step of the decoder graph at a batch over its own self cache (bound in place, random contents)
-    and cross keys/values of `source` positions."""
+class StepTimer:
+    """The fp32 decoder graph's step at a batch (export.seq2seq_speed's stepper: the self cache bound in place,
+    cross keys/values of `source` positions), on one shared spinning pool as the server runs it."""
 
     def __init__(self, package: Path, threads: int, batch: int, source: int = 24) -> None:
         import onnxruntime as ort
 
-        from modelpkg import Manifest, past_names, present_names
+        from export.seq2seq_speed import Seq2SeqStepper as DecoderStepper
+        from modelpkg import Manifest
 
         manifest = Manifest.from_json((package / "model.json").read_text())
         spec = manifest.encoder_decoder
@@ -478,31 +479,17 @@ class Seq2SeqStepper:
         self.sess = ort.InferenceSession(str(package / spec.decoder_file("fp32")), opts,
                                          providers=["CPUExecutionProvider"])
         self.spec, self.batch = spec, batch
-        rng = np.random.default_rng(0)
-        self.io = self.sess.io_binding()
-        self.cache = (batch, spec.num_heads, spec.max_target_length, spec.head_dim)
-        self._keep = []
-        for p, q in zip(past_names(spec.num_layers), present_names(spec.num_layers)):
-            v = ort.OrtValue.ortvalue_from_numpy(rng.standard_normal(self.cache).astype(np.float32))
-            self._keep.append(v)
-            self.io.bind_ortvalue_input(p, v)
-            self.io.bind_ortvalue_output(q, v)
-        for name in spec.cross_names:
-            self.io.bind_cpu_input(name, rng.standard_normal((batch, spec.num_heads, source, spec.head_dim))
-                                   .astype(np.float32))
-        self.io.bind_cpu_input("encoder_attention_mask", np.ones((batch, source), np.int64))
-        self.io.bind_cpu_input("input_ids", np.full((batch, 1), 5, np.int64))
-        self.io.bind_output("logits")
+        self.stepper = DecoderStepper(self.sess, spec, batch, 0, source)
 
     def step_ms(self, position: int, n: int = 15) -> float:
         """Median ms of a step writing the token at `position` (past = position tokens)."""
-        self.io.bind_cpu_input("attention_mask", np.ones((self.batch, position + 1), np.int64))
+        self.stepper.at(position)
         for _ in range(3):
-            self.sess.run_with_iobinding(self.io)
+            self.stepper.step()
         times = []
         for _ in range(n):
             t = time.perf_counter()
-            self.sess.run_with_iobinding(self.io)
+            self.stepper.step()
             times.append(time.perf_counter() - t)
         return 1000 * statistics.median(times)
 
@@ -515,7 +502,7 @@ def step_piece(model: Model, cfg: Config) -> dict[str, Any]:
     from .generation import read_bandwidth
 
     short, long = cfg.step_positions
-    stepper = Seq2SeqStepper(model.package, cfg.threads, cfg.step_batch)
+    stepper = StepTimer(model.package, cfg.threads, cfg.step_batch)
     if stepper.spec.max_target_length <= long:
         raise MaterialError(f"{model.name}: the self cache holds {stepper.spec.max_target_length} target tokens, "
                             f"the step piece writes position {long}")

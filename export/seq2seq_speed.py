@@ -36,8 +36,11 @@ class Seq2SeqSpeedConfig:
 
 
 class Seq2SeqStepper:
+    """One decoder step bound once through IOBinding: the self cache in place (past and present the same buffers),
+    random cross keys/values of `source` positions, `past` cached target tokens (`at` moves it)."""
+
     def __init__(self, sess: ort.InferenceSession, spec, batch: int, past: int, source: int) -> None:
-        self.sess = sess
+        self.sess, self.batch = sess, batch
         rng = np.random.default_rng(0)
         shape = (batch, spec.num_heads, spec.max_target_length, spec.head_dim)
         self.io = sess.io_binding()
@@ -52,8 +55,12 @@ class Seq2SeqStepper:
                                    .astype(np.float32))
         self.io.bind_cpu_input("encoder_attention_mask", np.ones((batch, source), np.int64))
         self.io.bind_cpu_input("input_ids", np.full((batch, 1), spec.eos_token_id, np.int64))
-        self.io.bind_cpu_input("attention_mask", np.ones((batch, past + 1), np.int64))
         self.io.bind_output("logits")
+        self.at(past)
+
+    def at(self, past: int) -> None:
+        """The next step writes target position `past` (reads `past` cached tokens)."""
+        self.io.bind_cpu_input("attention_mask", np.ones((self.batch, past + 1), np.int64))
 
     def step(self) -> None:
         self.sess.run_with_iobinding(self.io)
