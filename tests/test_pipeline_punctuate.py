@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.run import Pipeline, PipelineConfig
 from tests.server_process import ServerProcess
 
@@ -55,3 +57,16 @@ def test_the_punctuation_stage_trains_publishes_and_serves(tiny_checkpoints, tmp
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--aggregation" in bad.stderr
         missing = _cli(server, "punctuate", "--model", "no-such-model", LINE)
         assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr, missing.stderr
+
+
+def test_the_pipeline_command_line_asks_for_the_stage_by_name(capsys) -> None:
+    from pipeline.cli import parse_args
+
+    cfg = parse_args(["--punctuate", "--steps", "token-classify=7", "--variants", "token-classify=fp32",
+                      "--name", "token-classify=punct"])
+    assert cfg.punctuate and cfg.steps == {"token-classify": 7}
+    assert cfg.variants["token-classify"] == "fp32" and cfg.names["token-classify"] == "punct"
+    assert not parse_args([]).punctuate and parse_args([]).names["token-classify"] == "punctuate"
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--steps", "punctuate=7"])
+    assert stop.value.code == 2 and "--steps" in capsys.readouterr().err
