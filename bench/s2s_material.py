@@ -11,7 +11,8 @@ and the sources fed to every side.
           `max_new` tokens (eos suppressed until then)
 
 Each is exported with `python -m export --variants w8` (parity gate included: fp32 and the 8-bit-weight w8 graphs,
-ortserve's int8 counterpart) and converted with CTranslate2's converter (float32 and int8); a stamp of the checkpoint's weights file makes a retrained checkpoint re-export and re-convert.
+ortserve's int8 counterpart) and converted with CTranslate2's converter (float32 and int8); a stamp of the
+checkpoint's weights file makes a retrained checkpoint re-export and re-convert.
 """
 from __future__ import annotations
 

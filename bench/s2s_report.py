@@ -9,7 +9,8 @@ BATCH_GOAL = 1.2        # ortserve tokens/s over CTranslate2's, same precision
 ISSUE_INPUTS = 2000     # the batch job's size in issue 26
 STEP_GOAL = 1.3         # step growth 16 -> 256 over the time to read the extra self-cache once
 
-_SIDES = {"ortserve_batch": "ortserve, batch job", "ortserve_w8_batch": "ortserve w8, batch job", "ct2_batch": "CTranslate2 float32, batch job",
+_SIDES = {"ortserve_batch": "ortserve, batch job", "ortserve_w8_batch": "ortserve w8, batch job",
+          "ct2_batch": "CTranslate2 float32, batch job",
           "ct2_int8_batch": "CTranslate2 int8, batch job", "ortserve_served": "ortserve, served",
           "ct2_served": "CTranslate2 float32, served", "ct2_alt_served": "CTranslate2 float32 (other layout), served",
           "hf_served": "transformers generate, served",
@@ -116,7 +117,7 @@ def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                              f"{_range(o['runs'], 'tokens_per_s')} | {_f(q['tokens_per_s'])}"
                              f"{_range(q['runs'], 'tokens_per_s')} | {_f(ratio, 2)} | {_goal(ratio, BATCH_GOAL, True)} | "
                              f"{100 * cell['identical_outputs_w8_vs_fp32']:.1f}% / "
-                             f"{100 * cell.get('identical_outputs_ct2_int8_vs_float32', 0.0):.1f}% |")
+                             f"{100 * cell['identical_outputs_ct2_int8_vs_float32']:.1f}% |")
             lines.append("")
     s = entry.get("served")
     if s:

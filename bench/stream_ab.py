@@ -108,7 +108,7 @@ def main() -> None:
             rows = genai_side(repo, pool, 100 * r + 1, args.per_round, args.new_tokens)
             results["genai"] += rows
             log.info("round %d genai: %s tok/s", r + 1, [round(x["tokens_per_s"]) for x in rows])
-    print(f"| side | tok/s median (min-max) | loop thread ms/token | client ms/token | vs genai | load |")
+    print("| side | tok/s median (min-max) | loop thread ms/token | client ms/token | vs genai | load |")
     print("|---|---|---|---|---|---|")
     genai = statistics.median(x["tokens_per_s"] for x in results["genai"]) if args.genai else None
     for name, rows in results.items():

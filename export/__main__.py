@@ -28,8 +28,8 @@ def _export_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, default=None, help="default: highest existing + 1")
     p.add_argument("--variants", default="fp32",
                    help="comma list of fp32,optimized,int8,fp16 (fp32 always); for an in-place decoder: kv8 (int8 KV "
-                        "cache), w8 / w4 (8- / 4-bit weights, MatMulNBits), w8kv8 / w4kv8 (both); for an encoder-decoder: w8 / w4 "
-                        "(both graphs)")
+                        "cache), w8 / w4 (8- / 4-bit weights, MatMulNBits), w8kv8 / w4kv8 (both); for an "
+                        "encoder-decoder: w8 / w4 (both graphs)")
     p.add_argument("--eval-data", type=Path, default=None, help="labelled JSONL (text, label) for the int8 accuracy rule")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads for the parity gate")
     p.add_argument("--cache-layout", default="inplace", choices=CACHE_LAYOUTS,

@@ -60,10 +60,12 @@ def seq2seq_sources(tokenizer, max_length: int, texts: tuple[str, ...] | list[st
     """The weight-quantized encoder-decoders' held-out sources: the first distinct words of the held-out sentences
     (punctuation stripped), then each sentence's first five words; source ids cut at `max_length`."""
     words: list[str] = []
+    seen: set[str] = set()
     for t in texts:
         for w in t.split():
             w = w.strip(".,;:?!")
-            if w and w.lower() not in {x.lower() for x in words}:
+            if w and w.lower() not in seen:
+                seen.add(w.lower())
                 words.append(w)
     phrases = [" ".join(t.split()[:5]) for t in texts][:SOURCE_PHRASES]
     out = [tokenizer.encode(x).ids[:max_length] for x in words[:SOURCE_WORDS] + phrases]
