@@ -327,15 +327,17 @@ def cmd_mlm(a: argparse.Namespace) -> int:
     return _run_training(MLMTask(cfg, a.seed), a, cfg, tok)
 
 
-def cmd_classify(a: argparse.Namespace) -> int:
+def _fine_tune_init(a: argparse.Namespace, default: Path) -> None:
+    """--init of a fine-tuning command: `minilm` resolved, `default` when absent (distilbert / electra have none: we
+    load those families, never pre-train them), checked against --arch; then the recipe it implies applied."""
     from training.checkpoint import checkpoint_kind, family_of_kind
-    from training.tasks import ClassifyConfig, ClassifyTask, from_scratch_mlm
-    a.init = resolve_init(a.init)
+    from training.tasks import from_scratch_mlm
     if a.init is None:
-        if a.arch in ("distilbert", "electra"):  # families we load, never pre-train
+        if a.arch in ("distilbert", "electra"):
             raise CliError(f"--init: {a.arch} is fine-tuned from a Hugging Face checkpoint dir of its family; "
                            "give --init")
-        a.init = default_out("mlm", a.arch)
+        a.init = default
+    a.init = resolve_init(a.init)
     if not (a.init / "config.json").is_file():
         raise CliError(f"--init: {a.init}/config.json not found (train one with `python -m training mlm "
                        f"--arch {a.arch}`)")
@@ -343,39 +345,33 @@ def cmd_classify(a: argparse.Namespace) -> int:
     if family != a.arch:
         raise CliError(f"--arch: {a.arch} does not match --init {a.init}, a {family} checkpoint (pass --arch {family})")
     apply_recipe(a, "scratch" if from_scratch_mlm(a.init) else "pretrained")
+
+
+def _labels(a: argparse.Namespace) -> list[str] | None:
+    """--labels as a list (None: taken from the training data)."""
     labels = [s.strip() for s in a.labels.split(",") if s.strip()] if a.labels else None
     if a.labels is not None and (not labels or len(set(labels)) != len(labels)):
         raise CliError(f"--labels: expected distinct comma-separated labels, got {a.labels!r}")
-    cfg = ClassifyConfig(init=str(a.init), train=str(a.train) if a.train else None,
-                         validation=str(a.validation) if a.validation else None,
-                         test=str(a.test) if a.test else None, labels=labels, max_length=a.max_length,
+    return labels
+
+
+def _splits(a: argparse.Namespace) -> dict[str, str | None]:
+    return {k: str(getattr(a, k)) if getattr(a, k) else None for k in ("train", "validation", "test")}
+
+
+def cmd_classify(a: argparse.Namespace) -> int:
+    from training.tasks import ClassifyConfig, ClassifyTask
+    _fine_tune_init(a, default_out("mlm", a.arch))
+    cfg = ClassifyConfig(init=str(a.init), **_splits(a), labels=_labels(a), max_length=a.max_length,
                          eval_examples=a.eval_examples, pooler_init=a.pooler_init,
                          mean_pool_aux=a.mean_pool_aux, reinit_layers=a.reinit_layers)
     return _run_training(ClassifyTask(cfg, a.seed), a, cfg, a.init)
 
 
 def cmd_token_classify(a: argparse.Namespace) -> int:
-    from training.checkpoint import checkpoint_kind, family_of_kind
-    from training.tasks import TokenClassifyConfig, TokenClassifyTask, from_scratch_mlm
-    if a.init is None:
-        if a.arch in ("distilbert", "electra"):  # families we load, never pre-train
-            raise CliError(f"--init: {a.arch} is fine-tuned from a Hugging Face checkpoint dir of its family; "
-                           "give --init")
-        a.init = Path(MINILM) if a.arch == "bert" else default_out("mlm", a.arch)
-    a.init = resolve_init(a.init)
-    if not (a.init / "config.json").is_file():
-        raise CliError(f"--init: {a.init}/config.json not found (train one with `python -m training mlm "
-                       f"--arch {a.arch}`)")
-    family = family_of_kind(checkpoint_kind(a.init))
-    if family != a.arch:
-        raise CliError(f"--arch: {a.arch} does not match --init {a.init}, a {family} checkpoint (pass --arch {family})")
-    apply_recipe(a, "scratch" if from_scratch_mlm(a.init) else "pretrained")
-    labels = [s.strip() for s in a.labels.split(",") if s.strip()] if a.labels else None
-    if a.labels is not None and (not labels or len(set(labels)) != len(labels)):
-        raise CliError(f"--labels: expected distinct comma-separated labels, got {a.labels!r}")
-    cfg = TokenClassifyConfig(init=str(a.init), train=str(a.train) if a.train else None,
-                              validation=str(a.validation) if a.validation else None,
-                              test=str(a.test) if a.test else None, labels=labels, max_length=a.max_length,
+    from training.tasks import TokenClassifyConfig, TokenClassifyTask
+    _fine_tune_init(a, Path(MINILM) if a.arch == "bert" else default_out("mlm", a.arch))
+    cfg = TokenClassifyConfig(init=str(a.init), **_splits(a), labels=_labels(a), max_length=a.max_length,
                               eval_examples=a.eval_examples)
     return _run_training(TokenClassifyTask(cfg, a.seed), a, cfg, a.init)
 
