@@ -70,6 +70,8 @@ class ServerSettings:
     #                                     when no sequence decodes
     stream_interval: int = _ENGINE.stream_interval  # streamed tokens per message after the first (1 = each token
     #                                     as it comes; more: fewer messages, less CPU per token on server and client)
+    decode_steps: int = _ENGINE.decode_steps  # decode steps run back to back per engine iteration while no
+    #                                     request waits (a request arriving stops the run after one step)
     prefix_caching: str = "on"            # in-place-cache decoders: a new prompt that starts with tokens a slot
     #                                     holds (a running or finished sequence's) skips their prefill ("off": never)
     event_loop: str = "auto"              # auto = uvloop when installed (its loop machinery is C), else asyncio
@@ -122,7 +124,7 @@ class ServerSettings:
                      "max_pieces_per_request",
                      "max_fill_mask_candidates", "max_tokens_in_flight", "max_sequences",
                      "prefill_chunk_tokens", "max_prefill_tokens", "stream_interval",
-                     "max_message_bytes"):
+                     "decode_steps", "max_message_bytes"):
             if getattr(self, name) < 1:
                 raise bad(name, f"must be >= 1, got {getattr(self, name)}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -251,6 +253,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                    help="generation: streamed tokens per message after the first (GenerateStream, OpenAI stream); "
                         f"1 = each token as it is generated (default {d.stream_interval}); n > 1: the tokens of n steps "
                         "in one message: fewer messages, less CPU per token on the server and the client")
+    p.add_argument("--decode-steps", type=int,
+                   help="generation: decode steps run back to back in the engine's thread while no request waits "
+                        f"(default {d.decode_steps}): the loop's per-step work then comes once per n tokens; a "
+                        "request arriving or leaving stops the run after the step in progress")
     p.add_argument("--prefix-caching", choices=ON_OFF,
                    help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
                         "sequence's) copies their keys/values instead of prefilling them (default on)")

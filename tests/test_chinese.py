@@ -43,7 +43,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(repository: Path):  # type: ignore[no-untyped-def]
-    server = ServerProcess(repository)
+    # One decode step per iteration, so a stream's chunks are one token each: the streaming test below looks
+    # for a chunk that held back a token that is no whole character alone.
+    server = ServerProcess(repository, ["--decode-steps", "1"])
     try:
         with OrtserveClient(server.address, timeout=60) as c:
             yield c

@@ -286,7 +286,7 @@ def test_logprobs_match_the_graph_and_top_n_is_sorted(gpt: Package) -> None:
 
 def test_stream_never_splits_multibyte_characters_and_ends_on_eos(bigram: Package) -> None:
     async def body() -> list[StreamChunk]:
-        async with bigram.engine() as engine:
+        async with bigram.engine(decode_steps=1) as engine:    # a chunk per step: one token each
             return await collect(engine, "Z", GenerationParams.validate(max_new_tokens=30))
 
     chunks = run(body())
@@ -304,7 +304,7 @@ def test_a_consumer_that_fell_behind_gets_the_waiting_chunks_as_one(bigram: Pack
     params = GenerationParams.validate(max_new_tokens=12, ignore_eos=True)
 
     async def body() -> tuple[list[StreamChunk], StreamChunk, list[StreamChunk]]:
-        async with bigram.engine() as engine:
+        async with bigram.engine(decode_steps=1) as engine:    # a chunk per step: one token each
             kept_up = await collect(engine, "Z", params)
             stream = engine.stream("Z", params)
             first = await stream.__anext__()
@@ -341,9 +341,9 @@ def test_a_stream_interval_sends_the_first_token_alone_then_n_per_chunk(bigram: 
     params = GenerationParams.validate(max_new_tokens=10, ignore_eos=True)
 
     async def body() -> tuple[list[StreamChunk], list[StreamChunk]]:
-        async with bigram.engine() as engine:
+        async with bigram.engine(decode_steps=1) as engine:    # a chunk per step: one token each
             each = await collect(engine, "Z", params)
-        async with bigram.engine(stream_interval=4) as engine:
+        async with bigram.engine(stream_interval=4, decode_steps=1) as engine:
             return each, await collect(engine, "Z", params)
 
     each, grouped = run(body())
@@ -351,6 +351,69 @@ def test_a_stream_interval_sends_the_first_token_alone_then_n_per_chunk(bigram: 
     assert [t.token_id for c in grouped for t in c.tokens] == [t.token_id for c in each for t in c.tokens]
     assert "".join(c.text for c in grouped) == "".join(c.text for c in each) == "é漢🙂"
     assert grouped[-1].usage == each[-1].usage and grouped[-1].finish_reason == each[-1].finish_reason
+
+
+# ---------------------------------------------------------------- several decode steps per iteration
+
+
+def test_several_decode_steps_per_iteration_give_the_same_tokens_logprobs_and_endings(gpt: Package) -> None:
+    """decode_steps n: the worker thread feeds each row's token straight back up to n times. Rows leave the run
+    on their own max_new_tokens (not multiples of n) or eos; min_tokens, penalties and seeded sampling draw
+    exactly as one step per iteration does."""
+    jobs = [(PROMPTS[0], dict(max_new_tokens=13, logprobs=True, top_logprobs=3, ignore_eos=True)),
+            (PROMPTS[1], dict(max_new_tokens=29, temperature=1.2, top_p=0.9, seed=7, frequency_penalty=0.5,
+                              ignore_eos=True)),
+            (PROMPTS[2], dict(max_new_tokens=5, repetition_penalty=1.3, ignore_eos=True)),
+            (PROMPTS[4], dict(max_new_tokens=40, min_tokens=20, temperature=0.8, seed=3))]
+
+    async def body(steps: int) -> list[Any]:
+        async with gpt.engine(decode_steps=steps) as engine:
+            return await asyncio.gather(*(engine.generate(p, GenerationParams.validate(**kw)) for p, kw in jobs))
+
+    one, many = run(body(1)), run(body(8))
+    assert [r.usage.completion_tokens for r in many][:3] == [13, 29, 5]
+    assert many[3].usage.completion_tokens >= 20
+    for a, b in zip(one, many):
+        assert [t.token_id for t in a.tokens] == [t.token_id for t in b.tokens]
+        assert (a.text, a.finish_reason, a.usage) == (b.text, b.finish_reason, b.usage)
+    for x, y in zip(one[0].tokens, many[0].tokens):
+        assert x.logprob is not None and y.logprob is not None and abs(x.logprob - y.logprob) < 1e-5
+        assert [t.token_id for t in x.top_logprobs] == [t.token_id for t in y.top_logprobs]
+
+
+def test_a_run_of_decode_steps_reaches_a_stream_as_one_chunk_of_at_most_n_tokens(bigram: Package) -> None:
+    async def body() -> list[StreamChunk]:
+        async with bigram.engine(decode_steps=4) as engine:
+            return await collect(engine, "Q", GenerationParams.validate(max_new_tokens=10, ignore_eos=True))
+
+    chunks = run(body())
+    sizes = [len(c.tokens) for c in chunks]
+    assert sum(sizes) == 10 and max(sizes) > 1 and max(sizes) <= 4, sizes
+    assert "".join(c.text for c in chunks) == "Wyxxxxxxxx"
+
+
+def test_a_request_arriving_during_a_run_of_steps_is_admitted_after_the_step_in_progress(gpt: Package) -> None:
+    """With room for 1000 steps a run would finish the long stream first; the arrival stops it after one."""
+    long = GenerationParams.validate(max_new_tokens=100, ignore_eos=True)
+
+    async def body() -> tuple[list[int], int]:
+        async with gpt.engine(decode_steps=1000) as engine:
+            first = asyncio.Event()
+
+            async def reader() -> None:
+                async for _ in engine.stream(PROMPTS[3], long):
+                    first.set()
+
+            task = asyncio.create_task(reader())
+            await first.wait()                         # the long stream now runs its steps back to back
+            short = await engine.generate(PROMPTS[1], GenerationParams.validate(max_new_tokens=3, ignore_eos=True))
+            still_running = engine.active_sequences
+            await task
+            return [t.token_id for t in short.tokens], still_running
+
+    short, still_running = run(body())
+    assert still_running == 1, "the long stream's run of steps finished before the arrival was served"
+    assert short == greedy_generate(gpt.session, gpt.manifest, gpt.ids(PROMPTS[1]), 3, stop_at_eos=False)
 
 
 def test_tokens_held_by_the_stream_interval_reach_the_consumer_before_a_failure(gpt: Package) -> None:

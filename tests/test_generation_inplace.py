@@ -38,9 +38,20 @@ def repository(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return repo
 
 
+ARGS = ["--max-sequences", "3", "--prefill-chunk-tokens", "4", "--metrics-port", "0"]
+
+
 @pytest.fixture(scope="module")
 def server(repository: Path):
-    with ServerProcess(repository, ["--max-sequences", "3", "--prefill-chunk-tokens", "4", "--metrics-port", "0"]) as proc:
+    with ServerProcess(repository, ARGS) as proc:
+        yield proc
+
+
+@pytest.fixture
+def one_step_server(repository: Path):
+    """One decode step per iteration: a test that needs a stream still decoding across several client round
+    trips (the tiny model's back-to-back steps finish 100 tokens before them)."""
+    with ServerProcess(repository, [*ARGS, "--decode-steps", "1"]) as proc:
         yield proc
 
 
@@ -104,15 +115,17 @@ def test_a_long_prompt_beside_a_decoding_stream_is_prefilled_in_chunks(server: S
 def _wait_slots_used(server: ServerProcess, used: int) -> None:
     deadline = time.monotonic() + 10
     while server.metric("ortserve_cache_slots", model=INPLACE, state="used") != used:
-        assert time.monotonic() < deadline, "slots did not come free"
+        now = server.metric("ortserve_cache_slots", model=INPLACE, state="used")
+        assert time.monotonic() < deadline, f"slots did not come free: {now}"
         time.sleep(0.02)
 
 
 def test_a_prompt_starting_with_what_a_free_slot_holds_reuses_it_and_answers_as_offline(
-        server: ServerProcess, repository: Path) -> None:
+        one_step_server: ServerProcess, repository: Path) -> None:
     """Prefix caching (on by default): the prefix is copied from the free slot that holds it into the lowest
     free one, while a decoding sequence in the highest slot makes every decode call write throw-away rows into
     the free slots below it. Greedy ids still equal offline greedy of the whole prompt."""
+    server = one_step_server
     tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
     shared = ("Now is the winter of our discontent made glorious summer by this sun of York; "
               "and all the clouds that loured upon our house in the deep bosom of the ocean buried.")

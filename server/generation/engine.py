@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -38,7 +39,7 @@ from tokenizers import Tokenizer
 
 from modelpkg import Manifest
 
-from .beams import BeamOptions, BeamSearch
+from .beams import Beam, BeamOptions, BeamSearch
 from .device_cache import Device
 from .encoder_step import EncodeRow
 from .executor import Outcome, SlotExecutor
@@ -97,6 +98,8 @@ class GenerationEngine:
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._thread: ThreadPoolExecutor | None = None
+        # Set when a request arrives or leaves: a run of several decode steps (decode_steps) stops after its step.
+        self._interrupt = threading.Event()
         if self._runner.device.kind != Device.of(self._runner.session).kind:
             logger.warning("generation %s: a %s cache beside a CUDA session: onnxruntime's CUDA GroupQueryAttention "
                            "takes fp16 only, so attention runs on the CPU provider and the cache stays in host "
@@ -456,6 +459,7 @@ class GenerationEngine:
         self._kick()
 
     def _kick(self) -> None:
+        self._interrupt.set()
         if self._wake is not None:
             self._wake.set()
 
@@ -502,14 +506,26 @@ class GenerationEngine:
         plan = self._scheduler.plan()
         if plan.empty:
             return False
-        work = self._executor.prepare(plan, self._scheduler)
+        self._interrupt.clear()
+        work = self._executor.prepare(plan, self._scheduler, self._steps(plan), self._interrupt, self.spec.eos_id,
+                                      self.spec.max_length)
         if self._thread is None:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
         outcome = await asyncio.get_running_loop().run_in_executor(self._thread, self._executor.run, work)
         self._apply(outcome)
         self._retire()     # a sequence that just finished gives its slot back before anyone looks
-        self._record_plan(plan)
+        self._record_plan(plan, 1 + len(outcome.more))
         return True
+
+    def _steps(self, plan: Plan) -> int:
+        """Decode steps this iteration may run back to back: decode_steps for a plan of decode rows alone while no
+        request waits and no prompt is part-way in (they would wait the whole run), else one."""
+        steps = self.config.decode_steps
+        if steps == 1 or plan.prefill or plan.tails or plan.encode or plan.copies or self._scheduler.waiting:
+            return 1
+        if any(s.status is not Status.DECODING or isinstance(s.owner, Beam) for s in self._scheduler.running):
+            return 1
+        return steps
 
     def _apply(self, outcome: Outcome) -> None:
         for states, what, exc in outcome.failed:
@@ -520,6 +536,13 @@ class GenerationEngine:
         for state, choice in outcome.decoded:
             self._scheduler.decoded(state, state.owner.generated[-1])
             self._take(state.owner, choice)
+        for step in outcome.more:
+            for state, choice in step:
+                seq = state.owner
+                if seq.done or seq.cancelled:   # ended by a stop string meanwhile: its later tokens are dropped
+                    continue
+                self._scheduler.decoded(state, seq.generated[-1])
+                self._take(seq, choice)
         for w in outcome.written:
             self._scheduler.prefilled(w.chunk)
             seq = w.chunk.seq.owner
@@ -593,11 +616,11 @@ class GenerationEngine:
             seq.first_token_at = now
         seq.last_token_at = now
 
-    def _record_plan(self, plan: Plan) -> None:
+    def _record_plan(self, plan: Plan, steps: int = 1) -> None:
         m = self._per_model
         if m is None:
             return
-        if plan.decode:
+        for _ in range(steps if plan.decode else 0):
             m.batch_size.observe(len(plan.decode))
         if plan.reused_tokens:
             m.prefix_reused_tokens.inc(plan.reused_tokens)

@@ -255,10 +255,15 @@ class GenerationConfig:
     # Tokens per streamed chunk after the first (1 = each token as it comes; n: the tokens of n steps in one chunk,
     # the last chunk whatever is left): each chunk costs a message on the door and the client (Sequence.send).
     stream_interval: int = 1
+    # Decode steps one iteration may run back to back in the worker thread (executor.py) while no request waits,
+    # no prompt is part-way in and no beam search runs: the loop's planning, hand-off and output work then comes
+    # once per n tokens instead of once per token. A request arriving (or leaving) stops the run after its
+    # current step, so it waits at most one step longer than with 1.
+    decode_steps: int = 8
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",
-                     "prefill_chunk_tokens", "stream_interval"):
+                     "prefill_chunk_tokens", "stream_interval", "decode_steps"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")
