@@ -11,6 +11,8 @@ Pieces:
            (llama-server /tokenize) must equal ours, and its greedy continuation of a prompt is compared with ortserve's.
   raw      batch-1 decode: `llama-bench -t <cores> -p 0 -n 128` per GGUF against one decode step of our graph of the
            matching variant in-process (batch 1, past 64: the middle of 128 new tokens); rounds interleaved.
+  ttft     time to first token of lone requests (32-token prompts, one at a time, 0.2 s apart), each server up ALONE
+           (the other stopped: no idle neighbour), sides taking turns round by round; the same clients as served.
   served   `llama-server -t <cores> --parallel 32` (OpenAI /v1/completions, streamed) vs ortserve (GenerateStream
            over gRPC, `--variant` of the pair): 1 / 8 / 32 streams, 32-token prompts, 128 new tokens, greedy,
            ignore_eos; the sides take turns run by run (bench/generation.py's load generator).
@@ -56,7 +58,7 @@ CHECK_TEXTS = (
     "\n \n\n   \t leading and trailing spaces   ",
     "ACT III. SCENE I. A room in the castle. Enter KING, QUEEN, POLONIUS, OPHELIA",
 )
-PIECES = ("convert", "raw", "served")
+PIECES = ("convert", "raw", "served", "ttft")
 
 
 class LlamaCppError(RuntimeError):
@@ -74,6 +76,8 @@ class Config:
     threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     variants: tuple[str, ...] = ("fp32",)
     stream_interval: int = 1           # ortserve's --stream-interval (llama-server sends a message per token)
+    ttft_rounds: int = 3               # ttft piece: rounds, each server up alone in turn
+    ttft_requests: int = 12            # ttft piece: lone requests per round and side
     work: Path = ROOT / "bench" / "results" / "generation-work"
 
     @classmethod
@@ -376,6 +380,41 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
     return out
 
 
+def ttft_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int], tok) -> dict[str, Any]:
+    """Per variant: p50 time to first token of lone requests, each server started alone in its turn."""
+    from .generation import Config as GenConfig
+    from .generation import OpenAIStreams, OrtserveStreams, prompts, start_ortserve
+
+    out: dict[str, Any] = {}
+    for v, gguf in ggufs.items():
+        gcfg = dataclasses.replace(GenConfig(), threads=cfg.threads, variant=v, stream_interval=cfg.stream_interval)
+        rows: dict[str, list[float]] = {"ortserve": [], "llamacpp": []}
+        for rnd in range(cfg.ttft_rounds):
+            for name in (("ortserve", "llamacpp") if rnd % 2 == 0 else ("llamacpp", "ortserve")):
+                if name == "ortserve":
+                    srv: Any = start_ortserve(repo, gcfg, slots=cfg.parallel)
+                    client: Any = OrtserveStreams(srv.address, "gpt")
+                else:
+                    srv = start_llama_server(gguf, cfg.threads, cfg.parallel)
+                    client = OpenAIStreams(srv.port, "gpt")
+                try:
+                    batch = prompts(pool, cfg.ttft_requests + 2, cfg.prompt_tokens, salt=9000 + 100 * rnd)
+                    got = []
+                    for ids in batch:
+                        got.append(client.stream(ids, 8, tok).ttft * 1000)
+                        time.sleep(0.2)
+                    rows[name] += got[2:]     # the first two warm the server up
+                    log.info("ttft %s round %d %s: p50 %.1f ms", v, rnd + 1, name, statistics.median(got[2:]))
+                finally:
+                    client.close()
+                    srv.stop()
+                time.sleep(1.0)
+        out[v] = {"quant": QUANTS[v], "requests": len(rows["ortserve"]),
+                  **{f"{k}_ttft_p50_ms": statistics.median(x) for k, x in rows.items()},
+                  **{f"{k}_ttft_ms": x for k, x in rows.items()}}
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -438,6 +477,17 @@ def render(r: dict[str, Any]) -> list[str]:
                 lines.append(f"| {v} ↔ {x['quant'].upper()} | {n} | {c['ortserve']['tokens_per_s']:.1f} | "
                              f"{c['llamacpp']['tokens_per_s']:.1f} | {c['ratio_tokens_per_s']:.2f} | "
                              f"{c['ortserve']['ttft_p50_ms']:.0f} | {c['llamacpp']['ttft_p50_ms']:.0f} |")
+        lines.append("")
+    tt = r.get("ttft")
+    if tt:
+        lines += [f"### Time to first token, each server alone ({r.get('prompt_tokens')}-token prompts, one request at a "
+                  "time, 0.2 s apart; the servers take turns round by round, the other stopped)", "",
+                  "| ours ↔ llama.cpp | requests per side | ortserve TTFT p50 ms | llama.cpp TTFT p50 ms | goal ≤ |",
+                  "|---|---|---|---|---|"]
+        for v, x in tt.items():
+            met = "met" if x["ortserve_ttft_p50_ms"] <= x["llamacpp_ttft_p50_ms"] else "**missed**"
+            lines.append(f"| {v} ↔ {x['quant'].upper()} | {x['requests']} | {x['ortserve_ttft_p50_ms']:.1f} | "
+                         f"{x['llamacpp_ttft_p50_ms']:.1f} | {met} |")
         lines.append("")
     return lines
 
@@ -525,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
             save()
         if "served" in pieces:
             report["served"] = served_piece(cfg, repo, ggufs, pool, tok, report["sides"])
+            save()
+        if "ttft" in pieces:
+            report["ttft"] = ttft_piece(cfg, repo, ggufs, pool, tok)
             save()
     except LlamaCppError as exc:
         print(f"error: {exc}", file=sys.stderr)
