@@ -1,12 +1,14 @@
 """Single-stream decoding served over gRPC, several trees or server flags interleaved (and genai in-process).
 
     python -m bench.stream_ab --side base=/path/to/other/checkout --side this=. \\
-        --side si4=.:--stream-interval=4 [--genai] [--rounds 3] [--per-round 2] [--new-tokens 256]
+        --side si4=.:--stream-interval=4 [--genai] [--engine] [--rounds 3] [--per-round 2] [--new-tokens 256]
 
 Each side is NAME=ROOT[:FLAG=VALUE,...] (server flags added to the benchmark's: 2 threads, spinning, the w4 variant of
 bench.generation's trained 124M Llama). Per stream: tokens/s (first request to last token, as bench.generation),
 and CPU per token from /proc: the server's event-loop thread (the doors, output processing, the engine's own
-Python) and this client process (the sync gRPC stub receiving the messages). CPU per token is steadier than
+Python) and this client process (the sync gRPC stub receiving the messages). `--genai` and `--engine` add two sides
+without a door, each a process of its own per stream: onnxruntime-genai and ortserve's engine as a library, on the
+same graph with the same 2 spinning threads. CPU per token is steadier than
 tokens/s on a shared machine, and says where serving spends; the 1-minute load is printed with every round.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import resource
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 from testing.launch import ServerProcess
@@ -59,7 +62,7 @@ def one_side(repo: Path, root: Path, flags: list[str], pool: list[int], tok, sal
     with ServerProcess(repo, args, root=root) as server:
         client = OrtserveStreams(server.address, "gpt")
         try:
-            run_streams(client, prompts(pool, 1, 32, salt - 1), 16, tok)     # warm
+            run_streams(client, prompts(pool, 1, 32, salt - 1), new_tokens, tok)     # warm, as the in-process sides
             for i in range(per):
                 loop0, own0 = thread_cpu_s(server.pid, server.pid), own_cpu_s()
                 wall, recs = run_streams(client, prompts(pool, 1, 32, salt + i), new_tokens, tok)
@@ -72,12 +75,13 @@ def one_side(repo: Path, root: Path, flags: list[str], pool: list[int], tok, sal
     return rows
 
 
-def genai_side(repo: Path, pool: list[int], salt: int, per: int, new_tokens: int) -> list[dict[str, float]]:
+def in_process_side(command: list[str], repo: Path, pool: list[int], salt: int, per: int,
+                    new_tokens: int) -> list[dict[str, float]]:
+    """`command` PACKAGE PROMPTS NEW_TOKENS THREADS VARIANT, once per stream (genai_run.py, engine_run.py)."""
     rows = []
     for i in range(per):
-        out = subprocess.run([str(GENAI_VENV / "bin" / "python"), str(HERE / "genai_run.py"), str(repo / "gpt" / "1"),
-                              json.dumps(prompts(pool, 1, 32, salt + i)), str(new_tokens), "2", "w4"],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run([*command, str(repo / "gpt" / "1"), json.dumps(prompts(pool, 1, 32, salt + i)),
+                              str(new_tokens), "2", "w4"], capture_output=True, text=True, check=True, cwd=HERE.parent)
         rows.append({"tokens_per_s": json.loads(out.stdout.strip().splitlines()[-1])["tokens_per_s"], "load": load()})
     return rows
 
@@ -86,6 +90,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.stream_ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("--side", type=parse_side, action="append", required=True)
     ap.add_argument("--genai", action="store_true", help="onnxruntime-genai in-process each round (bench/.venv-genai)")
+    ap.add_argument("--engine", action="store_true",
+                    help="ortserve's engine in-process each round (bench/engine_run.py: no door, no client, like genai)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=2, help="streams per side and round")
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -95,8 +101,12 @@ def main() -> None:
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(bpe_tokenizer_dir(Config().work) / "tokenizer.json"))
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in args.side}
+    in_process = {}
+    if args.engine:
+        in_process["engine"] = [sys.executable, "-m", "bench.engine_run"]
     if args.genai:
-        results["genai"] = []
+        in_process["genai"] = [str(GENAI_VENV / "bin" / "python"), str(HERE / "genai_run.py")]
+    results.update({name: [] for name in in_process})
     for r in range(args.rounds):
         order = args.side if r % 2 == 0 else args.side[::-1]
         for name, root, flags in order:
@@ -104,10 +114,10 @@ def main() -> None:
             results[name] += rows
             log.info("round %d %s: %s tok/s, load %.1f", r + 1, name, [round(x["tokens_per_s"]) for x in rows],
                      rows[-1]["load"])
-        if args.genai:
-            rows = genai_side(repo, pool, 100 * r + 1, args.per_round, args.new_tokens)
-            results["genai"] += rows
-            log.info("round %d genai: %s tok/s", r + 1, [round(x["tokens_per_s"]) for x in rows])
+        for name, command in (in_process.items() if r % 2 == 0 else list(in_process.items())[::-1]):
+            rows = in_process_side(command, repo, pool, 100 * r + 1, args.per_round, args.new_tokens)
+            results[name] += rows
+            log.info("round %d %s: %s tok/s", r + 1, name, [round(x["tokens_per_s"]) for x in rows])
     print("| side | tok/s median (min-max) | loop thread ms/token | client ms/token | vs genai | load |")
     print("|---|---|---|---|---|---|")
     genai = statistics.median(x["tokens_per_s"] for x in results["genai"]) if args.genai else None

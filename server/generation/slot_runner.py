@@ -64,6 +64,8 @@ class SlotRunner:
                                   spec.max_length, spec.head_dim, spec.past_dtype,
                                   device or Device.for_cache(session, spec.past_dtype))
         self._bindings: dict[tuple, ort.IOBinding] = {}
+        # Logits buffers of one-token calls (decode), bound as the graph's output: no allocation, no copy out.
+        self._logits: dict[tuple, tuple[np.ndarray, ort.OrtValue]] = {}
         self._has_positions = spec.has_position_ids
 
     @property
@@ -83,10 +85,10 @@ class SlotRunner:
         throw-away write is harmless (missing = 0, a free slot)."""
         hi, feeds = self._decode_feeds(rows, idle_positions)
         if self.mixed_only:
-            logits = self._run([(self.mixed_session, "", 0, hi, *feeds), self._filler(MIXED_PREFIX)])[0]
+            logits = self._run([(self.mixed_session, "", 0, hi, *feeds), self._filler(MIXED_PREFIX)], reuse=True)[0]
         else:
-            logits = self._run([(self.session, "", 0, hi, *feeds)])[0]
-        return logits[[r.slot for r in rows], 0, :]
+            logits = self._run([(self.session, "", 0, hi, *feeds)], reuse=True)[0]
+        return logits[[r.slot for r in rows], 0, :]     # a copy: the buffer is written again by the next call
 
     def decode_and_prefill(self, rows: list[DecodeRow], idle_positions: dict[int, int], chunk: list[PrefillRow],
                            first_prompt: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -170,11 +172,18 @@ class SlotRunner:
             self._bindings[key] = io
         return io
 
-    def _run(self, groups: list[tuple]) -> list[np.ndarray]:
-        """groups: (session, prefix, lo, hi, ids, lens, positions) — all of one session. Logits per group."""
+    def _run(self, groups: list[tuple], reuse: bool = False) -> list[np.ndarray]:
+        """groups: (session, prefix, lo, hi, ids, lens, positions) — all of one session. Logits per group.
+
+        reuse (one-token groups only): the logits land in a buffer of the runner's, returned as it is and written
+        again by the next such call, so the caller copies what it keeps (decode() does). It saves allocating the
+        output and onnxruntime's get_outputs, which wraps every bound cache buffer: ~0.05 ms of a 2 ms step."""
         session = groups[0][0]
         io = self._binding(session, tuple((g[1], g[2], g[3]) for g in groups))
-        for _, prefix, lo, hi, ids, lens, positions in groups:
+        buffers = [self._logits_buffer(session, g[1], g[4].shape[0]) for g in groups] if reuse else []
+        if any(b is None for b in buffers):
+            buffers = []
+        for i, (_, prefix, lo, hi, ids, lens, positions) in enumerate(groups):
             if int(lens.max()) > self.spec.max_length:
                 raise ValueError(f"a row would write past the context of {self.spec.max_length} tokens")
             width = int(lens.max())
@@ -183,10 +192,32 @@ class SlotRunner:
             if self._has_positions:
                 io.bind_cpu_input(prefix + "position_ids", positions)
             self._feed_slots(io, prefix, lo, hi)
-            io.bind_output(prefix + "logits")
+            if buffers:
+                io.bind_ortvalue_output(prefix + "logits", buffers[i][1])
+            else:
+                io.bind_output(prefix + "logits")
         session.run_with_iobinding(io)
+        if buffers:
+            return [array for array, _ in buffers]
         outputs = io.get_outputs()
         return [o.numpy() for o in outputs[-len(groups):]]
+
+    def _logits_buffer(self, session: ort.InferenceSession, prefix: str, rows: int
+                       ) -> tuple[np.ndarray, ort.OrtValue] | None:
+        """The [rows, 1, vocab] logits buffer of one-token calls; None when the graph's vocabulary axis is not fixed,
+        its logits are not float32, or the cache lives on a GPU (logits then come back through onnxruntime's copy)."""
+        key = (id(session), prefix, rows)
+        found = self._logits.get(key)
+        if found is None:
+            if self.cache.device.kind != "cpu":
+                return None
+            [out] = [o for o in session.get_outputs() if o.name == prefix + "logits"]
+            width = out.shape[-1]
+            if not isinstance(width, int) or out.type != "tensor(float)":
+                return None
+            array = np.empty((rows, 1, width), np.float32)
+            found = self._logits[key] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+        return found
 
 
     # ------------------------------------------------------------------ what a subclass adds per slot range
