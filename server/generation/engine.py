@@ -8,6 +8,9 @@ A request's path, in four parts with one job each:
     device_cache.py), then the next token of every row that gets one, all rows together (sampling.py);
   - output processing (outputs.py): each chosen token -> text, stop checks, a chunk on the request's queue.
 The loop is free while the thread computes: consumers take their chunks (and the doors send them) meanwhile.
+While nothing waits to be admitted and every running sequence decodes, one iteration may run several decode steps
+back to back in the thread (GenerationConfig.decode_steps; executor.py): an arrival or a leaving consumer sets
+`_interrupt`, which ends such a run after its current step.
 
 Encoder-decoder packages (model.json `encoder_decoder`; factory.py picks the parts) run through the same loop: the
 prompt is the source, checked against max_source_length on arrival (source.py); when the scheduler admits the
