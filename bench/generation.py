@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from modelpkg import CACHE_ELEMENT_TYPES, past_names, present_names
+from server.generation import GenerationConfig
 from testing.launch import ChildProcess as Process, ServerProcess, free_port
 
 from .blocks import write_block
@@ -347,7 +348,7 @@ def ortserve_side(cfg: Config, variant: str | None = None) -> dict[str, Any]:
     """What start_ortserve gives the server (printed in the report beside the peers')."""
     return {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
             "intra_op_spinning": cfg.spinning, "max_sequences": 32, "variant": variant or "package default",
-            "stream_interval": cfg.stream_interval}
+            "stream_interval": cfg.stream_interval, "decode_steps": GenerationConfig().decode_steps}
 
 
 # ----------------------------------------------------------------------------- pieces

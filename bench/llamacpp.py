@@ -37,6 +37,8 @@ from typing import Any
 
 from testing.launch import ChildProcess as Process, ServerStartError, free_port
 
+from server.generation import GenerationConfig
+
 from .blocks import write_block
 from .machine import describe
 from .sides import sides_lines
@@ -59,6 +61,9 @@ CHECK_TEXTS = (
     "ACT III. SCENE I. A room in the castle. Enter KING, QUEEN, POLONIUS, OPHELIA",
 )
 PIECES = ("convert", "raw", "served", "ttft")
+
+
+ENGINE_DEFAULTS = GenerationConfig()     # what ortserve runs with, as the report prints it
 
 
 class LlamaCppError(RuntimeError):
@@ -352,7 +357,7 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
         sides[f"llamacpp_{v}"] = peer.describe()
         sides[f"ortserve_{v}"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
                                   "intra_op_spinning": gcfg.spinning, "max_sequences": cfg.parallel, "variant": v,
-                                  "stream_interval": cfg.stream_interval}
+                                  "stream_interval": cfg.stream_interval, "decode_steps": ENGINE_DEFAULTS.decode_steps}
         clients = {"ortserve": OrtserveStreams(ours_srv.address, "gpt"), "llamacpp": OpenAIStreams(peer.port, "gpt")}
         try:
             cells: dict[str, Any] = {}
