@@ -143,6 +143,7 @@ class GenerationEngine:
     async def stop(self) -> None:
         """Stop the loop; every waiting or running request ends with finish_reason "cancelled"."""
         task, self._task = self._task, None
+        self._interrupt.set()     # a run of several decode steps ends after the one in progress
         if task is not None:
             task.cancel()
             try:
