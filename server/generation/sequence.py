@@ -50,6 +50,7 @@ class Sequence:
     stream_interval: int = 1             # GenerationConfig.stream_interval
     # Chunks not yet queued (stream_interval > 1): sent with the chunk that completes the interval, or the last.
     held: list[StreamChunk] = field(default_factory=list)
+    held_tokens: int = 0                 # the tokens of `held`
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
@@ -88,10 +89,10 @@ class Sequence:
         token unchanged), later ones wait until n tokens have gathered; the final chunk takes whatever waits."""
         if self.stream_interval > 1:
             self.held.append(chunk)
-            if not chunk.final and len(self.generated) > 1 and \
-                    sum(len(c.tokens) for c in self.held) < self.stream_interval:
+            self.held_tokens += len(chunk.tokens)
+            if not chunk.final and len(self.generated) > 1 and self.held_tokens < self.stream_interval:
                 return
-            chunk, self.held = merge_chunks(self.held), []
+            chunk, self.held, self.held_tokens = merge_chunks(self.held), [], 0
         self.queue.put_nowait(chunk)
 
     def take_prompt_tokens(self) -> list[GeneratedToken]:
@@ -120,7 +121,7 @@ class Sequence:
             self.finished_at = time.monotonic()
             if self.held:      # what was produced before the failure reaches the consumer first
                 self.queue.put_nowait(merge_chunks(self.held))
-                self.held = []
+                self.held, self.held_tokens = [], 0
             self.queue.put_nowait(error)
 
     def finish(self, reason: str, text: str = "", tokens: list[GeneratedToken] | None = None) -> None:
