@@ -63,7 +63,7 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
                                     prefill_chunk_tokens=settings.prefill_chunk_tokens,
                                     max_prefill_tokens=settings.max_prefill_tokens,
                                     stream_interval=settings.stream_interval,
-                                    decode_steps=settings.decode_steps,
+                                    decode_steps=settings.decode_steps, decode_run_ms=settings.decode_run_ms,
                                     prefix_caching=settings.prefix_caching == "on"),
         admission=AdmissionLimits(max_rows_per_request=settings.max_rows_per_request,
                                   max_pieces_per_request=settings.max_pieces_per_request,

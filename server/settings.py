@@ -71,7 +71,8 @@ class ServerSettings:
     stream_interval: int = _ENGINE.stream_interval  # streamed tokens per message after the first (1 = each token
     #                                     as it comes; more: fewer messages, less CPU per token on server and client)
     decode_steps: int = _ENGINE.decode_steps  # decode steps run back to back per engine iteration while no
-    #                                     request waits (a request arriving stops the run after one step)
+    #                                     request waits (a request arriving stops the run after one step) ...
+    decode_run_ms: float = _ENGINE.decode_run_ms  # ... and while the run stays within this many milliseconds
     prefix_caching: str = "on"            # in-place-cache decoders: a new prompt that starts with tokens a slot
     #                                     holds (a running or finished sequence's) skips their prefill ("off": never)
     event_loop: str = "auto"              # auto = uvloop when installed (its loop machinery is C), else asyncio
@@ -110,6 +111,8 @@ class ServerSettings:
         for name in ("poll_interval", "max_queue_delay_ms", "grace_period", "max_connections"):
             if getattr(self, name) < 0:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.decode_run_ms <= 10_000:
+            raise bad("decode_run_ms", f"must be in [0, 10000] milliseconds, got {self.decode_run_ms}")
         for name in ("header_timeout", "read_timeout", "keep_alive_timeout", "grpc_idle_timeout"):
             if not 0 < getattr(self, name) <= 86400:
                 raise bad(name, f"must be in (0, 86400] seconds, got {getattr(self, name)}")
@@ -257,6 +260,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                    help="generation: decode steps run back to back in the engine's thread while no request waits "
                         f"(default {d.decode_steps}): the loop's per-step work then comes once per n tokens; a "
                         "request arriving or leaving stops the run after the step in progress")
+    p.add_argument("--decode-run-ms", type=float,
+                   help="generation: a run of decode steps stops before a step that would take it past this many "
+                        f"milliseconds (default {d.decode_run_ms:g}): short steps run many times, long ones once, so "
+                        "streams get their tokens at least this often; 0 = one step per iteration")
     p.add_argument("--prefix-caching", choices=ON_OFF,
                    help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
                         "sequence's) copies their keys/values instead of prefilling them (default on)")

@@ -382,22 +382,25 @@ def test_several_decode_steps_per_iteration_give_the_same_tokens_logprobs_and_en
 
 
 def test_a_run_of_decode_steps_reaches_a_stream_as_one_chunk_of_at_most_n_tokens(bigram: Package) -> None:
-    async def body() -> list[StreamChunk]:
-        async with bigram.engine(decode_steps=4) as engine:
+    """At most decode_steps a run, and no step that would take the run past decode_run_ms (0: one step)."""
+    async def body(**config: float) -> list[StreamChunk]:
+        async with bigram.engine(**config) as engine:
             return await collect(engine, "Q", GenerationParams.validate(max_new_tokens=10, ignore_eos=True))
 
-    chunks = run(body())
-    sizes = [len(c.tokens) for c in chunks]
-    assert sum(sizes) == 10 and max(sizes) > 1 and max(sizes) <= 4, sizes
-    assert "".join(c.text for c in chunks) == "Wyxxxxxxxx"
+    for config, most in (({"decode_steps": 4, "decode_run_ms": 10_000}, 4), ({"decode_steps": 4, "decode_run_ms": 0}, 1)):
+        chunks = run(body(**config))
+        sizes = [len(c.tokens) for c in chunks]
+        assert sum(sizes) == 10 and max(sizes) == most, (config, sizes)
+        assert "".join(c.text for c in chunks) == "Wyxxxxxxxx"
 
 
 def test_a_request_arriving_during_a_run_of_steps_is_admitted_after_the_step_in_progress(gpt: Package) -> None:
-    """With room for 1000 steps a run would finish the long stream first; the arrival stops it after one."""
+    """With room for 1000 steps (and 10 s) a run would finish the long stream first; the arrival stops it after
+    one."""
     long = GenerationParams.validate(max_new_tokens=100, ignore_eos=True)
 
     async def body() -> tuple[list[int], int]:
-        async with gpt.engine(decode_steps=1000) as engine:
+        async with gpt.engine(decode_steps=1000, decode_run_ms=10_000) as engine:
             first = asyncio.Event()
 
             async def reader() -> None:

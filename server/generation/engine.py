@@ -9,8 +9,8 @@ A request's path, in four parts with one job each:
   - output processing (outputs.py): each chosen token -> text, stop checks, a chunk on the request's queue.
 The loop is free while the thread computes: consumers take their chunks (and the doors send them) meanwhile.
 While nothing waits to be admitted and every running sequence decodes, one iteration may run several decode steps
-back to back in the thread (GenerationConfig.decode_steps; executor.py): an arrival or a leaving consumer sets
-`_interrupt`, which ends such a run after its current step.
+back to back in the thread (GenerationConfig.decode_steps, within decode_run_ms; executor.py): an arrival or a
+leaving consumer sets `_interrupt`, which ends such a run after its current step.
 
 Encoder-decoder packages (model.json `encoder_decoder`; factory.py picks the parts) run through the same loop: the
 prompt is the source, checked against max_source_length on arrival (source.py); when the scheduler admits the
@@ -515,7 +515,7 @@ class GenerationEngine:
             return False, False
         self._interrupt.clear()
         work = self._executor.prepare(plan, self._scheduler, self._steps(plan), self._interrupt, self.spec.eos_id,
-                                      self.spec.max_length)
+                                      self.spec.max_length, self.config.decode_run_ms / 1000)
         if self._thread is None:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
         outcome = await asyncio.get_running_loop().run_in_executor(self._thread, self._executor.run, work)

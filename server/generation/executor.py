@@ -11,10 +11,11 @@ device right after it), and the scores of prompt tokens for requests that asked.
 outcome; the engine applies it on the loop.
 
 A pure decode plan may ask for more than one step (`Work.steps`, GenerationConfig.decode_steps): the thread then
-feeds each row's chosen token straight back as its next decode row, up to `steps` times, without returning to
-the loop. The run ends before any row's token would end its sequence (eos, a stop id, its max_new_tokens, the
-context, its deadline), so that sequence is answered at once; stop strings are only seen on the loop, so a row
-they end may compute a few tokens the engine then drops. `stop` (set by the engine when a request arrives or
+feeds each row's chosen token straight back as its next decode row, up to `steps` times and within `budget_s`
+(GenerationConfig.decode_run_ms: a short step runs many times, a long one once), without returning to the loop.
+The run ends before any row's token would end its sequence (eos, a stop id, its max_new_tokens, the context, its
+deadline), so that sequence is answered at once; stop strings are only seen on the loop, so a row they end may
+compute a few tokens the engine then drops. `stop` (set by the engine when a request arrives or
 leaves) ends the run after the step in progress.
 """
 from __future__ import annotations
@@ -41,7 +42,8 @@ class Work:
     idle: dict[int, int]                  # slot -> where a decode run may write a throw-away token
     calls: list[list[PrefillRow]]         # one per plan.prefill call
     encode: list[EncodeRow] = field(default_factory=list)   # plan.encode's sources, with their slots
-    steps: int = 1                        # decode steps to run back to back (a pure decode plan only)
+    steps: int = 1                        # decode steps to run back to back (a pure decode plan only) ...
+    budget_s: float = 0.0                 # ... while the run stays within this many seconds
     stop: threading.Event | None = None   # set: no further step after the one in progress
     eos_id: int | None = None             # ends a row's run of steps (unless its request ignores eos)
     max_length: int = 0                   # the slots' context: no step writes past it
@@ -73,7 +75,7 @@ class SlotExecutor:
 
     @staticmethod
     def prepare(plan: Plan, scheduler: Scheduler, steps: int = 1, stop: threading.Event | None = None,
-                eos_id: int | None = None, max_length: int = 0) -> Work:
+                eos_id: int | None = None, max_length: int = 0, budget_s: float = 0.0) -> Work:
         # One-token prompt chunks ride the decode call: a row at the slot's next position, like a decode row.
         decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode] + \
                       [DecodeRow(c.seq.slot, c.seq.owner.prompt_ids[c.start], c.start) for c in plan.tails]
@@ -87,12 +89,13 @@ class SlotExecutor:
                 idle[c.seq.slot] = c.start + c.length
         calls = [[PrefillRow(c.seq.slot, c.seq.owner.prompt_ids[c.start:c.start + c.length], c.start)
                   for c in call.chunks] for call in plan.prefill]
-        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode], steps, stop, eos_id,
-                    max_length)
+        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode], steps, budget_s, stop,
+                    eos_id, max_length)
 
     def run(self, work: Work) -> Outcome:
         """Worker thread. A failing call fails only its own sequences (in `Outcome.failed`)."""
         plan, out = work.plan, Outcome()
+        started = time.perf_counter()
         unencoded = self._encode(work, out)
         decoded, prefilled = self._calls(work)
         tail_logits: list[tuple[Chunk, np.ndarray]] = []
@@ -105,7 +108,7 @@ class SlotExecutor:
             choices = dict(zip(live, choose_rows([plan.decode[i].owner.sampler for i in live], decoded[live])))
             out.decoded = [(s, choices.get(i)) for i, s in enumerate(plan.decode)]
             if work.steps > 1:
-                self._more_steps(work, out)
+                self._more_steps(work, out, started)
             tail_logits = list(zip(plan.tails, decoded[n:, None, :]))
             beam_rows = [*zip(plan.decode, decoded[:n]), *((c.seq, row) for c, row in zip(plan.tails, decoded[n:]))]
             for state, row in beam_rows:
@@ -132,15 +135,20 @@ class SlotExecutor:
             self._beam_step(search, rows, out)
         return out
 
-    def _more_steps(self, work: Work, out: Outcome) -> None:
+    def _more_steps(self, work: Work, out: Outcome, started: float) -> None:
         """Steps 2..work.steps of a pure decode plan, each row fed the token it was just given. The run ends
         as soon as any row would leave it, so a finished sequence is answered and its slot freed at once (and
-        no row's slot is ever left out of a decode call it sits under)."""
+        no row's slot is ever left out of a decode call it sits under), and before a step that would take it
+        past work.budget_s (judged by the step before), so its tokens reach the streams at that pace at least."""
         live = [(s, c) for s, c in out.decoded if c is not None]
         if len(live) != len(out.decoded):
             return
+        last = time.perf_counter()
+        previous = last - started
         for step in range(1, work.steps):
             if (work.stop is not None and work.stop.is_set()) or not all(_goes_on(s, c, step, work) for s, c in live):
+                return
+            if last - started + previous > work.budget_s:
                 return
             rows = [DecodeRow(s.slot, c.token_id, s.computed + step) for s, c in live]
             try:
@@ -150,6 +158,8 @@ class SlotExecutor:
                 return
             live = list(zip([s for s, _ in live], choose_rows([s.owner.sampler for s, _ in live], logits)))
             out.more.append(live)
+            now = time.perf_counter()
+            last, previous = now, now - last
 
     def _encode(self, work: Work, out: Outcome) -> set[SeqState]:
         """The encoder step (before any decoder call reads the cross buffers); the states it failed."""

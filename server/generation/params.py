@@ -257,9 +257,12 @@ class GenerationConfig:
     stream_interval: int = 1
     # Decode steps one iteration may run back to back in the worker thread (executor.py) while no request waits,
     # no prompt is part-way in and no beam search runs: the loop's planning, hand-off and output work then comes
-    # once per n tokens instead of once per token. A request arriving (or leaving) stops the run after its
-    # current step, so it waits at most one step longer than with 1.
-    decode_steps: int = 8
+    # once per run instead of once per token. A request arriving (or leaving) stops the run after its current
+    # step, so it waits at most one step longer than with 1. A run also stops before a step that would take it
+    # past decode_run_ms (judged by the step before): short steps amortise the loop's work over many, long ones
+    # (where it matters little) keep streaming each token soon.
+    decode_steps: int = 16
+    decode_run_ms: float = 40.0
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",
@@ -267,6 +270,9 @@ class GenerationConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")
+        if isinstance(self.decode_run_ms, bool) or not isinstance(self.decode_run_ms, (int, float)) \
+                or not 0 <= self.decode_run_ms <= 10_000:
+            raise ValueError(f"generation.decode_run_ms: must be in [0, 10000], got {self.decode_run_ms!r}")
         if isinstance(self.arrival_window_ms, bool) or not isinstance(self.arrival_window_ms, (int, float)) \
                 or not 0 <= self.arrival_window_ms <= 1000:
             raise ValueError(f"generation.arrival_window_ms: must be in [0, 1000], got {self.arrival_window_ms!r}")
