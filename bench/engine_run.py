@@ -33,7 +33,8 @@ async def timed(engine: GenerationEngine, prompts: list[list[int]], new_tokens: 
 
 
 async def main() -> None:
-    pkg_dir, prompts, new_tokens, threads = Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    pkg_dir, prompts = Path(sys.argv[1]), json.loads(sys.argv[2])
+    new_tokens, threads = int(sys.argv[3]), int(sys.argv[4])
     variant = sys.argv[5] if len(sys.argv) > 5 else "fp32"
     package = read_package(pkg_dir, pkg_dir.parent.name, int(pkg_dir.name))
     if variant not in package.manifest.variants:

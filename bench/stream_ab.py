@@ -91,7 +91,8 @@ def main() -> None:
     ap.add_argument("--side", type=parse_side, action="append", required=True)
     ap.add_argument("--genai", action="store_true", help="onnxruntime-genai in-process each round (bench/.venv-genai)")
     ap.add_argument("--engine", action="store_true",
-                    help="ortserve's engine in-process each round (bench/engine_run.py: no door, no client, like genai)")
+                    help="ortserve's engine in-process each round (bench/engine_run.py: no door, no client, "
+                         "like genai)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=2, help="streams per side and round")
     ap.add_argument("--new-tokens", type=int, default=256)

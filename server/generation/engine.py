@@ -45,7 +45,7 @@ from modelpkg import Manifest
 from .beams import Beam, BeamOptions, BeamSearch
 from .device_cache import Device
 from .encoder_step import EncodeRow
-from .executor import Outcome, SlotExecutor
+from .executor import Outcome, Run, SlotExecutor
 from .factory import engine_parts
 from .outputs import emit_token
 from .params import GenerationConfig, GenerationParams
@@ -514,8 +514,7 @@ class GenerationEngine:
         if plan.empty:
             return False, False
         self._interrupt.clear()
-        work = self._executor.prepare(plan, self._scheduler, self._steps(plan), self._interrupt, self.spec.eos_id,
-                                      self.spec.max_length, self.config.decode_run_ms / 1000)
+        work = self._executor.prepare(plan, self._scheduler, self._run(plan))
         if self._thread is None:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
         outcome = await asyncio.get_running_loop().run_in_executor(self._thread, self._executor.run, work)
@@ -524,15 +523,15 @@ class GenerationEngine:
         self._record_plan(plan, 1 + len(outcome.more))
         return True, any(w.chunk.completes_prompt for w in outcome.written)
 
-    def _steps(self, plan: Plan) -> int:
-        """Decode steps this iteration may run back to back: decode_steps for a plan of decode rows alone while no
-        request waits and no prompt is part-way in (they would wait the whole run), else one."""
-        steps = self.config.decode_steps
-        if steps == 1 or plan.prefill or plan.tails or plan.encode or plan.copies or self._scheduler.waiting:
-            return 1
+    def _run(self, plan: Plan) -> Run | None:
+        """More decode steps back to back after this iteration's first: for a plan of decode rows alone while no
+        request waits, no prompt is part-way in (they would wait the whole run) and no beam search runs."""
+        cfg = self.config
+        if cfg.decode_steps == 1 or plan.prefill or plan.tails or plan.encode or plan.copies or self._scheduler.waiting:
+            return None
         if any(s.status is not Status.DECODING or isinstance(s.owner, Beam) for s in self._scheduler.running):
-            return 1
-        return steps
+            return None
+        return Run(cfg.decode_steps, cfg.decode_run_ms / 1000, self._interrupt, self.spec.eos_id, self.spec.max_length)
 
     def _apply(self, outcome: Outcome) -> None:
         for states, what, exc in outcome.failed:

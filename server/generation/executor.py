@@ -10,13 +10,13 @@ then the work on their logits: the next token of every sequence that gets one th
 device right after it), and the scores of prompt tokens for requests that asked. What comes back is a typed
 outcome; the engine applies it on the loop.
 
-A pure decode plan may ask for more than one step (`Work.steps`, GenerationConfig.decode_steps): the thread then
-feeds each row's chosen token straight back as its next decode row, up to `steps` times and within `budget_s`
-(GenerationConfig.decode_run_ms: a short step runs many times, a long one once), without returning to the loop.
+A pure decode plan may come with a `Run` (GenerationConfig.decode_steps, decode_run_ms): the thread then feeds each
+row's chosen token straight back as its next decode row, up to `steps` times and within `budget_s` (a short step
+runs many times, a long one once), without returning to the loop.
 The run ends before any row's token would end its sequence (eos, a stop id, its max_new_tokens, the context, its
 deadline), so that sequence is answered at once; stop strings are only seen on the loop, so a row they end may
-compute a few tokens the engine then drops. `stop` (set by the engine when a request arrives or
-leaves) ends the run after the step in progress.
+compute a few tokens the engine then drops. `Run.stop` (set by the engine when a request arrives or leaves) ends
+the run after the step in progress.
 """
 from __future__ import annotations
 
@@ -34,6 +34,17 @@ from .slot_runner import DecodeRow, PrefillRow, SlotRunner
 
 
 @dataclass(frozen=True)
+class Run:
+    """Decode steps back to back after a pure decode plan's first (the engine decides when: engine._run)."""
+
+    steps: int                     # at most this many steps in all ...
+    budget_s: float                # ... and none that would take the run past this many seconds
+    stop: threading.Event          # set: no further step after the one in progress
+    eos_id: int | None             # a row choosing it ends the run (unless its request ignores eos)
+    max_length: int                # the slots' context: no step writes past it
+
+
+@dataclass(frozen=True)
 class Work:
     """A plan in the runner's terms (built on the loop, run in the thread)."""
 
@@ -42,11 +53,7 @@ class Work:
     idle: dict[int, int]                  # slot -> where a decode run may write a throw-away token
     calls: list[list[PrefillRow]]         # one per plan.prefill call
     encode: list[EncodeRow] = field(default_factory=list)   # plan.encode's sources, with their slots
-    steps: int = 1                        # decode steps to run back to back (a pure decode plan only) ...
-    budget_s: float = 0.0                 # ... while the run stays within this many seconds
-    stop: threading.Event | None = None   # set: no further step after the one in progress
-    eos_id: int | None = None             # ends a row's run of steps (unless its request ignores eos)
-    max_length: int = 0                   # the slots' context: no step writes past it
+    run: Run | None = None                # more decode steps after the first (a pure decode plan only)
 
 
 @dataclass
@@ -65,7 +72,7 @@ class Outcome:
     written: list[Written] = field(default_factory=list)
     failed: list[tuple[list[SeqState], str, Exception]] = field(default_factory=list)
     beams: list[BeamSearch] = field(default_factory=list)    # searches that took a step
-    # Decode steps after the first, run back to back (Work.steps): each the rows that took it, with their token.
+    # Decode steps after the first, run back to back (Work.run): each the rows that took it, with their token.
     more: list[list[tuple[SeqState, Choice]]] = field(default_factory=list)
 
 
@@ -74,8 +81,7 @@ class SlotExecutor:
         self.runner = runner
 
     @staticmethod
-    def prepare(plan: Plan, scheduler: Scheduler, steps: int = 1, stop: threading.Event | None = None,
-                eos_id: int | None = None, max_length: int = 0, budget_s: float = 0.0) -> Work:
+    def prepare(plan: Plan, scheduler: Scheduler, run: Run | None = None) -> Work:
         # One-token prompt chunks ride the decode call: a row at the slot's next position, like a decode row.
         decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode] + \
                       [DecodeRow(c.seq.slot, c.seq.owner.prompt_ids[c.start], c.start) for c in plan.tails]
@@ -89,8 +95,7 @@ class SlotExecutor:
                 idle[c.seq.slot] = c.start + c.length
         calls = [[PrefillRow(c.seq.slot, c.seq.owner.prompt_ids[c.start:c.start + c.length], c.start)
                   for c in call.chunks] for call in plan.prefill]
-        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode], steps, budget_s, stop,
-                    eos_id, max_length)
+        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode], run)
 
     def run(self, work: Work) -> Outcome:
         """Worker thread. A failing call fails only its own sequences (in `Outcome.failed`)."""
@@ -107,8 +112,8 @@ class SlotExecutor:
             live = [i for i, s in enumerate(plan.decode) if _wants_token(s) and not isinstance(s.owner, Beam)]
             choices = dict(zip(live, choose_rows([plan.decode[i].owner.sampler for i in live], decoded[live])))
             out.decoded = [(s, choices.get(i)) for i, s in enumerate(plan.decode)]
-            if work.steps > 1:
-                self._more_steps(work, out, started)
+            if work.run is not None:
+                self._more_steps(work.run, work.idle, out, started)
             tail_logits = list(zip(plan.tails, decoded[n:, None, :]))
             beam_rows = [*zip(plan.decode, decoded[:n]), *((c.seq, row) for c, row in zip(plan.tails, decoded[n:]))]
             for state, row in beam_rows:
@@ -135,24 +140,23 @@ class SlotExecutor:
             self._beam_step(search, rows, out)
         return out
 
-    def _more_steps(self, work: Work, out: Outcome, started: float) -> None:
-        """Steps 2..work.steps of a pure decode plan, each row fed the token it was just given. The run ends
+    def _more_steps(self, run: Run, idle: dict[int, int], out: Outcome, started: float) -> None:
+        """Steps 2..run.steps of a pure decode plan, each row fed the token it was just given. The run ends
         as soon as any row would leave it, so a finished sequence is answered and its slot freed at once (and
         no row's slot is ever left out of a decode call it sits under), and before a step that would take it
-        past work.budget_s (judged by the step before), so its tokens reach the streams at that pace at least."""
+        past run.budget_s (judged by the step before), so its tokens reach the streams at that pace at least."""
         live = [(s, c) for s, c in out.decoded if c is not None]
         if len(live) != len(out.decoded):
             return
         last = time.perf_counter()
         previous = last - started
-        for step in range(1, work.steps):
-            if (work.stop is not None and work.stop.is_set()) or not all(_goes_on(s, c, step, work) for s, c in live):
-                return
-            if last - started + previous > work.budget_s:
+        for step in range(1, run.steps):
+            if run.stop.is_set() or last - started + previous > run.budget_s \
+                    or not all(_goes_on(s, c, step, run) for s, c in live):
                 return
             rows = [DecodeRow(s.slot, c.token_id, s.computed + step) for s, c in live]
             try:
-                logits = self.runner.decode(rows, work.idle)
+                logits = self.runner.decode(rows, idle)
             except Exception as exc:    # onnxruntime's own exception types
                 out.failed.append(([s for s, _ in live], "decode step failed", exc))
                 return
@@ -226,14 +230,14 @@ def _slot_mates(state: SeqState) -> list[SeqState]:
     return state.owner.search.states if isinstance(state.owner, Beam) else [state]
 
 
-def _goes_on(state: SeqState, choice: Choice, step: int, work: Work) -> bool:
+def _goes_on(state: SeqState, choice: Choice, step: int, run: Run) -> bool:
     """Whether a row decodes again after `step` tokens of this run, the last of them `choice`."""
     seq = state.owner
     token, params = choice.token_id, seq.params
     return not (seq.cancelled or seq.done
-                or (token == work.eos_id and not params.ignore_eos) or token in params.stop_token_ids
+                or (token == run.eos_id and not params.ignore_eos) or token in params.stop_token_ids
                 or len(seq.generated) + step >= params.max_new_tokens
-                or state.computed + step >= work.max_length
+                or state.computed + step >= run.max_length
                 or (seq.deadline is not None and time.monotonic() >= seq.deadline))
 
 
