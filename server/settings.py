@@ -262,8 +262,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                         "request arriving or leaving stops the run after the step in progress")
     p.add_argument("--decode-run-ms", type=float,
                    help="generation: a run of decode steps stops before a step that would take it past this many "
-                        f"milliseconds (default {d.decode_run_ms:g}): short steps run many times, long ones once, so "
-                        "streams get their tokens at least this often; 0 = one step per iteration")
+                        f"milliseconds (default {d.decode_run_ms:g}), judged by the step before: the longest a streamed "
+                        "token waits for its message; 0 = one step per iteration")
     p.add_argument("--prefix-caching", choices=ON_OFF,
                    help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
                         "sequence's) copies their keys/values instead of prefilling them (default on)")

@@ -259,10 +259,11 @@ class GenerationConfig:
     # no prompt is part-way in and no beam search runs: the loop's planning, hand-off and output work then comes
     # once per run instead of once per token. A request arriving (or leaving) stops the run after its current
     # step, so it waits at most one step longer than with 1. A run also stops before a step that would take it
-    # past decode_run_ms (judged by the step before): short steps amortise the loop's work over many, long ones
-    # (where it matters little) keep streaming each token soon.
+    # past decode_run_ms (judged by the step before): a bound on how long a stream's tokens wait for their message.
+    # 250, not less: at 32 streams every run sends each stream a message, and with 40 ms (one 38 ms fp32 step a
+    # run) served tokens/s fell 5-7% against 250 (bench/FINDINGS.md).
     decode_steps: int = 16
-    decode_run_ms: float = 40.0
+    decode_run_ms: float = 250.0
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",
