@@ -288,6 +288,7 @@ def token_repository(token_checkpoints, tmp_path_factory: pytest.TempPathFactory
 @pytest.mark.parametrize("family", FAMILIES)
 def test_export_passes_the_gate_and_equals_transformers(token_repository, token_checkpoints, family: str) -> None:
     import onnxruntime as ort
+    from conftest import one_torch_thread
 
     repo, reports = token_repository
     pkg = repo / f"{family}-token" / "1"
@@ -299,10 +300,13 @@ def test_export_passes_the_gate_and_equals_transformers(token_repository, token_
     assert names == (["input_ids", "attention_mask", "token_type_ids"] if family in TOKEN_TYPE_FAMILIES
                      else ["input_ids", "attention_mask"])
     feeds = encode(token_checkpoints[family], TEXTS)
-    sess = ort.InferenceSession(str(pkg / m["variants"]["fp32"]), providers=["CPUExecutionProvider"])
+    # One thread on each side: the sums' order (and their last bits) then does not depend on what else runs.
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(pkg / m["variants"]["fp32"]), options, providers=["CPUExecutionProvider"])
     got = sess.run(["logits"], {n: feeds[n].numpy() for n in names})[0]
     hf = getattr(transformers, HF_CLASS[family]).from_pretrained(token_checkpoints[family]).eval()
-    with torch.no_grad():
+    with torch.no_grad(), one_torch_thread():
         ref = hf_call(hf, family, feeds).logits.numpy()
     real = feeds["attention_mask"].numpy().astype(bool)
     assert got.shape == ref.shape
