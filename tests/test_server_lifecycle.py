@@ -216,7 +216,7 @@ def test_logprobs_requests_across_version_swaps_all_succeed(tiny_repository: Pat
     tokenizer = Tokenizer.from_file(str(repo / GPT / "1" / "tokenizer.json"))
     prompt = "To be, or not to be"
     prompt_ids = tokenizer.encode(prompt).ids
-    new_tokens = 60
+    new_tokens = 110     # long enough that requests are in flight across each swap (12 prompt tokens + 110 fit 128)
     with ServerProcess(repo, ["--http-port", "0"]) as proc:
         url = f"{proc.http_url}/v1/completions"
         stop = threading.Event()
