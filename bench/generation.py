@@ -49,6 +49,7 @@ from .material import bpe_tokenizer_dir, random_gpt
 from .sides import sides_lines, vllm_label
 from .vllm_env import VllmLaunch, bound_cores, vllm_launch
 
+ENGINE_DEFAULTS = GenerationConfig()     # what the server runs with, as the reports print it
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -348,7 +349,8 @@ def ortserve_side(cfg: Config, variant: str | None = None) -> dict[str, Any]:
     """What start_ortserve gives the server (printed in the report beside the peers')."""
     return {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
             "intra_op_spinning": cfg.spinning, "max_sequences": 32, "variant": variant or "package default",
-            "stream_interval": cfg.stream_interval, "decode_steps": GenerationConfig().decode_steps}
+            "stream_interval": cfg.stream_interval, "decode_steps": ENGINE_DEFAULTS.decode_steps,
+            "decode_run_ms": ENGINE_DEFAULTS.decode_run_ms}
 
 
 # ----------------------------------------------------------------------------- pieces

@@ -37,8 +37,6 @@ from typing import Any
 
 from testing.launch import ChildProcess as Process, ServerStartError, free_port
 
-from server.generation import GenerationConfig
-
 from .blocks import write_block
 from .machine import describe
 from .sides import sides_lines
@@ -61,9 +59,6 @@ CHECK_TEXTS = (
     "ACT III. SCENE I. A room in the castle. Enter KING, QUEEN, POLONIUS, OPHELIA",
 )
 PIECES = ("convert", "raw", "served", "ttft")
-
-
-ENGINE_DEFAULTS = GenerationConfig()     # what ortserve runs with, as the report prints it
 
 
 class LlamaCppError(RuntimeError):
@@ -241,16 +236,6 @@ def tokenization_mismatches(ours: Callable[[str], list[int]], theirs: Callable[[
     return out
 
 
-def leading_agreement(a: list[int], b: list[int]) -> int:
-    """How many leading ids two sequences share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def ortserve_greedy(address: str, ids: list[int], n: int, model: str = "gpt") -> list[int]:
     import grpc
 
@@ -297,7 +282,9 @@ def convert_piece(cfg: Config, ckpt: Path, repo: Path, ggufs: dict[str, Path], p
         ours = ortserve_greedy(ours_srv.address, prompt, 32)
     finally:
         ours_srv.stop()
-    agree = leading_agreement(ours, theirs)
+    from export.parity_inplace import leading_equal
+
+    agree = leading_equal(ours, theirs)
     log.info("tokenizer check: %d strings equal; greedy: %d of 32 leading tokens equal", len(CHECK_TEXTS), agree)
     return {"files": {v: {"path": str(p), "bytes": p.stat().st_size} for v, p in ggufs.items()},
             "pre_tokenizer": PRE_TOKENIZER, "tokenizer_check": {"texts": list(CHECK_TEXTS), "mismatches": 0},
@@ -343,7 +330,7 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
                  sides: dict[str, Any]) -> dict[str, Any]:
     """Per variant: ortserve serving it and llama-server on the matching GGUF, both up, taking turns run by run."""
     from .generation import Config as GenConfig
-    from .generation import OpenAIStreams, OrtserveStreams, prompts, run_streams, start_ortserve
+    from .generation import ENGINE_DEFAULTS, OpenAIStreams, OrtserveStreams, prompts, run_streams, start_ortserve
 
     out: dict[str, Any] = {}
     for v, gguf in ggufs.items():
@@ -357,7 +344,8 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
         sides[f"llamacpp_{v}"] = peer.describe()
         sides[f"ortserve_{v}"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
                                   "intra_op_spinning": gcfg.spinning, "max_sequences": cfg.parallel, "variant": v,
-                                  "stream_interval": cfg.stream_interval, "decode_steps": ENGINE_DEFAULTS.decode_steps}
+                                  "stream_interval": cfg.stream_interval, "decode_steps": ENGINE_DEFAULTS.decode_steps,
+                                  "decode_run_ms": ENGINE_DEFAULTS.decode_run_ms}
         clients = {"ortserve": OrtserveStreams(ours_srv.address, "gpt"), "llamacpp": OpenAIStreams(peer.port, "gpt")}
         try:
             cells: dict[str, Any] = {}

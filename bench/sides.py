@@ -22,7 +22,7 @@ def side_line(name: str, side: dict[str, Any]) -> str:
     if "logged_core_ids" in side:
         parts[-1] += f" (its log: core ids={logged})" if logged is not None else " (its log names no core ids)"
     for key in ("intra_op_spinning", "max_sequences", "parallel", "variant", "quant", "stream_interval",
-                "decode_steps"):
+                "decode_steps", "decode_run_ms"):
         if key in side:
             parts.append(f"{key.replace('_', ' ')} {side[key]}")
     env = side.get("env")

@@ -27,6 +27,7 @@ import torch
 
 from .config import Tolerances, WeightQuantConfig
 from .parity import Check, VariantResult
+from .parity_inplace import leading_equal
 from .speed import session
 from .seq2seq_parity import GREEDY_TOKENS, Seq2SeqGateInputs, SlotDriver, graph_greedy
 from .variants import VariantBuild
@@ -145,7 +146,7 @@ class WeightVariantGate:
                 positions += len(w)
         n = len(sources)
         same = [g[:len(w)] == w for g, w in zip(got, refs)]
-        leading = [_leading(g, w) / len(w) for g, w in zip(got, refs)]
+        leading = [leading_equal(g, w) / len(w) for g, w in zip(got, refs)]
         identical = sum(same) / n
         ratio = float(np.exp((nll_q - nll_ref) / positions))
         res.max_abs_diff["log-probabilities"] = worst
@@ -162,12 +163,3 @@ class WeightVariantGate:
         log.info("seq2seq parity %s: %s (identical %.4f, perplexity ratio %.5f, mean KL %.2e)", variant, res.status,
                  identical, ratio, kl / positions)
         return res
-
-
-def _leading(got: list[int], want: list[int]) -> int:
-    n = 0
-    for a, b in zip(got, want):
-        if a != b:
-            break
-        n += 1
-    return n
