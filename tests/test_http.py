@@ -526,6 +526,20 @@ def test_stream_ends_with_done_event(server: ServerProcess) -> None:
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
 
 
+def test_stream_events_stay_one_line_with_unicode_line_separators(server: ServerProcess) -> None:
+    """Text holding NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR (which httpx's iter_lines and str.splitlines end
+    lines at, though SSE does not) still arrives as one `data:` line an event, and the echo gives them back."""
+    prompt = "one\u2028two\u0085three\u2029four"
+    body = {"model": GPT, "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 4, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.http_url}/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines), lines
+    events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert "".join(c["text"] for e in events for c in e["choices"]).startswith(prompt)
+
+
 def test_stop_seed_and_logprobs(oai: openai.OpenAI) -> None:
     prompt = "Now is the winter"
     full = oai.completions.create(model=GPT, prompt=prompt, max_tokens=16, temperature=0,

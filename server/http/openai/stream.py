@@ -12,10 +12,18 @@ from server.http.openai.answers import encode
 from server.types import StreamPart
 
 DONE = b"data: [DONE]\n\n"
+# SSE ends lines at CR and LF only, and JSON escapes those; but common clients (httpx's iter_lines, Python's
+# str.splitlines) also end them at NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR, which JSON may carry raw. A
+# token's text can hold them, so they go out escaped and every client sees one event per line.
+_LINE_BREAKERS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
 
 
 def sse(payload: Any) -> bytes:
-    return b"data: " + encode(payload) + b"\n\n"
+    data = encode(payload)
+    for raw, escaped in _LINE_BREAKERS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 def event_stream(events: AsyncIterator[bytes], streams: list[AsyncIterator[StreamPart]], route: str) -> Response:
