@@ -37,6 +37,42 @@ BUILTIN_TEXTS = (
     "Bring the maps, the candles, and whatever bread is left.",
 )
 
+# Calibration text for the int8 variant's smoothing factors (export/int8.py): written apart from BUILTIN_TEXTS, so
+# the gate judges the variant on sentences its scales never saw. Each is also used lowercased without punctuation,
+# the form a punctuation restorer is fed.
+CALIBRATION_TEXTS = (
+    "The miller's daughter carried two baskets of apples down to the ferry.",
+    "When the bells rang at noon, every shop on the bridge closed its shutters.",
+    "Do you know the road to the abbey, or shall we ask the shepherd?",
+    "Her uncle kept a ledger of every debt, and forgave none of them.",
+    "Snow fell all night; by morning the wagons could not leave the yard.",
+    "I will write to you from the coast, if the post still runs there.",
+    "The captain ordered the sails furled and the lanterns lit at once!",
+    "Neither the priest nor the judge would say where the money had gone.",
+    "Put the kettle on, Margaret, for our guests have travelled far.",
+    "A thousand crows rose from the field as the cart rattled past.",
+    "Is it true that the duke has sold his horses to pay the soldiers?",
+    "They built the wall in a single summer and it stood for three hundred years.",
+    "Listen: somewhere below the floor a clock is ticking.",
+    "The students argued until dawn about a poem none of them had read.",
+    "Lend me your cloak, good sir, and I shall return it by Sunday.",
+    "Rivers flood, harvests fail, and still the tax collector comes.",
+    "How many ships did the admiral lose in the winter storms?",
+    "Every evening the baker gave the last loaf to the boy at the corner.",
+    "We found the key under a stone, exactly where the letter said it would be.",
+    "Hold your tongue! The walls of this palace have ears.",
+    "Old Thomas mended nets by the harbour and sang songs nobody else knew.",
+    "The physician shook his head, packed his instruments, and left without a word.",
+    "Autumn came early that year, and the vines were bare before the fair.",
+    "Why should a poor man fear the dark, when he has nothing left to steal?",
+)
+
+
+def calibration_texts() -> list[str]:
+    """CALIBRATION_TEXTS as written and lowercased without punctuation."""
+    bare = ["".join(c for c in t.lower() if c.isalnum() or c in " '") for t in CALIBRATION_TEXTS]
+    return [*CALIBRATION_TEXTS, *bare]
+
 
 def kv8_texts(texts: tuple[str, ...] | list[str] = BUILTIN_TEXTS) -> tuple[str, str]:
     """(calibration text, gate text) of the int8-cache variant: alternate sentences, so its scales are never

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from modelpkg import LAYOUT_CONCAT, CacheSpec, Manifest, padded_head_dim
 
-from . import decoder_graph, graphs, package, speed, variants, weights
+from . import decoder_graph, graphs, int8, package, speed, variants, weights
 from .checkpoint_tokens import chat_template, special_tokens
 from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError
@@ -92,8 +92,6 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
         path = out / variants.FILES[v]
         if v == "optimized":
             builds[v] = variants.build_optimized(fp32, path, arch, info.num_layers, info.num_heads, info.hidden_size)
-        elif v == "int8":
-            builds[v] = variants.build_int8(fp32, path)
         elif v == "fp16" and inplace:
             for src, dst in ((fp32, path), (out / decoder_graph.MIXED_FILE, out / decoder_graph.FP16_MIXED_FILE)):
                 variants.build_inplace_fp16(src, dst, keep_fp32=[o.name for o in onnx.load(str(src)).graph.output
@@ -103,6 +101,9 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
             builds[v] = variants.build_fp16(fp32, path)
     removed = package_tokenizer(info.path, out, info.max_positions)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    if "int8" in cfg.variants:   # its smoothing factors are calibrated on text, through the packaged tokenizer
+        builds["int8"] = variants.build_int8(fp32, out / variants.FILES["int8"],
+                                             int8.calibration_feeds(tok, info.max_positions))
     # The int8 cache's scales are calibrated on text (kv8 and the weight-quantized variants over it).
     calibration = tok.encode(kv8_texts()[0]).ids[:info.max_positions] if inplace else []
     kv_scales = None
@@ -189,7 +190,7 @@ def validate_config(cfg: ExportConfig) -> None:
 
 
 def drop_refused(staging: Path, manifest: Manifest, report: dict, results) -> Manifest:
-    """A refused weight-quantized variant leaves the package (its graphs, its manifest entries); parity.json
+    """A refused quantized variant (int8, w8, w4, ...) leaves the package (its graphs, its manifest entries); parity.json
     keeps its figures under status "refused", and the log shows them."""
     gone = refused(results)
     if not gone:

@@ -1,4 +1,4 @@
-"""Derived variants of the fp32 graph: optimized (transformer fusions), int8 (dynamic), fp16 (GPU).
+"""Derived variants of the fp32 graph: optimized (transformer fusions), int8 (per-token, export/int8.py), fp16 (GPU).
 The in-place decoder's kv8 (int8 KV cache) is written from the weights by decoder_graph.py, its weight-quantized
 w8 / w4 / w8kv8 / w4kv8 by weights.py."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from .errors import ExportError
@@ -70,27 +71,12 @@ def build_optimized(fp32: Path, out: Path, architecture: str, num_layers: int, n
     return build
 
 
-class _DropMessage(logging.Filter):
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
+def build_int8(fp32: Path, out: Path, calibration: list[dict[str, np.ndarray]]) -> VariantBuild:
+    """Per-token int8 activations x per-channel int8 weights after SmoothQuant (export/int8.py), on the UNFUSED
+    graph: the rewrite reads plain weight MatMuls, which the fused graph folds into Attention."""
+    from . import int8
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-def build_int8(fp32: Path, out: Path) -> VariantBuild:
-    """Dynamic QInt8 on the UNFUSED graph: quantize_dynamic fails on com.microsoft fused ops."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # It logs a pre-processing hint on the root logger; the exporter's graph is already shape-inferred.
-    hint = _DropMessage("pre-processing before quantization")
-    logging.getLogger().addFilter(hint)
-    try:
-        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8)
-    finally:
-        logging.getLogger().removeFilter(hint)
-    return VariantBuild("int8", out.name, notes=["quantize_dynamic QInt8 per-tensor weights, unfused graph"])
+    return VariantBuild("int8", out.name, notes=int8.build(fp32, out, calibration))
 
 
 def build_fp16(fp32: Path, out: Path) -> VariantBuild:

@@ -17,7 +17,7 @@ into the text, end exclusive.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -48,13 +48,20 @@ class TokenEntity:
     index: int | None = None   # the token's position in the sequence (`none` only)
 
 
-@dataclass(frozen=True)
-class _Piece:
+class _Piece(NamedTuple):   # a tuple: hundreds are made per request, a frozen dataclass costs ~4x as much
     token: str
     index: int          # the token's position in the sequence (its row of scores)
     start: int
     end: int
     is_subword: bool
+
+
+class _Tagged(NamedTuple):   # a token or word with its label, before grouping (fields as TokenEntity's)
+    label: str
+    score: float
+    word: str
+    start: int
+    end: int
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -137,15 +144,20 @@ def _mean(values: list[float]) -> float:
     return sum(kept) / len(kept) if kept else float("nan")
 
 
-def _grouped(entities: list[TokenEntity], join: Callable[[list[str]], str]) -> list[TokenEntity]:
-    """Adjacent entities of the same tag (not starting a new B-) merged: tag, mean score, decoded words."""
-    def close(run: list[TokenEntity]) -> TokenEntity:
+def _grouped(entities: Sequence[TokenEntity | _Tagged], join: Callable[[list[str]], str],
+             ignored: frozenset[str] | set[str] = frozenset()) -> list[TokenEntity]:
+    """Adjacent entities of the same tag (not starting a new B-) merged: tag, mean score, decoded words. Groups
+    whose tag is `ignored` are dropped unbuilt (the answer filters them anyway; decoding their words, often most
+    of the text, was most of the work)."""
+    def close(run: list[TokenEntity | _Tagged]) -> None:
+        label = run[0].label.split("-", 1)[-1]
+        if label in ignored:
+            return
         score = run[0].score if len(run) == 1 else _mean([e.score for e in run])
-        return TokenEntity(run[0].label.split("-", 1)[-1], score, join([e.word for e in run]), run[0].start,
-                           run[-1].end)
+        out.append(TokenEntity(label, score, join([e.word for e in run]), run[0].start, run[-1].end))
 
     out: list[TokenEntity] = []
-    run: list[TokenEntity] = []
+    run: list[TokenEntity | _Tagged] = []
     run_tag = ""
     for e in entities:
         bi, tag = _tag(e.label)
@@ -153,10 +165,10 @@ def _grouped(entities: list[TokenEntity], join: Callable[[list[str]], str]) -> l
             run.append(e)
             continue
         if run:
-            out.append(close(run))
+            close(run)
         run, run_tag = [e], tag
     if run:
-        out.append(close(run))
+        close(run)
     return out
 
 
@@ -166,15 +178,14 @@ def aggregate(row: TokenRow, logits: np.ndarray, labels: Sequence[str], strategy
     """One text's entities from its logits [tokens, labels] (rows past len(row.ids) are ignored)."""
     s = _Scores(softmax(np.asarray(logits)[:len(row.ids)]))
     ps = pieces(row, word_aware, unk_id)
-    if strategy in ("none", "simple"):
-        entities = [TokenEntity(labels[s.best[p.index]], s.top[p.index], p.token, p.start, p.end, p.index)
-                    for p in ps]
-        if strategy == "simple":
-            entities = _grouped(entities, join)
-    else:
-        entities = _grouped(_words(ps, strategy, s, labels, join), join)
     ignored = set(ignore_labels)
-    return [e for e in entities if e.label not in ignored]
+    if strategy == "none":
+        return [TokenEntity(label, s.top[p.index], p.token, p.start, p.end, p.index)
+                for p in ps if (label := labels[s.best[p.index]]) not in ignored]
+    if strategy == "simple":
+        return _grouped([_Tagged(labels[s.best[p.index]], s.top[p.index], p.token, p.start, p.end)
+                         for p in ps], join, ignored)
+    return _grouped(_words(ps, strategy, s, labels, join), join, ignored)
 
 
 def as_pipeline_dict(entity: TokenEntity, strategy: str) -> dict:

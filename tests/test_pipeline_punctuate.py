@@ -32,7 +32,11 @@ def test_the_punctuation_stage_trains_publishes_and_serves(tiny_checkpoints, tmp
     manifest = json.loads((repo / "punctuate" / "1" / "model.json").read_text())
     assert manifest["task"] == "token-classify"
     assert {"O", "B-Cap", "B-COMMA", "B-Cap+PERIOD"} <= set(manifest["labels"])
-    assert set(manifest["variants"]) == {"fp32", "optimized"}
+    # int8 is asked for: served when the gate passed it, else left out with its figure in parity.json.
+    int8 = json.loads((repo / "punctuate" / "1" / "parity.json").read_text())["variants"]["int8"]
+    assert set(manifest["variants"]) == {"fp32", "optimized"} | ({"int8"} if int8["passed"] else set())
+    assert int8["checks"][0]["name"] == "top-1 agreement" and int8["status"].startswith(
+        "passed" if int8["passed"] else "refused: top-1 agreement")
     p.run_punctuate(tiny_checkpoints.mlm)          # nothing changed: nothing retrained or republished
     assert p.published == {"punctuate": 1} and "token-classify" in p.skipped
 
