@@ -257,6 +257,10 @@ def _export(ckpt: Checkpoint, task: str, repository: Path, variants: tuple[str, 
                   notes)
     for v in variants:
         if v not in pkg.manifest["variants"]:
+            status = result.parity.get("variants", {}).get(v, {}).get("status", "")
+            if status.startswith("refused"):   # a quantized variant the gate refused alone
+                notes.append(f"export with variants {','.join(attempt)}: {v} {status}")
+                log.warning("%s: %s", ckpt.name, notes[-1])
             _build_outside_gate(pkg, v)
     return pkg
 
@@ -295,7 +299,11 @@ def _build_outside_gate(pkg: Package, variant: str) -> None:
     out = pkg.path.parent / f"bench-{pkg.path.name}-{ev.FILES[variant]}"
     try:
         if variant == "int8":
-            ev.build_int8(fp32, out)
+            from tokenizers import Tokenizer
+
+            from export.int8 import calibration_feeds
+            tokenizer = Tokenizer.from_file(str(pkg.path / "tokenizer.json"))
+            ev.build_int8(fp32, out, calibration_feeds(tokenizer, int(pkg.manifest["max_length"])))
         elif variant == "optimized":
             cfg = json.loads((Path(pkg.manifest["source"]["checkpoint"]) / "config.json").read_text())
             arch = pkg.manifest["architecture"]
