@@ -140,7 +140,7 @@ def decoder_section(res: dict[str, Any]) -> list[str]:
     lines += [""] + table(["backend", "tokens/s"], rows)
     lines += [f"- {k.replace('_', ' ')}: {fmt(v, 2)}" for k, v in res["ratios"].items()]
     agree = res["greedy_agreement_vs_ort_cached"]
-    lines += [f"- greedy output vs ORT cached: " + ", ".join(
+    lines += ["- greedy output vs ORT cached: " + ", ".join(
         f"{k} {'identical' if a['identical'] else 'first differs at token ' + str(a['first_difference'])}"
         for k, a in agree.items()), ""]
     rows = [[str(r["past"]), fmt(r["ort_cached"], 2), fmt(r["torch_cached"], 2), fmt(r["ort_uncached"], 2)]

@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from modelpkg import MIXED_PREFIX, head_channels, padded_head_dim, past_name, present_name
+
+if TYPE_CHECKING:   # graphs.py imports torch; this module is imported without it (the graph is written by hand)
+    from .graphs import GraphSpec
 
 MS = "com.microsoft"
 LAYOUT = "inplace"   # model.json cache.layout of graphs made here ("concat" = the traced graph)
@@ -416,7 +420,7 @@ def inplace_weights(model, model_type: str, max_length: int) -> DecoderWeights:
     raise ValueError(f"model_type: no in-place decoder graph for {model_type!r}")
 
 
-def export_inplace(model, model_type: str, max_length: int, out) -> "GraphSpec":
+def export_inplace(model, model_type: str, max_length: int, out) -> GraphSpec:
     """Write the in-place graph of `model` to `out`, and its mixed twin (MIXED_FILE) beside it; returns the
     I/O spec model.json lists (the plain graph's: the mixed one adds the same names prefixed "chunk.")."""
     from .graphs import GraphSpec, TensorSpec
