@@ -450,3 +450,20 @@ def test_a_burst_of_one_prompt_is_prefilled_once_and_the_rest_join_in_one_decode
     assert [c.seq for c in plan.tails] == burst[1:] and plan.reused_tokens == 31 * 39
     execute(s, plan)
     assert all(q.status is Status.DECODING for q in burst) and not s.waiting
+
+
+def test_reserved_tokens_follow_membership_through_admission_and_finish() -> None:
+    """Admission control reads the tokens its waiting and running sequences may hold; the scheduler keeps that
+    sum as they come and go (it was summed over every sequence per request)."""
+    s = make(slots=1)
+    a, b, c = SeqState(4, reserve=40), SeqState(6, reserve=60), SeqState(2, reserve=25)
+    for q in (a, b, c):
+        s.add(q)
+    assert s.reserved == 125
+    execute(s, s.plan())                       # a runs, b and c wait: all still count
+    assert a.status is Status.DECODING and s.reserved == 125
+    s.finish(a)
+    s.finish(a)                                # finishing twice subtracts once
+    assert s.reserved == 85
+    s.finish(c)                                # a waiting one leaves too
+    assert s.reserved == 60 and list(s.waiting) == [b]

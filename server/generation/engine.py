@@ -310,7 +310,7 @@ class GenerationEngine:
             needs = "" if slots == 1 else f"; this request has {slots} sequences and there is room for {room}"
             raise OverloadedError(f"generation queue of {self._label} is full ({waiting} waiting, max_queued_requests "
                                   f"{cfg.max_waiting}{needs}); retry later")
-        in_flight = sum(s.budget for s in self._sequences())
+        in_flight = self._scheduler.reserved
         if in_flight + need > cfg.max_tokens_in_flight:
             raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
                                   f"this request needs {need}, the limit is {cfg.max_tokens_in_flight}")
@@ -336,13 +336,14 @@ class GenerationEngine:
             # copied prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
             seq.state = (SeqState.of(ids, owner=seq) if params.prompt_logprobs is None
                          else SeqState(len(ids), owner=seq))
+            seq.state.reserve = seq.budget
             return seq
         prompt = [self.source.start_id]
         seq = Sequence.create(prompt, params, self._tokenizer, self.spec.vocab_size, deadline, self.spec.eos_id,
                               source_ids=ids, forced=self.source.forced(params.max_new_tokens),
                               stream_interval=self.config.stream_interval)
         # Its keys/values depend on its source: no tokens tracked, nothing reused or remembered of its slot.
-        seq.state = SeqState(len(prompt), owner=seq, source=len(ids))
+        seq.state = SeqState(len(prompt), owner=seq, source=len(ids), reserve=seq.budget)
         return seq
 
     def _add_search(self, requests: list[Sequence]) -> None:
@@ -361,7 +362,7 @@ class GenerationEngine:
         for beam in search.beams:
             first = beam.index == 0
             beam.state = SeqState(len(search.prompt_ids), owner=beam, source=source if first else 0,
-                                  gang=params.num_beams if first else 1)
+                                  gang=params.num_beams if first else 1, reserve=beam.budget)
             self._scheduler.add(beam.state)
 
     def _groups(self, jobs: list[Job]) -> list[tuple[list[int], int]]:
@@ -640,7 +641,7 @@ class GenerationEngine:
         if m is not None:
             m.active_sequences.set(self.active_sequences)
             m.queued_requests.set(self.waiting_requests)
-            m.tokens_in_flight.set(sum(s.budget for s in self._sequences()))
+            m.tokens_in_flight.set(self._scheduler.reserved)
             m.slots_used.set(self._scheduler.occupied_slots)
             m.slots_total.set(self._scheduler.config.num_slots)
             m.kv_cache_usage.set(self._scheduler.occupied_slots / max(self._scheduler.config.num_slots, 1))

@@ -77,6 +77,7 @@ class SeqState:
     reused: int = 0              # prompt tokens found cached at admission (not prefilled)
     source: int = 0              # source tokens the encoder runs at admission (seq2seq; 0 = none)
     gang: int = 1                # this and the next gang - 1 waiting sequences are admitted together (beams)
+    reserve: int = 0             # tokens its request may hold (prompt + max_new_tokens + source): admission's count
 
     @classmethod
     def of(cls, prompt: list[int], owner: Any = None) -> "SeqState":
@@ -179,6 +180,7 @@ class Scheduler:
     def __post_init__(self) -> None:
         self._free = list(range(self.config.num_slots))         # kept sorted: lowest slots first
         self._held: dict[int, list[int]] = {}                   # free slot -> tokens its keys/values hold
+        self.reserved = 0    # the reserve of every waiting and running sequence (kept, not summed per request)
 
     # ------------------------------------------------------------------ membership
 
@@ -194,6 +196,7 @@ class Scheduler:
         if seq.status is not Status.WAITING:
             raise ValueError(f"only a waiting sequence can be added, got {seq.status.value}")
         self.waiting.append(seq)
+        self.reserved += seq.reserve
 
     def finish(self, seq: SeqState, reusable: bool = True) -> None:
         """The sequence ends (done, cancelled, failed) in whatever state: its slot is free at once.
@@ -201,6 +204,7 @@ class Scheduler:
         reusable=False: what the slot holds is not to be trusted (a failed run), so it is not remembered."""
         if seq.status is Status.FINISHED:
             return
+        self.reserved -= seq.reserve
         if seq.status is Status.WAITING:
             self.waiting.remove(seq)
         else:
