@@ -440,6 +440,37 @@ def test_tokens_held_by_the_stream_interval_reach_the_consumer_before_a_failure(
     run(body())
 
 
+def test_a_request_collected_whole_queues_one_chunk_and_answers_as_streamed(bigram: Package) -> None:
+    """A unary request's tokens wait for its final chunk (no queue round trip per token), and its answer is what
+    the stream of the same request reassembles to; a failure still delivers what was held before the error."""
+    from server.generation.results import GeneratedToken
+    from server.generation.sequence import Sequence
+
+    params = GenerationParams.validate(max_new_tokens=10, ignore_eos=True)
+
+    async def body() -> tuple[list[StreamChunk], Any]:
+        async with bigram.engine(decode_steps=1) as engine:
+            streamed = await collect(engine, "Z", params)
+            whole = await engine.generate("Z", params)
+        seq = Sequence.create(bigram.ids("Z"), params, bigram.tokenizer, 100, None)
+        seq.whole = True
+        for i, text in enumerate("xy"):
+            seq.generated.append(i)
+            seq.send(StreamChunk(text=text, tokens=[GeneratedToken(i)]))
+        assert seq.queue.empty() and len(seq.held) == 2
+        seq.fail(RuntimeError("decode step failed"))
+        held = await seq.next_chunk()
+        assert (held.text, [t.token_id for t in held.tokens]) == ("xy", [0, 1])
+        with pytest.raises(RuntimeError, match="decode step failed"):
+            await seq.next_chunk()
+        return streamed, whole
+
+    streamed, whole = run(body())
+    assert len(streamed) == 10 and whole.text == "".join(c.text for c in streamed) == "é漢🙂"
+    assert [t.token_id for t in whole.tokens] == [t.token_id for c in streamed for t in c.tokens]
+    assert (whole.finish_reason, whole.usage) == (streamed[-1].finish_reason, streamed[-1].usage)
+
+
 def test_ignore_eos_continues_past_it(bigram: Package) -> None:
     async def body() -> Any:
         async with bigram.engine() as engine:

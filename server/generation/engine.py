@@ -239,6 +239,7 @@ class GenerationEngine:
                        deadline: float | None = None) -> GenerationResult:
         """The whole completion; same errors as `stream`. Cancelling the awaiting task cancels the request."""
         [seq] = await self.admit([(prompt, params)], deadline)
+        seq.whole = True
         return await self._collect(seq)
 
     async def generate_many(self, jobs: list[Job], deadline: float | None = None,
@@ -246,6 +247,8 @@ class GenerationEngine:
         """Every completion of one request (prompts x n), admitted together or not at all (`admit`). When one
         fails, or the caller goes away, every other one is cancelled: nothing is generated for nobody."""
         seqs = await self.admit(jobs, deadline, field)
+        for seq in seqs:
+            seq.whole = True
         if len(seqs) == 1:
             return [await self._collect(seqs[0])]
         tasks = [asyncio.ensure_future(self._collect(seq)) for seq in seqs]

@@ -51,6 +51,9 @@ class Sequence:
     # Chunks not yet queued (stream_interval > 1): sent with the chunk that completes the interval, or the last.
     held: list[StreamChunk] = field(default_factory=list)
     held_tokens: int = 0                 # the tokens of `held`
+    # Collected whole (a unary request): every chunk waits for the final one, so no token costs a queue round trip
+    # on the event loop (a g2p word is ~8 tokens: per-token chunks were most of a batch job's loop time).
+    whole: bool = False
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
@@ -87,7 +90,13 @@ class Sequence:
     def send(self, chunk: StreamChunk) -> None:
         """Queue a chunk for the consumer. With a stream interval n > 1 the first token goes at once (time to first
         token unchanged), later ones wait until n tokens have gathered; the final chunk takes whatever waits."""
-        if self.stream_interval > 1:
+        if self.whole:
+            self.held.append(chunk)
+            self.held_tokens += len(chunk.tokens)
+            if not chunk.final:
+                return
+            chunk, self.held, self.held_tokens = merge_chunks(self.held), [], 0
+        elif self.stream_interval > 1:
             self.held.append(chunk)
             self.held_tokens += len(chunk.tokens)
             if not chunk.final and len(self.generated) > 1 and self.held_tokens < self.stream_interval:
