@@ -63,12 +63,15 @@ def smooth(model: onnx.ModelProto, maxima: dict[str, np.ndarray], alpha: float =
     is unchanged in exact arithmetic); returns how many inputs were smoothed. MatMuls sharing an input (Q, K, V)
     share its factors."""
     inits = {i.name: i for i in model.graph.initializer}
+    uses = _uses(model)
     users: dict[str, list[int]] = {}
     for k in weight_matmuls(model):
         users.setdefault(model.graph.node[k].input[0], []).append(k)
     placed: list[tuple[int, onnx.NodeProto]] = []
     for x, at in users.items():
         nodes = [model.graph.node[k] for k in at]
+        if any(uses[n.input[1]] > 1 for n in nodes):   # a shared (tied) weight: scaling it would change its
+            continue                                   # other users (an embedding lookup, another layer)
         w_max = np.max([np.abs(numpy_helper.to_array(inits[n.input[1]])).max(axis=1) for n in nodes], axis=0)
         s = np.clip(maxima[x] ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha), *SCALE_RANGE).astype(np.float32)
         for node in nodes:
@@ -79,7 +82,7 @@ def smooth(model: onnx.ModelProto, maxima: dict[str, np.ndarray], alpha: float =
         mul = helper.make_node("Mul", [x, x + "/inverse_smoothing"], [x + "/smoothed"], name=x + "/smooth")
         placed.append((min(at), mul))
     _insert_before(model, placed)
-    return len(users)
+    return len(placed)
 
 
 def per_token_int8(model: onnx.ModelProto) -> int:
@@ -93,6 +96,7 @@ def per_token_int8(model: onnx.ModelProto) -> int:
               "zero_point": np.array(128, np.uint8)}
     g.initializer.extend(numpy_helper.from_array(v, f"int8/{k}") for k, v in shared.items())
     quantized: dict[str, tuple[str, str]] = {}    # input -> (its uint8 tensor, its row scales)
+    weights: set[str] = set()                      # weights already quantized
     nodes: list[onnx.NodeProto] = []
     for k, node in enumerate(g.node):
         if k not in targets:
@@ -100,10 +104,12 @@ def per_token_int8(model: onnx.ModelProto) -> int:
             continue
         x, name = node.input[0], node.input[1]
         w = numpy_helper.to_array(inits[name]).astype(np.float32)
-        w_scale = (np.maximum(np.abs(w).max(axis=0), 1e-12) / 127).astype(np.float32)
-        g.initializer.extend([numpy_helper.from_array(np.clip(np.round(w / w_scale), -127, 127).astype(np.int8),
-                                                      name + "/int8"),
-                              numpy_helper.from_array(w_scale, name + "/scale")])
+        if name not in weights:    # a weight two MatMuls share is quantized once
+            w_scale = (np.maximum(np.abs(w).max(axis=0), 1e-12) / 127).astype(np.float32)
+            g.initializer.extend([numpy_helper.from_array(np.clip(np.round(w / w_scale), -127, 127).astype(np.int8),
+                                                          name + "/int8"),
+                                  numpy_helper.from_array(w_scale, name + "/scale")])
+            weights.add(name)
         if x not in quantized:
             p = x + "/int8"
             nodes += [
@@ -159,6 +165,15 @@ def build(fp32: Path, out: Path, calibration: list[Feeds], alpha: float = ALPHA)
              len(calibration))
     return [f"SmoothQuant alpha {alpha} over {len(calibration)} calibration texts ({smoothed} MatMul inputs)",
             f"{n} weight MatMuls: per-channel int8 weights, per-token uint8 activations (MatMulIntegerToFloat)"]
+
+
+def _uses(model: onnx.ModelProto) -> dict[str, int]:
+    """How many node inputs read each tensor name (graph outputs not counted)."""
+    uses: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    return uses
 
 
 def _insert_before(model: onnx.ModelProto, placed: list[tuple[int, onnx.NodeProto]]) -> None:

@@ -89,3 +89,29 @@ def test_one_loud_token_spoils_per_tensor_scales_not_per_token_ones() -> None:
     quiet = np.abs(want[0, 1:]).max()
     err_tensor, err_token = np.abs(per_tensor[0, 1:] - want[0, 1:]).max(), np.abs(per_token[0, 1:] - want[0, 1:]).max()
     assert err_token < 0.02 * quiet < err_tensor, (err_token, err_tensor, quiet)
+
+
+def test_a_shared_weight_is_neither_smoothed_nor_quantized_twice() -> None:
+    """A weight two nodes read (a tied embedding: a Gather and a MatMul; or two MatMuls of different inputs) keeps
+    its other users exact: it is left unsmoothed, and quantized once for every MatMul reading it."""
+    rng = np.random.default_rng(4)
+    table = rng.normal(0, 0.3, (K, K)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("MatMul", ["emb", "table"], ["a"]),
+             helper.make_node("MatMul", ["x", "table"], ["b"])]
+    graph = helper.make_graph(
+        nodes, "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["T"]),
+                        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", K])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["T", K]) for n in ("emb", "a", "b")],
+        [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = {"ids": np.array([0, 3, 7], np.int64), "x": rng.normal(0, 1, (3, K)).astype(np.float32)}
+    assert int8.smooth(model, int8.channel_maxima(model, [feeds])) == 0
+    assert int8.per_token_int8(model) == 2
+    onnx.checker.check_model(model)
+    assert sum(i.name == "table/int8" for i in model.graph.initializer) == 1
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    emb, a, b = sess.run(None, feeds)
+    assert np.array_equal(emb, table[[0, 3, 7]])
+    assert np.abs(a - _per_token_reference(emb, table)).max() < 1e-4 * np.abs(a).max()
+    assert np.abs(b - _per_token_reference(feeds["x"], table)).max() < 1e-4 * np.abs(b).max()
