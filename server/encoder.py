@@ -27,14 +27,12 @@ from server.pieces import run_in_pieces
 from server.rerank import score_pairs
 from server.sessions import run_failure, warm_up_encoder
 from server.token_aggregation import DEFAULT_IGNORE, TokenEntity, TokenRow, aggregate, check_strategy
-from server.tokenization import EncodedText, TextEncoder, pad_batch
+from server.tokenization import INLINE_TEXT_CHARS, EncodedText, TextEncoder, pad_batch
 from server.tokens import TokenSpan, check_ids, check_text_bound, encode_spans, special_ids
 from server.types import (Classification, ClassifyResult, EmbedResult, FillMaskResult, LabelScore, MaskPrediction,
                           TokenCandidate, TokenClassifyResult)
 
 DEFAULT_FILL_MASK_TOP_K = 5
-# Characters of one request's texts above which they are tokenized in a worker thread (below: well under 1 ms).
-INLINE_TEXT_CHARS = 16_384
 # Tokens of one token-classification answer above which its entities are built in a worker thread.
 INLINE_TOKENS = 2048
 

@@ -24,8 +24,10 @@ def load_tokenizer(path: Path) -> Tokenizer:
 # characters. Texts beyond that are refused (or cut, with truncation) BEFORE tokenizing: tokenizing a multi-MB
 # text would hold the event loop for seconds.
 CHARS_PER_TOKEN_BOUND = 100
-PARALLEL_FROM = 32             # texts in a request from which encode_batch's worker threads pay (_encode_all)
-SEQUENTIAL_MAX_CHARS = 16_384  # ... and characters (the encoder's inline bound: more is tokenized off the loop)
+# Characters of one request's texts above which the encoder tokenizes them in a worker thread (below: well under
+# 1 ms on the event loop), and texts from which encode_batch's own worker threads pay (TextEncoder._encode_all).
+INLINE_TEXT_CHARS = 16_384
+PARALLEL_FROM = 32
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class TextEncoder:
         text still goes to encode_batch, which releases the GIL (encode holds it: a worker thread's long encode
         would stall the event loop)."""
         if len(batch) >= PARALLEL_FROM or sum(len(b) if isinstance(b, str) else len(b[0]) + len(b[1])
-                                              for b in batch) > SEQUENTIAL_MAX_CHARS:
+                                              for b in batch) > INLINE_TEXT_CHARS:
             return tokenizer.encode_batch(batch)
         return [tokenizer.encode(*b) if isinstance(b, tuple) else tokenizer.encode(b) for b in batch]
 
