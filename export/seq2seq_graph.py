@@ -74,17 +74,18 @@ class _Builder(_Graph):
                                 self.const(f"{name}.weight", n.weight)])
 
     def add_norm(self, x: str, residual: str, bias: np.ndarray | None, n: Norm, name: str) -> tuple[str, str]:
-        """(norm(x + bias + residual), x + bias + residual), fused."""
+        """(norm(x + bias + residual), x + bias + residual). RMSNorm (T5) as one fused op; LayerNorm as Add +
+        LayerNormalization: onnxruntime's SkipLayerNormalization ran 2.5-6x slower than the two on this CPU
+        (decoder_graph.SKIP_NORM_NOTE)."""
+        if bias is not None:
+            x = self.one("Add", [x, self.const(f"{name}.residual_bias", bias)])
         if n.bias is not None:
-            ins = [x, residual, self.const(f"{name}.weight", n.weight), self.const(f"{name}.bias", n.bias)]
-            if bias is not None:
-                ins.append(self.const(f"{name}.residual_bias", bias))
-            outs = self.op("SkipLayerNormalization", ins, n_out=4, domain=MS, epsilon=self.w.norm_eps)
-        else:
-            if bias is not None:
-                x = self.one("Add", [x, self.const(f"{name}.residual_bias", bias)])
-            outs = self.op("SkipSimplifiedLayerNormalization", [x, residual, self.const(f"{name}.weight", n.weight)],
-                           n_out=4, domain=MS, epsilon=self.w.norm_eps)
+            total = self.one("Add", [x, residual])
+            return self.one("LayerNormalization", [total, self.const(f"{name}.weight", n.weight),
+                                                   self.const(f"{name}.bias", n.bias)],
+                            axis=-1, epsilon=self.w.norm_eps), total
+        outs = self.op("SkipSimplifiedLayerNormalization", [x, residual, self.const(f"{name}.weight", n.weight)],
+                       n_out=4, domain=MS, epsilon=self.w.norm_eps)
         return outs[0], outs[3]
 
     def feed_forward(self, x: str, ff: FeedForward, name: str) -> str:

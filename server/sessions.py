@@ -58,6 +58,12 @@ def choose_variant(manifest: Manifest, preference: str, device: str) -> str:
     raise PackageError(f"model.json: no variant usable on {device} (has {', '.join(variants)})")
 
 
+# On CPU onnxruntime would fuse a residual Add and its LayerNormalization into SkipLayerNormalization, which its CPU
+# kernel runs 2.5-6x slower than the two (export/decoder_graph.py SKIP_NORM_NOTE): the exporter writes them apart,
+# and this keeps them so (RMSNorm's fused op is fast and is written fused; CUDA keeps every fusion).
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+
+
 def create_session(package: Package, variant: str, config: SessionConfig, file: str | None = None
                    ) -> ort.InferenceSession:
     """The variant's graph, or `file` of the package (a decoder's mixed graph) with the same options."""
@@ -75,7 +81,9 @@ def create_session(package: Package, variant: str, config: SessionConfig, file: 
         options.inter_op_num_threads = config.inter_op_threads
     path = package.file(file or package.manifest.variant_file(variant))
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=list(config.providers))
+        cpu = "CUDAExecutionProvider" not in config.providers
+        return ort.InferenceSession(str(path), sess_options=options, providers=list(config.providers),
+                                    disabled_optimizers=DISABLED_OPTIMIZERS if cpu else None)
     except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
         raise PackageError(f"onnxruntime cannot load {path.name}: {exc}") from None
 

@@ -59,7 +59,7 @@ def test_minilm_classifier_exports_and_matches_transformers(minilm_classifier, t
     assert manifest["labels"] == ["a", "b", "c"] and manifest["max_length"] == 512
     assert manifest["special_tokens"]["cls"] == 101 and manifest["special_tokens"]["mask"] == 103
     fused = result.parity["variants"]["optimized"]["fused_operators"]
-    assert fused["Attention"] == 6 and fused["SkipLayerNormalization"] == 12
+    assert fused["Attention"] == 6 and "SkipLayerNormalization" not in fused
     assert result.parity["tokenizer"]["removed_settings"] == ["padding", "truncation"]
 
     # Reference: transformers on the same batch, tokenised with the PACKAGED tokenizer (no padding leaks: pad here).
