@@ -6,7 +6,7 @@ Times 20 chained SkipLayerNormalization nodes against 20 x (Add + LayerNormaliza
 (SkipSimplifiedLayerNormalization against Add + RMSNormalization), at the shapes ortserve's graphs run: a decode
 step's rows (1 and 32 x 768), a g2p batch (640 x 128), a MiniLM batch of 8 passages (440 x 384). Each graph with
 onnxruntime's full optimization, spinning, default threads: the answer decides how export/decoder_graph.py,
-export/seq2seq_graph.py and export/variants.py write the residual norms (decoder_graph.SKIP_NORM_NOTE).
+export/seq2seq_graph.py and export/variants.py write the residual norms ("Residual norms" in decoder_graph.py).
 """
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def per_node_us(fused: bool, rms: bool, rows: int, width: int, runs: int = 200) 
 
 def main() -> None:
     print(f"onnxruntime {ort.__version__}; us per residual norm, {CHAIN} chained")
-    print(f"{'rows x width':>14} {'SkipLayerNorm':>14} {'Add+LayerNorm':>14} {'SkipSimplified':>15} {'Add+RMSNorm':>12}")
+    heads = ("rows x width", "SkipLayerNorm", "Add+LayerNorm", "SkipSimplified", "Add+RMSNorm")
+    print(f"{heads[0]:>14} " + " ".join(f"{h:>14}" for h in heads[1:]))
     for rows, width in SHAPES:
         cells = [per_node_us(fused, rms, rows, width) for rms in (False, True) for fused in (True, False)]
         print(f"{rows:>6} x {width:<5} " + " ".join(f"{c:>14.1f}" for c in cells))

@@ -96,11 +96,6 @@ def forward_passes(repo: Path, ckpt: Path):
     return graph, forward, manifest["default_variant"]["cpu"]
 
 
-def bare(text: str) -> str:
-    """Lowercase, no punctuation: what a punctuation restorer is fed."""
-    return " ".join("".join(c for c in w if c.isalnum() or c == "'") for w in text.lower().split())
-
-
 def _entities(items: list[dict]) -> list[tuple[str, int, int, float]]:
     return [(e["entity_group"], e["start"], e["end"], e["score"]) for e in items]
 
@@ -114,7 +109,9 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     ckpt = checkpoint(WORK)
     repo = repository(WORK, ckpt)
-    texts = [bare(t) for t in passages(200, 12, seed=21) + passages(200, 40, seed=22)]
+    from training.punctuation import bare_text
+
+    texts = [bare_text(t) for t in passages(200, 12, seed=21) + passages(200, 40, seed=22)]
     pipe = transformers.pipeline("token-classification", model=str(ckpt), aggregation_strategy="simple",
                                  device="cpu")
     with ServerProcess(repo, ["--intra-op-spinning", "on"], startup_timeout=180) as server, \
@@ -165,8 +162,8 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
         cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"],
                        "ceiling": med["graph"] / med["pipeline"]}
     return {**piece_cli.stamp("python -m bench.token_classify " + " ".join(sys.argv[1:])),
-            "agree": [same, len(sample)], "score_diff": score_diff, "variant": variant, "cells": cells, "rounds": rounds, "seconds": seconds,
-            "torch_threads": torch.get_num_threads()}
+            "agree": [same, len(sample)], "score_diff": score_diff, "variant": variant, "cells": cells,
+            "rounds": rounds, "seconds": seconds, "torch_threads": torch.get_num_threads()}
 
 
 def render(result: dict[str, Any]) -> list[str]:

@@ -45,11 +45,11 @@ if TYPE_CHECKING:   # graphs.py imports torch; this module is imported without i
     from .graphs import GraphSpec
 
 MS = "com.microsoft"
-# Why the LayerNorm family's residual norms are written as Add + LayerNormalization, not the fused contrib op:
-SKIP_NORM_NOTE = ("onnxruntime 1.32's CPU SkipLayerNormalization measured 2.5-6x slower than Add + LayerNormalization "
-                  "(2 cores, 2026-11-27: 59 vs 24 us at [32, 768], 389 vs 62 us at [440, 384]); "
-                  "SkipSimplifiedLayerNormalization (RMSNorm) is as fast as its parts and stays fused. The server "
-                  "turns onnxruntime's SkipLayerNormFusion off so the pair is not fused back.")
+# Residual norms: the LayerNorm family's are written as Add + LayerNormalization, not the fused contrib op:
+# onnxruntime 1.32's CPU SkipLayerNormalization measured 2.5-6x slower than the pair (2 cores, 2026-11-27: 59 vs
+# 24 us at [32, 768], 389 vs 62 us at [440, 384]; `python -m bench.skip_norm`). SkipSimplifiedLayerNormalization
+# (RMSNorm) is as fast as its parts and stays fused. The server turns onnxruntime's SkipLayerNormFusion off so the
+# pair is not fused back (server/sessions.py).
 LAYOUT = "inplace"   # model.json cache.layout of graphs made here ("concat" = the traced graph)
 
 
@@ -270,14 +270,13 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False,
         return g.one("Mul", [scaled, g.const(f"{prefix}.weight", wt)])
 
     def skip_norm(inp: str, skip: str, wt: np.ndarray, b: np.ndarray | None, prefix: str) -> tuple[str, str]:
-        """(normalized(inp + skip), inp + skip). RMSNorm as one fused op; LayerNorm as Add + LayerNormalization:
-        onnxruntime's SkipLayerNormalization ran 2.5-6x slower than the two on this CPU (SKIP_NORM_NOTE)."""
+        """(normalized(inp + skip), inp + skip). RMSNorm as one fused op; LayerNorm as Add + LayerNormalization
+        (the "Residual norms" comment at the top)."""
         if gpt2:
             total = g.one("Add", [inp, skip])
             return norm(total, wt, b, prefix), total
-        else:
-            outs = g.op("SkipSimplifiedLayerNormalization", [inp, skip, g.const(f"{prefix}.weight", wt)], n_out=4,
-                        domain=MS, epsilon=w.norm_eps)
+        outs = g.op("SkipSimplifiedLayerNormalization", [inp, skip, g.const(f"{prefix}.weight", wt)], n_out=4,
+                    domain=MS, epsilon=w.norm_eps)
         return outs[0], outs[3]
 
     def linear(inp: str, wt: np.ndarray, b: np.ndarray | None, prefix: str) -> str:

@@ -69,9 +69,10 @@ CALIBRATION_TEXTS = (
 
 
 def calibration_texts() -> list[str]:
-    """CALIBRATION_TEXTS as written and lowercased without punctuation."""
-    bare = ["".join(c for c in t.lower() if c.isalnum() or c in " '") for t in CALIBRATION_TEXTS]
-    return [*CALIBRATION_TEXTS, *bare]
+    """CALIBRATION_TEXTS as written and as a punctuation restorer reads them (training.punctuation.bare_text)."""
+    from training.punctuation import bare_text
+
+    return [*CALIBRATION_TEXTS, *map(bare_text, CALIBRATION_TEXTS)]
 
 
 def kv8_texts(texts: tuple[str, ...] | list[str] = BUILTIN_TEXTS) -> tuple[str, str]:

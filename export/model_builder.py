@@ -190,8 +190,8 @@ def validate_config(cfg: ExportConfig) -> None:
 
 
 def drop_refused(staging: Path, manifest: Manifest, report: dict, results) -> Manifest:
-    """A refused quantized variant (int8, w8, w4, ...) leaves the package (its graphs, its manifest entries); parity.json
-    keeps its figures under status "refused", and the log shows them."""
+    """A refused quantized variant (int8, w8, w4, ...) leaves the package (its graphs, its manifest entries);
+    parity.json keeps its figures under status "refused", and the log shows them."""
     gone = refused(results)
     if not gone:
         return manifest

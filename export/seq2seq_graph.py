@@ -76,7 +76,7 @@ class _Builder(_Graph):
     def add_norm(self, x: str, residual: str, bias: np.ndarray | None, n: Norm, name: str) -> tuple[str, str]:
         """(norm(x + bias + residual), x + bias + residual). RMSNorm (T5) as one fused op; LayerNorm as Add +
         LayerNormalization: onnxruntime's SkipLayerNormalization ran 2.5-6x slower than the two on this CPU
-        (decoder_graph.SKIP_NORM_NOTE)."""
+        (export/decoder_graph.py, "Residual norms")."""
         if bias is not None:
             x = self.one("Add", [x, self.const(f"{name}.residual_bias", bias)])
         if n.bias is not None:

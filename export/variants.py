@@ -55,7 +55,7 @@ def build_optimized(fp32: Path, out: Path, architecture: str, num_layers: int, n
 
     model_type = "bert" if architecture in ENCODER_FAMILIES else "gpt2"
     options = FusionOptions(model_type)
-    # Residual + LayerNorm stay two ops (decoder_graph.SKIP_NORM_NOTE): the fused op is the slower one here.
+    # Residual + LayerNorm stay two ops: the fused op is the slower one here ("Residual norms", decoder_graph.py).
     options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = False
     opt = optimize_model(str(fp32), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
                          optimization_options=options)
@@ -68,7 +68,7 @@ def build_optimized(fp32: Path, out: Path, architecture: str, num_layers: int, n
         raise ExportError(f"--variants optimized: expected fusion did not happen ({detail}); fused: {stats}")
     opt.save_model_to_file(str(out), use_external_data_format=False)
     build = VariantBuild("optimized", out.name, fused_operators=stats,
-                         notes=["residual + LayerNorm left unfused (SkipLayerNormalization is slower on CPU)"])
+                         notes=["residual + LayerNorm unfused (SkipLayerNormalization is slower on CPU)"])
     if architecture == "albert":
         build.notes.append("Attention fused on all but the first shared-layer pass (it reads the E->H projection)")
     if architecture not in ENCODER_FAMILIES and not stats.get("Attention"):

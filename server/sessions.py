@@ -59,8 +59,8 @@ def choose_variant(manifest: Manifest, preference: str, device: str) -> str:
 
 
 # On CPU onnxruntime would fuse a residual Add and its LayerNormalization into SkipLayerNormalization, which its CPU
-# kernel runs 2.5-6x slower than the two (export/decoder_graph.py SKIP_NORM_NOTE): the exporter writes them apart,
-# and this keeps them so (RMSNorm's fused op is fast and is written fused; CUDA keeps every fusion).
+# kernel runs 2.5-6x slower than the two ("Residual norms" in export/decoder_graph.py): the exporter writes them
+# apart, and this keeps them so (RMSNorm's fused op is fast and is written fused; CUDA keeps every fusion).
 DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 

@@ -219,7 +219,7 @@ def test_optimized_fusion_counts_and_fp16_status(full_repository: Path) -> None:
     assert fused["Attention"] == 2 and "SkipLayerNormalization" not in fused
     ops = [n.op_type for n in onnx.load(str(pkg / "model.optimized.onnx")).graph.node]
     assert ops.count("Attention") == 2  # counted in the file itself, not taken from the optimizer's report
-    # residual + LayerNorm are left apart (the fused op is the slower one on CPU: decoder_graph.SKIP_NORM_NOTE)
+    # residual + LayerNorm are left apart (the fused op is slower on CPU: "Residual norms", export/decoder_graph.py)
     assert ops.count("LayerNormalization") == 4 and "SkipLayerNormalization" not in ops
     assert parity["variants"]["optimized"]["max_abs_diff"]["logits"] <= 5e-4
     fp16 = parity["variants"]["fp16"]

@@ -220,7 +220,7 @@ def test_export_gate_passes_and_manifest_declares_token_types(family_repository,
     assert opt["passed"]
     layers = 3 if family == "albert" else 2
     assert opt["fused_operators"]["Attention"] == (layers - 1 if family == "albert" else layers)
-    assert "SkipLayerNormalization" not in opt["fused_operators"]    # left apart: decoder_graph.SKIP_NORM_NOTE
+    assert "SkipLayerNormalization" not in opt["fused_operators"]    # left apart: "Residual norms", decoder_graph.py
     if family == "electra":  # E != H: the embedding LayerNorm still fuses (at width E), and every layer's GELU
         assert opt["fused_operators"]["EmbedLayerNormalization"] == 1
         assert opt["fused_operators"]["BiasGelu"] == layers

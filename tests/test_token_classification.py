@@ -520,6 +520,15 @@ def test_punctuation_examples_restore_their_text() -> None:
         "Who's there? What, my young master? O my gentle master! No more do yours, your virtues, gentle master,")
 
 
+def test_bare_text_is_what_the_restorer_trains_on() -> None:
+    """The form int8 calibration and the benchmark feed the restorer: its training examples' words."""
+    from training.punctuation import bare_text, examples_of
+
+    text = "What, my young master?--O my gentle master! 'Tis well-born."
+    assert bare_text(text) == "what my young master o my gentle master 'tis well-born"
+    assert bare_text(text).split() == list(examples_of(text, 40, "scene")[0].words)
+
+
 def test_punctuation_data_keeps_the_test_plays_apart() -> None:
     from training.punctuation import LABELS, punctuation_data
 

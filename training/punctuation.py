@@ -60,6 +60,11 @@ def word_label(raw: str) -> tuple[str, str] | None:
     return core.lower(), (label if label == "O" else f"B-{label}")
 
 
+def bare_text(text: str) -> str:
+    """The text as the restorer is trained to read it: words lowercased, marks stripped (word_label's words)."""
+    return " ".join(w for w, _ in (p for p in map(word_label, text.replace("--", " ").split()) if p is not None))
+
+
 def examples_of(text: str, words_per_example: int, source: str) -> list[WordsExample]:
     """A document cut into runs of words_per_example words (the last run may be shorter)."""
     # "--" joins words in the corpus ("master?--O my"): a word boundary, the mark before it stays the word's
