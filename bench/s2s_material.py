@@ -10,8 +10,9 @@ and the sources fed to every side.
           sample of 2,000 of them. Random weights never choose eos sensibly, so every side generates exactly
           `max_new` tokens (eos suppressed until then)
 
-Each is exported with `python -m export --variants w8` (parity gate included: fp32 and the 8-bit-weight w8 graphs,
-ortserve's int8 counterpart) and converted with CTranslate2's converter (float32 and int8); a stamp of the
+Each is exported with `python -m export --variants w8,int8` (parity gate included: fp32 and ortserve's two 8-bit
+variants, the counterparts of CTranslate2's int8: w8's MatMulNBits weights and int8's per-token integer products) and
+converted with CTranslate2's converter (float32 and int8); a stamp of the
 checkpoint's weights file makes a retrained checkpoint re-export and re-convert.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ MARIAN_SOURCE_WORDS = (8, 24)       # words per synthetic source (+ eos)
 MARIAN_MAX_SOURCE = 32
 STEP_LENGTH = 256                   # the step piece's longer target position: the self cache must hold it
 MARIAN_MAX_TARGET = 288
-VARIANTS = ["--variants", "w8"]     # the package's int8 counterpart of CTranslate2's int8 (export/seq2seq_quantized.py)
+VARIANTS = ["--variants", "w8,int8"]   # the 8-bit counterparts of CTranslate2's int8 (export/seq2seq_quantized.py)
 
 
 class MaterialError(RuntimeError):

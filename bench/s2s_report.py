@@ -10,6 +10,7 @@ ISSUE_INPUTS = 2000     # the batch job's size in issue 26
 STEP_GOAL = 1.3         # step growth 16 -> 256 over the time to read the extra self-cache once
 
 _SIDES = {"ortserve_batch": "ortserve, batch job", "ortserve_w8_batch": "ortserve w8, batch job",
+          "ortserve_int8_batch": "ortserve int8, batch job",
           "ct2_batch": "CTranslate2 float32, batch job",
           "ct2_int8_batch": "CTranslate2 int8, batch job", "ortserve_served": "ortserve, served",
           "ct2_served": "CTranslate2 float32, served", "ct2_alt_served": "CTranslate2 float32 (other layout), served",
@@ -69,14 +70,22 @@ def render(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _has_w8(batch: dict[str, Any]) -> bool:
-    return any(isinstance(c, dict) and "ratio_w8_vs_ct2_int8" in c for c in batch.values())
+# ortserve's 8-bit variants, in the order their rows are listed
+_QUANTIZED = {"int8": "int8 (per-channel int8 weights x per-token uint8 activations, integer products, in the encoder "
+                      "and decoder graphs, head included)",
+              "w8": "w8 (8-bit weights, MatMulNBits, in the encoder and decoder graphs; activations quantized per "
+                    "block inside the product)"}
+
+
+def _quantized(batch: dict[str, Any]) -> list[str]:
+    """ortserve's 8-bit variants this batch job ran beside CTranslate2's int8."""
+    return [v for v in _QUANTIZED if any(isinstance(c, dict) and f"ratio_{v}_vs_ct2_int8" in c for c in batch.values())]
 
 
 def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     conv = entry.get("ct2_conversion")
     lines = [f"### {_MODELS.get(name, name)}", "", f"Checkpoint: `{entry.get('checkpoint')}`; ortserve serves its "
-             "`python -m export` package (fp32 and w8, parity-gated), CTranslate2 its conversion (float32 and "
+             "`python -m export` package (fp32 and its 8-bit variants, parity-gated), CTranslate2 its conversion (float32 and "
              "`quantization=\"int8\"`)" + (f" with {conv}" if conv else "") + ".", ""]
     b = entry.get("batch")
     if b:
@@ -85,10 +94,10 @@ def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                  "--quick)" if b["inputs"] < ISSUE_INPUTS else "")
         lines += [f"Batch job: {b['inputs']} inputs{fewer}, " + (f"exactly {b['max_new_tokens']} new tokens each (eos "
                   "suppressed: random weights)" if fixed else f"up to {b['max_new_tokens']} new tokens (eos ends)")
-                  + (". The int8 table: ortserve's w8 variant (8-bit weights, MatMulNBits, in the encoder and "
-                     "decoder graphs; activations quantized per block inside the product) vs CTranslate2's int8."
-                     if _has_w8(b) else ". ortserve ships no int8 encoder-decoder variant here (the package has no "
-                     "w8), so there is no int8-vs-int8 ratio; CTranslate2's int8 is listed for reference."), "",
+                  + (". The int8 table: ortserve's " + " and ".join(_QUANTIZED[v] for v in _quantized(b))
+                     + " vs CTranslate2's int8." if _quantized(b) else ". ortserve ships no 8-bit encoder-decoder "
+                     "variant here (the gate refused them), so there is no int8-vs-int8 ratio; CTranslate2's int8 is "
+                     "listed for reference."), "",
                   f"| search | ortserve fp32 tok/s | CTranslate2 float32 tok/s | ortserve / CTranslate2 | goal ≥ "
                   f"{BATCH_GOAL}× | CTranslate2 int8 tok/s | outputs identical (ortserve vs CT2) |",
                   "|---|---|---|---|---|---|---|"]
@@ -103,21 +112,25 @@ def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                          f" | {_f(cell['ratio_vs_ct2'], 2)} | {_goal(cell['ratio_vs_ct2'], BATCH_GOAL, True)} | "
                          f"{_f(q['tokens_per_s']) if q else '–'} | {100 * cell['identical_outputs_vs_ct2']:.1f}% |")
         lines.append("")
-        if _has_w8(b):
-            lines += [f"| search | ortserve w8 tok/s | CTranslate2 int8 tok/s | ortserve w8 / CTranslate2 int8 | goal ≥ "
-                      f"{BATCH_GOAL}× | outputs identical: w8 vs ortserve fp32 / CT2 int8 vs CT2 float32 |",
-                      "|---|---|---|---|---|---|"]
+        if _quantized(b):
+            lines += [f"| search | ortserve variant | ortserve tok/s | CTranslate2 int8 tok/s | ortserve / CTranslate2 "
+                      f"int8 | goal ≥ {BATCH_GOAL}× | outputs identical: variant vs ortserve fp32 / CT2 int8 vs CT2 "
+                      "float32 |", "|---|---|---|---|---|---|---|"]
             for key, cell in b.items():
-                if not key.startswith("beam") or "ratio_w8_vs_ct2_int8" not in cell:
+                if not key.startswith("beam"):
                     continue
                 beam = int(key[4:])
-                o, q = cell["ortserve_w8"], cell["ct2_int8"]
-                ratio = cell["ratio_w8_vs_ct2_int8"]
-                lines.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {_f(o['tokens_per_s'])}"
-                             f"{_range(o['runs'], 'tokens_per_s')} | {_f(q['tokens_per_s'])}"
-                             f"{_range(q['runs'], 'tokens_per_s')} | {_f(ratio, 2)} | {_goal(ratio, BATCH_GOAL, True)} | "
-                             f"{100 * cell['identical_outputs_w8_vs_fp32']:.1f}% / "
-                             f"{100 * cell['identical_outputs_ct2_int8_vs_float32']:.1f}% |")
+                for v in _quantized(b):
+                    if f"ratio_{v}_vs_ct2_int8" not in cell:
+                        continue
+                    o, q = cell[f"ortserve_{v}"], cell["ct2_int8"]
+                    ratio = cell[f"ratio_{v}_vs_ct2_int8"]
+                    lines.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {v} | {_f(o['tokens_per_s'])}"
+                                 f"{_range(o['runs'], 'tokens_per_s')} | {_f(q['tokens_per_s'])}"
+                                 f"{_range(q['runs'], 'tokens_per_s')} | {_f(ratio, 2)} | "
+                                 f"{_goal(ratio, BATCH_GOAL, True)} | "
+                                 f"{100 * cell[f'identical_outputs_{v}_vs_fp32']:.1f}% / "
+                                 f"{100 * cell['identical_outputs_ct2_int8_vs_float32']:.1f}% |")
             lines.append("")
     s = entry.get("served")
     if s:

@@ -74,7 +74,8 @@ class Config:
     warmup_clients: tuple[tuple[int, int], ...] = ((1, 4), (8, 16), (32, 32))   # (clients, requests) untimed
     rounds: int = 2
     ct2_int8: bool = True
-    ortserve_w8: bool = True            # the batch job also runs the package's w8 variant (when it has one)
+    # the batch job also runs these 8-bit variants of the package (those its gate passed) against CTranslate2's int8
+    ortserve_quantized: tuple[str, ...] = ("int8", "w8")
     threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     # CTranslate2's parallel batches (model replicas) x threads per batch = the cores. Two replicas of one thread
     # beat one of two threads on these 2 cores (2026-11-26, shared cores: g2p greedy 35k vs 10k tok/s, Marian shape
@@ -295,8 +296,9 @@ def has_variant(model: Model, variant: str) -> bool:
 def batch_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) -> dict[str, Any]:
     max_new, min_new = limits(model, cfg)
     mine = {"ortserve": OrtserveBatch(model, cfg)}
-    if cfg.ortserve_w8 and has_variant(model, "w8"):     # the gate may have refused it: then fp32 alone
-        mine["ortserve_w8"] = OrtserveBatch(model, cfg, "w8")
+    for v in cfg.ortserve_quantized:
+        if has_variant(model, v):                         # the gate may have refused it
+            mine[f"ortserve_{v}"] = OrtserveBatch(model, cfg, v)
     peers = {"ct2": ct2_peer(model, "float32", cfg)}
     if cfg.ct2_int8:
         peers["ct2_int8"] = ct2_peer(model, "int8", cfg)
@@ -338,9 +340,11 @@ def batch_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) 
             cell["identical_outputs_vs_ct2"] = agreement(texts["ortserve"], texts["ct2"])
             if "ct2_int8" in texts:
                 cell["identical_outputs_ct2_int8_vs_float32"] = agreement(texts["ct2_int8"], texts["ct2"])
-            if "ortserve_w8" in texts and "ct2_int8" in texts:
-                cell["ratio_w8_vs_ct2_int8"] = cell["ortserve_w8"]["tokens_per_s"] / cell["ct2_int8"]["tokens_per_s"]
-                cell["identical_outputs_w8_vs_fp32"] = agreement(texts["ortserve_w8"], texts["ortserve"])
+            for v in cfg.ortserve_quantized:
+                if f"ortserve_{v}" in texts and "ct2_int8" in texts:
+                    cell[f"ratio_{v}_vs_ct2_int8"] = (cell[f"ortserve_{v}"]["tokens_per_s"]
+                                                      / cell["ct2_int8"]["tokens_per_s"])
+                    cell[f"identical_outputs_{v}_vs_fp32"] = agreement(texts[f"ortserve_{v}"], texts["ortserve"])
             cell["examples"] = [{"source": s, "ortserve": texts["ortserve"][i], "ct2": texts["ct2"][i]}
                                 for i, s in enumerate(src.texts[:3])]
             out[f"beam{beam}"] = cell

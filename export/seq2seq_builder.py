@@ -1,6 +1,6 @@
 """`--task generate` for an encoder-decoder checkpoint (Marian, BART, T5), plugged into export/skeleton.py:
 encoder.onnx + decoder.onnx (export/seq2seq_graph.py), the tokenizers, a model.json with its `encoder_decoder`
-block (modelpkg.Seq2SeqSpec), checked by export/seq2seq_parity.py; with `--variants w8` / `w4` weight-quantized
+block (modelpkg.Seq2SeqSpec), checked by export/seq2seq_parity.py; with `--variants w8` / `w4` / `int8` quantized
 twins of both graphs (export/seq2seq_quantized.py), judged on held-out sources, refused alone when they breach
 their limits, and timed for the CPU default (export/seq2seq_speed.py)."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .errors import ExportError
 from .heldout import BUILTIN_TEXTS, seq2seq_sources
 from .package_manifest import new_manifest, tensors
 from .parity import failure_table
-from .seq2seq_quantized import SEQ2SEQ_WEIGHT_VARIANTS, WeightVariantGate, build_variant, describe
+from .seq2seq_quantized import SEQ2SEQ_QUANTIZED, WeightVariantGate, build_variant, describe
 from .result import ExportResult
 from .seq2seq_parity import Seq2SeqGateInputs, run_seq2seq_gate
 from .seq2seq_weights import SEQ2SEQ_FAMILIES, Seq2SeqWeights, seq2seq_weights
@@ -70,7 +70,7 @@ def _spec(w: Seq2SeqWeights, config, graphs: dict[str, dict[str, str]], target_t
 
 class Seq2SeqBuilder:
     def __init__(self, cfg: ExportConfig) -> None:
-        offered = ("fp32", *SEQ2SEQ_WEIGHT_VARIANTS)
+        offered = ("fp32", *SEQ2SEQ_QUANTIZED)
         if "fp32" not in cfg.variants or set(cfg.variants) - set(offered):
             raise ExportError(f"--variants: an encoder-decoder package ships {', '.join(offered)} (fp32 required; "
                               f"got {', '.join(cfg.variants)})")
@@ -106,7 +106,7 @@ class Seq2SeqBuilder:
         graphs = {"fp32": {"encoder": seq2seq_graph.ENCODER_FILE, "decoder": seq2seq_graph.DECODER_FILE}}
         builds = {"fp32": VariantBuild("fp32", seq2seq_graph.DECODER_FILE,
                                        notes=[f"with {seq2seq_graph.ENCODER_FILE}"])}
-        self.quantized = [v for v in cfg.variants if v in SEQ2SEQ_WEIGHT_VARIANTS]
+        self.quantized = [v for v in cfg.variants if v in SEQ2SEQ_QUANTIZED]
         for v in self.quantized:
             try:
                 builds[v], graphs[v] = build_variant(v, staging, seq2seq_graph.ENCODER_FILE, seq2seq_graph.DECODER_FILE,
@@ -209,7 +209,7 @@ def validate_seq2seq(pkg: Path, manifest: dict, problems: list[str], threads: in
     tok_report = check_tokenizer(builder.info.path, pkg, list(BUILTIN_TEXTS), None, m.max_length, [])
     inp = builder.gate_inputs(pkg)
     passed, results, _ = run_seq2seq_gate(inp, pkg / spec.encoder_file("fp32"), pkg / spec.decoder_file("fp32"))
-    quantized = [v for v in spec.graphs if v in SEQ2SEQ_WEIGHT_VARIANTS]
+    quantized = [v for v in spec.graphs if v in SEQ2SEQ_QUANTIZED]
     if quantized:   # the published weight-quantized variants must still pass their own limits
         judge = WeightVariantGate(inp, cfg.tolerances)
         for v in quantized:

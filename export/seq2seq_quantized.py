@@ -1,4 +1,5 @@
-"""Weight-quantized variants of an encoder-decoder package (w8, w4): both graphs' weight MatMuls as MatMulNBits.
+"""Quantized variants of an encoder-decoder package: w8 / w4 (both graphs' weight MatMuls as MatMulNBits) and int8
+(per-channel int8 weights times per-token uint8 activations, export/int8.py's rewrite).
 
 Made by export/weights.py's quantize_graph, the decoders' quantizer: the encoder graph (its layers and the cross
 key/value projection of every decoder layer) and the decoder graph (its layers and the head, rewritten from the
@@ -10,6 +11,11 @@ fp32 tables). What was measured to choose that (docs/model-package.md, "Encoder-
     the six layers); the encoder gains 1.1-1.4x;
   - on the trained g2p model quantizing the encoder too moves greedy outputs little more than the decoder alone
     (98.9% vs 99.5% identical to fp32 on the 3,731 test words, WER within 0.2 points either way).
+
+int8 runs every weight product, the head's included, on onnxruntime's integer GEMM (AMX / VNNI where the CPU has
+them) with one activation scale per row, computed in the graph: on the OPUS-MT shape at batch 64 the batch job ran
+faster than w8 and kept more outputs identical to fp32 (docs/BENCHMARKS.md). No SmoothQuant factors here: its
+calibration runs the graph on representative inputs, and the in-place decoder's are a slot cache, not a text.
 
 The gate judges a variant by what it changes on held-out sources (export/heldout.seq2seq_sources), against the
 PyTorch fp32 model: greedy outputs (identical outputs, leading identical tokens) and, teacher-forced along
@@ -30,13 +36,17 @@ from .parity import Check, VariantResult
 from .parity_inplace import leading_equal
 from .speed import session
 from .seq2seq_parity import GREEDY_TOKENS, Seq2SeqGateInputs, SlotDriver, graph_greedy
+from .int8 import per_token_int8
 from .variants import VariantBuild
-from .weights import quantize_graph
+from .weights import HEAD_WEIGHT, head_as_matmul, quantize_graph
 
 log = logging.getLogger(__name__)
 
-# variant -> weight bits (no int8-cache twins: the encoder-decoder's cache stays fp32)
+# MatMulNBits variant -> weight bits (no int8-cache twins: the encoder-decoder's cache stays fp32)
 SEQ2SEQ_WEIGHT_VARIANTS: dict[str, int] = {"w8": 8, "w4": 4}
+INT8 = "int8"
+# every quantized variant -> the bits its gate limits are those of (export/config.py seq2seq_weight_limits)
+SEQ2SEQ_QUANTIZED: dict[str, int] = {**SEQ2SEQ_WEIGHT_VARIANTS, INT8: 8}
 CHUNK = 16     # sources decoded together by the gate (slot buffers and logits stay small on a 58k vocabulary)
 
 
@@ -47,6 +57,8 @@ def variant_files(variant: str) -> dict[str, str]:
 def build_variant(variant: str, staging: Path, encoder_file: str, decoder_file: str,
                   quant: dict[int, WeightQuantConfig]) -> tuple[VariantBuild, dict[str, str]]:
     """Quantize the staged fp32 graphs into `variant`'s two files; its VariantBuild and {encoder, decoder} files."""
+    if variant == INT8:
+        return _build_int8(staging, encoder_file, decoder_file)
     bits = SEQ2SEQ_WEIGHT_VARIANTS[variant]
     cfg = quant[bits]
     files = variant_files(variant)
@@ -67,8 +79,29 @@ def build_variant(variant: str, staging: Path, encoder_file: str, decoder_file: 
     return build, files
 
 
+def _build_int8(staging: Path, encoder_file: str, decoder_file: str) -> tuple[VariantBuild, dict[str, str]]:
+    files = variant_files(INT8)
+    counts = {}
+    for side, src in (("encoder", encoder_file), ("decoder", decoder_file)):
+        model = onnx.load(str(staging / src))
+        if side == "decoder" and not head_as_matmul(model):
+            raise ValueError("the decoder graph has no Gemm head to quantize")
+        counts[side] = per_token_int8(model)
+        onnx.checker.check_model(model)
+        onnx.save(model, str(staging / files[side]))
+    notes = [f"per-channel int8 weights x per-token uint8 activations (MatMulIntegerToFloat); encoder "
+             f"{counts['encoder']} weight MatMuls, decoder {counts['decoder']} (its head, {HEAD_WEIGHT}, included); "
+             f"no smoothing; with {files['encoder']}"]
+    return VariantBuild(INT8, files["decoder"], fused_operators={"MatMulIntegerToFloat": sum(counts.values())},
+                        notes=notes), files
+
+
 def describe(variant: str, quant: dict[int, WeightQuantConfig]) -> dict:
     """model.json `quantization[variant]` of an encoder-decoder package."""
+    if variant == INT8:
+        return {"method": "MatMulIntegerToFloat", "weights": "int8, one scale per output channel",
+                "activations": "uint8, one scale per row (token), computed in the graph", "head": "int8",
+                "smoothing": None, "kv_cache": "float32", "graphs": ["encoder", "decoder"]}
     bits = SEQ2SEQ_WEIGHT_VARIANTS[variant]
     return {**quant[bits].as_json(bits), "method": "MatMulNBits", "kv_cache": "float32",
             "graphs": ["encoder", "decoder"]}
@@ -111,8 +144,7 @@ class WeightVariantGate:
 
     def check(self, variant: str, encoder_path: Path, decoder_path: Path) -> VariantResult:
         inp = self.inp
-        bits = SEQ2SEQ_WEIGHT_VARIANTS[variant]
-        min_identical, max_ratio = self.t.seq2seq_weight_limits(bits)
+        min_identical, max_ratio = self.t.seq2seq_weight_limits(SEQ2SEQ_QUANTIZED[variant])
         res = VariantResult(variant, "", {"min_identical_outputs": min_identical, "max_perplexity_ratio": max_ratio})
         # No spinning: PyTorch's references run between the graphs' calls, on the same cores.
         enc, dec = session(encoder_path, inp.threads, False), session(decoder_path, inp.threads, False)

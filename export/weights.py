@@ -36,7 +36,7 @@ def variant_files(variant: str) -> tuple[str, str]:
     return f"model.{variant}.onnx", f"model.{variant}.mixed.onnx"
 
 
-def _head_as_matmul(model: onnx.ModelProto) -> bool:
+def head_as_matmul(model: onnx.ModelProto) -> bool:
     """Rewrite the graph's final Gemm(h, W, [bias], transB=1, alpha) as MatMul(h, alpha * W^T) [+ bias] over its own
     initializer; False when the graph has no such head. (The encoder-decoder's head carries T5's output scale as
     alpha and BART / Marian's final_logits_bias as the third input: export/seq2seq_graph.py.)"""
@@ -83,7 +83,7 @@ def quantize_graph(model: onnx.ModelProto, bits: int, cfg: WeightQuantConfig) ->
     if cfg.algorithm == "hqq" and bits != 4:
         raise ValueError("algorithm: hqq is offered for 4 bits only")
     model = onnx.ModelProto.FromString(model.SerializeToString())   # the caller's graph stays as it was
-    head = _head_as_matmul(model) if cfg.lm_head_bits else False
+    head = head_as_matmul(model) if cfg.lm_head_bits else False
     # Block size per weight: the configured one, or for a narrower input (K < block) the largest power of two
     # <= K (MatMulNBits takes 16, 32, 64, 128, 256); narrower than 16 stays fp32.
     plan: dict[tuple[int, int], list[str]] = {}

@@ -208,7 +208,7 @@ def test_report_states_command_machine_sides_figures_and_goals():
     assert "transformers generate, served: threads 2, attn implementation sdpa" in text
     assert "| greedy | 3,000 [2,700–3,300] | 2,000 | 1.50 | met | 4,000 | 99.5% |" in text
     assert "| beam 4 | 900 [810–990] | 1,800 | 0.50 | **missed** | – | 99.5% |" in text
-    assert "no int8 encoder-decoder variant" in text
+    assert "no 8-bit encoder-decoder variant" in text
     assert "`quantization=\"int8\"`) with a loader of its own." in text and "bash bench/setup_ct2.sh" in text
     assert "Batch job: 2000 inputs, up to 32 new tokens (eos ends)" in text      # the size: no remark
     small = {**REPORT, "models": {"marian": {"checkpoint": "m", "batch": {
@@ -223,19 +223,33 @@ def test_report_states_command_machine_sides_figures_and_goals():
     assert text.count("| search |") == 1 and text.count("| clients |") == 1
 
 
-def test_the_int8_table_compares_ortserve_w8_with_ctranslate2_int8():
+def test_the_int8_table_lists_each_8bit_variant_against_ctranslate2_int8():
     cell = _cell(3000.0, 2000.0, 4000.0)
     cell["ortserve_w8"] = {"runs": [{"tokens_per_s": 5000.0}, {"tokens_per_s": 5400.0}], "tokens_per_s": 5200.0}
+    cell["ortserve_int8"] = {"runs": [{"tokens_per_s": 6000.0}, {"tokens_per_s": 6400.0}], "tokens_per_s": 6200.0}
     cell.update(ratio_w8_vs_ct2_int8=5200.0 / 4000.0, identical_outputs_w8_vs_fp32=0.987,
+                ratio_int8_vs_ct2_int8=6200.0 / 4000.0, identical_outputs_int8_vs_fp32=0.995,
                 identical_outputs_ct2_int8_vs_float32=0.97)
-    report = {**REPORT, "sides": {**REPORT["sides"], "ortserve_w8_batch": {"variant": "w8", "threads": 2}},
+    report = {**REPORT, "sides": {**REPORT["sides"], "ortserve_w8_batch": {"variant": "w8", "threads": 2},
+                                  "ortserve_int8_batch": {"variant": "int8", "threads": 2}},
               "models": {"g2p": {"checkpoint": "c", "batch": {"inputs": 2000, "max_new_tokens": 32,
                                                               "min_new_tokens": 0, "beam1": cell}}}}
     text = "\n".join(render(report))
     assert "ortserve w8, batch job: variant w8, threads 2" in text
-    assert "| greedy | 5,200 [5,000–5,400] | 4,000 | 1.30 | met | 98.7% / 97.0% |" in text
-    assert "no int8 encoder-decoder variant" not in text and "ortserve's w8 variant" in text
+    assert "ortserve int8, batch job: variant int8, threads 2" in text
+    # int8 first, then w8, each with its own ratio and agreement
+    int8_row = "| greedy | int8 | 6,200 [6,000–6,400] | 4,000 | 1.55 | met | 99.5% / 97.0% |"
+    w8_row = "| greedy | w8 | 5,200 [5,000–5,400] | 4,000 | 1.30 | met | 98.7% / 97.0% |"
+    assert int8_row in text and w8_row in text and text.index(int8_row) < text.index(w8_row)
+    assert "no 8-bit encoder-decoder variant" not in text and "ortserve's int8 (per-channel" in text
     assert text.count("| search |") == 2
+
+
+def test_a_batch_job_without_8bit_variants_says_so():
+    report = {**REPORT, "models": {"g2p": {"checkpoint": "c", "batch": {
+        "inputs": 2000, "max_new_tokens": 32, "min_new_tokens": 0, "beam1": _cell(3000.0, 2000.0, 4000.0)}}}}
+    text = "\n".join(render(report))
+    assert "ortserve ships no 8-bit encoder-decoder variant here" in text and text.count("| search |") == 1
 
 
 def test_block_is_written_between_its_markers_and_replaced_alone(tmp_path):
