@@ -359,21 +359,25 @@ def batch_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) 
 # ----------------------------------------------------------------------------- served
 
 
+SERVED_VARIANT = "fp32"
+
+
 class OrtserveServed:
     def __init__(self, model: Model, cfg: Config) -> None:
         from clients import OrtserveClient
         from testing.launch import ServerProcess
 
         self.model, self.cfg = model, cfg
+        # fp32 against the peers' float32: the package's CPU default may be an 8-bit variant (the export times them)
         self.server = ServerProcess(model.repository, ["--intra-op-threads", str(cfg.threads), "--intra-op-spinning",
-                                                       "on", "--max-sequences", str(cfg.served_slots)],
-                                    startup_timeout=300)
+                                                       "on", "--max-sequences", str(cfg.served_slots),
+                                                       "--variant", SERVED_VARIANT], startup_timeout=300)
         self.client = OrtserveClient(self.server.address, timeout=600)
         self.params = ortserve_params(model, cfg, 1)
 
     def describe(self) -> dict[str, Any]:
-        return {"threads": self.cfg.threads, "intra_op_spinning": "on", "max_sequences": self.cfg.served_slots,
-                "path": "python -m server (a real server process), GenerateStream over gRPC with the Python client"}
+        return {"variant": SERVED_VARIANT, "threads": self.cfg.threads, "intra_op_spinning": "on",
+                "max_sequences": self.cfg.served_slots, "path": "python -m server (a real server process), GenerateStream over gRPC with the Python client"}
 
     def call(self, text: str, on_token) -> list[int]:
         ids: list[int] = []
