@@ -13,10 +13,12 @@ and the sources fed to every side.
 Each is exported with `python -m export --variants w8,int8` (parity gate included: fp32 and ortserve's two 8-bit
 variants, the counterparts of CTranslate2's int8: w8's MatMulNBits weights and int8's per-token integer products) and
 converted with CTranslate2's converter (float32 and int8); a stamp of the
-checkpoint's weights file makes a retrained checkpoint re-export and re-convert.
+checkpoint's weights file makes a retrained checkpoint re-export and re-convert, and one of the exporter's source a
+changed exporter re-export.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -148,11 +150,20 @@ def _fresh(marker: Path, stamp: dict[str, object]) -> bool:
     return marker.is_file() and json.loads(marker.read_text()) == stamp
 
 
+def _exporter_digest() -> str:
+    """A digest of the exporter's and the package format's source: a package made by other code is made again."""
+    h = hashlib.sha256()
+    for path in sorted([*(ROOT / "export").glob("*.py"), *(ROOT / "modelpkg").glob("*.py")]):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def export_package(checkpoint: Path, repo: Path, name: str, threads: int, extra: list[str]) -> Path:
-    """ortserve's package (python -m export, gate included), unless one of the same weights is there."""
+    """ortserve's package (python -m export, gate included), unless one of the same weights, made by the same
+    exporter code, is there."""
     pkg = repo / name / "1"
     marker = repo / f".{name}.source.json"
-    stamp = {**_stamp(checkpoint), "args": extra}
+    stamp = {**_stamp(checkpoint), "args": extra, "exporter": _exporter_digest()}
     if (pkg / "parity.json").is_file() and _fresh(marker, stamp):
         return pkg
     shutil.rmtree(repo / name, ignore_errors=True)

@@ -3,7 +3,7 @@
 
 Made by export/weights.py's quantize_graph, the decoders' quantizer: the encoder graph (its layers and the cross
 key/value projection of every decoder layer) and the decoder graph (its layers and the head, rewritten from the
-tied Gemm(transB) into a MatMul over its own transposed copy, `lm_head_bits` wide; the embedding lookups keep the
+tied FusedMatMul(transB) into a MatMul over its own transposed copy, `lm_head_bits` wide; the embedding lookups keep the
 fp32 tables). What was measured to choose that (docs/model-package.md, "Encoder-decoder packages"; docs/BENCHMARKS.md,
 "Weight-quantized encoder-decoders"):
   - the decoder carries the speed: on the OPUS-MT shape (6+6 layers, 512 wide, 58k vocabulary) a w8 decode step is
@@ -85,7 +85,7 @@ def _build_int8(staging: Path, encoder_file: str, decoder_file: str) -> tuple[Va
     for side, src in (("encoder", encoder_file), ("decoder", decoder_file)):
         model = onnx.load(str(staging / src))
         if side == "decoder" and not head_as_matmul(model):
-            raise ValueError("the decoder graph has no Gemm head to quantize")
+            raise ValueError("the decoder graph has no head (FusedMatMul over the target table) to quantize")
         counts[side] = per_token_int8(model)
         onnx.checker.check_model(model)
         onnx.save(model, str(staging / files[side]))

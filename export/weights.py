@@ -37,9 +37,10 @@ def variant_files(variant: str) -> tuple[str, str]:
 
 
 def head_as_matmul(model: onnx.ModelProto) -> bool:
-    """Rewrite the graph's final Gemm(h, W, [bias], transB=1, alpha) as MatMul(h, alpha * W^T) [+ bias] over its own
-    initializer; False when the graph has no such head. (The encoder-decoder's head carries T5's output scale as
-    alpha and BART / Marian's final_logits_bias as the third input: export/seq2seq_graph.py.)"""
+    """Rewrite the graph's head — Gemm(h, W, [bias], transB=1, alpha), or FusedMatMul(h, W, transB=1, alpha) — as
+    MatMul(h, alpha * W^T) [+ bias] over its own initializer; False when the graph has no such head. (The
+    encoder-decoder's head is the FusedMatMul, over [batch, sequence, hidden], carrying T5's output scale as alpha;
+    BART / Marian's final_logits_bias is an Add after it: export/seq2seq_graph.py.)"""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
 
@@ -49,6 +50,9 @@ def head_as_matmul(model: onnx.ModelProto) -> bool:
     heads = [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and attr(n, "transB", 0) == 1
              and attr(n, "transA", 0) == 0 and len(n.input) in (2, 3)
              and (len(n.input) == 2 or (n.input[2] in inits and attr(n, "beta", 1.0) == 1.0))]
+    heads += [n for n in graph.node if n.op_type == "FusedMatMul" and n.input[1] in inits and len(n.input) == 2
+              and attr(n, "transB", 0) == 1 and attr(n, "transA", 0) == 0 and attr(n, "transBatchA", 0) == 0
+              and attr(n, "transBatchB", 0) == 0]
     if len(heads) != 1:
         return False
     gemm = heads[0]

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from server.generation import GenerationConfig, GenerationParams
 from server.generation.detokenize import IncrementalDetokenizer, StopMatcher
-from server.generation.sampling import Sampler, nucleus, apply_repetition_penalty, log_softmax, top_n
+from server.generation.sampling import Sampler, choose_rows, nucleus, apply_repetition_penalty, log_softmax, top_n
 
 # ---------------------------------------------------------------- parameters
 
@@ -170,6 +170,36 @@ def test_min_tokens_masks_eos_and_stop_ids_until_enough_are_generated() -> None:
         sampler.observe(choice.token_id)
     assert picks == [0, 0, 2]
     assert Sampler(GenerationParams.validate(), 4, [], eos_id=2).choose(logits).token_id == 2
+
+
+def test_rows_under_min_tokens_are_chosen_together_as_each_would_be_alone() -> None:
+    """choose_rows takes greedy rows still under min_tokens in one masked argmax: the same tokens as each row's
+    own choose() (float64, enders masked) on random logits with ties, and the caller's logits stay as they were."""
+    rng = np.random.default_rng(0)
+    logits = rng.integers(0, 4, size=(9, 6)).astype(np.float32)       # small integers: ties everywhere
+    logits[:, 2] = 5.0                                                  # eos leads every row ...
+    logits[1::3, 0] = 5.0                                               # ... tied with an earlier id in some
+    logits[2::3, 5] = 5.0                                               # ... and with a later one in others
+    kept = logits.copy()
+
+    def samplers() -> list[Sampler]:
+        kinds = [dict(min_tokens=3), dict(min_tokens=3, stop_token_ids=[4]), dict(), dict(min_tokens=1),
+                 dict(temperature=0.7, seed=1, min_tokens=2), dict(min_tokens=2, logprobs=True)]
+        return [Sampler(GenerationParams.validate(**kinds[i % len(kinds)]), 6, [], eos_id=2) for i in range(9)]
+    together, alone = samplers(), samplers()
+    for step in range(4):
+        got = [c.token_id for c in choose_rows(together, logits)]
+        want = []
+        for s, row in zip(alone, logits):
+            c = s.choose(row)
+            s.observe(c.token_id)
+            want.append(c.token_id)
+        assert got == want, step
+    assert np.array_equal(logits, kept)
+    # eos is held back exactly while min_tokens is not reached (rows 0 and 1: min_tokens 3)
+    fresh = samplers()
+    picks = [[c.token_id for c in choose_rows(fresh, logits)][0] for _ in range(4)]
+    assert picks[:3] != [2, 2, 2] and 2 not in picks[:3] and picks[3] == 2
 
 
 def test_log_softmax_and_top_n() -> None:

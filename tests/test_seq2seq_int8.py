@@ -63,9 +63,13 @@ def test_int8_rewrites_every_weight_product_and_the_gate_records_it(package: Pat
     assert q["method"] == "MatMulIntegerToFloat" and q["head"] == "int8" and q["graphs"] == ["encoder", "decoder"]
     for side in ("encoder", "decoder"):
         fp32, int8 = _ops(package / graphs["fp32"][side]), _ops(package / graphs["int8"][side])
-        # every fp32 weight MatMul (and the decoder's Gemm head) is now one integer product with its row scales
-        assert int8["MatMulIntegerToFloat"] == fp32["MatMul"] + fp32["Gemm"], (side, int8)
-        assert int8["MatMul"] == 0 and int8["Gemm"] == 0 and int8["QuantizeLinear"] > 0, (side, int8)
+        # every fp32 weight MatMul (and the decoder's FusedMatMul head) is now one integer product with its row scales
+        assert int8["MatMulIntegerToFloat"] == fp32["MatMul"] + fp32["FusedMatMul"], (side, int8)
+        assert int8["MatMul"] == 0 and int8["FusedMatMul"] == 0 and int8["QuantizeLinear"] > 0, (side, int8)
+    # the head writes `logits` itself: no Reshape (a copy of [rows, vocab] into the bound buffer) after it
+    for variant in ("fp32", "int8"):
+        graph = onnx.load(str(package / graphs[variant]["decoder"])).graph
+        assert next(n for n in graph.node if "logits" in n.output).op_type in ("FusedMatMul", "Mul"), variant
     head = onnx.load(str(package / graphs["int8"]["decoder"]))
     weights = {i.name: i for i in head.graph.initializer}
     assert weights["lm_head.weight_t/int8"].data_type == onnx.TensorProto.INT8

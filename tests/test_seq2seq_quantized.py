@@ -1,7 +1,7 @@
 """Weight-quantized encoder-decoder variants (w8 / w4: MatMulNBits in both graphs, export/seq2seq_quantized.py).
 
 A random Hugging Face Marian (testing/seq2seq_checkpoints.py) exported with --variants w8: the variant's graphs
-are quantized (no fp32 weight MatMul or Gemm head left), judged by the gate on held-out sources and recorded; a
+are quantized (no fp32 weight MatMul or FusedMatMul head left), judged by the gate on held-out sources and recorded; a
 variant that breaches its limits (an impossible limit, a perturbed graph) is refused with its figures while the
 package keeps fp32; served with --variant w8, greedy answers equal an offline run of the same quantized graphs
 (testing/seq2seq_offline.py, plain sessions) and a beam search answers with its n-best.
@@ -66,9 +66,9 @@ def test_w8_quantizes_both_graphs_and_the_gate_records_what_it_changes(package: 
                                                                                                          "decoder"]
     for side in ("encoder", "decoder"):
         fp32, w8 = _ops(package / graphs["fp32"][side]), _ops(package / graphs["w8"][side])
-        assert w8["MatMulNBits"] > 0 and w8["MatMul"] == 0 and w8["Gemm"] == 0, (side, w8)
-        # every fp32 weight MatMul (and the decoder's Gemm head) became one MatMulNBits
-        assert w8["MatMulNBits"] == fp32["MatMul"] + fp32["Gemm"], side
+        assert w8["MatMulNBits"] > 0 and w8["MatMul"] == 0 and w8["FusedMatMul"] == 0, (side, w8)
+        # every fp32 weight MatMul (and the decoder's FusedMatMul head) became one MatMulNBits
+        assert w8["MatMulNBits"] == fp32["MatMul"] + fp32["FusedMatMul"], side
     assert (package / "decoder.w8.onnx").stat().st_size < 0.6 * (package / "decoder.onnx").stat().st_size
     w8 = parity["variants"]["w8"]
     assert w8["passed"] is True

@@ -110,7 +110,8 @@ class SlotExecutor:
         else:
             n = len(plan.decode)
             live = [i for i, s in enumerate(plan.decode) if _wants_token(s) and not isinstance(s.owner, Beam)]
-            choices = dict(zip(live, choose_rows([plan.decode[i].owner.sampler for i in live], decoded[live])))
+            rows = decoded[:n] if len(live) == n else decoded[live]     # every row live: no copy of the logits
+            choices = dict(zip(live, choose_rows([plan.decode[i].owner.sampler for i in live], rows)))
             out.decoded = [(s, choices.get(i)) for i, s in enumerate(plan.decode)]
             if work.run is not None:
                 self._more_steps(work.run, work.idle, out, started)

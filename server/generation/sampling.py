@@ -63,13 +63,17 @@ class Sampler:
                           np.array([b for _, b in params.logit_bias], dtype=np.float64))
 
     @property
-    def plain_greedy(self) -> bool:
-        """Its next choice is the argmax of the raw logits: greedy, nothing added to or masked in the logits,
-        no logprobs."""
+    def batch_greedy(self) -> bool:
+        """Its next choice is the argmax of the logits with at most masked_enders set to -inf: greedy, nothing added
+        to the logits, no logprobs (choose_rows takes such rows together)."""
         p = self.params
         return (p.temperature == 0 and not p.wants_logprobs and self._bias is None and self._seen is None
-                and self._counts is None and (self._enders is None or self.generated >= p.min_tokens)
-                and self.generated not in self._forced)
+                and self._counts is None and self.generated not in self._forced)
+
+    @property
+    def masked_enders(self) -> np.ndarray | None:
+        """The ids masked from the next choice: the ending tokens while fewer than min_tokens are generated."""
+        return self._enders if self._enders is not None and self.generated < self.params.min_tokens else None
 
     def observe(self, token_id: int) -> None:
         """Record a generated token (for the penalties)."""
@@ -117,14 +121,23 @@ class Sampler:
 
 def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
     """The next token of each row of logits [rows, >= V], row i with samplers[i], each then observed. The rows
-    whose sampler is plain greedy take one argmax over all of them (the same token `choose` would pick: the
-    first index on ties, on the same values); the others are chosen one by one."""
+    whose sampler is greedy with nothing added to its logits take one argmax over all of them, the ending tokens
+    of those still under min_tokens masked first (the same token `choose` would pick: the first index on ties, on
+    the same values); the others are chosen one by one."""
     choices: list[Choice | None] = [None] * len(samplers)
-    plain = [i for i, s in enumerate(samplers) if s.plain_greedy]
-    if plain:
-        picks = np.argmax(logits[plain, :samplers[plain[0]].vocab_size], axis=1)
-        for i, token in zip(plain, picks):
-            choices[i] = Choice(int(token), None, ())
+    batch = [i for i, s in enumerate(samplers) if s.batch_greedy]
+    if batch:
+        rows = logits[:, :samplers[batch[0]].vocab_size]     # a view: no copy of [rows, vocab]
+        picks = np.argmax(rows, axis=1)
+        for i in batch:
+            enders = samplers[i].masked_enders
+            # Masking changes the argmax only when it landed on a masked id: an unmasked first maximum stays the
+            # first maximum once other ids are set to -inf. Then that row alone is copied and masked.
+            if enders is not None and np.isin(picks[i], enders):
+                row = rows[i].copy()
+                row[enders] = -np.inf
+                picks[i] = np.argmax(row)
+            choices[i] = Choice(int(picks[i]), None, ())
     out: list[Choice] = []
     for i, sampler in enumerate(samplers):
         choice = choices[i] or sampler.choose(logits[i])
