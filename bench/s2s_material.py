@@ -12,9 +12,8 @@ and the sources fed to every side.
 
 Each is exported with `python -m export --variants w8,int8` (parity gate included: fp32 and ortserve's two 8-bit
 variants, the counterparts of CTranslate2's int8: w8's MatMulNBits weights and int8's per-token integer products) and
-converted with CTranslate2's converter (float32 and int8); a stamp of the
-checkpoint's weights file makes a retrained checkpoint re-export and re-convert, and one of the exporter's source a
-changed exporter re-export.
+converted with CTranslate2's converter (float32 and int8). A stamp of the checkpoint's weights file makes a retrained
+checkpoint re-export and re-convert; a digest of the exporter's source makes a changed exporter re-export.
 """
 from __future__ import annotations
 

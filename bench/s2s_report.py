@@ -85,8 +85,8 @@ def _quantized(batch: dict[str, Any]) -> list[str]:
 def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     conv = entry.get("ct2_conversion")
     lines = [f"### {_MODELS.get(name, name)}", "", f"Checkpoint: `{entry.get('checkpoint')}`; ortserve serves its "
-             "`python -m export` package (fp32 and its 8-bit variants, parity-gated), CTranslate2 its conversion (float32 and "
-             "`quantization=\"int8\"`)" + (f" with {conv}" if conv else "") + ".", ""]
+             "`python -m export` package (fp32 and its 8-bit variants, parity-gated), CTranslate2 its conversion "
+             "(float32 and `quantization=\"int8\"`)" + (f" with {conv}" if conv else "") + ".", ""]
     b = entry.get("batch")
     if b:
         fixed = b.get("min_new_tokens")

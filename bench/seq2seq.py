@@ -377,7 +377,8 @@ class OrtserveServed:
 
     def describe(self) -> dict[str, Any]:
         return {"variant": SERVED_VARIANT, "threads": self.cfg.threads, "intra_op_spinning": "on",
-                "max_sequences": self.cfg.served_slots, "path": "python -m server (a real server process), GenerateStream over gRPC with the Python client"}
+                "max_sequences": self.cfg.served_slots,
+                "path": "python -m server (a real server process), GenerateStream over gRPC with the Python client"}
 
     def call(self, text: str, on_token) -> list[int]:
         ids: list[int] = []

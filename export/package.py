@@ -70,8 +70,8 @@ def utc_now() -> str:
 
 def default_variants(variants: dict[str, str], parity: dict[str, Any]) -> dict[str, str]:
     """CPU: for an in-place decoder with weight-quantized variants, the fastest of fp32 / w8 / w4 (an encoder-decoder's
-    int8 too) that passed by the decode steps timed at export (export/speed.py); else int8 > optimized > fp32. CUDA: fp16 only when its
-    parity actually passed, else optimized > fp32."""
+    int8 too) that passed by the decode steps timed at export (export/speed.py); else int8 > optimized > fp32.
+    CUDA: fp16 only when its parity actually passed, else optimized > fp32."""
     from .speed import AUTO_DEFAULT, pick_fastest
 
     ok = {v for v in variants if parity.get(v, {}).get("passed") is True}

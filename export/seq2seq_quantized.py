@@ -3,9 +3,9 @@
 
 Made by export/weights.py's quantize_graph, the decoders' quantizer: the encoder graph (its layers and the cross
 key/value projection of every decoder layer) and the decoder graph (its layers and the head, rewritten from the
-tied FusedMatMul(transB) into a MatMul over its own transposed copy, `lm_head_bits` wide; the embedding lookups keep the
-fp32 tables). What was measured to choose that (docs/model-package.md, "Encoder-decoder packages"; docs/BENCHMARKS.md,
-"Weight-quantized encoder-decoders"):
+tied FusedMatMul(transB) into a MatMul over its own transposed copy, `lm_head_bits` wide; the embedding lookups keep
+the fp32 tables). What was measured to choose that (docs/model-package.md, "Encoder-decoder packages";
+docs/BENCHMARKS.md, "Weight-quantized encoder-decoders"):
   - the decoder carries the speed: on the OPUS-MT shape (6+6 layers, 512 wide, 58k vocabulary) a w8 decode step is
     ~2x faster than fp32 at batch 1 and 8, and an 8-bit head is half of that gain (the 58k x 512 head is as big as
     the six layers); the encoder gains 1.1-1.4x;
@@ -32,11 +32,11 @@ import onnx
 import torch
 
 from .config import Tolerances, WeightQuantConfig
+from .int8 import per_token_int8
 from .parity import Check, VariantResult
 from .parity_inplace import leading_equal
 from .speed import session
 from .seq2seq_parity import GREEDY_TOKENS, Seq2SeqGateInputs, SlotDriver, graph_greedy
-from .int8 import per_token_int8
 from .variants import VariantBuild
 from .weights import HEAD_WEIGHT, head_as_matmul, quantize_graph
 
