@@ -113,13 +113,15 @@ class SlotExecutor:
             rows = decoded[:n] if len(live) == n else decoded[live]     # every row live: no copy of the logits
             choices = dict(zip(live, choose_rows([plan.decode[i].owner.sampler for i in live], rows)))
             out.decoded = [(s, choices.get(i)) for i, s in enumerate(plan.decode)]
-            if work.run is not None:
-                self._more_steps(work.run, work.idle, out, started)
             tail_logits = list(zip(plan.tails, decoded[n:, None, :]))
             beam_rows = [*zip(plan.decode, decoded[:n]), *((c.seq, row) for c, row in zip(plan.tails, decoded[n:]))]
             for state, row in beam_rows:
                 if isinstance(state.owner, Beam) and _wants_token(state) and state not in unencoded:
                     searches.setdefault(state.owner.search, {})[state.owner.index] = row
+            # Last: the more steps' decodes write over `decoded` (runner.decode's buffer). A run is planned only
+            # without tails and beams (engine._run), so nothing taken from it above is read after them.
+            if work.run is not None:
+                self._more_steps(work.run, work.idle, out, started)
         chunks: list[tuple[Chunk, np.ndarray]] = tail_logits
         for call, logits in zip(plan.prefill, prefilled):
             if isinstance(logits, Exception):
