@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -57,17 +58,22 @@ def variant_files(variant: str) -> dict[str, str]:
 def build_variant(variant: str, staging: Path, encoder_file: str, decoder_file: str,
                   quant: dict[int, WeightQuantConfig]) -> tuple[VariantBuild, dict[str, str]]:
     """Quantize the staged fp32 graphs into `variant`'s two files; its VariantBuild and {encoder, decoder} files."""
+    files = variant_files(variant)
+    sources = {"encoder": encoder_file, "decoder": decoder_file}
     if variant == INT8:
-        return _build_int8(staging, encoder_file, decoder_file)
+        def int8(model: onnx.ModelProto, side: str) -> tuple[onnx.ModelProto, int]:
+            if side == "decoder" and not head_as_matmul(model):
+                raise ValueError("the decoder graph has no head (FusedMatMul over the target table) to quantize")
+            return model, per_token_int8(model)
+        n = _rewrite(staging, sources, files, int8)
+        notes = [f"per-channel int8 weights x per-token uint8 activations (MatMulIntegerToFloat); encoder "
+                 f"{n['encoder']} weight MatMuls, decoder {n['decoder']} (its head, {HEAD_WEIGHT}, included); "
+                 f"no smoothing; with {files['encoder']}"]
+        return VariantBuild(INT8, files["decoder"], fused_operators={"MatMulIntegerToFloat": sum(n.values())},
+                            notes=notes), files
     bits = SEQ2SEQ_WEIGHT_VARIANTS[variant]
     cfg = quant[bits]
-    files = variant_files(variant)
-    counts = {}
-    for side, src in (("encoder", encoder_file), ("decoder", decoder_file)):
-        out, stats = quantize_graph(onnx.load(str(staging / src)), bits, cfg)
-        onnx.checker.check_model(out)
-        onnx.save(out, str(staging / files[side]))
-        counts[side] = stats
+    counts = _rewrite(staging, sources, files, lambda model, _: quantize_graph(model, bits, cfg))
     enc, dec = counts["encoder"], counts["decoder"]
     head = f"{dec['lm_head bits']} bits" if dec["lm_head bits"] != 32 else "fp32"
     notes = [f"MatMulNBits {bits} bits, block {cfg.block_size}, accuracy_level {cfg.accuracy_level}, {cfg.algorithm}"
@@ -79,21 +85,15 @@ def build_variant(variant: str, staging: Path, encoder_file: str, decoder_file: 
     return build, files
 
 
-def _build_int8(staging: Path, encoder_file: str, decoder_file: str) -> tuple[VariantBuild, dict[str, str]]:
-    files = variant_files(INT8)
+def _rewrite(staging: Path, sources: dict[str, str], files: dict[str, str],
+             rewrite: Callable[[onnx.ModelProto, str], tuple[onnx.ModelProto, Any]]) -> dict[str, Any]:
+    """Each side's fp32 graph rewritten into the variant's file (checked first); side -> what `rewrite` counted."""
     counts = {}
-    for side, src in (("encoder", encoder_file), ("decoder", decoder_file)):
-        model = onnx.load(str(staging / src))
-        if side == "decoder" and not head_as_matmul(model):
-            raise ValueError("the decoder graph has no head (FusedMatMul over the target table) to quantize")
-        counts[side] = per_token_int8(model)
+    for side, src in sources.items():
+        model, counts[side] = rewrite(onnx.load(str(staging / src)), side)
         onnx.checker.check_model(model)
         onnx.save(model, str(staging / files[side]))
-    notes = [f"per-channel int8 weights x per-token uint8 activations (MatMulIntegerToFloat); encoder "
-             f"{counts['encoder']} weight MatMuls, decoder {counts['decoder']} (its head, {HEAD_WEIGHT}, included); "
-             f"no smoothing; with {files['encoder']}"]
-    return VariantBuild(INT8, files["decoder"], fused_operators={"MatMulIntegerToFloat": sum(counts.values())},
-                        notes=notes), files
+    return counts
 
 
 def describe(variant: str, quant: dict[int, WeightQuantConfig]) -> dict:
