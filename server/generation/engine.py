@@ -398,7 +398,7 @@ class GenerationEngine:
         processed in a worker thread (tokenizers' encode_batch releases the GIL), not on the event loop."""
         size = sum(len(prompt) for prompt, _ in jobs)
         if size <= INLINE_PROMPT_SIZE:
-            return self.inputs.encode_many(jobs)
+            return self.inputs.encode_many(jobs, batched=False)
         return await asyncio.get_running_loop().run_in_executor(None, self.inputs.encode_many, jobs)
 
     async def _collect(self, seq: Sequence) -> GenerationResult:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from tokenizers import Tokenizer
 
-from .inputs import check_params_vocab, check_token_ids, unpadded
+from .inputs import check_params_vocab, check_token_ids, encode_texts, unpadded
 from .params import GenerationParams
 from .seq2seq_spec import SourceSpec
 from .spec import DecoderSpec
@@ -48,8 +48,10 @@ class SourceProcessor:
             return dataclasses.replace(params, max_new_tokens=room, min_tokens=min(params.min_tokens, room))
         return params
 
-    def encode_many(self, jobs: Sequence[tuple[str | list[int], GenerationParams]]) -> list[list[int]]:
-        """`encode` of each job; the texts tokenized in one batch (each distinct text once)."""
+    def encode_many(self, jobs: Sequence[tuple[str | list[int], GenerationParams]], batched: bool = True
+                    ) -> list[list[int]]:
+        """`encode` of each job; the texts tokenized in one batch (each distinct text once; batched as in
+        PromptProcessor.encode_many)."""
         texts: dict[tuple[str, bool], list[int]] = {}
         for prompt, params in jobs:
             if isinstance(prompt, str) and prompt:
@@ -58,8 +60,8 @@ class SourceProcessor:
             batch = [text for text, truncate in texts if truncate is cut]
             if batch:
                 tokenizer = self._truncating if cut else self.tokenizer
-                for text, encoding in zip(batch, tokenizer.encode_batch(batch)):
-                    texts[(text, cut)] = list(encoding.ids)
+                for text, ids in zip(batch, encode_texts(tokenizer, batch, batched)):
+                    texts[(text, cut)] = ids
         return [self.encode(p, params, texts.get((self._bounded(p, params.truncate_prompt), params.truncate_prompt))
                             if isinstance(p, str) and p else None) for p, params in jobs]
 
