@@ -74,6 +74,33 @@ def test_padded_source_tokens_count_against_the_budget_and_a_lone_long_source_st
     assert lone.plan().encode == (big,)               # a source is never cut: alone, it goes whatever its length
 
 
+def test_waiting_sources_fill_the_free_slots_at_the_large_budget_while_others_decode() -> None:
+    """A source is never cut, so the chunk budget would admit one an iteration; sources take max_prefill_tokens."""
+    s = make(slots=8, chunk=8, max_prefill=64)
+    running = [source(4) for _ in range(5)]
+    for q in running:
+        s.add(q)
+    execute(s, s.plan())
+    arrivals = [source(10) for _ in range(4)]
+    for q in arrivals:
+        s.add(q)
+    plan = s.plan()
+    assert plan.decode == tuple(running)
+    assert plan.encode == tuple(arrivals[:3]) and arrivals[3].status is Status.WAITING   # 3 free slots, all taken
+    assert plan.encode_tokens == 3 * 10 <= 64
+    decoder = make(slots=8, chunk=8, max_prefill=64)     # a decoder's prompts beside decoding: the chunk budget
+    streams = [SeqState(4) for _ in range(5)]
+    for q in streams:
+        decoder.add(q)
+    execute(decoder, decoder.plan())
+    prompts = [SeqState(10) for _ in range(3)]
+    for q in prompts:
+        decoder.add(q)
+    plan = decoder.plan()
+    assert [c.seq for call in plan.prefill for c in call.chunks] == [prompts[0]] and plan.prefill[0].width == 5  # 10 in 2
+    assert prompts[1].status is Status.WAITING and prompts[2].status is Status.WAITING
+
+
 def test_a_beam_gang_is_admitted_into_free_slots_together_or_waits_and_blocks_the_queue() -> None:
     s = make(slots=4)
     one = source(4)
