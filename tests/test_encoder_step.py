@@ -1,0 +1,70 @@
+"""The encoder step's split of admitted sources into calls by length (server/generation/encoder_step.py): the cost
+model's choice of calls, and the cross buffers written by split calls equal those of one padded call (a random
+Marian package exported by the exporter, real onnxruntime sessions)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from modelpkg import Manifest
+from server.generation.cross_runner import CrossSlotRunner
+from server.generation.encoder_step import EncoderCost, EncodeRow
+from server.generation.seq2seq_spec import seq2seq_specs
+
+
+def test_rows_go_in_the_calls_that_cost_least_longest_first() -> None:
+    lengths = [5, 20, 19, 6, 18]                      # sorted longest first: indices 1, 2, 4, 3, 0
+    # Calls cost nothing: no row is padded (each alone, or with rows of its own length).
+    assert EncoderCost(call=0.0, token=1.0).groups(lengths) == [[1], [2], [4], [3], [0]]
+    # A call costs more than any padding saved: one call.
+    assert EncoderCost(call=100.0, token=1.0).groups(lengths) == [[1, 2, 4, 3, 0]]
+    # In between: 10 + 3 x 20 + 10 + 2 x 6 = 92 beats one call (10 + 5 x 20 = 110) and three (100).
+    assert EncoderCost(call=10.0, token=1.0).groups(lengths) == [[1, 2, 4], [3, 0]]
+    assert EncoderCost(call=1.0, token=1.0).groups([7]) == [[0]]
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> CrossSlotRunner:
+    pytest.importorskip("torch")
+    from testing.seq2seq_checkpoints import export_repository
+
+    package: Path = export_repository(tmp_path_factory.mktemp("encoder-step"), ("marian",))["marian"]
+    manifest = Manifest.from_json((package / "model.json").read_text())
+    block = manifest.encoder_decoder
+    assert block is not None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    decoder = ort.InferenceSession(str(package / block.decoder_file("fp32")), options)
+    encoder = ort.InferenceSession(str(package / block.encoder_file("fp32")), options)
+    spec, source = seq2seq_specs(manifest, decoder, encoder)
+    return CrossSlotRunner(decoder, spec, source, 10, encoder)
+
+
+def _cross(runner: CrossSlotRunner, slots: list[int]) -> dict[str, np.ndarray]:
+    return {name: runner.cross.host_copy(name)[slots] for name in runner.source.cross_names}
+
+
+def test_sources_split_into_calls_write_what_one_padded_call_writes(runner: CrossSlotRunner) -> None:
+    rng = np.random.default_rng(0)
+    top = runner.source.vocab_size - 1
+    sources = [list(rng.integers(4, top, n)) for n in (3, 17, 5, 16, 4)]
+    runner.encoder.cost = None                       # one call, padded to 17, into slots 0-4
+    runner.encode([EncodeRow(s, (slot,)) for slot, s in enumerate(sources)])
+    whole = _cross(runner, [0, 1, 2, 3, 4])
+    runner.encoder.cost = EncoderCost(call=0.0, token=1.0)     # each length its own call, into slots 5-9
+    assert len(runner.encoder.cost.groups([len(s) for s in sources])) == len(sources)
+    runner.encode([EncodeRow(s, (5 + slot,)) for slot, s in enumerate(sources)])
+    split = _cross(runner, [5, 6, 7, 8, 9])
+    for name, value in whole.items():
+        for slot, s in enumerate(sources):           # a row's own positions; past them the mask hides the rest
+            np.testing.assert_allclose(split[name][slot, :, :len(s)], value[slot, :, :len(s)], atol=1e-5)
+    assert runner.source_lengths.tolist() == [len(s) for s in sources] * 2
+
+
+def test_calibration_times_a_call_and_a_padded_token(runner: CrossSlotRunner) -> None:
+    cost = runner.encoder.calibrate(rows=2, short=2, long=8, repeats=2)
+    assert cost.call >= 0 and cost.token >= 0 and cost.call + cost.token > 0
+    assert runner.encoder.cost is cost
