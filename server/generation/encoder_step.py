@@ -61,10 +61,14 @@ class SourceEncoder:
         self.cross = cross
         self.cost: EncoderCost | None = None       # None: every group of rows in one call
 
-    def calibrate(self, rows: int = 8, short: int = 8, long: int = 32, repeats: int = 3) -> EncoderCost:
-        """Time calls of `rows` sources of `short` and of `long` tokens (the fastest of `repeats` each): what a
-        padded token and a call cost on this machine, for splitting rows by length (run's groups)."""
-        long = max(short + 1, min(long, self.spec.max_length))
+    def calibrate(self, rows: int = 8, short: int = 8, long: int = 32, repeats: int = 3) -> EncoderCost | None:
+        """Time calls of `rows` sources of `short` and of `long` tokens (the fastest of `repeats` each, both within
+        max_source_length): what a padded token and a call cost on this machine, for splitting rows by length
+        (run's groups). None, and one call per group, when sources are too short to differ (max length 1)."""
+        if self.spec.max_length < 2:
+            return None
+        long = min(long, self.spec.max_length)
+        short = max(1, min(short, long // 2))
 
         def seconds(width: int) -> float:
             feeds = {"input_ids": np.full((rows, width), self.spec.pad_id, dtype=np.int64),

@@ -206,8 +206,9 @@ class GenerationEngine:
         self._edge(run, f"model.json encoder_decoder.source_vocab_size {top + 1} / max_source_length {longest}: "
                         f"source token id {top} and a source of {longest} tokens", pair)
         cost = r.encoder.calibrate()      # type: ignore[attr-defined]
-        logger.info("%s encoder: a call costs %.2f ms and a padded source token %.1f us (sources split by length "
-                    "where that costs less)", self._label, cost.call * 1e3, cost.token * 1e6)
+        if cost is not None:
+            logger.info("%s encoder: a call costs %.2f ms and a padded source token %.1f us (sources split by "
+                        "length where that costs less)", self._label, cost.call * 1e3, cost.token * 1e6)
 
     def _edge(self, call: Callable[[], np.ndarray], what: str, rows: int = 1) -> None:
         try:
