@@ -13,6 +13,7 @@ from modelpkg import Manifest
 from server.generation.cross_runner import CrossSlotRunner
 from server.generation.encoder_step import EncoderCost, EncodeRow
 from server.generation.seq2seq_spec import seq2seq_specs
+from server.generation.slot_runner import DecodeRow
 
 
 def test_rows_go_in_the_calls_that_cost_least_longest_first() -> None:
@@ -27,7 +28,7 @@ def test_rows_go_in_the_calls_that_cost_least_longest_first() -> None:
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> CrossSlotRunner:
+def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     pytest.importorskip("torch")
     from testing.seq2seq_checkpoints import export_repository
 
@@ -40,7 +41,13 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> CrossSlotRunner:
     decoder = ort.InferenceSession(str(package / block.decoder_file("fp32")), options)
     encoder = ort.InferenceSession(str(package / block.encoder_file("fp32")), options)
     spec, source = seq2seq_specs(manifest, decoder, encoder)
-    return CrossSlotRunner(decoder, spec, source, 10, encoder)
+    return decoder, spec, source, encoder
+
+
+@pytest.fixture(scope="module")
+def runner(parts: tuple) -> CrossSlotRunner:
+    decoder, spec, source, encoder = parts
+    return CrossSlotRunner(decoder, spec, source, 10, encoder, cross_length=source.max_length)
 
 
 def _cross(runner: CrossSlotRunner, slots: list[int]) -> dict[str, np.ndarray]:
@@ -70,3 +77,29 @@ def test_calibration_times_a_call_and_a_padded_token(runner: CrossSlotRunner) ->
     assert runner.encoder.cost is cost
     longest = runner.source.max_length     # asked for more than a source may hold: timed within it
     assert runner.encoder.calibrate(rows=1, short=longest, long=longest + 50, repeats=1) is not None
+
+
+def test_cross_buffers_grow_with_the_longest_source_and_keep_what_the_slots_hold(parts: tuple) -> None:
+    decoder, spec, source, encoder = parts
+    assert source.max_length >= 20
+    rng = np.random.default_rng(1)
+    top = source.vocab_size - 1
+    short = [list(rng.integers(4, top, n)) for n in (3, 4)]
+    long = list(rng.integers(4, top, 13))
+    small = CrossSlotRunner(decoder, spec, source, 4, encoder, cross_length=4)
+    full = CrossSlotRunner(decoder, spec, source, 4, encoder, cross_length=source.max_length)
+    start = [DecodeRow(0, source.start_id, 0), DecodeRow(1, source.start_id, 0)]
+    for r in (small, full):
+        r.encode([EncodeRow(s, (slot,)) for slot, s in enumerate(short)])
+    assert small.cross_length == 4 and full.cross_length == source.max_length
+    before = small.decode(start, {}).copy()
+    np.testing.assert_allclose(before, full.decode(start, {}), atol=1e-5)   # 4 positions read, not all of them
+    for r in (small, full):
+        r.encode([EncodeRow(long, (2,))])
+    assert small.cross_length == 16                  # the next power of two
+    rows = [*start, DecodeRow(2, source.start_id, 0)]
+    after = small.decode(rows, {})
+    np.testing.assert_allclose(after[:2], before, atol=1e-5)                 # slots 0 and 1 kept their sources
+    np.testing.assert_allclose(after, full.decode(rows, {}), atol=1e-5)
+    small.reset_cross()
+    assert small.cross_length == 4

@@ -204,6 +204,19 @@ class CacheBuffers:
     def synchronize(self) -> None:
         self.device.synchronize()
 
+    def resized(self, max_length: int) -> "CacheBuffers":
+        """New buffers of `max_length` positions on the same device, every slot's first positions (as many as both
+        hold) copied over: one strided copy per buffer, a block per slot and head."""
+        slots, heads, length, head_dim = self.shape
+        names = list(self.values)
+        new = CacheBuffers(names, slots, heads, max_length, head_dim, self.dtype, self.device)
+        width = min(length, max_length) * head_dim * self._item
+        for name in names:
+            new.device.copy_rows(new.values[name].data_ptr(), max_length * head_dim * self._item,
+                                 self.values[name].data_ptr(), length * head_dim * self._item, width, slots * heads)
+        new.synchronize()
+        return new
+
     def host_copy(self, name: str) -> np.ndarray:
         """The whole buffer as a host array (tests and debugging; a device-to-host copy on a GPU)."""
         return self.values[name].numpy()

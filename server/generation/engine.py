@@ -205,6 +205,7 @@ class GenerationEngine:
 
         self._edge(run, f"model.json encoder_decoder.source_vocab_size {top + 1} / max_source_length {longest}: "
                         f"source token id {top} and a source of {longest} tokens", pair)
+        r.reset_cross()                    # type: ignore[attr-defined]   (the warm-up grew it to max_source_length)
         cost = r.encoder.calibrate()      # type: ignore[attr-defined]
         if cost is not None:
             logger.info("%s encoder: a call costs %.2f ms and a padded source token %.1f us (sources split by "
