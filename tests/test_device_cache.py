@@ -73,6 +73,25 @@ def test_copy_prefix_copies_the_first_positions_of_every_head_and_nothing_else(p
         np.testing.assert_array_equal(cache.host_copy(name), want)
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_resized_buffers_keep_each_slots_first_positions_on_the_device(provider: str) -> None:
+    """An encoder-decoder's cross buffers grow with the longest source and shrink back (cross_runner.py)."""
+    session = _add_in_place_session(provider)
+    cache = CacheBuffers(["past"], slots=3, kv_heads=2, max_length=5, head_dim=3, dtype=np.float32,
+                         device=Device.of(session))
+    filled = np.random.default_rng(1).standard_normal((3, 2, 5, 3)).astype(np.float32)
+    io = session.io_binding()
+    cache.bind(io, "past", "past", "present", 0, 3)
+    io.bind_cpu_input("delta", filled)
+    session.run_with_iobinding(io)
+    longer = cache.resized(8)
+    assert longer.shape == (3, 2, 8, 3) and longer.device == cache.device
+    want = np.zeros((3, 2, 8, 3), np.float32)
+    want[:, :, :5] = filled
+    np.testing.assert_array_equal(longer.host_copy("past"), want)
+    np.testing.assert_array_equal(longer.resized(2).host_copy("past"), filled[:, :, :2])
+
+
 def test_out_of_range_requests_are_refused() -> None:
     cache = CacheBuffers(["past"], slots=2, kv_heads=1, max_length=4, head_dim=2, dtype=np.float16, device=Device())
     with pytest.raises(ValueError, match="out of range"):

@@ -38,8 +38,9 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     assert block is not None
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    decoder = ort.InferenceSession(str(package / block.decoder_file("fp32")), options)
-    encoder = ort.InferenceSession(str(package / block.encoder_file("fp32")), options)
+    cpu = ["CPUExecutionProvider"]      # (the CUDA path of the buffers: test_device_cache.py, test_server_gpu.py)
+    decoder = ort.InferenceSession(str(package / block.decoder_file("fp32")), options, providers=cpu)
+    encoder = ort.InferenceSession(str(package / block.encoder_file("fp32")), options, providers=cpu)
     spec, source = seq2seq_specs(manifest, decoder, encoder)
     return decoder, spec, source, encoder
 
