@@ -74,30 +74,28 @@ def test_padded_source_tokens_count_against_the_budget_and_a_lone_long_source_st
     assert lone.plan().encode == (big,)               # a source is never cut: alone, it goes whatever its length
 
 
-def test_waiting_sources_fill_the_free_slots_at_the_large_budget_while_others_decode() -> None:
-    """A source is never cut, so the chunk budget would admit one an iteration; sources take max_prefill_tokens."""
+def _plan_beside(running: list[SeqState], arrivals: list[SeqState]):
+    """The plan for `arrivals` while `running` decode (8 slots, chunk budget 8, large budget 64)."""
     s = make(slots=8, chunk=8, max_prefill=64)
-    running = [source(4) for _ in range(5)]
     for q in running:
         s.add(q)
     execute(s, s.plan())
-    arrivals = [source(10) for _ in range(4)]
     for q in arrivals:
         s.add(q)
-    plan = s.plan()
+    return s.plan()
+
+
+def test_waiting_sources_fill_the_free_slots_at_the_large_budget_while_others_decode() -> None:
+    """A source is never cut, so the chunk budget would admit one an iteration; sources take max_prefill_tokens."""
+    running, arrivals = [source(4) for _ in range(5)], [source(10) for _ in range(4)]
+    plan = _plan_beside(running, arrivals)
     assert plan.decode == tuple(running)
     assert plan.encode == tuple(arrivals[:3]) and arrivals[3].status is Status.WAITING   # 3 free slots, all taken
     assert plan.encode_tokens == 3 * 10 <= 64
-    decoder = make(slots=8, chunk=8, max_prefill=64)     # a decoder's prompts beside decoding: the chunk budget
-    streams = [SeqState(4) for _ in range(5)]
-    for q in streams:
-        decoder.add(q)
-    execute(decoder, decoder.plan())
+    # A decoder's prompts beside decoding keep the chunk budget: 10 tokens go as 2 chunks of 5, the rest wait.
     prompts = [SeqState(10) for _ in range(3)]
-    for q in prompts:
-        decoder.add(q)
-    plan = decoder.plan()
-    assert [c.seq for call in plan.prefill for c in call.chunks] == [prompts[0]] and plan.prefill[0].width == 5  # 10 in 2
+    plan = _plan_beside([SeqState(4) for _ in range(5)], prompts)
+    assert [c.seq for call in plan.prefill for c in call.chunks] == [prompts[0]] and plan.prefill[0].width == 5
     assert prompts[1].status is Status.WAITING and prompts[2].status is Status.WAITING
 
 
