@@ -18,10 +18,10 @@ layers: 39 ms a step at 512 against 1.9 ms at 32, more than the rest of the step
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import onnxruntime as ort
-
-import logging
 
 from .device_cache import CacheBuffers, Device
 from .encoder_step import EncodeRow, SourceEncoder
