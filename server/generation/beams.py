@@ -24,7 +24,7 @@ length_penalty > 0). The n best finished hypotheses answer the n requests of the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -95,24 +95,29 @@ class BeamSearch:
 
     # ------------------------------------------------------------------ one step (worker thread)
 
-    def step(self, rows: dict[int, np.ndarray], written: int) -> list[Copy]:
+    def step(self, rows: dict[int, np.ndarray], written: int, top: "TopLogprobs | None" = None) -> list[Copy]:
         """rows: beam index -> its logits [>= V] this step; written: positions each beam's slot holds after this
-        step's write. Returns the slot copies that put each kept hypothesis's self-attention rows in its beam's
-        slot (none once the search has ended)."""
+        step's write; top: each row's n best log-probabilities (the engine's onnxruntime graph, beam_scores.py;
+        numpy's otherwise). Returns the slot copies that put each kept hypothesis's self-attention rows in its
+        beam's slot (none once the search has ended)."""
+        top = top or numpy_top
         opts, k, v = self.options, self.options.num_beams, self.vocab_size
         if sorted(rows) != list(range(k)):
             raise RuntimeError(f"beam search: {len(rows)} of its {k} beams stepped")
         forced = opts.forced.get(self.steps)
         if forced is None:
-            logits = np.stack([rows[b][:v] for b in self.order]).astype(np.float32)
-            shifted = logits - logits.max(axis=1, keepdims=True)
-            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            logits = np.stack([rows[b][:v] for b in self.order])
         else:     # transformers' forced bos / eos: processed log-probs are 0 for it, -inf for the rest
-            logp = np.tile(forced_logprobs(v, forced).astype(np.float32), (k, 1))
-        flat = (logp + self.scores[:, None]).reshape(-1)
+            logits = np.tile(forced_logprobs(v, forced).astype(np.float32), (k, 1))
         keep = 2 * k                                     # max(2, 1 + eos ids) * k
-        top = _top(flat, keep)
-        top_scores, parent, token = flat[top], top // v, top % v
+        # Each hypothesis's 2k best tokens hold the 2k best candidates over all of them: the best of those k x 2k,
+        # ties to the lower (hypothesis, token) as over the whole block.
+        values, tokens = top(logits, keep)
+        flat = (np.arange(k)[:, None] * v + tokens).reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        flat, scores = flat[order], (values + self.scores[:, None]).reshape(-1)[order].astype(np.float32)
+        best_of = _top(scores, keep)
+        top_scores, parent, token = scores[best_of], flat[best_of] // v, flat[best_of] % v
         length = self.steps + 1
         hits = (token == opts.eos_id) if opts.eos_id is not None else np.zeros(keep, bool)
         if length >= opts.max_new_tokens:
@@ -254,6 +259,19 @@ class Beam:
 
     def finish(self, reason: str) -> None:
         self.search.finish(reason)
+
+
+TopLogprobs = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
+def numpy_top(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the n largest log-softmax values and their ids, best first, ties to the lower id (beam_scores'
+    graph does the same in one onnxruntime call)."""
+    x = logits.astype(np.float32)
+    shifted = x - x.max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    ids = np.argsort(-logp, axis=1, kind="stable")[:, :n]
+    return np.take_along_axis(logp, ids, axis=1), ids
 
 
 def _top(scores: np.ndarray, n: int) -> np.ndarray:

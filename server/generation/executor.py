@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .beam_scores import LogSoftmaxTopK
 from .beams import Beam, BeamSearch
 from .encoder_step import EncodeRow
 from .sampling import Choice, choose_rows, score_tokens
@@ -79,6 +80,13 @@ class Outcome:
 class SlotExecutor:
     def __init__(self, runner: SlotRunner) -> None:
         self.runner = runner
+        self._top: LogSoftmaxTopK | None = None       # a beam step's top log-probs, made at the first search
+
+    @property
+    def top(self) -> LogSoftmaxTopK:
+        if self._top is None:
+            self._top = LogSoftmaxTopK(self.runner.session)
+        return self._top
 
     @staticmethod
     def prepare(plan: Plan, scheduler: Scheduler, run: Run | None = None) -> Work:
@@ -184,7 +192,7 @@ class SlotExecutor:
         """One step of a search, then the copies that put each kept hypothesis's rows in its beam's slot."""
         try:
             written = search.beams[0].state.computed + 1      # type: ignore[union-attr]
-            for copy in search.step(rows, written):
+            for copy in search.step(rows, written, self.top):
                 self.runner.copy_prefix(copy.source, copy.target, copy.length)
             out.beams.append(search)
         except Exception as exc:
