@@ -589,6 +589,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ct2-threads", default=None, metavar="INTERxINTRA",
                     help="CTranslate2's inter_threads x intra_threads (default 2 x CORES/2: two replicas)")
     ap.add_argument("--rounds", type=int, default=None, help="turns per side and cell")
+    ap.add_argument("--marian-inputs", type=int, default=None,
+                    help=f"the Marian shape's batch-job inputs (default {Config().batch_inputs['marian']}; the issue's "
+                         "2,000 take ~10 minutes a round)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "seq2seq.json")
     ap.add_argument("--work", type=Path, default=Config.work, help="checkpoints, packages and conversions (reused)")
     ap.add_argument("--docs", type=Path, default=None, help="write the seq2seq block of this report")
@@ -610,6 +613,10 @@ def main(argv: list[str] | None = None) -> int:
             if a.rounds < 1:
                 raise ValueError(f"--rounds: must be >= 1, got {a.rounds}")
             cfg = dataclasses.replace(cfg, rounds=a.rounds)
+        if a.marian_inputs is not None:
+            if a.marian_inputs < 1:
+                raise ValueError(f"--marian-inputs: must be >= 1, got {a.marian_inputs}")
+            cfg = dataclasses.replace(cfg, batch_inputs={**cfg.batch_inputs, "marian": a.marian_inputs})
         if a.ct2_threads:
             inter, _, intra = a.ct2_threads.partition("x")
             if not (inter.isdigit() and intra.isdigit() and int(inter) >= 1 and int(intra) >= 1):
