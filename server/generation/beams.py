@@ -114,8 +114,8 @@ class BeamSearch:
         # ties to the lower (hypothesis, token) as over the whole block.
         values, tokens = top(logits, keep)
         flat = (np.arange(k)[:, None] * v + tokens).reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        flat, scores = flat[order], (values + self.scores[:, None]).reshape(-1)[order].astype(np.float32)
+        by_index = np.argsort(flat, kind="stable")
+        flat, scores = flat[by_index], (values + self.scores[:, None]).reshape(-1)[by_index].astype(np.float32)
         best_of = _top(scores, keep)
         top_scores, parent, token = scores[best_of], flat[best_of] // v, flat[best_of] % v
         length = self.steps + 1
@@ -275,9 +275,9 @@ def numpy_top(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _top(scores: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the n largest scores, best first, ties by lower index. Over beams x vocabulary a full sort was
-    most of a beam step (54% of the engine thread on a Marian beam-4 job): partition first, then sort the few that
-    reach the n-th largest score (all of them, so ties at the edge still go to the lower index)."""
+    """Indices of the n largest scores, best first, ties by lower index. Over beams x vocabulary (as it once ran)
+    a full sort was most of a beam step (54% of the engine thread on a Marian beam-4 job): partition first, then
+    sort the few that reach the n-th largest score (all of them, so ties at the edge still go to the lower index)."""
     if n >= scores.size:
         return np.argsort(-scores, kind="stable")[:n]
     edge = np.partition(scores, scores.size - n)[scores.size - n]      # the n-th largest
