@@ -42,12 +42,12 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     decoder = ort.InferenceSession(str(package / block.decoder_file("fp32")), options, providers=cpu)
     encoder = ort.InferenceSession(str(package / block.encoder_file("fp32")), options, providers=cpu)
     spec, source = seq2seq_specs(manifest, decoder, encoder)
-    return decoder, spec, source, encoder
+    return decoder, spec, source, encoder, package
 
 
 @pytest.fixture(scope="module")
 def runner(parts: tuple) -> CrossSlotRunner:
-    decoder, spec, source, encoder = parts
+    decoder, spec, source, encoder, _ = parts
     return CrossSlotRunner(decoder, spec, source, 10, encoder, cross_length=source.max_length)
 
 
@@ -81,7 +81,7 @@ def test_calibration_times_a_call_and_a_padded_token(runner: CrossSlotRunner) ->
 
 
 def test_cross_buffers_grow_with_the_longest_source_and_keep_what_the_slots_hold(parts: tuple) -> None:
-    decoder, spec, source, encoder = parts
+    decoder, spec, source, encoder, _ = parts
     assert source.max_length >= 20
     rng = np.random.default_rng(1)
     top = source.vocab_size - 1
@@ -104,3 +104,41 @@ def test_cross_buffers_grow_with_the_longest_source_and_keep_what_the_slots_hold
     np.testing.assert_allclose(after, full.decode(rows, {}), atol=1e-5)
     small.reset_cross()
     assert small.cross_length == 4
+
+
+def test_the_engine_shrinks_long_cross_buffers_back_when_it_goes_idle(parts: tuple, monkeypatch) -> None:
+    """A long source grows the cross buffers (past SHRINK_CROSS x their first 16 positions: 2x here, the test
+    package's sources hold 40); once nothing runs, they go back, so the steps after a burst of long sources read no
+    more positions than they need."""
+    import asyncio
+
+    import server.generation.engine as engine_module
+    from modelpkg import TOKENIZER_FILE
+    from server.generation import GenerationConfig, GenerationEngine, GenerationParams
+    from server.tokenization import load_tokenizer
+
+    decoder, spec, source, encoder, package = parts
+    manifest = Manifest.from_json((package / "model.json").read_text())
+    engine = GenerationEngine(decoder, manifest, load_tokenizer(package / TOKENIZER_FILE), GenerationConfig(),
+                              None, "marian", encoder_session=encoder)
+    runner = engine._runner
+    longest = source.max_length
+    monkeypatch.setattr(engine_module, "SHRINK_CROSS", 2)
+    assert longest > 2 * 16
+
+    async def body() -> tuple[int, int]:
+        await engine.start()
+        try:
+            params = GenerationParams.validate(max_new_tokens=8, ignore_eos=True)
+            grown = 0
+            async for _ in engine.stream(list(range(4, 4 + longest)), params):
+                grown = max(grown, runner.cross_length)        # while it decodes
+            for _ in range(100):            # the loop goes idle right after the last chunk
+                if runner.cross_length != grown:
+                    break
+                await asyncio.sleep(0.01)
+            return grown, runner.cross_length
+        finally:
+            await engine.stop()
+    grown, after = asyncio.run(body())
+    assert grown == longest and after == 16
