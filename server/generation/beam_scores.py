@@ -32,18 +32,15 @@ class LogSoftmaxTopK:
     """Per row of [rows, vocab] float32 logits: the n largest log-probabilities and their token ids, best first."""
 
     def __init__(self, like: ort.InferenceSession | None = None) -> None:
-        """like: a session whose threading to share (the engine's decoder: its shared pool or its thread count,
-        and whether its threads spin); alone, onnxruntime's defaults."""
+        """like: the engine's decoder session. Its process-wide pool is shared when it has one; otherwise this
+        session has as many threads of its own, which sleep between calls: spinning beside the decoder's threads
+        they would take the cores its next run needs (server/sessions.py)."""
         options = ort.SessionOptions()
         if like is not None:
             theirs = like.get_session_options()
             options.use_per_session_threads = theirs.use_per_session_threads
             options.intra_op_num_threads = theirs.intra_op_num_threads
-            try:
-                options.add_session_config_entry("session.intra_op.allow_spinning",
-                                                 theirs.get_session_config_entry("session.intra_op.allow_spinning"))
-            except RuntimeError:      # unset there: onnxruntime's default here too
-                pass
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(_GRAPH, options, providers=["CPUExecutionProvider"])
 
     def __call__(self, logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
