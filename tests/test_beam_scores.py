@@ -10,8 +10,8 @@ from onnx import TensorProto, helper
 from server.generation import beam_scores
 from server.generation.beam_scores import LogSoftmaxTopK
 from server.generation.beams import BeamOptions, BeamSearch, numpy_top
-from server.generation.params import GenerationParams
 from server.generation.scheduler import SeqState
+from tests.test_seq2seq_scheduler import _Request   # a request of four beams, as a search sees it
 
 
 def test_the_stored_graph_is_log_softmax_then_top_k() -> None:
@@ -49,12 +49,6 @@ def test_values_and_ids_are_numpys_with_ties_to_the_lower_id() -> None:
             want_values, want_ids = numpy_top(logits, n)
             assert ids.dtype == np.int64 and np.array_equal(ids, want_ids)
             np.testing.assert_allclose(values, want_values, atol=1e-5)
-
-
-class _Request:
-    prompt_ids = [0]
-    params = GenerationParams.validate(num_beams=4)
-    cancelled = done = False
 
 
 def _search(eos: int | None) -> BeamSearch:

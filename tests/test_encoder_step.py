@@ -112,7 +112,7 @@ def test_the_engine_shrinks_long_cross_buffers_back_when_it_goes_idle(parts: tup
     more positions than they need."""
     import asyncio
 
-    import server.generation.engine as engine_module
+    import server.generation.cross_runner as cross_module
     from modelpkg import TOKENIZER_FILE
     from server.generation import GenerationConfig, GenerationEngine, GenerationParams
     from server.tokenization import load_tokenizer
@@ -123,7 +123,7 @@ def test_the_engine_shrinks_long_cross_buffers_back_when_it_goes_idle(parts: tup
                               None, "marian", encoder_session=encoder)
     runner = engine._runner
     longest = source.max_length
-    monkeypatch.setattr(engine_module, "SHRINK_CROSS", 2)
+    monkeypatch.setattr(cross_module, "SHRINK_CROSS", 2)
     assert longest > 2 * 16
 
     async def body() -> tuple[int, int]:

@@ -32,6 +32,7 @@ from .spec import DecoderSpec
 
 log = logging.getLogger(__name__)
 FIRST_CROSS_LENGTH = 16
+SHRINK_CROSS = 4     # idle, cross buffers longer than this many times their first length shrink back
 
 
 class CrossSlotRunner(SlotRunner):
@@ -57,6 +58,13 @@ class CrossSlotRunner(SlotRunner):
         only while no slot holds a source that is still decoded."""
         if self.cross_length != self.first_cross_length:
             self._resize_cross(self.first_cross_length)
+
+    def idle(self) -> None:
+        """Cross buffers grown past SHRINK_CROSS x their first length by a long source go back to it, so a burst of
+        long sources does not make every later step read as many positions. Smaller growth stays: growing again
+        costs an allocation and a copy."""
+        if self.cross_length > SHRINK_CROSS * self.first_cross_length:
+            self.reset_cross()
 
     def _resize_cross(self, length: int) -> None:
         log.debug("cross buffers: %d -> %d source positions", self.cross_length, length)

@@ -43,7 +43,6 @@ from tokenizers import Tokenizer
 from modelpkg import Manifest
 
 from .beams import Beam, BeamOptions, BeamSearch
-from .cross_runner import CrossSlotRunner
 from .device_cache import Device
 from .encoder_step import EncodeRow
 from .executor import Outcome, Run, SlotExecutor
@@ -65,7 +64,6 @@ Job = tuple[str | list[int], GenerationParams]   # one sequence of a request: it
 # Characters of text prompts (or ids of token prompts) in one request above which they are tokenized and checked
 # in a worker thread: below it that takes well under a millisecond on the event loop.
 INLINE_PROMPT_SIZE = 16_384
-SHRINK_CROSS = 4     # idle, cross buffers longer than this many times their first length shrink back
 
 
 class GenerationEngine:
@@ -212,14 +210,6 @@ class GenerationEngine:
         if cost is not None:
             logger.info("%s encoder: a call costs %.2f ms and a padded source token %.1f us (sources split by "
                         "length where that costs less)", self._label, cost.call * 1e3, cost.token * 1e6)
-
-    def _idle_cross(self) -> None:
-        """Idle (no run in flight, no slot in use): cross buffers grown past SHRINK_CROSS x their first length by
-        a long source go back to it, so a burst of long sources does not make every later step read as many
-        positions. Smaller growth stays: growing again costs an allocation and a copy."""
-        r = self._runner
-        if isinstance(r, CrossSlotRunner) and r.cross_length > SHRINK_CROSS * r.first_cross_length:
-            r.reset_cross()
 
     def _edge(self, call: Callable[[], np.ndarray], what: str, rows: int = 1) -> None:
         try:
@@ -505,7 +495,7 @@ class GenerationEngine:
                 self._retire()
                 if not (self._scheduler.waiting or self._scheduler.running):
                     self._record_gauges()  # the last retire must show up before idling
-                    self._idle_cross()
+                    self._runner.idle()     # nothing runs now: the runner may tidy its buffers
                     self._wake.clear()
                     await self._wake.wait()
                     await self._settle_arrivals()

@@ -225,6 +225,9 @@ class SlotRunner:
         return found
 
 
+    def idle(self) -> None:
+        """The engine has nothing in flight and no slot in use (called from its loop between runs)."""
+
     # ------------------------------------------------------------------ what a subclass adds per slot range
 
     def _bind_slots(self, io: ort.IOBinding, prefix: str, lo: int, hi: int) -> None:
