@@ -12,6 +12,8 @@ Pieces, the sides taking turns cell by cell (the order reversed every round, a s
           runner (clients.batch.local.LocalRunner over the server's DataPlane: the `ortserve-batch --local` path,
           the same engine as the server without gRPC, like CTranslate2's in-process translate_batch) vs
           CTranslate2 translate_batch over the whole list (max_batch_size, sorted by length by CTranslate2);
+          ortserve's slots are batch_slots x beams, so one of its steps runs as many rows as a CTranslate2 replica's
+          (max_batch_size examples x beams; 64 x 4 = 256 rows at beam 4, +10% for ortserve's fp32 beams vs 64);
           fp32 vs float32, and ortserve's w8 variant (8-bit weights, MatMulNBits, in both graphs) vs CTranslate2's
           int8 (quantization="int8": int8 weights and int8 matrix products; compute_type int8_float32).
   served  1 / 8 / 32 closed-loop clients, greedy: ortserve's real server process streamed over gRPC
@@ -83,7 +85,9 @@ class Config:
     ct2_inter_threads: int = 2
     ct2_intra_threads: int = 0          # 0: threads / inter_threads
     ct2_max_batch_size: int = 64        # translate_batch's batch job split (examples)
-    batch_slots: int = 64               # ortserve --max-sequences for the batch job ...
+    # The batch job's sources decoded at once: ortserve --max-sequences is this x the beams (each hypothesis takes a
+    # slot), so a step runs as many rows as one CTranslate2 replica's (max_batch_size examples x beams) ...
+    batch_slots: int = 64
     batch_concurrency: int = 128        # ... and the batch runner's requests in flight (the batch script's option)
     served_slots: int = 32              # ortserve --max-sequences for the served piece; the peers' max batch
     step_batch: int = 8
@@ -233,8 +237,9 @@ class OrtserveBatch:
     translate_batch keeps them. Not the script's output file: it appends, flushes and fsyncs every answer on the
     event loop (its resumability), which is the output's cost, not the engine's."""
 
-    def __init__(self, model: Model, cfg: Config, variant: str = "fp32") -> None:
-        self.model, self.cfg, self.variant = model, cfg, variant
+    def __init__(self, model: Model, cfg: Config, variant: str = "fp32", beam: int = 1) -> None:
+        self.model, self.cfg, self.variant, self.beam = model, cfg, variant, beam
+        self.slots = cfg.batch_slots * beam
         self.loop = asyncio.new_event_loop()
         self.plane = self.loop.run_until_complete(self._start())
 
@@ -244,23 +249,19 @@ class OrtserveBatch:
 
         settings = ServerSettings(repository=self.model.repository, port=0, metrics_port=-1, http_port=-1,
                                   poll_interval=0, intra_op_threads=self.cfg.threads, intra_op_spinning="on",
-                                  max_sequences=self.cfg.batch_slots, variant=self.variant).validate()
+                                  max_sequences=self.slots, max_queued_requests=self.cfg.batch_concurrency * self.beam,
+                                  variant=self.variant).validate()
         return await DataPlane.start(settings)
 
     def describe(self) -> dict[str, Any]:
         return {"variant": self.variant, "threads": self.cfg.threads, "intra_op_spinning": "on",
-                "max_sequences": self.cfg.batch_slots, "sequences_in_flight": self.cfg.batch_concurrency,
+                "max_sequences": f"{self.cfg.batch_slots} x beams", "requests_in_flight": self.cfg.batch_concurrency,
                 "path": "ortserve-batch --local's runner (clients.batch LocalRunner over the in-process DataPlane, "
                         "no gRPC), answers kept in memory"}
 
-    def concurrency(self, beam: int) -> int:
-        """Requests in flight: batch_concurrency sequences (a beam search holds `beam` of them), so the engine's
-        waiting queue (max_queued_requests sequences) never overflows."""
-        return max(1, self.cfg.batch_concurrency // beam)
-
-    def run(self, texts: list[str], beam: int) -> tuple[float, list[str], int]:
+    def run(self, texts: list[str]) -> tuple[float, list[str], int]:
         """(seconds, output texts, tokens without eos) of one batch job over `texts`."""
-        return self.loop.run_until_complete(self._run(texts, beam))
+        return self.loop.run_until_complete(self._run(texts, self.beam))
 
     async def _run(self, texts: list[str], beam: int) -> tuple[float, list[str], int]:
         from clients.batch.input import Record as BatchRecord
@@ -271,7 +272,7 @@ class OrtserveBatch:
         task = TaskConfig(task="generate", model=self.model.name,
                           generation=GenerationParams(**ortserve_params(self.model, self.cfg, beam)))
         runner = LocalRunner(self.plane, task)
-        in_flight = asyncio.Semaphore(self.concurrency(beam))
+        in_flight = asyncio.Semaphore(self.cfg.batch_concurrency)
 
         async def one(i: int, text: str) -> dict[str, Any]:
             async with in_flight:
@@ -295,27 +296,27 @@ def has_variant(model: Model, variant: str) -> bool:
 
 def batch_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) -> dict[str, Any]:
     max_new, min_new = limits(model, cfg)
-    mine = {"ortserve": OrtserveBatch(model, cfg)}
-    for v in cfg.ortserve_quantized:
-        if has_variant(model, v):                         # the gate may have refused it
-            mine[f"ortserve_{v}"] = OrtserveBatch(model, cfg, v)
+    variants = {"ortserve": "fp32", **{f"ortserve_{v}": v for v in cfg.ortserve_quantized
+                                       if has_variant(model, v)}}    # the gate may have refused one
     peers = {"ct2": ct2_peer(model, "float32", cfg)}
     if cfg.ct2_int8:
         peers["ct2_int8"] = ct2_peer(model, "int8", cfg)
-    for name, side in mine.items():
-        sides.setdefault(f"{name}_batch", side.describe())
+    mine: dict[str, OrtserveBatch] = {}
     for name, p in peers.items():
         sides.setdefault(f"{name}_batch", {**p.threads, "max_batch_size": cfg.ct2_max_batch_size,
                                            "batch_type": "examples", "path": "translate_batch over every input"})
     out: dict[str, Any] = {"inputs": len(src.texts), "max_new_tokens": max_new, "min_new_tokens": min_new}
     try:
         for beam, count in ((1, 16), (max(cfg.beams), 8)):           # warm-up: sessions, allocator, shapes
-            for side in mine.values():
-                side.run(src.texts[:count], beam)
             for p in peers.values():
                 p.request({"op": "batch", "sources": src.tokens[:count], "beam": beam, "max_new": max_new,
                            "min_new": min_new, "max_batch_size": cfg.ct2_max_batch_size})
         for beam in cfg.beams:
+            # ortserve's slots are per beam width (one data plane per variant while its beam width runs)
+            mine = {name: OrtserveBatch(model, cfg, v, beam) for name, v in variants.items()}
+            for name, side in mine.items():
+                sides.setdefault(f"{name}_batch", side.describe())
+                side.run(src.texts[:16])
             runs: dict[str, list[dict[str, Any]]] = {**{k: [] for k in mine}, **{k: [] for k in peers}}
             texts: dict[str, list[str]] = {}
             order = list(runs)
@@ -323,7 +324,7 @@ def batch_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) 
                 for side in (order if r % 2 == 0 else order[::-1]):
                     time.sleep(1.0)          # the other side's threads stop spinning
                     if side in mine:
-                        wall, outs, tokens = mine[side].run(src.texts, beam)
+                        wall, outs, tokens = mine[side].run(src.texts)
                     else:
                         reply = peers[side].request({"op": "batch", "sources": src.tokens, "beam": beam,
                                                      "max_new": max_new, "min_new": min_new,
@@ -348,6 +349,9 @@ def batch_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) 
             cell["examples"] = [{"source": s, "ortserve": texts["ortserve"][i], "ct2": texts["ct2"][i]}
                                 for i, s in enumerate(src.texts[:3])]
             out[f"beam{beam}"] = cell
+            for side in mine.values():
+                side.close()
+            mine = {}
     finally:
         for side in mine.values():
             side.close()

@@ -5,9 +5,15 @@ one interpreter without duplicate-registration errors and the HTTP exporter serv
 """
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -34,9 +40,9 @@ class Metrics:
         self.time_to_first_token = Histogram(
             "ortserve_time_to_first_token_seconds", "From a generation request's arrival to its first token.",
             ["model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.inter_token_latency = Histogram(
+        self.inter_token_latency = BatchHistogram(
             "ortserve_inter_token_latency_seconds", "Time between two consecutive tokens of one sequence.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+            _LATENCY_BUCKETS, registry=r)
         self.generated_tokens = Counter(
             "ortserve_generated_tokens", "Tokens produced by generation.", ["model"], registry=r)
         self.active_sequences = Gauge(
@@ -75,3 +81,62 @@ class Metrics:
                                                       self.request_latency.labels(model, method))
         children[0].inc()
         children[1].observe(seconds)
+
+
+class BatchHistogram(Collector):
+    """A histogram labelled by model that takes an iteration's observations in one call (`observe_many`).
+
+    A decoder step gives every running sequence a token, and prometheus_client's Histogram.observe takes a lock
+    and walks the buckets per value: ~6 us a token, 10% of the event loop's time on a small model's batch job
+    (g2p, 64 rows a step, py-spy). Here one numpy bincount per call adds a step's values to the model's bucket
+    counts. Scraped like a Histogram: `_bucket{le=...}` (cumulative), `_count`, `_sum`."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self.bounds = np.asarray(sorted(buckets), dtype=np.float64)
+        self._children: dict[str, _BatchChild] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def labels(self, model: str) -> "_BatchChild":
+        with self._lock:
+            child = self._children.get(model)
+            if child is None:
+                child = self._children[model] = _BatchChild(self.bounds)
+            return child
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=["model"])
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["model"])
+        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        with self._lock:
+            children = list(self._children.items())
+        for model, child in children:
+            counts, total = child.snapshot()
+            family.add_metric([model], list(zip(les, np.cumsum(counts).tolist())), total)
+        yield family
+
+
+class _BatchChild:
+    def __init__(self, bounds: np.ndarray) -> None:
+        self.bounds = bounds
+        self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)    # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self._lock = threading.Lock()   # scrapes read from the exporter's thread
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        if not len(values):
+            return
+        v = np.asarray(values, dtype=np.float64)
+        # a value counts in the first bucket whose bound it does not exceed (le: less or equal)
+        counts = np.bincount(np.searchsorted(self.bounds, v, side="left"), minlength=len(self.counts))
+        total = float(v.sum())
+        with self._lock:
+            self.counts += counts
+            self.sum += total
+
+    def snapshot(self) -> tuple[np.ndarray, float]:
+        with self._lock:
+            return self.counts.copy(), self.sum

@@ -350,3 +350,36 @@ def test_http_bodies_decode_once_into_typed_requests_naming_the_bad_field(body: 
         assert (request.model, request.messages[0].role, request.messages[0].content, request.n) == ("m", "user",
                                                                                                    "hi", 2)
         assert request.temperature is None and request.stream_options is None   # absent: the route's defaults
+
+
+def test_a_batch_histogram_scrapes_as_prometheus_clients_own_histogram_fed_one_value_at_a_time() -> None:
+    """The engine puts a step's inter-token gaps into BatchHistogram in one call; what a scrape reads must be what
+    prometheus_client's Histogram gives for the same values observed one by one (bucket edges included: a value
+    equal to a bound counts in that bound's bucket)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from server.metrics import BatchHistogram
+
+    bounds = (0.001, 0.01, 0.1, 1.0)
+    values = [0.0, 0.001, 0.0011, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 30.0, 0.0004]
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batch = BatchHistogram("gap_seconds", "gaps", bounds, registry=ours)
+    plain = Histogram("gap_seconds", "gaps", ["model"], buckets=bounds, registry=theirs)
+    batch.labels("a").observe_many(values[:4])
+    batch.labels("a").observe_many(values[4:])
+    batch.labels("a").observe_many([])
+    batch.labels("b").observe_many([0.2])
+    for v in values:
+        plain.labels(model="a").observe(v)
+    plain.labels(model="b").observe(0.2)
+
+    def samples(registry: CollectorRegistry) -> tuple[list[str], list[float]]:
+        """The bucket and count lines as text; the sums as numbers (summed in another order: last bits differ)."""
+        lines = [line for line in generate_latest(registry).decode().splitlines()
+                 if line.startswith("gap_seconds") and "_created" not in line]
+        return (sorted(line for line in lines if "_sum" not in line),
+                [float(line.split()[-1]) for line in sorted(line for line in lines if "_sum" in line)])
+    (our_lines, our_sums), (their_lines, their_sums) = samples(ours), samples(theirs)
+    assert our_lines == their_lines
+    assert our_sums == pytest.approx(their_sums, rel=1e-12)
+    assert 'gap_seconds_bucket{le="0.001",model="a"} 3.0' in our_lines

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import dataclass, field
 import logging
 import threading
 import time
@@ -91,6 +92,7 @@ class GenerationEngine:
         self._metrics = metrics
         # Labelled children looked up once: labels() locks and builds a key per call, and these run per token.
         self._per_model = None if metrics is None else _ModelMetrics(metrics, model_label)
+        self._token_times = _TokenTimes()      # an iteration's token timings, recorded at its end
         self._scheduler = Scheduler(SchedulerConfig(num_slots=cfg.max_batch_size,
                                                     chunk_tokens=cfg.prefill_chunk_tokens,
                                                     max_prefill_tokens=cfg.max_prefill_tokens,
@@ -544,6 +546,13 @@ class GenerationEngine:
         return Run(cfg.decode_steps, cfg.decode_run_ms / 1000, self._interrupt, self.spec.eos_id, self.spec.max_length)
 
     def _apply(self, outcome: Outcome) -> None:
+        self._token_times.now = time.monotonic()    # the instant this iteration's tokens reach their sequences
+        try:
+            self._apply_outcome(outcome)
+        finally:
+            self._token_times.record(self._per_model)
+
+    def _apply_outcome(self, outcome: Outcome) -> None:
         for states, what, exc in outcome.failed:
             logger.error("%s on %s for %d sequences: %s", what, self._label, len(states), exc)
             for state in states:
@@ -620,16 +629,12 @@ class GenerationEngine:
     # ------------------------------------------------------------------ metrics
 
     def _record_token(self, seq: Sequence) -> None:
-        now = time.monotonic()
-        m = self._per_model
-        if m is not None:
-            m.generated_tokens.inc()
-            if seq.first_token_at is None:
-                m.time_to_first_token.observe(now - seq.arrival)
-            else:
-                m.inter_token_latency.observe(now - (seq.last_token_at or now))
+        times, now = self._token_times, self._token_times.now
         if seq.first_token_at is None:
             seq.first_token_at = now
+            times.firsts.append(now - seq.arrival)
+        else:
+            times.gaps.append(now - (seq.last_token_at or now))
         seq.last_token_at = now
 
     def _record_plan(self, plan: Plan, steps: int = 1) -> None:
@@ -715,6 +720,24 @@ def _same_search(a: GenerationParams, b: GenerationParams) -> bool:
 
 def _deadline_passed(seq: Sequence, now: float) -> bool:
     return seq.deadline is not None and seq.deadline <= now
+
+
+@dataclass
+class _TokenTimes:
+    """The tokens of one iteration's outcome: their time, each sequence's first-token latency or gap since its last
+    token, put into the metrics once per iteration (a step gives every running sequence a token)."""
+    now: float = 0.0
+    firsts: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+
+    def record(self, m: "_ModelMetrics | None") -> None:
+        if m is not None and (self.firsts or self.gaps):
+            m.generated_tokens.inc(len(self.firsts) + len(self.gaps))
+            for seconds in self.firsts:
+                m.time_to_first_token.observe(seconds)
+            m.inter_token_latency.observe_many(self.gaps)
+        self.firsts.clear()
+        self.gaps.clear()
 
 
 class _ModelMetrics:
