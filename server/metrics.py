@@ -68,8 +68,16 @@ class Metrics:
             "ortserve_tokens_in_flight", "Generation: prompt + max_new_tokens summed over a decoder's admitted "
             "requests (waiting, prefilling, decoding); never above max_tokens_in_flight.", ["model"], registry=r)
         self._request_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._generation_gauges: dict[str, GenerationGauges] = {}
         self.model_state = Gauge(
             "ortserve_model_ready", "1 when a model version is SERVING, else 0.", ["model", "version"], registry=r)
+
+    def generation_gauges(self, model: str) -> "GenerationGauges":
+        """The one gauge set of a generative model, shared by its engines (--generation-instances)."""
+        found = self._generation_gauges.get(model)
+        if found is None:
+            found = self._generation_gauges[model] = GenerationGauges(self, model)
+        return found
 
     def record_request(self, model: str, method: str, code: str, seconds: float) -> None:
         """One answered request. The labelled children are looked up once per (model, method, code): labels()
@@ -140,3 +148,35 @@ class _BatchChild:
     def snapshot(self) -> tuple[np.ndarray, float]:
         with self._lock:
             return self.counts.copy(), self.sum
+
+
+class GenerationGauges:
+    """A generative model's load gauges, summed over its engines: each engine reports its own counts (on the event
+    loop, after every iteration) and the gauges show the totals, as if one engine held all the slots."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.active_sequences = metrics.active_sequences.labels(model=model)
+        self.queued_requests = metrics.queued_requests.labels(model=model)
+        self.tokens_in_flight = metrics.tokens_in_flight.labels(model=model)
+        self.slots_used = metrics.cache_slots.labels(model=model, state="used")
+        self.slots_total = metrics.cache_slots.labels(model=model, state="total")
+        self.kv_cache_usage = metrics.kv_cache_usage.labels(model=model)
+        self._engines: dict[object, tuple[int, int, int, int, int]] = {}
+
+    def report(self, engine: object, active: int, queued: int, tokens: int, used: int, total: int) -> None:
+        self._engines[engine] = (active, queued, tokens, used, total)
+        self._show()
+
+    def forget(self, engine: object) -> None:
+        """A stopped engine's counts leave the totals (its model version unloaded, or the server draining)."""
+        self._engines.pop(engine, None)
+        self._show()
+
+    def _show(self) -> None:
+        active, queued, tokens, used, total = (sum(column) for column in zip(*self._engines.values(), (0,) * 5))
+        self.active_sequences.set(active)
+        self.queued_requests.set(queued)
+        self.tokens_in_flight.set(tokens)
+        self.slots_used.set(used)
+        self.slots_total.set(total)
+        self.kv_cache_usage.set(used / max(total, 1))

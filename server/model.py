@@ -42,6 +42,7 @@ class RuntimeConfig:
     batch: BatchConfig
     generation: GenerationConfig
     admission: AdmissionLimits = AdmissionLimits()
+    generation_instances: int = 1     # engines per decoder (server/decoder.py)
 
 
 @dataclass(frozen=True)

@@ -14,22 +14,20 @@ from server.consistency import check_prompts, check_tokenizer
 from server.decoder import DecoderModel
 from server.generation import GenerationEngine
 from server.package import PackageError
-from server.sessions import create_session
 from server.tokenization import load_tokenizer
 from server.types import ChatTemplate
 
 
 class Seq2SeqModel(DecoderModel):
-    def build_engine(self) -> GenerationEngine:
+    def build_engine(self, instance: int = 0) -> GenerationEngine:
         block = self.manifest.encoder_decoder
         assert block is not None
-        encoder = create_session(self.package, self.variant, self.runtime.session,
-                                 file=block.encoder_file(self.variant))
+        encoder = self.session(instance, block.encoder_file(self.variant))
         self.target_tokenizer = (self.tokenizer if block.target_tokenizer is None
                                  else load_tokenizer(self.package.file(block.target_tokenizer)))
-        return GenerationEngine(self.runner.session, self.manifest, self.tokenizer, self.runtime.generation,
+        return GenerationEngine(self.session(instance), self.manifest, self.tokenizer, self.runtime.generation,
                                 self.metrics, self.name, encoder_session=encoder,
-                                target_tokenizer=self.target_tokenizer)
+                                target_tokenizer=self.target_tokenizer, instance=instance)
 
     def warm_up(self) -> None:
         """tokenizer.json against model.json (the source side: vocab_size is the source vocabulary), the target
@@ -37,7 +35,8 @@ class Seq2SeqModel(DecoderModel):
         the engine's tokenizer path."""
         vocabulary = check_tokenizer(self.package, self.tokenizer)
         _check_target(self.target_tokenizer, self.engine.spec.vocab_size)
-        self.engine.warmup()
+        for engine in self.engines:
+            engine.warmup()
         source = self.engine.source
         assert source is not None
         check_prompts(self.engine.tokenize, vocabulary, source.vocab_size, source.max_length)

@@ -64,6 +64,9 @@ class ServerSettings:
     #                                     engine's waiting AND running requests; beyond it → RESOURCE_EXHAUSTED
     max_sequences: int = _ENGINE.max_batch_size  # sequences decoded together in one step (= KV-cache slots
     #                                     allocated at load for an in-place-cache decoder)
+    generation_instances: int = 1         # engines per decoder, each with its own sessions, worker thread and
+    #                                     max_sequences slots, requests to the least loaded: keep instances x
+    #                                     intra_op_threads <= cores (CTranslate2's inter_threads, Triton's count)
     prefill_chunk_tokens: int = _ENGINE.prefill_chunk_tokens  # prompt tokens prefilled per step while other
     #                                     sequences decode (in-place-cache decoders)
     max_prefill_tokens: int = _ENGINE.max_prefill_tokens  # padded prompt tokens (rows x longest chunk) per step
@@ -125,7 +128,7 @@ class ServerSettings:
             raise bad("prefix_caching", f"must be one of {', '.join(ON_OFF)}, got {self.prefix_caching!r}")
         for name in ("max_batch_size", "encoder_instances", "max_queued_requests", "max_rows_per_request",
                      "max_pieces_per_request",
-                     "max_fill_mask_candidates", "max_tokens_in_flight", "max_sequences",
+                     "max_fill_mask_candidates", "max_tokens_in_flight", "max_sequences", "generation_instances",
                      "prefill_chunk_tokens", "max_prefill_tokens", "stream_interval",
                      "decode_steps", "max_message_bytes"):
             if getattr(self, name) < 1:
@@ -247,6 +250,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                         f"(default {d.max_tokens_in_flight})")
     p.add_argument("--max-sequences", type=int,
                    help=f"generation: sequences per continuous batch (default {d.max_sequences})")
+    p.add_argument("--generation-instances", type=int,
+                   help="generation: engines per decoder (own sessions, thread and --max-sequences slots each), "
+                        "requests to the least loaded; keep instances x --intra-op-threads <= cores "
+                        f"(default {d.generation_instances})")
     p.add_argument("--prefill-chunk-tokens", type=int,
                    help="generation: prompt tokens prefilled per step while other sequences decode "
                         f"(default {d.prefill_chunk_tokens})")

@@ -303,3 +303,25 @@ def test_spinning_graphs_with_a_pool_each_run_everything_through_the_mixed_graph
         got_b.append(int(lb.argmax()))
     assert got_a == _offline(repository, INPLACE, a, len(got_a))
     assert got_b == _offline(repository, INPLACE, b, len(got_b))
+
+
+def test_two_generation_instances_hold_twice_the_slots_and_answer_as_offline(repository: Path) -> None:
+    """--generation-instances 2: two engines of 3 slots each. Six streams held open at once all decode (each
+    holds a slot: with the requests sent to one engine, the fourth would get no token until one of the first three
+    ended), the gauges count both engines, and the staggered prompts answer as offline greedy whichever engine
+    took them."""
+    tok = Tokenizer.from_file(str(repository / INPLACE / "1" / "tokenizer.json"))
+    args = [*ARGS, "--generation-instances", "2", "--intra-op-threads", "1", "--decode-steps", "1"]
+    with ServerProcess(repository, args) as server, OrtserveClient(server.address, timeout=60) as client:
+        assert server.metric("ortserve_cache_slots", model=INPLACE, state="total") == 6
+        streams = [client.generate_stream(p, INPLACE, max_new_tokens=60, ignore_eos=True) for p in PROMPTS[:6]]
+        firsts = [next(s) for s in streams]          # every stream has its first token: each holds a slot
+        assert all(f.tokens for f in firsts)
+        assert server.metric("ortserve_cache_slots", model=INPLACE, state="used") == 6
+        assert server.metric("ortserve_active_sequences", model=INPLACE) == 6
+        rest = [sum(len(c.tokens) for c in s) for s in streams]
+        assert [len(f.tokens) + r for f, r in zip(firsts, rest)] == [60] * 6
+        got = _run_all(server, INPLACE)
+        for i, prompt in enumerate(PROMPTS):
+            assert got[i] == _offline(repository, INPLACE, tok.encode(prompt).ids, NEW_TOKENS[i]), f"prompt {i}"
+        _wait_slots_used(server, 0)

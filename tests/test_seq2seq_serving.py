@@ -266,3 +266,21 @@ def test_tokenize_answers_the_source_tokens_with_offsets(server: ServerProcess, 
     body = answer.json()
     assert body["tokens"] == want.ids and body["offsets"] == [list(o) for o in want.offsets]
     assert body["special"] == [bool(m) for m in want.special_tokens_mask] and body["special"][-1]
+
+
+def test_two_generation_instances_answer_greedy_and_beams_as_transformers(packages: dict[str, Path]) -> None:
+    """--generation-instances 2 (each engine its own encoder and decoder sessions, cross buffers and slots):
+    greedy requests and beam searches sent together go to both engines (the least loaded first; the in-place
+    decoder's test pins that routing) and answer as transformers' generate on a padded batch."""
+    repository = packages["marian"].parent.parent
+    args = ["--max-sequences", "4", "--generation-instances", "2", "--intra-op-threads", "1", "--metrics-port", "0"]
+    with ServerProcess(repository, args) as server, OrtserveClient(server.address, timeout=60) as client:
+        assert server.metric("ortserve_cache_slots", model="t5", state="total") == 8
+        for name in ("marian", "t5"):
+            with ThreadPoolExecutor(2 * len(SOURCES)) as pool:
+                greedy = [pool.submit(client.generate, s, name, max_new_tokens=NEW) for s in SOURCES]
+                beams = [pool.submit(client.generate, s, name, max_new_tokens=NEW, num_beams=4) for s in SOURCES]
+                got = [[t.token_id for t in f.result().tokens] for f in greedy]
+                got_beams = [[t.token_id for t in f.result().tokens] for f in beams]
+            assert got == _hf_generate(name, packages[name], SOURCES, do_sample=False, num_beams=1), name
+            assert got_beams == _hf_generate(name, packages[name], SOURCES, do_sample=False, num_beams=4), name

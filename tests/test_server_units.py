@@ -50,6 +50,7 @@ def test_settings_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     ("header_timeout = 0", "--header-timeout"), ("read_timeout = -1", "--read-timeout"),
     ("keep_alive_timeout = 1e9", "--keep-alive-timeout"), ("max_connections = -1", "--max-connections"),
     ("decode_steps = 0", "--decode-steps"), ("decode_run_ms = -1", "--decode-run-ms"),
+    ("generation_instances = 0", "--generation-instances"),
 ])
 def test_bad_config_values_name_the_setting(tmp_path: Path, content: str, flag: str) -> None:
     config = tmp_path / "bad.toml"

@@ -72,14 +72,14 @@ class GenerationEngine:
                  config: GenerationConfig | None = None, metrics: "Metrics | None" = None,
                  model_label: str = "model", mixed_session: ort.InferenceSession | None = None,
                  runner: SlotRunner | None = None, *, encoder_session: ort.InferenceSession | None = None,
-                 target_tokenizer: Tokenizer | None = None) -> None:
+                 target_tokenizer: Tokenizer | None = None, instance: int = 0) -> None:
         """mixed_session: the package's mixed graph (cache.mixed_graphs: decode rows and a prompt chunk in one
         run); without it they run one after the other. runner: the cache and calls, when not the default (the
         session's own device: bench.gpu_slots compares another placement). An encoder-decoder package (its
         manifest's encoder_decoder block) is served with `session` its decoder graph, `encoder_session` its
         encoder graph, `tokenizer` its source tokenizer and `target_tokenizer` the target's (None: shared).
         ValueError names what does not fit (a concat-layout package is refused with the command that re-exports
-        it)."""
+        it). instance: which of a model's engines this is (--generation-instances): its worker thread's name."""
         self.session = session
         self.config = cfg = config or GenerationConfig()
         parts = engine_parts(session, manifest, tokenizer, cfg.max_batch_size, mixed_session, runner,
@@ -89,6 +89,8 @@ class GenerationEngine:
         self.inputs = parts.inputs
         self._tokenizer = parts.tokenizer
         self._label = model_label
+        self._instance = instance
+        self.admitting = 0        # requests inside admit() (their prompts tokenized): load not yet in the queues
         self._metrics = metrics
         # Labelled children looked up once: labels() locks and builds a key per call, and these run per token.
         self._per_model = None if metrics is None else _ModelMetrics(metrics, model_label)
@@ -138,7 +140,8 @@ class GenerationEngine:
         if self.running:
             return
         self._wake = asyncio.Event()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"generate-{self._label}")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"generate-{self._label}"
+                                          + (f"-{self._instance}" if self._instance else ""))
         self._task = asyncio.create_task(self._loop(), name=f"generation-loop-{self._label}")
         logger.info("generation engine %s started (max_batch_size=%d)", self._label, self.config.max_batch_size)
 
@@ -159,7 +162,8 @@ class GenerationEngine:
             # A step still running in the thread finishes on its own; do not block the event loop on it.
             self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
-        self._record_gauges()
+        if self._per_model is not None:
+            self._per_model.gauges.forget(self)
         logger.info("generation engine %s stopped", self._label)
 
     def warmup(self) -> None:
@@ -296,7 +300,11 @@ class GenerationEngine:
                              f"hold at once (max_queued_requests {cfg.max_waiting} waiting + max_sequences "
                              f"{cfg.max_batch_size} running): this request can never be admitted; send fewer "
                              "prompts (or a lower n or num_beams) per request")
-        prompts = await self._encode(jobs)
+        self.admitting += 1
+        try:
+            prompts = await self._encode(jobs)
+        finally:
+            self.admitting -= 1
         if not self.running:     # stopped while the prompts were tokenized
             raise EngineStoppedError(f"generation engine {self._label} is not running")
         if deadline is not None and deadline <= time.monotonic():
@@ -653,12 +661,9 @@ class GenerationEngine:
     def _record_gauges(self) -> None:
         m = self._per_model
         if m is not None:
-            m.active_sequences.set(self.active_sequences)
-            m.queued_requests.set(self.waiting_requests)
-            m.tokens_in_flight.set(self._scheduler.reserved)
-            m.slots_used.set(self._scheduler.occupied_slots)
-            m.slots_total.set(self._scheduler.config.num_slots)
-            m.kv_cache_usage.set(self._scheduler.occupied_slots / max(self._scheduler.config.num_slots, 1))
+            s = self._scheduler
+            m.gauges.report(self, self.active_sequences, self.waiting_requests, s.reserved, s.occupied_slots,
+                            s.config.num_slots)
 
     def _check_logits(self, logits: np.ndarray, batch: int, what: str) -> None:
         if logits.ndim != 2 or logits.shape[0] != batch or logits.shape[1] < self.spec.vocab_size:
@@ -747,14 +752,9 @@ class _ModelMetrics:
         self.generated_tokens = metrics.generated_tokens.labels(model=label)
         self.time_to_first_token = metrics.time_to_first_token.labels(model=label)
         self.inter_token_latency = metrics.inter_token_latency.labels(model=label)
-        self.active_sequences = metrics.active_sequences.labels(model=label)
-        self.queued_requests = metrics.queued_requests.labels(model=label)
-        self.tokens_in_flight = metrics.tokens_in_flight.labels(model=label)
+        self.gauges = metrics.generation_gauges(label)     # shared by the model's engines: their sums
         # Per step (per token at batch 1): looked up once, since labels() locks and builds a key on every call.
         self.batch_size = metrics.batch_size.labels(model=label)
         self.prefill_chunks = metrics.prefill_chunks.labels(model=label)
         self.prefill_tokens = metrics.prefill_tokens.labels(model=label)
         self.prefix_reused_tokens = metrics.prefix_reused_tokens.labels(model=label)
-        self.slots_used = metrics.cache_slots.labels(model=label, state="used")
-        self.slots_total = metrics.cache_slots.labels(model=label, state="total")
-        self.kv_cache_usage = metrics.kv_cache_usage.labels(model=label)
