@@ -489,7 +489,7 @@ class StepTimer:
         manifest = Manifest.from_json((package / "model.json").read_text())
         spec = manifest.encoder_decoder
         assert spec is not None
-        try:     # one shared spinning pool, as the server's (the batch piece may have made it in this process)
+        try:     # one shared spinning pool, as the server's (step_piece runs this in a process of its own)
             ort.set_global_thread_pool_sizes(threads, 1)
         except Exception:       # noqa: BLE001 - made already: join it
             pass
@@ -519,22 +519,35 @@ class StepTimer:
 
 
 def step_piece(model: Model, cfg: Config) -> dict[str, Any]:
+    """measure_step in a process of its own: a process has one onnxruntime pool of spinning threads, and the batch
+    piece's engines made this one's with threads / batch_instances threads (one an engine)."""
+    args = [str(model.package), cfg.threads, cfg.step_batch, list(cfg.step_positions), cfg.step_rounds]
+    code = ("import json, sys; from bench.seq2seq import measure_step; "
+            "print(json.dumps(measure_step(*json.loads(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise MaterialError(f"{model.name}: the step piece failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_step(package: str, threads: int, batch: int, positions: list[int], rounds: int) -> dict[str, Any]:
     from .generation import read_bandwidth
 
-    short, long = cfg.step_positions
-    stepper = StepTimer(model.package, cfg.threads, cfg.step_batch)
+    short, long = positions
+    stepper = StepTimer(Path(package), threads, batch)
     if stepper.spec.max_target_length <= long:
-        raise MaterialError(f"{model.name}: the self cache holds {stepper.spec.max_target_length} target tokens, "
+        raise MaterialError(f"{package}: the self cache holds {stepper.spec.max_target_length} target tokens, "
                             f"the step piece writes position {long}")
     times: dict[int, list[float]] = {short: [], long: []}
-    for _ in range(cfg.step_rounds):
+    for _ in range(rounds):
         for pos in (short, long):
             times[pos].append(stepper.step_ms(pos))
-    bandwidth = read_bandwidth(cfg.threads)
+    bandwidth = read_bandwidth(threads)
     a, b = statistics.median(times[short]), statistics.median(times[long])
     extra = stepper.extra_cache_bytes(short, long)
     floor = 1000 * extra / bandwidth
-    return {"batch": cfg.step_batch, "positions": [short, long], "rounds": cfg.step_rounds,
+    return {"batch": batch, "positions": [short, long], "rounds": rounds,
             "runs": {str(k): v for k, v in times.items()},
             "short_ms": a, "long_ms": b, "growth_ms": b - a, "extra_cache_bytes": extra,
             "read_bandwidth_gb_s": bandwidth / 1e9, "read_floor_ms": floor, "growth_over_floor": (b - a) / floor}
