@@ -74,6 +74,33 @@ def test_copy_prefix_copies_the_first_positions_of_every_head_and_nothing_else(p
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+def test_many_copies_at_once_equal_the_same_copies_one_by_one(provider: str) -> None:
+    """A beam step's copies of every search go in one call (a gather and scatter per buffer on the host): the same
+    buffers as copy_prefix one pair at a time; a slot both a source and a target is refused."""
+    session = _add_in_place_session(provider)
+    device = Device.of(session)
+    filled = np.random.default_rng(2).standard_normal((5, 2, 5, 3)).astype(np.float32)
+    caches = []
+    for _ in range(2):
+        cache = CacheBuffers(["past"], slots=5, kv_heads=2, max_length=5, head_dim=3, dtype=np.float32, device=device)
+        io = session.io_binding()
+        cache.bind(io, "past", "past", "present", 0, 5)
+        io.bind_cpu_input("delta", filled)
+        session.run_with_iobinding(io)
+        caches.append(cache)
+    together, one_by_one = caches
+    together.copy_prefixes([0, 3, 1], [4, 2, 1], length=2)      # 1 -> 1: nothing to do
+    for source, target in ((0, 4), (3, 2)):
+        one_by_one.copy_prefix(source, target, 2)
+    want = filled.copy()
+    want[4, :, :2], want[2, :, :2] = filled[0, :, :2], filled[3, :, :2]
+    np.testing.assert_array_equal(together.host_copy("past"), want)
+    np.testing.assert_array_equal(one_by_one.host_copy("past"), want)
+    with pytest.raises(ValueError, match="sources and targets"):
+        together.copy_prefixes([0, 4], [4, 1], length=2)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_resized_buffers_keep_each_slots_first_positions_on_the_device(provider: str) -> None:
     """An encoder-decoder's cross buffers grow with the longest source and shrink back (cross_runner.py)."""
     session = _add_in_place_session(provider)

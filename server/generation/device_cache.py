@@ -151,6 +151,9 @@ class CacheBuffers:
         self._item = np.dtype(dtype).itemsize
         self.slot_bytes = kv_heads * max_length * head_dim * self._item
         self.values = {name: device.zeros(self.shape, self.dtype) for name in names}
+        # On the host, numpy views of the same memory: many slots' copies as one gather and scatter per buffer.
+        self._views = {} if device.kind == "cuda" else {name: _host_view(v, self.shape, self.dtype)
+                                                         for name, v in self.values.items()}
 
     @property
     def nbytes(self) -> int:
@@ -174,14 +177,36 @@ class CacheBuffers:
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Positions [0, length) of slot `source` into slot `target`, every buffer, on the device."""
+        self.copy_prefixes([source], [target], length)
+
+    def copy_prefixes(self, sources: list[int], targets: list[int], length: int) -> None:
+        """Positions [0, length) of each slot in `sources` into the slot at the same index of `targets`, every
+        buffer, on the device: as if one after the other, with no target also a source (a beam step's copies:
+        a kept hypothesis's slot into a dropped one's). On the host one gather and scatter per buffer (a beam-4
+        step of 64 searches at 16 positions: 2,300 strided copies of 96 blocks each took 75 ms of 330, one-by-one),
+        on a GPU one 2-D copy per slot and buffer."""
         slots, heads, max_length, head_dim = self.shape
-        if not (0 <= source < slots and 0 <= target < slots and 0 < length <= max_length):
-            raise ValueError(f"copy_prefix: slots {source} -> {target}, {length} tokens out of range")
+        if len(sources) != len(targets):
+            raise ValueError(f"copy_prefixes: {len(sources)} sources for {len(targets)} targets")
+        pairs = [(s, t) for s, t in zip(sources, targets) if s != t]     # a slot into itself: nothing to do
+        sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+        for source, target in zip(sources, targets):
+            if not (0 <= source < slots and 0 <= target < slots and 0 < length <= max_length):
+                raise ValueError(f"copy_prefix: slots {source} -> {target}, {length} tokens out of range")
+        if set(sources) & set(targets):
+            raise ValueError(f"copy_prefixes: slots {sorted(set(sources) & set(targets))} are sources and targets")
+        if not sources:
+            return
+        if self._views:
+            for view in self._views.values():
+                view[targets, :, :length] = view[sources, :, :length]
+            return
         pitch = max_length * head_dim * self._item          # one head's positions
         for value in self.values.values():
             base = value.data_ptr()
-            self.device.copy_rows(base + target * self.slot_bytes, pitch, base + source * self.slot_bytes, pitch,
-                                  length * head_dim * self._item, heads)
+            for source, target in zip(sources, targets):
+                self.device.copy_rows(base + target * self.slot_bytes, pitch, base + source * self.slot_bytes,
+                                      pitch, length * head_dim * self._item, heads)
         self.device.synchronize()
 
     def write_rows(self, name: str, value: ort.OrtValue, rows: list[tuple[int, int]]) -> None:
@@ -220,3 +245,9 @@ class CacheBuffers:
     def host_copy(self, name: str) -> np.ndarray:
         """The whole buffer as a host array (tests and debugging; a device-to-host copy on a GPU)."""
         return self.values[name].numpy()
+
+
+def _host_view(value: ort.OrtValue, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A numpy array over a host OrtValue's memory (no copy; valid while the OrtValue lives)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer((ctypes.c_byte * nbytes).from_address(value.data_ptr()), dtype=dtype).reshape(shape)

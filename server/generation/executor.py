@@ -6,8 +6,8 @@ cache — prefix copies first, then the encoder step of sources admitted this it
 encoder_step.py), then the decode call (with the iteration's first prompt chunk in the same run when
 the package has a mixed graph), then the other prefill calls, in this order (slot_runner.py says why) — and
 then the work on their logits: the next token of every sequence that gets one this step, all rows at once
-(sampling.choose_rows), the step of every beam search whose beams decoded (beams.py; its slot copies made on the
-device right after it), and the scores of prompt tokens for requests that asked. What comes back is a typed
+(sampling.choose_rows), the step of every beam search whose beams decoded (beams.py; the slot copies of all
+of them made together after the last), and the scores of prompt tokens for requests that asked. What comes back is a typed
 outcome; the engine applies it on the loop.
 
 A pure decode plan may come with a `Run` (GenerationConfig.decode_steps, decode_run_ms): the thread then feeds each
@@ -30,7 +30,7 @@ from .beam_scores import LogSoftmaxTopK
 from .beams import Beam, BeamSearch
 from .encoder_step import EncodeRow
 from .sampling import Choice, choose_rows, score_tokens
-from .scheduler import Chunk, Plan, Scheduler, SeqState, Status
+from .scheduler import Chunk, Copy, Plan, Scheduler, SeqState, Status
 from .slot_runner import DecodeRow, PrefillRow, SlotRunner
 
 
@@ -147,8 +147,10 @@ class SlotExecutor:
                 w.first_token = choice
         for w, (_, rows) in zip(out.written, chunks):
             w.prompt_scores = _prompt_scores(w.chunk, rows)
+        copies: list[tuple[BeamSearch, list[Copy]]] = []
         for search, rows in searches.items():
-            self._beam_step(search, rows, out)
+            self._beam_step(search, rows, out, copies)
+        self._copy_beams(copies, out)
         return out
 
     def _more_steps(self, run: Run, idle: dict[int, int], out: Outcome, started: float) -> None:
@@ -188,15 +190,25 @@ class SlotExecutor:
             return set(states)
         return set()
 
-    def _beam_step(self, search: BeamSearch, rows: dict[int, np.ndarray], out: Outcome) -> None:
-        """One step of a search, then the copies that put each kept hypothesis's rows in its beam's slot."""
+    def _beam_step(self, search: BeamSearch, rows: dict[int, np.ndarray], out: Outcome,
+                   copies: list[tuple[BeamSearch, list[Copy]]]) -> None:
+        """One step of a search; the copies that put each kept hypothesis's rows in its beam's slot go in `copies`
+        (made for every search at once by _copy_beams: searches never share a slot)."""
         try:
             written = search.beams[0].state.computed + 1      # type: ignore[union-attr]
-            for copy in search.step(rows, written, self.top):
-                self.runner.copy_prefix(copy.source, copy.target, copy.length)
-            out.beams.append(search)
+            copies.append((search, search.step(rows, written, self.top)))
         except Exception as exc:
             out.failed.append((search.states, "beam search step failed", exc))
+
+    def _copy_beams(self, copies: list[tuple[BeamSearch, list[Copy]]], out: Outcome) -> None:
+        """The searches' slot copies, then the searches are done with this step; a failed copy fails them all."""
+        try:
+            self.runner.copy_prefixes([c for _, cs in copies for c in cs])
+        except Exception as exc:
+            for search, _ in copies:
+                out.failed.append((search.states, "beam search step failed", exc))
+            return
+        out.beams.extend(search for search, _ in copies)
 
     def _calls(self, work: Work) -> tuple[np.ndarray | Exception, list[np.ndarray | Exception]]:
         runner, plan, calls = self.runner, work.plan, work.calls

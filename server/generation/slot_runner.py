@@ -31,6 +31,7 @@ import onnxruntime as ort
 from modelpkg import MIXED_PREFIX
 
 from .device_cache import CacheBuffers, Device
+from .scheduler import Copy
 from .spec import DecoderSpec
 
 
@@ -127,6 +128,18 @@ class SlotRunner:
         if not (0 <= source < self.num_slots and 0 <= target < self.num_slots and 0 < length < self.spec.max_length):
             raise ValueError(f"copy_prefix: slots {source} -> {target}, {length} tokens out of range")
         self.cache.copy_prefix(source, target, length)
+
+    def copy_prefixes(self, copies: list[Copy]) -> None:
+        """Several slot copies (no slot both a source and a target), those of one length together."""
+        by_length: dict[int, list[Copy]] = {}
+        for copy in copies:
+            if not (0 <= copy.source < self.num_slots and 0 <= copy.target < self.num_slots
+                    and 0 < copy.length < self.spec.max_length):
+                raise ValueError(f"copy_prefix: slots {copy.source} -> {copy.target}, {copy.length} tokens out of "
+                                 "range")
+            by_length.setdefault(copy.length, []).append(copy)
+        for length, group in by_length.items():
+            self.cache.copy_prefixes([c.source for c in group], [c.target for c in group], length)
 
     # ------------------------------------------------------------------ inputs
 
