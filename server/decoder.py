@@ -2,14 +2,16 @@
 
 The engine (server/generation/) is built here as `GenerationEngine(session, manifest, tokenizer, config,
 metrics, label, mixed_session)` from the typed manifest, and driven through start() / warmup() / generate() /
-stream() / stop(). With --generation-instances N there are N engines, each with sessions of its own (the weights
-loaded N times), its worker thread and max_sequences slots; a request goes whole (its n completions, its beams)
-to the one with the fewest sequences running, waiting or being admitted. On 2 cores, two engines of one
-onnxruntime thread each beat one of two threads where the threads' hand-offs cost (the OPUS-MT shape's 512-source
-batch job: int8 2,170-2,210 -> 3,040-3,100 tok/s, fp32 1,120-1,130 -> 1,275-1,285), not where the event loop is
-the limit (g2p: 11.4-11.7k -> 12.1k). Raw KServe ModelInfer on a decoder's graph tensors is refused (INVALID_ARGUMENT naming the
+stream() / stop(). Raw KServe ModelInfer on a decoder's graph tensors is refused (INVALID_ARGUMENT naming the
 model): its cache buffers belong to the engine, and onnxruntime's GroupQueryAttention kernel can crash the
 process on inconsistent caller tensors. KServe's text mode (a BYTES input "prompt") generates through the engine.
+
+With --generation-instances N there are N engines, each with sessions of its own (the weights loaded N times),
+its worker thread and max_sequences slots; a request goes whole (its n completions, its beams) to the one with the
+fewest sequences running, waiting or being admitted. On 2 cores two engines of one onnxruntime thread each beat
+one engine of two threads where a step's many small nodes each cost a hand-off between the threads (the OPUS-MT
+shape's 512-source batch job: int8 2,169-2,320 -> 3,043-3,152 tok/s, fp32 1,117-1,144 -> 1,275-1,325; beam 4
++12-14%), not where the event loop is the limit (g2p: 11.3-11.7k -> 11.8-12.4k; bench/FINDINGS.md).
 """
 from __future__ import annotations
 

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass, field
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import numpy as np

@@ -7,8 +7,8 @@ encoder_step.py), then the decode call (with the iteration's first prompt chunk 
 the package has a mixed graph), then the other prefill calls, in this order (slot_runner.py says why) — and
 then the work on their logits: the next token of every sequence that gets one this step, all rows at once
 (sampling.choose_rows), the step of every beam search whose beams decoded (beams.py; the slot copies of all
-of them made together after the last), and the scores of prompt tokens for requests that asked. What comes back is a typed
-outcome; the engine applies it on the loop.
+of them made together after the last), and the scores of prompt tokens for requests that asked. What comes back
+is a typed outcome; the engine applies it on the loop.
 
 A pure decode plan may come with a `Run` (GenerationConfig.decode_steps, decode_run_ms): the thread then feeds each
 row's chosen token straight back as its next decode row, up to `steps` times and within `budget_s` (a short step
