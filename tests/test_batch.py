@@ -192,3 +192,20 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], mes
                          text=True, timeout=60, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 2 and message in run.stderr and len(run.stderr.splitlines()) == 1
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_local_mode_with_two_engines_writes_what_one_engine_writes(tiny_repository: Path, tmp_path: Path) -> None:
+    """--instances 2 --max-sequences 2: the records spread over two in-process engines of two slots each; greedy
+    answers are the very same bytes as one engine's. Without --local the flags are refused naming themselves."""
+    prompts = prompts_file(tmp_path / "prompts.txt", 12)
+    common = ["generate", str(prompts), "--local", str(tiny_repository), "--model", "tiny-gpt", "--max-new-tokens",
+              "8", "--concurrency", "8"]
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    a = batch(*common, "-o", str(one))
+    b = batch(*common, "-o", str(two), "--instances", "2", "--max-sequences", "2")
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
+    assert two.read_bytes() == one.read_bytes()
+    for flag in ("--instances", "--max-sequences"):
+        refused = batch("generate", str(prompts), "-o", str(tmp_path / "x.jsonl"), "--address", "127.0.0.1:1",
+                        flag, "2")
+        assert refused.returncode == 2 and f"{flag.lstrip('-')}: needs --local" in refused.stderr

@@ -39,6 +39,8 @@ class BatchConfig:
     concurrency: int = 8
     progress: bool = True
     local_repository: Path | None = None  # run in-process instead of calling a server
+    local_instances: int = 1              # with local_repository: engines per generative model (cores / this threads)
+    local_max_sequences: int | None = None  # with local_repository: sequences per engine step (None: the server's)
     ray_workers: int = 0                  # > 0: run the in-process runner in a Ray actor pool
 
 
@@ -74,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("where it runs")
     m.add_argument("--local", type=Path, default=None, metavar="REPOSITORY",
                    help="run the model package in-process from this model repository (no server)")
+    m.add_argument("--instances", type=positive_int, default=1, metavar="N",
+                   help="with --local: generation engines per model, each with CORES/N onnxruntime threads (2 x 1 "
+                        "beat 1 x 2 on 2 cores for a Marian-size model's batch job: docs/configuration.md)")
+    m.add_argument("--max-sequences", type=positive_int, default=None, metavar="N",
+                   help="with --local: sequences each engine decodes per step (default the server's)")
     m.add_argument("--ray", type=positive_int, default=0, metavar="WORKERS",
                    help="with --local: run in a Ray Data actor pool of this many workers (extra 'ray')")
     add_connection_args(p)
@@ -95,6 +102,9 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         raise ValueError(f"local: {args.local} is not a directory")
     if args.ray and args.local is None:
         raise ValueError("ray: needs --local REPOSITORY (the Ray workers run the model in-process)")
+    for flag, value, unset in (("instances", args.instances, 1), ("max-sequences", args.max_sequences, None)):
+        if value != unset and args.local is None:
+            raise ValueError(f"{flag}: needs --local REPOSITORY (it sets up the in-process engines)")
     generation = GenerationParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.gen_top_k, top_p=args.top_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
@@ -105,7 +115,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     return BatchConfig(input=args.input, output=args.output, format=detect_format(args.input, args.format),
                        task=task, concurrency=args.concurrency, progress=progress, local_repository=args.local,
-                       ray_workers=args.ray)
+                       local_instances=args.instances, local_max_sequences=args.max_sequences, ray_workers=args.ray)
 
 
 def _progress_bar(config: BatchConfig, initial: int):
@@ -120,7 +130,8 @@ async def _make_runner(config: BatchConfig, args: argparse.Namespace) -> Runner:
     if config.local_repository is not None:
         from .local import LocalRunner  # imports the server package: only when asked for
 
-        return await LocalRunner.start(config.local_repository, config.task)
+        return await LocalRunner.start(config.local_repository, config.task, instances=config.local_instances,
+                                       max_sequences=config.local_max_sequences)
     return ServerRunner(AsyncOrtserveClient(addresses(args), **client_kwargs(args)), config.task)
 
 
