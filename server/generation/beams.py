@@ -95,24 +95,28 @@ class BeamSearch:
 
     # ------------------------------------------------------------------ one step (worker thread)
 
-    def step(self, rows: dict[int, np.ndarray], written: int, top: "TopLogprobs | None" = None) -> list[Copy]:
+    def step(self, rows: dict[int, np.ndarray], written: int, top: "TopLogprobs | None" = None,
+             scored: "dict[int, tuple[np.ndarray, np.ndarray]] | None" = None) -> list[Copy]:
         """rows: beam index -> its logits [>= V] this step; written: positions each beam's slot holds after this
         step's write; top: each row's n best log-probabilities (the engine's onnxruntime graph, beam_scores.py;
-        numpy's otherwise). Returns the slot copies that put each kept hypothesis's self-attention rows in its
-        beam's slot (none once the search has ended)."""
+        numpy's otherwise); scored: beam index -> top's answer for its row, when the caller computed it (the
+        executor does, for every search's rows in a few calls), at least 2k values each. Returns the slot copies
+        that put each kept hypothesis's self-attention rows in its beam's slot (none once the search has ended)."""
         top = top or numpy_top
         opts, k, v = self.options, self.options.num_beams, self.vocab_size
         if sorted(rows) != list(range(k)):
             raise RuntimeError(f"beam search: {len(rows)} of its {k} beams stepped")
-        forced = opts.forced.get(self.steps)
-        if forced is None:
-            logits = np.stack([rows[b][:v] for b in self.order])
-        else:     # transformers' forced bos / eos: processed log-probs are 0 for it, -inf for the rest
-            logits = np.tile(forced_logprobs(v, forced).astype(np.float32), (k, 1))
         keep = 2 * k                                     # max(2, 1 + eos ids) * k
         # Each hypothesis's 2k best tokens hold the 2k best candidates over all of them: the best of those k x 2k,
         # ties to the lower (hypothesis, token) as over the whole block.
-        values, tokens = top(logits, keep)
+        forced = opts.forced.get(self.steps)
+        if forced is not None:     # transformers' forced bos / eos: processed log-probs are 0 for it, -inf for the rest
+            values, tokens = top(np.tile(forced_logprobs(v, forced).astype(np.float32), (k, 1)), keep)
+        elif scored is not None:   # sorted best first: the first 2k of more are the 2k best
+            values = np.stack([scored[b][0][:keep] for b in self.order])
+            tokens = np.stack([scored[b][1][:keep] for b in self.order])
+        else:
+            values, tokens = top(np.stack([rows[b][:v] for b in self.order]), keep)
         flat = (np.arange(k)[:, None] * v + tokens).reshape(-1)
         by_index = np.argsort(flat, kind="stable")
         flat, scores = flat[by_index], (values + self.scores[:, None]).reshape(-1)[by_index].astype(np.float32)
