@@ -12,8 +12,10 @@ Pieces, the sides taking turns cell by cell (the order reversed every round, a s
           runner (clients.batch.local.LocalRunner over the server's DataPlane: the `ortserve-batch --local` path,
           the same engine as the server without gRPC, like CTranslate2's in-process translate_batch) vs
           CTranslate2 translate_batch over the whole list (max_batch_size, sorted by length by CTranslate2);
-          ortserve's slots are batch_slots x beams, so one of its steps runs as many rows as a CTranslate2 replica's
-          (max_batch_size examples x beams; 64 x 4 = 256 rows at beam 4, +10% for ortserve's fp32 beams vs 64);
+          ortserve runs batch_instances engines (--generation-instances) of threads / batch_instances onnxruntime
+          threads, as CTranslate2 runs inter_threads replicas of intra_threads, and each engine's slots are
+          batch_slots x beams, so one of its steps runs as many rows as a CTranslate2 replica's (max_batch_size
+          examples x beams; 64 x 4 = 256 rows at beam 4);
           fp32 vs float32, and ortserve's w8 variant (8-bit weights, MatMulNBits, in both graphs) vs CTranslate2's
           int8 (quantization="int8": int8 weights and int8 matrix products; compute_type int8_float32).
   served  1 / 8 / 32 closed-loop clients, greedy: ortserve's real server process streamed over gRPC

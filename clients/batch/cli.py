@@ -105,6 +105,8 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
     for flag, value, unset in (("instances", args.instances, 1), ("max-sequences", args.max_sequences, None)):
         if value != unset and args.local is None:
             raise ValueError(f"{flag}: needs --local REPOSITORY (it sets up the in-process engines)")
+    if args.ray and args.instances != 1:
+        raise ValueError("instances: not with --ray (each Ray worker runs one engine of one thread)")
     generation = GenerationParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.gen_top_k, top_p=args.top_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
