@@ -195,15 +195,17 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], mes
 
 
 def test_local_mode_with_two_engines_writes_what_one_engine_writes(tiny_repository: Path, tmp_path: Path) -> None:
-    """--instances 2 --max-sequences 2: the records spread over two in-process engines of two slots each; greedy
-    answers are the very same bytes as one engine's. Without --local the flags are refused naming themselves."""
+    """--instances 2 --max-sequences 2: two in-process engines of two slots each start (their log lines), and the
+    greedy answers are the very same bytes as one engine's. Without --local the flags are refused naming
+    themselves."""
     prompts = prompts_file(tmp_path / "prompts.txt", 12)
     common = ["generate", str(prompts), "--local", str(tiny_repository), "--model", "tiny-gpt", "--max-new-tokens",
               "8", "--concurrency", "8"]
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     a = batch(*common, "-o", str(one))
-    b = batch(*common, "-o", str(two), "--instances", "2", "--max-sequences", "2")
+    b = batch(*common, "-o", str(two), "--instances", "2", "--max-sequences", "2", "--verbose")
     assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
+    assert b.stderr.count("generation engine tiny-gpt started (max_batch_size=2)") == 2, b.stderr
     assert two.read_bytes() == one.read_bytes()
     for flag in ("--instances", "--max-sequences"):
         refused = batch("generate", str(prompts), "-o", str(tmp_path / "x.jsonl"), "--address", "127.0.0.1:1",

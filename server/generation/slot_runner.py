@@ -125,12 +125,11 @@ class SlotRunner:
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Positions [0, length) of one slot into another, every layer and kind (a reused prompt prefix)."""
-        if not (0 <= source < self.num_slots and 0 <= target < self.num_slots and 0 < length < self.spec.max_length):
-            raise ValueError(f"copy_prefix: slots {source} -> {target}, {length} tokens out of range")
-        self.cache.copy_prefix(source, target, length)
+        self.copy_prefixes([Copy(source, target, length)])
 
     def copy_prefixes(self, copies: list[Copy]) -> None:
-        """Several slot copies (no slot both a source and a target), those of one length together."""
+        """Positions [0, copy.length) of slot copy.source into copy.target, every layer and kind, for several slots
+        (none both a source and a target: a beam step's copies), those of one length together."""
         by_length: dict[int, list[Copy]] = {}
         for copy in copies:
             if not (0 <= copy.source < self.num_slots and 0 <= copy.target < self.num_slots
