@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Any, AsyncIterator
 
@@ -48,7 +49,7 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
     """Settings -> what each model version runs with (see server/settings.py for what each limit counts)."""
     return RuntimeConfig(
         session=SessionConfig(providers=resolve_providers(settings.providers),
-                              intra_op_threads=settings.intra_op_threads,
+                              intra_op_threads=intra_op_threads(settings),
                               inter_op_threads=settings.inter_op_threads, variant=settings.variant,
                               spinning=settings.intra_op_spinning),
         batch=BatchConfig(max_batch_size=settings.max_batch_size,
@@ -70,6 +71,20 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
                                   max_fill_mask_candidates=settings.max_fill_mask_candidates,
                                   max_response_bytes=settings.max_message_bytes),
         generation_instances=settings.generation_instances)
+
+
+def intra_op_threads(settings: ServerSettings) -> int:
+    """--intra-op-threads; left at 0 (onnxruntime's default: a thread per core) with several generation engines,
+    the cores shared out between them, since each engine's sessions would otherwise take every core."""
+    threads, instances = settings.intra_op_threads, settings.generation_instances
+    cores = len(os.sched_getaffinity(0))
+    if instances > 1 and not threads:
+        threads = max(1, cores // instances)
+        log.info("%d generation engines a model: %d onnxruntime threads each (--intra-op-threads)", instances, threads)
+    if instances > 1 and instances * threads > cores:
+        log.warning("%d generation engines x %d onnxruntime threads exceed the %d cores: they will take turns",
+                    instances, threads, cores)
+    return threads
 
 
 def select_outputs(result: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:

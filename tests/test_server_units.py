@@ -384,3 +384,18 @@ def test_a_batch_histogram_scrapes_as_prometheus_clients_own_histogram_fed_one_v
     assert our_lines == their_lines
     assert our_sums == pytest.approx(their_sums, rel=1e-12)
     assert 'gap_seconds_bucket{le="0.001",model="a"} 3.0' in our_lines
+
+
+def test_several_generation_engines_share_the_cores_unless_threads_are_set(tmp_path: Path) -> None:
+    """--generation-instances N with --intra-op-threads left at 0 (onnxruntime's default: every core for each session)
+    gives each engine's sessions cores / N threads; a number that is set is kept."""
+    import os
+
+    from server.dataplane import runtime_config
+
+    cores = len(os.sched_getaffinity(0))
+    two = runtime_config(ServerSettings(repository=tmp_path, generation_instances=2).validate())
+    assert two.generation_instances == 2 and two.session.intra_op_threads == max(1, cores // 2)
+    assert runtime_config(ServerSettings(repository=tmp_path).validate()).session.intra_op_threads == 0
+    kept = runtime_config(ServerSettings(repository=tmp_path, generation_instances=2, intra_op_threads=3).validate())
+    assert kept.session.intra_op_threads == 3

@@ -6,7 +6,6 @@ Answers are converted to the client's dataclasses exactly as they would arrive o
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +81,12 @@ class LocalRunner:
     @classmethod
     async def start(cls, repository: Path, config: TaskConfig, intra_op_threads: int = 0, instances: int = 1,
                     max_sequences: int | None = None) -> "LocalRunner":
-        """The server's data plane in-process. instances > 1: that many generation engines per model, each with
-        cores / instances onnxruntime threads unless intra_op_threads says otherwise."""
+        """The server's data plane in-process. instances > 1: that many generation engines per model (each with
+        cores / instances onnxruntime threads unless intra_op_threads says otherwise: server/dataplane.py)."""
         # Imported here: the client library itself never needs the server package.
         from server.dataplane import DataPlane
         from server.settings import ServerSettings, SettingsError
 
-        if instances > 1 and not intra_op_threads:
-            intra_op_threads = max(1, len(os.sched_getaffinity(0)) // instances)
         extra = {} if max_sequences is None else {"max_sequences": max_sequences}
         try:
             settings = ServerSettings(repository=Path(repository), port=0, metrics_port=-1, poll_interval=0,
