@@ -19,9 +19,9 @@ from pathlib import Path
 
 from modelpkg import TOKENIZER_FILE
 from server.generation import GenerationConfig, GenerationEngine, GenerationParams
-from server.package import read_package
+from server.repository.package import read_package
 from server.sessions import SessionConfig, create_session
-from server.tokenization import load_tokenizer
+from server.text.tokenizer import load_tokenizer
 
 
 async def timed(engine: GenerationEngine, prompts: list[list[int]], new_tokens: int) -> float:

@@ -252,7 +252,7 @@ class OrtserveBatch:
 
     async def _start(self) -> Any:
         from server.dataplane import DataPlane
-        from server.settings import ServerSettings
+        from server.runtime.settings import ServerSettings
 
         settings = ServerSettings(repository=self.model.repository, port=0, metrics_port=-1, http_port=-1,
                                   poll_interval=0, intra_op_threads=self.threads, intra_op_spinning="on",

@@ -92,7 +92,7 @@ class InProcess:
     """The data plane on this event loop, configured like the server process."""
 
     def __init__(self, repo: Path, threads: int, classifier: str = CLASSIFIER, lm: str = LM) -> None:
-        from server.settings import ServerSettings
+        from server.runtime.settings import ServerSettings
 
         self.classifier, self.lm = classifier, lm
         self.settings = ServerSettings(repository=repo, port=0, metrics_port=-1, poll_interval=0,

@@ -5,11 +5,11 @@ import argparse
 import sys
 from typing import NoReturn, Sequence
 
-from server import eventloop, tracing
-from server.app import OrtServer, StartupError
-from server.logs import configure_logging
+from server.runtime import eventloop, tracing
+from server.process import OrtServer, StartupError
+from server.runtime.logs import configure_logging
 from server.sessions import resolve_providers
-from server.settings import SettingsError, settings_from_args
+from server.runtime.settings import SettingsError, settings_from_args
 
 PROG = "ortserve-server"
 

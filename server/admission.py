@@ -1,6 +1,6 @@
 """The cost model checked at admission: what a request will cost, bounded before anything of it runs.
 
-Every task and every front door reaches the served models (server/encoder.py, server/decoder.py), which call
+Every task and every front door reaches the served models (server/encoders/encoder.py, server/generation/decoder_model.py), which call
 these checks before tokenizing (rows) or before compute (candidates, estimated response size). A request that
 can never fit, whatever the load, is refused with INVALID_ARGUMENT naming the field and the limit; requests
 that could fit later (queue full, token budget in use) are refused elsewhere with RESOURCE_EXHAUSTED.
@@ -10,7 +10,7 @@ that could fit later (queue full, token budget in use) are refused elsewhere wit
     check_candidates(masks, top_k, limits)
     check_response_bytes(estimate, limits, "top_k")
 
-Limits are settings (server/settings.py, docs/configuration.md) and tabled in docs/RELIABILITY.md.
+Limits are settings (server/runtime/settings.py, docs/configuration.md) and tabled in docs/RELIABILITY.md.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from server.codecs import numpy_dtype
-from server.errors import ServingError
-from server.signature import TensorSpec
+from server.protocol.codecs import numpy_dtype
+from server.protocol.errors import ServingError
+from server.repository.signature import TensorSpec
 
 # Bytes a message spends on one fill-mask candidate besides its texts (token_id, score, field tags, lengths).
 CANDIDATE_OVERHEAD_BYTES = 32

@@ -1,4 +1,4 @@
-"""The data plane: the one door. Every operation a front door needs, with typed results (server/types.py).
+"""The data plane: the one door. Every operation a front door needs, with typed results (server/protocol/types.py).
 
 The front doors (server/grpc/, server/http/) and in-process callers (batch jobs, benchmarks) call these
 methods and nothing below them. No gRPC here: errors are ServingError(code, message), which a front door
@@ -22,23 +22,23 @@ from typing import Any, AsyncIterator
 import numpy as np
 from prometheus_client import generate_latest
 
-from server import tracing
+from server.runtime import tracing
 from server.admission import AdmissionLimits
-from server.batching import BatchConfig
-from server.errors import Code, ServingError
+from server.encoders.batching import BatchConfig
+from server.protocol.errors import Code, ServingError
 from server.generation import GenerationConfig, GenerationParams, StreamChunk
-from server.metrics import Metrics
+from server.runtime.metrics import Metrics
 from server.model import RuntimeConfig, ServedModel
-from server.repository import ModelRepository
-from server.pairs import Pairs, RerankResult, ScoreResult
-from server.rerank import check_top_n, rank
+from server.repository.registry import ModelRepository
+from server.protocol.pairs import Pairs, RerankResult, ScoreResult
+from server.encoders.rerank import check_top_n, rank
 from server.sessions import SessionConfig, resolve_providers
-from server.settings import ServerSettings
-from server.tokens import Tokenized
-from server.types import (ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo, ModelMetadata,
+from server.runtime.settings import ServerSettings
+from server.text.spans import Tokenized
+from server.protocol.types import (ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo, ModelMetadata,
                           ModelState, ModelStatistics, ModelStatus, RepositoryEntry, StreamPart, TensorMetadata,
                           TokenClassifyResult)
-from server.version import ModelVersion
+from server.repository.version import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ PLATFORM = "onnxruntime_onnx"
 
 
 def runtime_config(settings: ServerSettings) -> RuntimeConfig:
-    """Settings -> what each model version runs with (see server/settings.py for what each limit counts)."""
+    """Settings -> what each model version runs with (see server/runtime/settings.py for what each limit counts)."""
     return RuntimeConfig(
         session=SessionConfig(providers=resolve_providers(settings.providers),
                               intra_op_threads=intra_op_threads(settings),
@@ -357,13 +357,13 @@ class DataPlane:
 
     async def embed(self, model: str, version: int, texts: list[str], truncate: bool = False,
                     deadline: float | None = None, dimensions: int | None = None) -> EmbedResult:
-        """dimensions: the vector length the caller asks for (OpenAI's; server/matryoshka.py), checked up front."""
+        """dimensions: the vector length the caller asks for (OpenAI's; server/encoders/matryoshka.py), checked up front."""
         with self.lease(model, version, "embed") as served:
             return await served.embed(texts, truncate, deadline, dimensions)
 
     async def score(self, model: str, version: int, pairs: Pairs, truncate: bool = False,
                     deadline: float | None = None) -> ScoreResult:
-        """Each text pair's relevance, in order (server/rerank.py: a cross-encoder's or an embedding model's)."""
+        """Each text pair's relevance, in order (server/encoders/rerank.py: a cross-encoder's or an embedding model's)."""
         with self.lease(model, version, "score") as served:
             return ScoreResult(model=served.name, version=served.version,
                                scores=await served.score(pairs, truncate, deadline))
@@ -381,7 +381,7 @@ class DataPlane:
     async def token_classify(self, model: str, version: int, texts: list[str], aggregation_strategy: str = "none",
                              ignore_labels: list[str] | None = None, truncate: bool = False,
                              deadline: float | None = None) -> TokenClassifyResult:
-        """Per-token labels, grouped as transformers' pipeline groups them (server/token_aggregation.py);
+        """Per-token labels, grouped as transformers' pipeline groups them (server/encoders/token_aggregation.py);
         ignore_labels None: the pipeline's default ["O"]."""
         with self.lease(model, version, "token_classify") as served:
             return await served.token_classify(texts, aggregation_strategy, ignore_labels, truncate, deadline)

@@ -1,11 +1,11 @@
 """A loaded model version: the typed served models' common part and how one is built from its package.
 
     ServedModel            package, session runner, graph signature, raw-input checks, warm-up / start / close
-    ├── EncoderModel       (server/encoder.py)  batcher; classify, fill-mask, raw infer through the batcher
-    └── DecoderModel       (server/decoder.py)  generation engine; generate, stream, raw infer
+    ├── EncoderModel       (server/encoders/encoder.py)  batcher; classify, fill-mask, raw infer through the batcher
+    └── DecoderModel       (server/generation/decoder_model.py)  generation engine; generate, stream, raw infer
 
 Every task method exists on every model: a model of another task answers INVALID_ARGUMENT naming `model`.
-Building one from its package: server/loading.py.
+Building one from its package: server/repository/loading.py.
 """
 from __future__ import annotations
 
@@ -18,18 +18,18 @@ import numpy as np
 
 from modelpkg import Manifest
 from server.admission import AdmissionLimits, check_response_bytes, check_rows, tensor_bytes
-from server.batching import BatchConfig
-from server.codecs import kserve_datatype
-from server.errors import Code, ServingError
+from server.encoders.batching import BatchConfig
+from server.protocol.codecs import kserve_datatype
+from server.protocol.errors import Code, ServingError
 from server.generation import GenerationConfig, GenerationParams, GenerationResult, StreamChunk
-from server.metrics import Metrics
-from server.package import Package
-from server.pairs import PairScores, Pairs
+from server.runtime.metrics import Metrics
+from server.repository.package import Package
+from server.protocol.pairs import PairScores, Pairs
 from server.sessions import SessionConfig, SessionRunner
-from server.signature import TensorSpec, check_inputs, specs_from_manifest
-from server.stats import ModelStats
-from server.tokens import TokenSpan
-from server.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, TokenClassifyResult
+from server.repository.signature import TensorSpec, check_inputs, specs_from_manifest
+from server.runtime.stats import ModelStats
+from server.text.spans import TokenSpan
+from server.protocol.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, TokenClassifyResult
 
 Feeds = dict[str, np.ndarray]
 
@@ -42,7 +42,7 @@ class RuntimeConfig:
     batch: BatchConfig
     generation: GenerationConfig
     admission: AdmissionLimits = AdmissionLimits()
-    generation_instances: int = 1     # engines per decoder (server/decoder.py)
+    generation_instances: int = 1     # engines per decoder (server/generation/decoder_model.py)
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class ServedModel(ABC):
         raise self._not("embed")
 
     async def score(self, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:
-        """Each text pair's relevance (server/rerank.py): a cross-encoder's or an embedding model's."""
+        """Each text pair's relevance (server/encoders/rerank.py): a cross-encoder's or an embedding model's."""
         raise self._not("rerank or score")
 
     async def token_classify(self, texts: list[str], aggregation_strategy: str, ignore_labels: list[str] | None,

@@ -9,9 +9,9 @@ import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 from modelpkg import Manifest
-from server.errors import Code, ServingError
-from server.package import Package, PackageError
-from server.settings import VARIANT_AUTO
+from server.protocol.errors import Code, ServingError
+from server.repository.package import Package, PackageError
+from server.runtime.settings import VARIANT_AUTO
 
 log = logging.getLogger(__name__)
 

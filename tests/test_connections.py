@@ -1,5 +1,5 @@
 """Idle connections are closed after a timeout and bounded per door (issue 25, kind 6; server/http/connections.py,
-server/fdlimit.py, server/grpc/app.py).
+server/runtime/fdlimit.py, server/grpc/server.py).
 
 The outside probe held 1,100 idle connections: the HTTP port had no header-read timeout, the metrics port ran one
 thread per connection without a timeout (23 -> 423 threads), and at the default open-file limit every new gRPC call,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from server.settings import settings_from_args
+from server.runtime.settings import settings_from_args
 from server_process import ROOT
 
 IMAGE = ROOT / "deploy" / "image"

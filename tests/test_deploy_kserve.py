@@ -21,7 +21,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from modelpkg import FORMAT
-from server.settings import settings_from_args
+from server.runtime.settings import settings_from_args
 from server_process import ROOT, ServerProcess
 
 KSERVE = ROOT / "deploy" / "kserve"

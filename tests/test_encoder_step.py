@@ -115,7 +115,7 @@ def test_the_engine_shrinks_long_cross_buffers_back_when_it_goes_idle(parts: tup
     import server.generation.cross_runner as cross_module
     from modelpkg import TOKENIZER_FILE
     from server.generation import GenerationConfig, GenerationEngine, GenerationParams
-    from server.tokenization import load_tokenizer
+    from server.text.tokenizer import load_tokenizer
 
     decoder, spec, source, encoder, package = parts
     manifest = Manifest.from_json((package / "model.json").read_text())

@@ -21,11 +21,11 @@ from onnx import TensorProto, helper, numpy_helper
 from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer, pre_tokenizers
 
-from server import eventloop
+from server.runtime import eventloop
 from server.generation import (GenerationConfig, GenerationEngine, GenerationParams, OverloadedError,
                                StreamChunk)
 from modelpkg import Manifest
-from server.metrics import Metrics
+from server.runtime.metrics import Metrics
 from testing.offline import greedy_generate
 
 PROMPTS = [

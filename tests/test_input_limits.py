@@ -14,9 +14,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from modelpkg import Manifest
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 from server.generation import GenerationConfig, GenerationEngine, GenerationParams
-from server.tokenization import CHARS_PER_TOKEN_BOUND, TextEncoder
+from server.text.tokenizer import CHARS_PER_TOKEN_BOUND, TextEncoder
 
 HUGE = "the king is dead " * 250_000  # ~4 MB
 

@@ -1,4 +1,4 @@
-"""server/length_buckets.py: the cut of a padded batch into runs of similar length (pure), and the same answers as
+"""server/encoders/length_buckets.py: the cut of a padded batch into runs of similar length (pure), and the same answers as
 one padded run on a real onnxruntime session of the tiny classifier and on the tiny fill-mask model (an output
 with a sequence axis)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from server.length_buckets import LengthBucketedRun, plan
+from server.encoders.length_buckets import LengthBucketedRun, plan
 
 
 def test_plan_keeps_one_run_for_rows_of_one_length_and_cuts_two_clusters() -> None:

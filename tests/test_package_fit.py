@@ -1,4 +1,4 @@
-"""Packages whose parts do not belong together are refused at load (issue 25, kind 4; server/consistency.py).
+"""Packages whose parts do not belong together are refused at load (issue 25, kind 4; server/repository/consistency.py).
 
 Every broken package here has hashes that match (parity.json is recomputed after the edit): only its content
 disagrees with itself. Each was served before the load-time checks: a decoder with another model's tokenizer.json
@@ -114,10 +114,10 @@ def broken_copy(repository: Path, model: str, case: str, dest: Path) -> Path:
 
 def _build(path: Path, name: str) -> Any:
     from server.dataplane import runtime_config
-    from server.loading import build_model
-    from server.metrics import Metrics
-    from server.settings import ServerSettings
-    from server.stats import ModelStats
+    from server.repository.loading import build_model
+    from server.runtime.metrics import Metrics
+    from server.runtime.settings import ServerSettings
+    from server.runtime.stats import ModelStats
 
     runtime = runtime_config(ServerSettings(repository=path.parent, max_sequences=2))
     return build_model(path, name, 2, runtime, Metrics(), ModelStats())
@@ -131,7 +131,7 @@ def test_the_good_packages_pass_the_checks(tiny_repository: Path, model: str) ->
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_package_whose_parts_disagree_is_refused_naming_what(tiny_repository: Path, tmp_path: Path,
                                                                case: str) -> None:
-    from server.package import PackageError
+    from server.repository.package import PackageError
 
     model, _, phrase = CASES[case]
     path = broken_copy(tiny_repository, model, case, tmp_path / model / "2")

@@ -143,7 +143,7 @@ def test_both_front_doors_and_the_drain_work_on_either_event_loop(tiny_repositor
 
 
 def test_event_loop_choice_is_checked_before_start() -> None:
-    from server.eventloop import resolve
+    from server.runtime.eventloop import resolve
 
     assert resolve("auto") == "uvloop"    # a dependency of the server's install (pyproject.toml)
     assert resolve("asyncio") == "asyncio"

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from modelpkg import TensorDecl, past_names
-from server.codecs import decode_tensor, encode_tensor
+from server.protocol.codecs import decode_tensor, encode_tensor
 from server.dataplane import DataPlane
-from server.errors import Code, ServingError
+from server.protocol.errors import Code, ServingError
 from server.generation import GenerationParams
-from server.logs import JsonFormatter
-from server.package import PackageError, read_package, verify_files
-from server.settings import ServerSettings, SettingsError, build_parser, settings_from_args
-from server.signature import check_inputs, specs_from_manifest
-from server.types import ModelState
+from server.runtime.logs import JsonFormatter
+from server.repository.package import PackageError, read_package, verify_files
+from server.runtime.settings import ServerSettings, SettingsError, build_parser, settings_from_args
+from server.repository.signature import check_inputs, specs_from_manifest
+from server.protocol.types import ModelState
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER, GPT = "tiny-classifier", "tiny-gpt"
@@ -194,9 +194,9 @@ def test_encoder_instances_compute_batches_at_the_same_time(tiny_repository: Pat
     """encoder_instances=2: two batches run at once (each instance on its own thread), answers unchanged."""
     import threading
 
-    from server.batching import BatchConfig, DynamicBatcher
-    from server.metrics import Metrics
-    from server.stats import ModelStats
+    from server.encoders.batching import BatchConfig, DynamicBatcher
+    from server.runtime.metrics import Metrics
+    from server.runtime.stats import ModelStats
 
     both_running = threading.Barrier(2, timeout=2)  # passes only when two runs are inside run_batch together
 
@@ -359,7 +359,7 @@ def test_a_batch_histogram_scrapes_as_prometheus_clients_own_histogram_fed_one_v
     equal to a bound counts in that bound's bucket)."""
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from server.metrics import BatchHistogram
+    from server.runtime.metrics import BatchHistogram
 
     bounds = (0.001, 0.01, 0.1, 1.0)
     values = [0.0, 0.001, 0.0011, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 30.0, 0.0004]

@@ -1,12 +1,12 @@
-"""server/token_aggregation.py on hand-made token rows: every strategy's grouping, offsets and scores worked out
+"""server/encoders/token_aggregation.py on hand-made token rows: every strategy's grouping, offsets and scores worked out
 by hand (the served answers are compared with transformers' pipeline in tests/test_token_classification.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from server.errors import ServingError
-from server.token_aggregation import TokenRow, aggregate, as_pipeline_dict, check_strategy, softmax
+from server.protocol.errors import ServingError
+from server.encoders.token_aggregation import TokenRow, aggregate, as_pipeline_dict, check_strategy, softmax
 
 LABELS = ["O", "B-PER", "I-PER", "B-LOC"]
 TEXT = "Jonathan lives in Lon don"

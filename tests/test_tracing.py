@@ -1,4 +1,4 @@
-"""Tracing (server/tracing.py): a real server exports its spans over OTLP/gRPC to a receiver in this process.
+"""Tracing (server/runtime/tracing.py): a real server exports its spans over OTLP/gRPC to a receiver in this process.
 
 One streamed completion over HTTP and one classification over gRPC, each with the caller's W3C traceparent: the
 spans are named and parented as docs/metrics.md (Tracing) documents, in the caller's trace. Off by default, the
@@ -140,7 +140,7 @@ def test_kv_cache_usage_gauge_beside_the_queue_gauge(traced: ServerProcess) -> N
 
 
 def test_off_by_default_nothing_of_opentelemetry_is_imported() -> None:
-    code = ("import sys, server.app, server.__main__, server.http.app, server.grpc.app, server.dataplane; "
+    code = ("import sys, server.process, server.__main__, server.http.routes, server.grpc.server, server.dataplane; "
             "bad = sorted({m.split('.')[0] for m in sys.modules} & {'opentelemetry', 'ray', 'torch'}); "
             "print(bad); sys.exit(1 if bad else 0)")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -85,7 +85,7 @@ class LocalRunner:
         cores / instances onnxruntime threads unless intra_op_threads says otherwise: server/dataplane.py)."""
         # Imported here: the client library itself never needs the server package.
         from server.dataplane import DataPlane
-        from server.settings import ServerSettings, SettingsError
+        from server.runtime.settings import ServerSettings, SettingsError
 
         extra = {} if max_sequences is None else {"max_sequences": max_sequences}
         try:
@@ -98,7 +98,7 @@ class LocalRunner:
         return cls(plane, config)
 
     async def run(self, record: Record) -> dict[str, Any]:
-        from server.errors import ServingError
+        from server.protocol.errors import ServingError
         from server.generation.params import GenerationParams as ServerParams
 
         c = self.config

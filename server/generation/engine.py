@@ -57,7 +57,7 @@ from .sequence import Sequence, to_generated_token
 from .slot_runner import DecodeRow, PrefillRow, SlotRunner
 
 if TYPE_CHECKING:
-    from server.metrics import Metrics
+    from server.runtime.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -746,7 +746,7 @@ class _TokenTimes:
 
 
 class _ModelMetrics:
-    """One model's children of the engine's metrics (server/metrics.py)."""
+    """One model's children of the engine's metrics (server/runtime/metrics.py)."""
 
     def __init__(self, metrics: "Metrics", label: str) -> None:
         self.generated_tokens = metrics.generated_tokens.labels(model=label)

@@ -1,9 +1,9 @@
 """The gRPC front door: protobuf <-> data-plane calls (server/dataplane.py), nothing below it.
 
-    app.py       the grpc.aio server: services, reflection, the bearer-token interceptor, ports, TLS
+    server.py    the grpc.aio server: services, reflection, the bearer-token interceptor, ports, TLS
     task.py      ortserve.v1.TaskService (protos/ortserve.proto)
-    encoder_tasks.py  Tokenize / Detokenize / Rerank messages <-> data-plane arguments and results
-    kserve.py    inference.GRPCInferenceService (KServe v2; text mode in server/kserve.py, shared with HTTP)
+    task_messages.py  Tokenize / Detokenize / Rerank messages <-> data-plane arguments and results
+    inference_service.py  inference.GRPCInferenceService (KServe v2; text mode in server/protocol/kserve.py, shared with HTTP)
     health.py    grpc.health.v1
     common.py    what every servicer shares: deadlines, the unary / streaming handler wrappers
     status.py    THE data-plane error -> gRPC status mapping, the guard every method runs in (metrics)

@@ -9,8 +9,8 @@ from typing import Protocol
 
 import grpc
 
-from server import tracing
-from server.errors import Code, ServingError
+from server.runtime import tracing
+from server.protocol.errors import Code, ServingError
 
 log = logging.getLogger(__name__)
 

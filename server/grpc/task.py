@@ -7,11 +7,11 @@ import grpc
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
-from server.errors import Code, ServingError
+from server.protocol.errors import Code, ServingError
 from server.generation import GeneratedToken, GenerationParams, Usage
 from server.grpc.common import Instrumented, deadline_of, streaming, unary
-from server.grpc.encoder_tasks import rerank_pairs, rerank_to_proto, tokenized_to_proto, top_n
-from server.types import ModelStatus, StreamPart
+from server.grpc.task_messages import rerank_pairs, rerank_to_proto, tokenized_to_proto, top_n
+from server.protocol.types import ModelStatus, StreamPart
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
                   "cancelled": pb.FINISH_REASON_CANCELLED}

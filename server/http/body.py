@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 
-from server import jsontext
-from server.errors import Code, ServingError
+from server.protocol import jsontext
+from server.protocol.errors import Code, ServingError
 from server.http.errors import HttpError
 
 T = TypeVar("T")
@@ -25,7 +25,7 @@ _MISSING = object()
 async def read_body(request: Request, limit: int, json_prefix: int | None = None) -> bytes:
     """The whole body; 413 when it is (or announces to be) larger than `limit` bytes. Its JSON (the first
     `json_prefix` bytes; None: all of it) has its values bounded while it arrives, chunk by chunk
-    (server/jsontext.py), so a body of millions of tiny values is refused before anything parses it."""
+    (server/protocol/jsontext.py), so a body of millions of tiny values is refused before anything parses it."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not (declared.isascii() and declared.isdigit()):   # ('²' is a digit to isdigit(), not to int())
@@ -65,7 +65,7 @@ def require_content_type(request: Request, allowed: tuple[str, ...], missing_ok:
 
 
 def parse_json(data: bytes, what: str = "body", counted: bool = True) -> Any:
-    """A JSON document (server/jsontext.py): 400 naming the field for what is not JSON or not text; its values
+    """A JSON document (server/protocol/jsontext.py): 400 naming the field for what is not JSON or not text; its values
     were bounded while it was read (`counted`) unless told otherwise."""
     return jsontext.loads(data, counted=counted, name=what)
 

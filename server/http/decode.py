@@ -9,7 +9,7 @@ door or body reader saw it (`messages[1].role: must be a string, got 5`, `model:
 - bool is never an integer, and an integer is accepted where a number is asked for (msgspec's rules too);
 - NaN / Infinity (which Python's json module reads, msgspec does not) are refused naming their field.
 
-Only a refused body is parsed a second time (by the json module, server/jsontext.py, to quote the offending value
+Only a refused body is parsed a second time (by the json module, server/protocol/jsontext.py, to quote the offending value
 or name what it cannot read: an integer beyond Python's digit limit, a lone surrogate).
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 import msgspec
 from starlette.requests import Request
 
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 from server.http.body import JSON_TYPES, read_body, require_content_type
 from server.http.errors import HttpError
-from server.jsontext import lenient
+from server.protocol.jsontext import lenient
 
 T = TypeVar("T")
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}

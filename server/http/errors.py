@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from server.errors import Code, ServingError
+from server.protocol.errors import Code, ServingError
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from server import tracing
+from server.runtime import tracing
 from server.dataplane import DataPlane
-from server.errors import Code, ServingError
+from server.protocol.errors import Code, ServingError
 from server.http.errors import HttpError, classify_error, kserve_body, openai_body
 
 KSERVE = "kserve"

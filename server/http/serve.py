@@ -1,6 +1,6 @@
 """uvicorn on the server's own event loop: bind (port 0 = a free one), TLS, graceful stop.
 
-uvicorn's signal handling is switched off: the process's SIGTERM handler (server/app.py) drains the data
+uvicorn's signal handling is switched off: the process's SIGTERM handler (server/process.py) drains the data
 plane first, then stops this server, which lets open responses finish (up to `grace` seconds).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Binary extension (what tritonclient.http speaks): the body is a JSON header of `Inference-Header-Content-Length`
 bytes followed by the raw tensors, in input order, of every input whose `parameters.binary_data_size` is set.
-Raw bytes are the same as gRPC raw contents (server/codecs.py: little-endian, BYTES length-prefixed). An answer
+Raw bytes are the same as gRPC raw contents (server/protocol/codecs.py: little-endian, BYTES length-prefixed). An answer
 carries an output in binary when the request's output asks `parameters.binary_data`, or, for outputs not
 listed, when the request parameter `binary_data_output` is true.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from server.codecs import DATATYPES, check_bytes_count, check_shape, decode_tensor, encode_tensor, numpy_dtype
-from server.errors import ServingError
+from server.protocol.codecs import DATATYPES, check_bytes_count, check_shape, decode_tensor, encode_tensor, numpy_dtype
+from server.protocol.errors import ServingError
 from server.http.errors import HttpError
 
 HEADER_LENGTH = "inference-header-content-length"

@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 from server.http.body import deadline_from_headers
 from server.http.decode import typed_body
 from server.http.guard import OPENAI, Door, route
 from server.http.openai.answers import json_answer
-from server.token_aggregation import as_pipeline_dict
+from server.encoders.token_aggregation import as_pipeline_dict
 
 PATH = "/v1/token-classify"
 

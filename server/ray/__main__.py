@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from server.settings import SettingsError
+from server.runtime.settings import SettingsError
 
 log = logging.getLogger("server.ray")
 APP_NAME = "ortserve"

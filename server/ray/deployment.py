@@ -1,6 +1,6 @@
 """The data plane as a Ray Serve deployment: each replica runs one DataPlane over the same model repository and
 answers HTTP through Ray Serve's proxy with the server's own Starlette app (KServe v2 REST, OpenAI API, /health,
-/metrics: server/http/app.py).
+/metrics: server/http/routes.py).
 
 Replicas, autoscaling on ongoing requests and the drain on downscale or redeploy are Ray Serve's: it stops routing
 to a replica it is removing, waits for the replica's ongoing requests (graceful_shutdown_timeout_s), and only then
@@ -20,12 +20,12 @@ from typing import Any
 from ray import serve
 from ray.serve.config import AutoscalingConfig
 
-from server import tracing
+from server.runtime import tracing
 from server.dataplane import DataPlane
-from server.http.app import build_app
-from server.metrics import Metrics
+from server.http.routes import build_app
+from server.runtime.metrics import Metrics
 from server.ray.grpc_bridge import add_grpc_methods, servicers
-from server.settings import ServerSettings, settings_from_args
+from server.runtime.settings import ServerSettings, settings_from_args
 
 log = logging.getLogger(__name__)
 DEPLOYMENT_NAME = "ortserve"

@@ -4,7 +4,7 @@ Ray's proxy serves the services registered with `grpc_servicer_functions` and ca
 like the RPC with the decoded request (and `grpc_context`, its serializable context). `add_grpc_methods` gives
 the replica class one such method per RPC of each service, unary and server-streaming alike, made from the
 service descriptors (so RPCs added to the protos come along): each calls the server's own servicer
-(server/grpc/task.py, server/grpc/kserve.py), so the status mapping and metrics are the server's.
+(server/grpc/task.py, server/grpc/inference_service.py), so the status mapping and metrics are the server's.
 
 What the proxy does not carry: grpc.health.v1 (the proxy answers its own `ray.serve.RayServeAPIService`
 Healthz instead), reflection, the client's deadline (Ray's `request_timeout_s` bounds calls instead), TLS (the
@@ -22,7 +22,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from protos import grpc_service_pb2, ortserve_pb2
 from server.dataplane import DataPlane
 from server.grpc.auth import BearerTokenInterceptor
-from server.grpc.kserve import KServeServicer
+from server.grpc.inference_service import KServeServicer
 from server.grpc.task import TaskServicer
 
 # For Ray Serve's gRPCOptions: import paths of the generated add_*_to_server functions.

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 from server.generation import GeneratedToken, Usage
 from server.http.body import deadline_from_headers
 from server.http.decode import typed_body
@@ -19,7 +19,7 @@ from server.http.openai.chat_template import render_chat
 from server.http.openai.params import choices, generation_params, include_usage
 from server.http.openai.protocol import ChatCompletionRequest, ChatMessage, refuse_unsupported
 from server.http.openai.stream import event_stream, merged, opened, sse
-from server.types import StreamPart
+from server.protocol.types import StreamPart
 
 
 def _messages(messages: list[ChatMessage]) -> list[dict[str, str]]:

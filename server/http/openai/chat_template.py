@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 
 
 class _TemplateError(Exception):

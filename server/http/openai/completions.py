@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 from server.generation import GeneratedToken, GenerationParams, Usage
 from server.generation.params import MAX_TOP_LOGPROBS
 from server.http.body import deadline_from_headers
@@ -25,7 +25,7 @@ from server.http.openai.answers import FINISH, json_answer, usage
 from server.http.openai.params import choices, generation_params, include_usage
 from server.http.openai.protocol import CompletionRequest, refuse_unsupported
 from server.http.openai.stream import event_stream, merged, opened, sse
-from server.types import GenerateResult, StreamPart
+from server.protocol.types import GenerateResult, StreamPart
 
 MAX_LOGPROBS = 5                  # OpenAI's limit for completions' logprobs
 

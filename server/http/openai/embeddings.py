@@ -8,7 +8,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 from server.http.body import deadline_from_headers
 from server.http.decode import typed_body
 from server.http.guard import OPENAI, Door, route

@@ -6,10 +6,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.errors import Code, ServingError
+from server.protocol.errors import Code, ServingError
 from server.http.guard import OPENAI, Door, route
 from server.http.openai.answers import json_answer
-from server.types import ModelState, ModelStatus
+from server.protocol.types import ModelState, ModelStatus
 
 
 def _serving(door: Door) -> dict[str, ModelStatus]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from server.errors import Code, ServingError
+from server.protocol.errors import Code, ServingError
 from server.generation import GenerationParams
 from server.http.openai.protocol import SamplingRequest
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 
 UNSET = msgspec.UNSET   # absent (null is None): the refusal tells them apart from a given value
 # Field -> the values that leave the answer as this server computes it (absent and null are always accepted).

@@ -1,5 +1,5 @@
 """POST /v1/rerank (Cohere / Jina / vLLM), /v1/score (vLLM) and /rerank (text-embeddings-inference): documents
-scored against a query by a cross-encoder or an embedding model (server/rerank.py), one data-plane call each."""
+scored against a query by a cross-encoder or an embedding model (server/encoders/rerank.py), one data-plane call each."""
 from __future__ import annotations
 
 import time

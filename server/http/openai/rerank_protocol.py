@@ -1,5 +1,5 @@
 """The request bodies of rerank and score (msgspec Structs, decoded once by server/http/decode.py), and the
-texts they carry as the data plane's Pairs (server/rerank.py) under the field names each shape uses.
+texts they carry as the data plane's Pairs (server/encoders/rerank.py) under the field names each shape uses.
 
     RerankRequest       POST /v1/rerank    Cohere / Jina / vLLM: query, documents, top_n, return_documents
     ScoreRequest        POST /v1/score     vLLM: text_1, text_2 (one to one, one to many, or many to many)
@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from server.errors import ServingError
+from server.protocol.errors import ServingError
 from server.http.openai.protocol import UNSET
-from server.pairs import Pairs
+from server.protocol.pairs import Pairs
 
 
 class RerankRequest(msgspec.Struct, kw_only=True):

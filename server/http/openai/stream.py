@@ -9,7 +9,7 @@ from starlette.responses import Response, StreamingResponse
 
 from server.http.errors import classify_error, openai_body
 from server.http.openai.answers import encode
-from server.types import StreamPart
+from server.protocol.types import StreamPart
 
 DONE = b"data: [DONE]\n\n"
 # SSE ends lines at CR and LF only, and JSON escapes those; but common clients (httpx's iter_lines, Python's

@@ -1,0 +1,189 @@
+"""A served decoder (generate): the continuous-batching generation engine.
+
+The engine (server/generation/) is built here as `GenerationEngine(session, manifest, tokenizer, config,
+metrics, label, mixed_session)` from the typed manifest, and driven through start() / warmup() / generate() /
+stream() / stop(). Raw KServe ModelInfer on a decoder's graph tensors is refused (INVALID_ARGUMENT naming the
+model): its cache buffers belong to the engine, and onnxruntime's GroupQueryAttention kernel can crash the
+process on inconsistent caller tensors. KServe's text mode (a BYTES input "prompt") generates through the engine.
+
+With --generation-instances N there are N engines, each with sessions of its own (the weights loaded N times),
+its worker thread and max_sequences slots; a request goes whole (its n completions, its beams) to the one with the
+fewest sequences running, waiting or being admitted. On 2 cores two engines of one onnxruntime thread each beat
+one engine of two threads where a step's many small nodes each cost a hand-off between the threads (the OPUS-MT
+shape's 512-source batch job: int8 2,169-2,320 -> 3,043-3,152 tok/s, fp32 1,117-1,144 -> 1,275-1,325; beam 4
++12-14%), not where the event loop is the limit (g2p: 11.3-11.7k -> 11.8-12.4k; bench/FINDINGS.md).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator, Iterator
+
+import onnxruntime as ort
+
+from modelpkg import TOKENIZER_FILE
+from server.repository.consistency import check_prompts, check_tokenizer
+from server.protocol.errors import Code, ServingError
+from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
+                               OverloadedError, StreamChunk)
+from server.generation.engine import INLINE_PROMPT_SIZE, Job, SequenceStream
+from server.model import Feeds, Loaded, ServedModel
+from server.sessions import create_session
+from server.text.tokenizer import load_tokenizer
+from server.text.spans import TokenSpan, encode_spans, special_ids
+from server.protocol.types import ChatTemplate
+
+
+@contextlib.contextmanager
+def engine_errors() -> Iterator[None]:
+    """The generation engine's exceptions -> ServingError."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+    except OverloadedError as exc:
+        raise ServingError(Code.RESOURCE_EXHAUSTED, str(exc)) from None
+    except TimeoutError as exc:
+        raise ServingError(Code.DEADLINE_EXCEEDED, str(exc) or "deadline exceeded") from None
+    except EngineStoppedError as exc:
+        raise ServingError(Code.UNAVAILABLE, str(exc)) from None
+    except RuntimeError as exc:
+        raise ServingError(Code.INTERNAL, str(exc)) from None
+
+
+class DecoderModel(ServedModel):
+    def __init__(self, parts: Loaded) -> None:
+        super().__init__(parts)
+        self.tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
+        self.engines = [self.build_engine(i) for i in range(self.runtime.generation_instances)]
+        self.engine = self.engines[0]     # what every instance shares: spec, tokenizers, limits
+
+    def session(self, instance: int, file: str | None = None) -> ort.InferenceSession:
+        """Instance 0 runs the loaded session; every other instance a session of its own of the same graph."""
+        if instance == 0 and file is None:
+            return self.runner.session
+        return create_session(self.package, self.variant, self.runtime.session, file=file)
+
+    def build_engine(self, instance: int = 0) -> GenerationEngine:
+        mixed_file = self.manifest.cache.mixed_graph(self.variant) if self.manifest.cache is not None else None
+        mixed = None if mixed_file is None else self.session(instance, mixed_file)
+        return GenerationEngine(self.session(instance), self.manifest, self.tokenizer, self.runtime.generation,
+                                self.metrics, self.name, mixed_session=mixed, instance=instance)
+
+    def pick(self) -> GenerationEngine:
+        """The engine a new request goes to: the fewest sequences running, waiting or being admitted."""
+        if len(self.engines) == 1:
+            return self.engine
+        return min(self.engines, key=lambda e: e.active_sequences + e.waiting_requests + e.admitting)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.engine.config.max_batch_size * len(self.engines)
+
+    def warm_up(self) -> None:
+        """The tokenizer checked against model.json (server/repository/consistency.py), the engine's runs (the largest
+        token id and the last position included), then a prompt text through the engine's tokenizer path."""
+        vocabulary = check_tokenizer(self.package, self.tokenizer)
+        for engine in self.engines:
+            engine.warmup()
+        spec = self.engine.spec
+        check_prompts(self.engine.tokenize, vocabulary, spec.vocab_size, spec.max_length)
+
+    async def start(self) -> None:
+        for engine in self.engines:
+            await engine.start()
+
+    async def close(self) -> None:
+        for engine in self.engines:
+            await engine.stop()
+
+    async def tokenize(self, text: str) -> list[TokenSpan]:
+        with engine_errors():
+            if len(text) <= INLINE_PROMPT_SIZE:
+                return self._spans(text, False)
+            return await asyncio.get_running_loop().run_in_executor(None, self._spans, text, True)
+
+    def _spans(self, text: str, batched: bool) -> list[TokenSpan]:
+        """The ids generation would run (the engine's bounds), with their strings and offsets."""
+        ids = self.engine.tokenize_batched(text) if batched else self.engine.tokenize(text)
+        tokenizer = self.engine.inputs.tokenizer
+        special = special_ids(dict(self.manifest.special_tokens))
+        found = encode_spans(tokenizer, text, special, batched)
+        if [t.id for t in found] == ids:
+            return found
+        # (a prompt processor that cut or added ids: the ids are the truth, without offsets)
+        return [TokenSpan(i, tokenizer.id_to_token(i) or "", i in special, 0, 0) for i in ids]
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        context = self.engine.spec.max_length
+        if len(token_ids) > context:   # bounded before anything is looked at: a list may hold millions
+            raise ServingError.invalid("tokens", f"{len(token_ids)} ids exceed the model's context of {context} "
+                                                 "tokens (detokenize at most one context per request)")
+        with engine_errors():
+            if len(token_ids) <= INLINE_PROMPT_SIZE:
+                return self.engine.detokenize(token_ids)
+            return await asyncio.get_running_loop().run_in_executor(None, self.engine.detokenize_batched, token_ids)
+
+    def prompt_text(self, token_ids: list[int]) -> str:
+        with engine_errors():
+            return self.engine.prompt_text(token_ids)
+
+    def chat_template(self) -> ChatTemplate | None:
+        found = super().chat_template()
+        if found is None:
+            return None
+        variables = {}
+        for name in ("bos_token", "eos_token"):
+            token_id = self.manifest.special_tokens.get(name.removesuffix("_token"), None)
+            token_id = self.manifest.special_tokens.get(name, token_id)
+            text = self.tokenizer.id_to_token(token_id) if isinstance(token_id, int) else None
+            if text is not None:
+                variables[name] = text
+        return ChatTemplate(found.template, variables)
+
+    async def generate(self, prompt: str | list[int], params: GenerationParams,
+                       deadline: float | None) -> GenerationResult:
+        with engine_errors():
+            return await self.pick().generate(prompt, params, deadline)
+
+    async def generate_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[GenerationResult]:
+        with engine_errors():
+            return await self.pick().generate_many(jobs, deadline, field)
+
+    async def stream_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[AsyncIterator[StreamChunk]]:
+        with engine_errors():
+            streams = await self.pick().stream_many(jobs, deadline, field)
+        return [_Mapped(s) for s in streams]
+
+    async def stream(self, prompt: str | list[int], params: GenerationParams,
+                     deadline: float | None) -> AsyncIterator[StreamChunk]:
+        """Chunks of one sequence; closing the iterator cancels the sequence and frees its slot."""
+        chunks = self.pick().stream(prompt, params, deadline)
+        try:
+            with engine_errors():
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            await chunks.aclose()
+
+    async def infer(self, inputs: Feeds, outputs: list[str] | None, deadline: float | None) -> Feeds:
+        raise ServingError.invalid("model", f"{self.name!r} is a decoder whose KV cache belongs to the generation "
+                                            f"engine: raw graph calls are not served; use Generate, GenerateStream "
+                                            f"or ModelInfer text mode (input 'prompt')")
+
+
+class _Mapped:
+    """A sequence's chunk stream whose errors are ServingErrors (engine_errors)."""
+
+    def __init__(self, stream: SequenceStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> "_Mapped":
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        with engine_errors():
+            return await self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

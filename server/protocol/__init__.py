@@ -1,0 +1,12 @@
+"""What both front doors share about the wire, below any transport.
+
+    errors.py    ServingError(code, message): the data plane's one error type, the message starting with the field
+    types.py     the data plane's typed results (the doors turn them into protobuf or JSON)
+    pairs.py     text pairs to score (rerank / score) and their results
+    codecs.py    KServe v2 tensors <-> numpy
+    jsontext.py  JSON text from clients, bounded before parsing, refusals naming the field
+    kserve.py    KServe v2 semantics shared by gRPC and REST: the version-string rule, the extensions, ModelInfer's
+                 text mode over the data plane's task calls
+
+errors, types, pairs, codecs and jsontext import nothing outside server.protocol; kserve.py calls the data plane.
+"""
