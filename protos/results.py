@@ -12,12 +12,6 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
-class LabelScore:
-    label: str
-    score: float
-
-
-@dataclass(frozen=True)
 class Classification:
     label: str
     score: float
@@ -26,6 +20,8 @@ class Classification:
 
 @dataclass(frozen=True)
 class TokenCandidate:
+    """One token that may stand for a mask."""
+
     token: str
     token_id: int
     score: float
@@ -36,20 +32,6 @@ class TokenCandidate:
 class MaskPrediction:
     position: int  # token index of the mask in the encoded sequence
     candidates: list[TokenCandidate] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    token: str       # the token decoded alone (may be U+FFFD for a partial UTF-8 character)
-    logprob: float
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_prompt_tokens: int = 0    # of prompt_tokens, found in the server's cache (prefix caching), not prefilled
 
 
 @dataclass(frozen=True)
@@ -73,6 +55,26 @@ class TokenEntity:
     start: int          # character offsets into the text, end exclusive
     end: int
     index: int | None = None   # the token's position in the sequence (aggregation "none" only)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    token: str       # the token decoded alone (may be U+FFFD for a partial UTF-8 character)
+    logprob: float
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0    # of prompt_tokens, found in the server's cache (prefix caching), not prefilled
+
+
+@dataclass(frozen=True)
+class LabelScore:
+    label: str
+    score: float
 
 
 __all__ = ["Classification", "LabelScore", "MaskPrediction", "TokenCandidate", "TokenEntity", "TokenLogprob",
