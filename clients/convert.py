@@ -1,32 +1,18 @@
-"""Protobuf messages <-> the client's dataclasses (shared by the sync and asyncio clients)."""
+"""Protobuf messages <-> the client's dataclasses (clients/calls.py pairs each request with its answer's converter)."""
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from typing import Union
 
-from protos import ortserve_pb2 as pb
+from grpc_health.v1 import health_pb2
 
-from .types import (
-    RankedDocument,
-    Tokenization,
-    TokenSpan,
-    TokenEntity,
-    Classification,
-    Embedding,
-    FillMaskResult,
-    GeneratedToken,
-    Generation,
-    GenerationParams,
-    LabelScore,
-    MaskPrediction,
-    ModelInfo,
-    ModelStatus,
-    StreamChunk,
-    TokenCandidate,
-    TokenLogprob,
-    Usage,
-)
+from protos import ortserve_pb2 as pb
+from protos.results import (Classification, LabelScore, MaskPrediction, TokenCandidate, TokenEntity, TokenLogprob,
+                            TokenSpan, Usage)
+
+from .types import (Embedding, FillMaskResult, GeneratedToken, Generation, GenerationParams, ModelInfo, ModelStatus,
+                    RankedDocument, StreamChunk, Tokenization)
 
 # A classify input: a text, or a (text, pair) tuple whose pair may be None.
 ClassifyInput = Union[str, tuple[str, Union[str, None]], Sequence[str]]
@@ -201,6 +187,10 @@ def model_status(message: pb.ModelStatus) -> ModelStatus:
                        reason=message.reason, variant=message.variant)
 
 
+def model_statuses(response: pb.ListModelsResponse) -> list[ModelStatus]:
+    return [model_status(m) for m in response.models]
+
+
 def model_info(response: pb.ModelInfoResponse) -> ModelInfo:
     try:
         manifest = json.loads(response.manifest_json) if response.manifest_json else {}
@@ -228,3 +218,8 @@ def token_classify_request(texts: str | Sequence[str], model: str, version: int 
 def token_entities(response: pb.TokenClassifyResponse) -> list[list[TokenEntity]]:
     return [[TokenEntity(label=e.label, score=e.score, word=e.word, start=e.start, end=e.end,
                          index=None if e.index < 0 else e.index) for e in r.entities] for r in response.results]
+
+
+def serving_status(response: health_pb2.HealthCheckResponse) -> str:
+    """grpc.health.v1's status by name: "SERVING", "NOT_SERVING", ..."""
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)

@@ -1,13 +1,16 @@
 """When to retry and how long to wait (shared by the sync and asyncio clients)."""
 from __future__ import annotations
 
+import logging
 import random
 import time
 
 import grpc
 
-from .config import Backoff
+from .config import Backoff, ClientConfig
 from .errors import OrtserveError
+
+log = logging.getLogger(__name__)
 
 # Only "the server could not take the call" is safe to repeat: every other code is an answer.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
@@ -46,3 +49,46 @@ def should_retry(error: OrtserveError, attempt: int, retries: int) -> bool:
 def deadline_error(attempts: int, last: OrtserveError | None) -> OrtserveError:
     detail = f" (last error: {last.code.name}: {last.message})" if last else ""
     return OrtserveError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded after {attempts} attempt(s){detail}")
+
+
+class Attempts:
+    """The attempts of one logical call (both clients' loop, which only sleeps or awaits in between):
+
+        while True:
+            timeout = attempts.time_left()      # DEADLINE_EXCEEDED once none is left
+            try:
+                return rpc(request, timeout=timeout)
+            except grpc.RpcError as e:
+                attempts.failed(e)
+            sleep(attempts.wait_time())         # raises the failure when it is not to be retried
+    """
+
+    def __init__(self, config: ClientConfig, timeout: float | None, what: str) -> None:
+        self._deadline = Deadline(timeout)
+        self._retries = config.retries
+        self._backoff = config.backoff
+        self._what = what       # the call, as the retry log names it
+        self._attempt = 0
+        self._last: OrtserveError | None = None   # set by failed() before any wait_time()
+
+    def time_left(self) -> float | None:
+        """The next attempt's timeout (None: no deadline)."""
+        left = self._deadline.remaining()
+        if left is not None and left <= 0:
+            raise deadline_error(self._attempt, self._last)
+        return left
+
+    def failed(self, error: grpc.RpcError) -> None:
+        self._last = OrtserveError.from_rpc_error(error)
+
+    def wait_time(self) -> float:
+        """Seconds to wait before the next attempt; the last failure is raised (as OrtserveError) when it is not
+        retryable or no retries are left (outside the caller's `except`, so it chains to nothing)."""
+        last = self._last
+        if not should_retry(last, self._attempt, self._retries):
+            raise last
+        delay = self._deadline.wait_time(backoff_delay(self._backoff, self._attempt))
+        log.info("retrying %s after %s (attempt %d of %d, waiting %.2fs)", self._what, last, self._attempt + 1,
+                 self._retries, delay)
+        self._attempt += 1
+        return delay

@@ -5,32 +5,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+# The results the server holds the same, field for field (protos/results.py); the client's own are below.
+from protos.results import (Classification, LabelScore, MaskPrediction, TokenCandidate, TokenEntity, TokenLogprob,
+                            TokenSpan, Usage)
 
-@dataclass(frozen=True)
-class LabelScore:
-    label: str
-    score: float
-
-
-@dataclass(frozen=True)
-class Classification:
-    label: str
-    score: float
-    scores: list[LabelScore] = field(default_factory=list)  # top_k (or all) labels, best first
-
-
-@dataclass(frozen=True)
-class TokenCandidate:
-    token: str
-    token_id: int
-    score: float
-    sequence: str  # the text with this mask filled (other masks left as they were)
-
-
-@dataclass(frozen=True)
-class MaskPrediction:
-    position: int  # token index of the mask in the encoded sequence
-    candidates: list[TokenCandidate] = field(default_factory=list)
+__all__ = ["Classification", "Embedding", "FillMaskResult", "GeneratedToken", "Generation", "GenerationParams",
+           "LabelScore", "MaskPrediction", "ModelInfo", "ModelStatus", "RankedDocument", "StreamChunk",
+           "TokenCandidate", "TokenEntity", "TokenLogprob", "Tokenization", "TokenSpan", "Usage", "to_jsonable"]
 
 
 @dataclass(frozen=True)
@@ -46,24 +27,10 @@ class Embedding:
 
 
 @dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    token: str
-    logprob: float
-
-
-@dataclass(frozen=True)
 class GeneratedToken:
     token_id: int
     logprob: float | None = None  # only when logprobs were asked for
     top_logprobs: list[TokenLogprob] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_prompt_tokens: int = 0    # of prompt_tokens, found in the server's cache (prefix caching)
 
 
 @dataclass(frozen=True)
@@ -90,17 +57,6 @@ class StreamChunk:
     model: str = ""
     version: int = 0
     prompt_tokens: list[GeneratedToken] = field(default_factory=list)   # with prompt_logprobs, on the first token's
-
-
-@dataclass(frozen=True)
-class TokenSpan:
-    """One token of a Tokenize answer."""
-
-    id: int
-    text: str        # as the vocabulary writes it ("##ing", "[CLS]")
-    special: bool    # a special token (added by the tokenizer, or written in the text)
-    start: int       # characters [start, stop) of the text; 0, 0 for an added special token
-    stop: int
 
 
 @dataclass(frozen=True)
@@ -204,15 +160,3 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, list):
         return [to_jsonable(v) for v in value]
     return value
-
-
-@dataclass(frozen=True)
-class TokenEntity:
-    """One entry of a token-classification answer (transformers pipeline's entity)."""
-
-    label: str          # the token's label (aggregation "none") or the entity group's tag (the others)
-    score: float
-    word: str
-    start: int          # character offsets into the text, end exclusive
-    end: int
-    index: int | None = None   # token position (aggregation "none" only)

@@ -115,3 +115,33 @@ def test_proto_sources_ship_with_the_stubs(module: str) -> None:
     source = PROTOS / (module.removesuffix("_pb2") + ".proto")
     assert source.is_file()
     assert f"source: protos/{source.name}" in (PROTOS / f"{module}.py").read_text()
+
+
+def test_shared_results_match_their_messages_and_need_only_the_standard_library() -> None:
+    """protos/results.py: each class has its task-API message's fields, in order; the client and the server hand
+    out these very classes; importing it loads nothing beyond the standard library (the client installs alone)."""
+    import dataclasses
+
+    from protos import ortserve_pb2 as pb
+    from protos import results
+
+    for name in results.__all__:
+        cls = getattr(results, name)
+        fields = [f.name for f in dataclasses.fields(cls)]
+        assert fields == [f.name for f in getattr(pb, name).DESCRIPTOR.fields], name
+    from clients import types as client_types
+    from server.encoders import token_aggregation
+    from server.protocol import types as server_types
+    from server.text import spans as tokens
+    from server.generation import results as generation_results
+    for module in (client_types, server_types):
+        for name in ("Classification", "LabelScore", "MaskPrediction", "TokenCandidate", "TokenEntity"):
+            assert getattr(module, name) is getattr(results, name), (module.__name__, name)
+    assert client_types.TokenLogprob is generation_results.TokenLogprob is results.TokenLogprob
+    assert client_types.Usage is generation_results.Usage is results.Usage
+    assert client_types.TokenSpan is tokens.TokenSpan is results.TokenSpan
+    assert token_aggregation.TokenEntity is results.TokenEntity
+    loaded = subprocess.run([sys.executable, "-c", "import sys; before = set(sys.modules); import protos.results; "
+                             "print(' '.join(sorted(set(sys.modules) - before)))"],
+                            check=True, capture_output=True, text=True, cwd=ROOT).stdout.split()
+    assert {m.split(".")[0] for m in loaded} <= {"protos", *sys.stdlib_module_names}, loaded

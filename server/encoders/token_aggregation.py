@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from protos.results import TokenEntity   # the client's too (protos/results.py)
 from server.protocol.errors import ServingError
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
@@ -36,16 +37,6 @@ class TokenRow:
     tokens: Sequence[str]                 # the vocabulary strings of `ids`
     offsets: Sequence[tuple[int, int]]    # character span of each token in `text`
     special: Sequence[int]                # 1 for special tokens ([CLS], <s>, ...)
-
-
-@dataclass(frozen=True)
-class TokenEntity:
-    label: str          # the token's or word's label (`none`), or the entity group's tag (the others)
-    score: float
-    word: str           # the token string (`none`, `simple` pieces) or the decoded text of the group
-    start: int
-    end: int
-    index: int | None = None   # the token's position in the sequence (`none` only)
 
 
 class _Piece(NamedTuple):   # a tuple: hundreds are made per request, a frozen dataclass costs ~4x as much

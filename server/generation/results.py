@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from protos.results import TokenLogprob, Usage   # the client's too (protos/results.py)
+
 FINISH_LENGTH = "length"
 FINISH_EOS = "eos"
 FINISH_STOP = "stop"
@@ -18,13 +20,6 @@ class EngineStoppedError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    token: str       # the token decoded alone (may be U+FFFD for a partial UTF-8 character)
-    logprob: float
-
-
-@dataclass(frozen=True)
 class GeneratedToken:
     token_id: int
     logprob: float | None = None                      # set when logprobs (or top_logprobs) was asked for
@@ -33,13 +28,6 @@ class GeneratedToken:
     # The token decoded alone (as TokenLogprob.token), by the version that produced it: set with logprob, and on a
     # scored prompt's first token; "" otherwise.
     token: str = ""
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_prompt_tokens: int = 0    # of prompt_tokens, found in the cache (prefix caching), not prefilled
 
 
 @dataclass(frozen=True)

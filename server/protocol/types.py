@@ -5,11 +5,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+# The results the client holds the same, field for field (protos/results.py); the data plane's are below.
+from protos.results import Classification, LabelScore, MaskPrediction, TokenCandidate, TokenEntity
+
 if TYPE_CHECKING:
     import numpy as np
 
     from server.generation import GenerationResult, StreamChunk
-    from server.encoders.token_aggregation import TokenEntity
 
 
 class ModelState(str, enum.Enum):
@@ -20,38 +22,11 @@ class ModelState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class LabelScore:
-    label: str
-    score: float
-
-
-@dataclass(frozen=True)
-class Classification:
-    label: str
-    score: float
-    scores: list[LabelScore]  # top_k (or all) labels, best first
-
-
-@dataclass(frozen=True)
 class ClassifyResult:
     model: str
     version: int
     results: list[Classification]  # one per input, in order
     labels: list[str] = field(default_factory=list)  # the model's labels in logit-column order
-
-
-@dataclass(frozen=True)
-class TokenCandidate:
-    token: str
-    token_id: int
-    score: float
-    sequence: str  # the text with this mask filled by this token
-
-
-@dataclass(frozen=True)
-class MaskPrediction:
-    position: int  # token index of the mask in the encoded sequence
-    candidates: list[TokenCandidate]
 
 
 @dataclass(frozen=True)
@@ -187,6 +162,6 @@ class StreamPart:
 class TokenClassifyResult:
     model: str
     version: int
-    results: list[list["TokenEntity"]]   # per text, its entities in text order (server/encoders/token_aggregation.py)
+    results: list[list[TokenEntity]]     # per text, its entities in text order (server/encoders/token_aggregation.py)
     labels: list[str]                     # the model's labels, in logit order
     aggregation_strategy: str = "none"

@@ -12,20 +12,12 @@ from typing import Any, Iterable
 
 from tokenizers import Encoding, Tokenizer
 
+from protos.results import TokenSpan   # the client's too (protos/results.py)
 from server.protocol.errors import ServingError
 
 # No token covers more characters than this (tokenization.CHARS_PER_TOKEN_BOUND): a text longer than
 # (max_length + 1) x this can never fit a model and is refused before it is tokenized.
 CHARS_PER_TOKEN = 100
-
-
-@dataclass(frozen=True)
-class TokenSpan:
-    id: int
-    text: str        # the token as the vocabulary writes it ("##ing", "Ġthe", "[CLS]")
-    special: bool    # a special token (added by the tokenizer's template, or one written in the text)
-    start: int       # characters [start, stop) of the text it came from; (0, 0) for an added special token
-    stop: int
 
 
 @dataclass(frozen=True)
