@@ -31,6 +31,7 @@ from bench.blocks import write_block
 from bench.machine import describe
 from bench.sides import sides_lines, vllm_label
 from bench.stats import percentile
+from testing.closedloop import drive, shared
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.http")
@@ -81,22 +82,8 @@ def throughput(make: Callable[[], Callable[[int], Any]], clients: int, requests:
     per = [make() for _ in range(clients)]
     for call in per:
         call(0)
-    counter = iter(range(requests))
-    lock = threading.Lock()
-
-    def worker(call: Callable[[int], Any]) -> None:
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                return
-            call(i)
-
-    t = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(worker, per))
-    seconds = time.perf_counter() - t
-    return {"requests_per_s": requests / seconds, "seconds": seconds, "clients": clients}
+    run = drive(lambda c, i, first: per[c](i), clients, shared(requests))
+    return {"requests_per_s": requests / run.wall, "seconds": run.wall, "clients": clients}
 
 
 def stream_load(base_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from bench.blocks import write_block
 from bench.machine import describe
 from bench.stats import percentile
+from testing.closedloop import counting, drive
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,34 +29,17 @@ def closed_loop(clients: int, seconds: float, send: Callable[[Any, int], int]) -
     request answered, 0 for a failed request."""
     import httpx2 as httpx
 
-    lat: list[float] = []
-    items, failed = [0], [0]
-    lock = threading.Lock()
-    stop_at = time.perf_counter() + seconds
-
-    def worker(k: int) -> None:
-        with httpx.Client(timeout=120) as client:
-            i = k * 997
-            while time.perf_counter() < stop_at:
-                t = time.perf_counter()
-                n = send(client, i)
-                dt = time.perf_counter() - t
-                i += 1
-                with lock:
-                    if n:
-                        lat.append(dt)
-                        items[0] += n
-                    else:
-                        failed[0] += 1
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    return {"items_per_s": items[0] / wall, "requests": len(lat), "failed": failed[0],
-            "p50_ms": 1000 * percentile(lat, 50), "p90_ms": 1000 * percentile(lat, 90), "wall_s": wall}
+    conns = [httpx.Client(timeout=120) for _ in range(clients)]
+    try:
+        run = drive(lambda k, i, first: send(conns[k], i), clients, counting(lambda k: k * 997), seconds=seconds)
+    finally:
+        for conn in conns:
+            conn.close()
+    served = [r for r in run.records if r.output]
+    lat = [r.latency for r in served]
+    return {"items_per_s": sum(r.output for r in served) / run.wall, "requests": len(lat),
+            "failed": len(run.records) - len(served), "p50_ms": 1000 * percentile(lat, 50),
+            "p90_ms": 1000 * percentile(lat, 90), "wall_s": run.wall}
 
 
 def stamp(command: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testing.closedloop import drive_async, per_client as per_client_plan
 from testing.launch import ServerProcess
 
 from .config import ServerBenchConfig
@@ -43,20 +44,8 @@ class LoadResult:
 
 async def closed_loop(call: Callable[[int, int], Awaitable[int]], concurrency: int, per_client: int) -> LoadResult:
     """`concurrency` clients, each sending `per_client` requests back to back; call(client, i) -> items."""
-    latencies: list[float] = []
-    items = 0
-
-    async def client(c: int) -> None:
-        nonlocal items
-        for i in range(per_client):
-            t0 = time.perf_counter()
-            n = await call(c, i)  # not `items += await ...`: that reads `items` before the await
-            latencies.append(time.perf_counter() - t0)
-            items += n
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client(c) for c in range(concurrency)))
-    return LoadResult(time.perf_counter() - t0, latencies, items)
+    run = await drive_async(lambda c, i, first: call(c, i), concurrency, per_client_plan(per_client))
+    return LoadResult(run.wall, run.latencies(), sum(r.output for r in run.records))
 
 
 def _summarise_load(runs: list[LoadResult]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import numpy as np
 
 from bench import piece_cli
 from bench.material import passages
+from testing.closedloop import counting, drive
 from testing.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,13 +134,9 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
         log.info("entities agree on %d of %d texts (scores within %.4f)", same, len(sample), score_diff)
 
         def closed_loop(fn, size: int) -> float:
-            done, i, t0 = 0, 0, time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                batch = [texts[(i + j) % len(texts)] for j in range(size)]
-                i += size
-                fn(batch)
-                done += size
-            return done / (time.perf_counter() - t0)
+            run = drive(lambda c, k, first: fn([texts[(k * size + j) % len(texts)] for j in range(size)]), 1,
+                        counting(), seconds=seconds)
+            return len(run.records) * size / run.wall
 
         graph, forward, variant = forward_passes(repo, ckpt)
         for size in BATCHES:          # warm every side
