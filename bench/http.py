@@ -20,18 +20,18 @@ import json
 import logging
 import os
 import statistics
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.blocks import write_block
+from bench.results import write_block
 from bench.machine import describe
 from bench.sides import sides_lines, vllm_label
 from bench.stats import percentile
 from testing.closedloop import drive, shared
+from bench.harness import Benchmark
+from bench.results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.http")
@@ -205,8 +205,7 @@ def render(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     ap.add_argument("--classifier", default="genre")
     ap.add_argument("--embedder", default="minilm")
@@ -225,14 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "http.json")
     ap.add_argument("--docs", type=Path, help="write the section into this report (e.g. docs/BENCHMARKS.md)")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
-    a = ap.parse_args(argv)
+
+
+def cli(a: argparse.Namespace) -> int | None:
     if a.render_only:
         write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "http", render(json.loads(a.out.read_text())))
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    report: dict[str, Any] = {"command": " ".join(["python -m bench.http", *(argv or sys.argv[1:])]),
+    report: dict[str, Any] = {"command": a.invocation,
                               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "machine": describe(ROOT), "stream_tokens": a.stream_tokens}
     if not a.streams_only:
@@ -263,13 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         levels = tuple(int(x) for x in a.stream_levels.split(","))
         report["streams"] = streams_piece(a.threads, levels, a.stream_tokens, not a.no_vllm, a.stream_model)
         log.info("streams: %s", report["streams"])
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(a.out, report)
     if a.docs is not None:
         write_block(a.docs, "http", render(report))
     print("\n".join(render(report)))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "vllm"), pieces=("overhead", "throughput", "streams"), options=options, run=cli)

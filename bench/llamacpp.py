@@ -37,9 +37,10 @@ from typing import Any
 
 from testing.launch import ChildProcess as Process, ServerStartError, free_port
 
-from .blocks import write_block
+from .results import write_block, write_json
 from .machine import describe
 from .sides import sides_lines
+from bench.harness import Benchmark
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -488,8 +489,7 @@ def render(r: dict[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.llamacpp", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pieces", default=",".join(PIECES), help=f"comma list of {','.join(PIECES)}")
     ap.add_argument("--variants", default="fp32",
                     help=f"comma list of our variants to pair ({', '.join(f'{k}->{v}' for k, v in QUANTS.items())})")
@@ -503,8 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "llamacpp.json")
     ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+
+def cli(a: argparse.Namespace) -> int | None:
     if a.render_only:
         write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "llamacpp", render(json.loads(a.out.read_text())))
         return 0
@@ -545,15 +546,12 @@ def main(argv: list[str] | None = None) -> int:
                                 "export stage does not build it); it has " + ", ".join(manifest["variants"]))
         ggufs = gguf_files(ckpt, cfg)
         report: dict[str, Any] = {
-            "command": " ".join(["python -m bench.llamacpp", *(argv if argv is not None else sys.argv[1:])]),
+            "command": a.invocation,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": describe(ROOT),
             "variants": list(variants), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
             "sides": {}}
         def save() -> None:     # after every piece: a later failure keeps what was measured
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = a.out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(report, indent=2))
-            os.replace(tmp, a.out)
+            write_json(a.out, report)
         if "convert" in pieces:
             report["convert"] = convert_piece(cfg, ckpt, repo, ggufs, pool, tok)
             save()
@@ -581,5 +579,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "llamacpp"), pieces=PIECES, options=options, run=cli)

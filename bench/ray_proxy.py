@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import piece_cli
+from bench.harness import Benchmark
+from bench.results import header, stamp
 from bench.embeddings import MODEL, WORK, ortserve_package
 from bench.material import passages
 from bench.peer import tree_cpu_seconds
@@ -76,7 +78,7 @@ def drive(url: str, pool: list[str], clients: int, seconds: float) -> dict[str, 
             "p90_ms": r["p90_ms"], "wall_s": r["wall_s"]}
 
 
-def run(rounds: int, seconds: float) -> dict[str, Any]:
+def run(rounds: int, seconds: float, command: str) -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     repo = ortserve_package(WORK)
     pool = passages(300, 20, seed=31)
@@ -109,13 +111,13 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
                           "ratio": med["ray"]["requests_per_s"] / med["plain"]["requests_per_s"],
                           "ray_idle_cpu_share": statistics.median(x["ray_idle_cpu_share"] for x in sides["plain"]),
                           "failed": sum(x["failed"] for v in sides.values() for x in v)}
-    return {**piece_cli.stamp("python -m bench.ray_proxy " + " ".join(sys.argv[1:])), "cells": cells,
+    return {**stamp(command), "cells": cells,
             "rounds": rounds, "seconds": seconds}
 
 
 def render(result: dict[str, Any]) -> list[str]:
     lines = ["## Ray Serve's proxy vs the plain server (bench/ray_proxy.py)", "",
-             piece_cli.header(result),
+             header(result),
              "- plain: `python -m server --http-port P --intra-op-spinning on`, one process, onnxruntime's default "
              "threads (both cores), spinning as on a machine of its own",
              "- ray: `python -m server.ray --replicas 2 --num-cpus 1 -- --intra-op-threads 1` (Ray 2.60, a local "
@@ -133,9 +135,5 @@ def render(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    piece_cli.main(__doc__, "ray-proxy", lambda a: run(a.rounds, a.seconds), render, rounds=3, seconds=8.0)
-
-
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "ray-serve"), options=piece_cli.options("ray-proxy", rounds=3, seconds=8.0),
+                      run=piece_cli.cli("ray-proxy", lambda a: run(a.rounds, a.seconds, a.invocation), render))

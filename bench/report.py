@@ -274,7 +274,7 @@ def render(results: dict[str, dict[str, Any]], docs: Path | None, plots: Path | 
         for p in made.get(piece, []):
             lines += [_img(p, docs, PLOT_TITLES.get(p.stem, p.stem)), ""]
     # Sections written by their own runs (bench.generation, bench.http: marked blocks) are kept.
-    from .blocks import existing_blocks
+    from .results import existing_blocks
 
     kept = existing_blocks(docs) if docs is not None else ""
     text = "\n".join(lines).rstrip() + "\n" + (f"\n{kept}\n" if kept else "")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any

@@ -48,12 +48,13 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import write_block
+from .results import write_block
 from .machine import describe
 from .results import write_json
 from .s2s_loop import Record, run_clients, summarize
 from .s2s_material import CT2_VENV, STEP_LENGTH, MaterialError, Model, build, g2p_sources, marian_sources, peer_env
 from .s2s_report import BLOCK, render
+from bench.harness import Benchmark
 
 log = logging.getLogger("bench.seq2seq")
 HERE = Path(__file__).resolve().parent
@@ -605,8 +606,7 @@ def run(cfg: Config, command: str, g2p: Path | None, out_path: Path) -> dict[str
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.seq2seq", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="short runs for development (noisy; ~2 min once built)")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
     ap.add_argument("--pieces", default=",".join(PIECES), help=f"comma list of {','.join(PIECES)}")
@@ -622,8 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Config.work, help="checkpoints, packages and conversions (reused)")
     ap.add_argument("--docs", type=Path, default=None, help="write the seq2seq block of this report")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+
+def cli(a: argparse.Namespace) -> int | None:
     try:
         if a.render_only:
             if a.docs is None:
@@ -648,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (inter.isdigit() and intra.isdigit() and int(inter) >= 1 and int(intra) >= 1):
                 raise ValueError(f"--ct2-threads: expected INTERxINTRA such as 1x2, got {a.ct2_threads!r}")
             cfg = dataclasses.replace(cfg, ct2_inter_threads=int(inter), ct2_intra_threads=int(intra))
-        command = " ".join(["python -m bench.seq2seq", *(sys.argv[1:] if argv is None else argv)])
+        command = a.invocation
         report = run(cfg, command, a.checkpoint, a.out)
     except (ValueError, MaterialError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -667,5 +668,4 @@ def _choice(flag: str, text: str, known: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "ctranslate2", "transformers"), pieces=PIECES, options=options, run=cli)

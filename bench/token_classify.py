@@ -26,13 +26,14 @@ import logging
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench import piece_cli
+from bench.harness import Benchmark
+from bench.results import header, stamp
 from bench.material import passages
 from testing.closedloop import counting, drive
 from testing.launch import ServerProcess
@@ -101,7 +102,7 @@ def _entities(items: list[dict]) -> list[tuple[str, int, int, float]]:
     return [(e["entity_group"], e["start"], e["end"], e["score"]) for e in items]
 
 
-def run(rounds: int, seconds: float) -> dict[str, Any]:
+def run(rounds: int, seconds: float, command: str) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -158,14 +159,14 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
         med = {k: statistics.median(v) for k, v in sides.items()}
         cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"],
                        "ceiling": med["graph"] / med["pipeline"]}
-    return {**piece_cli.stamp("python -m bench.token_classify " + " ".join(sys.argv[1:])),
+    return {**stamp(command),
             "agree": [same, len(sample)], "score_diff": score_diff, "variant": variant, "cells": cells,
             "rounds": rounds, "seconds": seconds, "torch_threads": torch.get_num_threads()}
 
 
 def render(result: dict[str, Any]) -> list[str]:
     lines = ["## Token classification: served vs the transformers pipeline (bench/token_classify.py)", "",
-             piece_cli.header(result),
+             header(result),
              "- ortserve: `python -m server --intra-op-spinning on` (onnxruntime's default intra-op threads = the "
              "cores, spinning as on a machine of its own; encoder batching on), one gRPC client thread sending "
              "`TokenClassify` with the batch's texts, aggregation_strategy simple",
@@ -193,9 +194,5 @@ def render(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    piece_cli.main(__doc__, "token-classify", lambda a: run(a.rounds, a.seconds), render, rounds=3, seconds=6.0)
-
-
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "transformers-pipeline"), options=piece_cli.options("token-classify", rounds=3, seconds=6.0),
+                      run=piece_cli.cli("token-classify", lambda a: run(a.rounds, a.seconds, a.invocation), render))

@@ -265,7 +265,7 @@ def test_gate_refusal_is_read_from_the_real_report_and_variant_built_outside(
 
 
 def test_marked_blocks_are_replaced_alone_and_kept_by_the_report(tmp_path: Path) -> None:
-    from bench.blocks import existing_blocks, write_block
+    from bench.results import existing_blocks, write_block
 
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text("# Benchmarks\n\nwritten by the report\n")
@@ -518,12 +518,12 @@ def test_llama_bench_json_gives_the_generation_rate() -> None:
 def test_llamacpp_cli_bad_input_and_missing_tools_are_one_line(tmp_path: Path) -> None:
     import os
 
-    proc = subprocess.run([sys.executable, "-m", "bench.llamacpp", "--variants", "w5"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "bench", "llamacpp", "--variants", "w5"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "error: --variants: unknown 'w5' (choose from fp32, w8, w4)"]
     env = {**os.environ, "LLAMACPP_VENV": str(tmp_path / "none"), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "bench.llamacpp", "--pieces", "raw"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "bench", "llamacpp", "--pieces", "raw"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env=env)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and "run bash bench/setup_llamacpp.sh" in lines[0]
