@@ -34,7 +34,7 @@ from bench import piece_cli
 from bench.harness import Benchmark
 from bench.results import header, stamp
 from bench.material import passages
-from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
+from testing.launch import ChildProcess, ServerProcess, free_port, http_ok, start_peer
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / "bench" / ".venv-infinity"
@@ -141,22 +141,9 @@ def start_infinity(model_dir: Path, cfg: Config, cache: Path) -> tuple[ChildProc
            "--url-prefix", "",
            # MiniLM's sentence-transformers config says mean; infinity's "auto" took the CLS token here.
            "--pooling-method", "mean"]
-    proc = ChildProcess(cmd, env=env, cwd=model_dir)
-    proc.__enter__()
     url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        import urllib.request
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-    try:
-        wait_for(healthy, 300, "infinity-emb /health")
-    except AssertionError:
-        proc.stop()
-        raise RuntimeError("infinity-emb did not start:\n" + proc.output(last=40)) from None
+    proc = start_peer(cmd, "infinity-emb /health", ready=http_ok(url + "/health"), timeout=300, env=env,
+                      cwd=model_dir, error=RuntimeError)
     return proc, url
 
 

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -40,7 +41,7 @@ import numpy as np
 
 from modelpkg import CACHE_ELEMENT_TYPES, past_names, present_names
 from server.generation import GenerationConfig
-from testing.launch import ChildProcess as Process, ServerProcess, free_port
+from testing.launch import ChildProcess as Process, ServerProcess, free_port, start_peer
 
 from .results import write_block, write_json
 from .machine import describe
@@ -332,12 +333,10 @@ def start_vllm(ckpt: Path, cfg: Config) -> VllmServer:
         raise RuntimeError("vLLM peer not installed: run bash bench/setup_vllm.sh")
     launch = vllm_launch(VLLM_VENV, sorted(os.sched_getaffinity(0))[:cfg.threads])
     port = free_port()
-    proc = Process([*launch.command_prefix(), str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-                    "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--served-model-name", "gpt",
-                    "--max-num-seqs", "32"], env=launch.env)
-    import re
-
-    proc.wait_for_line(re.compile(r"Application startup complete|Uvicorn running"), 900)
+    proc = start_peer([*launch.command_prefix(), str(py), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                       str(ckpt), "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
+                       "--served-model-name", "gpt", "--max-num-seqs", "32"], "vLLM's startup line",
+                      line=re.compile(r"Application startup complete|Uvicorn running"), timeout=900, env=launch.env)
     server = VllmServer(proc, port, launch)
     logged = bound_cores(proc.lines)
     if logged is not None and sorted(logged) != list(launch.cores):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testing.launch import ChildProcess as Process, ServerStartError, free_port
+from testing.launch import ChildProcess as Process, ServerStartError, free_port, http_ok
 
 from .results import write_block, write_json
 from .machine import describe
@@ -153,21 +153,8 @@ class LlamaServer:
         binary = tool("llama-server") if build == "native" else NOAMX_BIN / "llama-server"
         self.proc = Process([str(binary), *self.args])
         self.proc.wait_for_line(re.compile(r"listening on http|server is listening"), startup_timeout)
-        self._wait_healthy(startup_timeout)
-
-    def _wait_healthy(self, timeout: float) -> None:
-        import requests
-
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                if requests.get(f"http://127.0.0.1:{self.port}/health", timeout=5).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise LlamaCppError("llama-server did not report healthy; last output:\n" + "".join(self.proc.lines[-20:]))
+        self.proc.wait_ready(http_ok(f"http://127.0.0.1:{self.port}/health"), startup_timeout, "llama-server /health",
+                             LlamaCppError)
 
     def tokenize(self, text: str) -> list[int]:
         import requests

@@ -77,19 +77,10 @@ class MLServerProcess(Process):
     def _wait_ready(self, timeout: float) -> None:
         import tritonclient.grpc as tc
 
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                break
-            try:
-                with tc.InferenceServerClient(self.address) as client:
-                    if client.is_model_ready(MODEL):
-                        return
-            except Exception:  # not listening yet: tritonclient raises its own InferenceServerException
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise PeerError("mlserver did not become ready; last output:\n" + "".join(self.lines[-30:]))
+        def model_ready() -> bool:
+            with tc.InferenceServerClient(self.address) as client:
+                return client.is_model_ready(MODEL)
+        self.wait_ready(model_ready, timeout, "mlserver", PeerError)
 
 
 def infer_inputs(feeds: dict[str, np.ndarray]) -> list[Any]:

@@ -31,7 +31,7 @@ from bench.results import header, stamp
 from bench.embeddings import MODEL, WORK, ortserve_package
 from bench.material import passages
 from bench.peer import tree_cpu_seconds
-from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
+from testing.launch import ChildProcess, ServerProcess, free_port, start_peer
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = (1, 8)
@@ -51,14 +51,9 @@ def start_ray(repo: Path) -> tuple[ChildProcess, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "server.ray", "--repository", str(repo), "--replicas", "2", "--num-cpus", "1",
            "--http-port", str(port), "--grpc-port", "-1", "--", "--intra-op-threads", "1"]
-    proc = ChildProcess(cmd, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-    proc.__enter__()
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _ready(url), 300, "Ray Serve's proxy ready")
-    except AssertionError:
-        proc.stop()
-        raise RuntimeError("python -m server.ray did not become ready:\n" + proc.output(last=40)) from None
+    proc = start_peer(cmd, "python -m server.ray (Ray Serve's proxy)", ready=lambda: _ready(url), timeout=300,
+                      env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, error=RuntimeError)
     return proc, url
 
 
