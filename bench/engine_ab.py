@@ -1,6 +1,6 @@
 """The generation engine of this tree against the one of another checkout, in one interleaved A/B run.
 
-    python -m bench.engine_ab --base-root /path/to/other/checkout [--rounds 3] [--out bench/results/engine_ab.json]
+    python -m bench engine_ab --base-root /path/to/other/checkout [--rounds 3] [--out bench/results/engine_ab.json]
 
 Both servers serve the same in-place package (bench.generation's 124M-shaped GPT-2, random weights) with the
 benchmark's settings (2 threads, 32 slots, spinning on one shared pool). Each round runs, for each side in

@@ -1,6 +1,6 @@
 """WER / PER of a g2p package's variants on CMUdict's test words (docs/MODELS.md, "The served package").
 
-    python -m bench.g2p_variants PACKAGE_DIR [--variants fp32,w8,w4] [--threads 2]
+    python -m bench g2p_variants PACKAGE_DIR [--variants fp32,w8,w4] [--threads 2]
 
 Each variant's two graphs decode every test word greedily (64 words a batch, sorted by length) through slot
 buffers as the server binds them (export/seq2seq_parity.py's SlotDriver and graph_greedy), scored as training

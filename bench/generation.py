@@ -1,6 +1,6 @@
 """Generation against the peers, on one 124M-shaped GPT-2 checkpoint (12 layers, 768 wide, vocab 8000, fp32).
 
-    python -m bench.generation [--quick] [--out bench/results/generation.json]
+    python -m bench generation [--quick] [--out bench/results/generation.json]
 
 Pieces, each interleaved run by run so both sides share the machine's noise:
   streams   aggregate tokens/s and time to first token at 1/4/8/16/32 concurrent streams: ortserve

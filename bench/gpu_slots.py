@@ -1,7 +1,7 @@
 """The in-place engine with its cache on the session's device vs in host memory: step times, an onnxruntime
 profile, and streams through the engine (docs/GPU.md holds what a run on a lent GPU showed).
 
-    python -m bench.gpu_slots --provider CUDAExecutionProvider --out result.json
+    python -m bench gpu_slots --provider CUDAExecutionProvider --out result.json
 
 A GPT-2-124M-shaped decoder with random weights (12 layers, 768 wide, 12 heads, vocab 8000; random weights are
 fine for speed and for comparing two cache placements bit for bit) is written with export/decoder_graph.py,

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench = load(name)
     except KeyError:
-        print(f"error: unknown benchmark {name!r}\n{usage()}", file=sys.stderr)
+        print(f"error: unknown benchmark {name!r} (choose from {', '.join(NAMES)})", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = parser(name, bench).parse_args(rest)

@@ -1,9 +1,9 @@
 """HTTP front door vs gRPC: per-request overhead, throughput, and /v1/completions streaming vs vLLM.
 
-    python -m bench.http --repository model_repository --classifier genre --embedder minilm \
+    python -m bench http --repository model_repository --classifier genre --embedder minilm \
         --out bench/results/http.json
-    python -m bench.http --streams-only              # the streaming piece alone (needs bash bench/setup_vllm.sh)
-    python -m bench.http --render-only --out bench/results/http.json --docs docs/BENCHMARKS.md
+    python -m bench http --streams-only              # the streaming piece alone (needs bash bench/setup_vllm.sh)
+    python -m bench http --render-only --out bench/results/http.json --docs docs/BENCHMARKS.md
 
 Pieces (one ortserve process serving both ports, so both protocols reach the same data plane):
   overhead    batch 1, sequential, interleaved: p50 / p90 latency of the same request over gRPC (task API) and

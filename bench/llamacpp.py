@@ -1,7 +1,7 @@
 """llama.cpp as a peer, on the Llama-shaped 124M checkpoint of bench/generation.py (`--model llama`: 12 layers,
 768 wide, 12 heads / 4 kv heads, SwiGLU 2048, tied head, vocab 8000), at the same bits on both sides.
 
-    python -m bench.llamacpp [--pieces convert,raw,served] [--variants fp32,w8,w4] [--quick] [--docs docs/BENCHMARKS.md]
+    python -m bench llamacpp [--pieces convert,raw,served] [--variants fp32,w8,w4] [--quick] [--docs docs/BENCHMARKS.md]
 
 Pairs (ours -> llama.cpp's): fp32 -> f32, w8 -> Q8_0, w4 -> Q4_0 (w8/w4: the weight-quantized variants of the export
 stage; asked for with --variants, they are exported into the package when it lacks them).

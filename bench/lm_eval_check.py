@@ -1,6 +1,6 @@
 """lm-evaluation-harness against the OpenAI door, and against the same checkpoint in-process.
 
-    python -m bench.lm_eval_check [--repository model_repository --model gpt --checkpoint artifacts/checkpoints/lm]
+    python -m bench lm_eval_check [--repository model_repository --model gpt --checkpoint artifacts/checkpoints/lm]
 
 A multiple-choice task of famous Shakespeare lines (which word comes next), written here as a local task so nothing
 is downloaded. lm-eval scores every choice by its loglikelihood: through ortserve with its `local-completions`

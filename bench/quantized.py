@@ -1,9 +1,9 @@
 """Weight-quantized in-place decoders (MatMulNBits): accuracy against fp32 and the in-process step time.
 
-    python -m bench.quantized --lm gpt2=artifacts/checkpoints/lm --lm llama=artifacts/checkpoints/lm-llama \
+    python -m bench quantized --lm gpt2=artifacts/checkpoints/lm --lm llama=artifacts/checkpoints/lm-llama \
         --out bench/results/quantized.json --docs docs/BENCHMARKS.md
-    python -m bench.quantized --lm gpt2=artifacts/checkpoints/lm --grid   # the choice of block / accuracy / head
-    python -m bench.quantized --render-only --out bench/results/quantized.json --docs docs/BENCHMARKS.md
+    python -m bench quantized --lm gpt2=artifacts/checkpoints/lm --grid   # the choice of block / accuracy / head
+    python -m bench quantized --render-only --out bench/results/quantized.json --docs docs/BENCHMARKS.md
 
 Per checkpoint and candidate (bits, block size, accuracy level, algorithm, LM head quantized or not):
   accuracy   the gate's own figures (export/parity_inplace.py, the same code the exporter judges with):

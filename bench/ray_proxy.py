@@ -1,7 +1,7 @@
 """What Ray Serve's proxy costs: the same HTTP load on the plain server and on `python -m server.ray` with 2 replicas.
 
-    python -m bench.ray_proxy --out bench/results/ray_proxy.json [--rounds 3] [--seconds 8]
-    python -m bench.ray_proxy --render-only --out bench/results/ray_proxy.json
+    python -m bench ray_proxy --out bench/results/ray_proxy.json [--rounds 3] [--seconds 8]
+    python -m bench ray_proxy --render-only --out bench/results/ray_proxy.json
 
 Material: the MiniLM embedding package of bench/embeddings.py (bench/results/embeddings-work/repository). Load:
 POST /v1/embeddings with one Shakespeare passage, and POST /v2/models/minilm/infer (KServe v2 REST, text mode)

@@ -1,8 +1,8 @@
 """Encoder-decoder serving against CTranslate2 and transformers' generate (issue 26's benchmark).
 
-    python -m bench.seq2seq [--quick] [--models g2p,marian] [--pieces batch,served,step] [--checkpoint G2P_DIR]
+    python -m bench seq2seq [--quick] [--models g2p,marian] [--pieces batch,served,step] [--checkpoint G2P_DIR]
                             [--out bench/results/seq2seq.json] [--docs docs/BENCHMARKS.md]
-    python -m bench.seq2seq --render-only --docs docs/BENCHMARKS.md          # the block again from --out
+    python -m bench seq2seq --render-only --docs docs/BENCHMARKS.md          # the block again from --out
 
 Needs bash bench/setup_ct2.sh (CTranslate2 4.8.5 in bench/.venv-ct2). Models (bench/s2s_material.py): the default
 g2p model (artifacts/checkpoints/g2p; trained first when absent) and an OPUS-MT-shaped random Marian.

@@ -1,6 +1,6 @@
 """Single-stream decoding served over gRPC, several trees or server flags interleaved (and genai in-process).
 
-    python -m bench.stream_ab --side base=/path/to/other/checkout --side this=. \\
+    python -m bench stream_ab --side base=/path/to/other/checkout --side this=. \\
         --side si4=.:--stream-interval=4 [--genai] [--engine] [--rounds 3] [--per-round 2] [--new-tokens 256]
 
 Each side is NAME=ROOT[:FLAG=VALUE,...] (server flags added to the benchmark's: 2 threads, spinning, the w4 variant of

@@ -1,7 +1,7 @@
 """Token classification served (gRPC task API) vs transformers' token-classification pipeline in-process.
 
-    python -m bench.token_classify --out bench/results/token_classify.json [--rounds 3] [--seconds 6]
-    python -m bench.token_classify --render-only --out bench/results/token_classify.json
+    python -m bench token_classify --out bench/results/token_classify.json [--rounds 3] [--seconds 6]
+    python -m bench token_classify --render-only --out bench/results/token_classify.json
 
 Material (bench/results/token-classify-work/): the punctuation and casing restorer the main command publishes
 (`python -m training token-classify --init minilm`: MiniLM fine-tuned on the corpus's own marks and capitals, trained

@@ -201,7 +201,7 @@ def test_report_cli_regenerates_markdown_and_plots(tmp_path: Path) -> None:
     assert not [p for p in docs.parent.rglob("*.tmp")]  # atomic writes leave no temp files
 
 
-@pytest.mark.parametrize("args, field", [(["--only", "encoder,gpu"], "--only"),
+@pytest.mark.parametrize("args, field", [(["suite", "--only", "encoder,gpu"], "--only"),
                                          (["report", "--out", "/nonexistent-dir-xyz"], "--out")])
 def test_cli_bad_input_is_one_line_exit_2(args: list[str], field: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
