@@ -41,6 +41,7 @@ import numpy as np
 
 from modelpkg import CACHE_ELEMENT_TYPES, past_names, present_names
 from server.generation import GenerationConfig
+from testing.closedloop import drive, per_client
 from testing.launch import ChildProcess as Process, ServerProcess, free_port, start_peer
 
 from .results import write_block, write_json
@@ -274,16 +275,12 @@ def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagg
     The threads meet at a barrier before sending: a pool starts its threads one by one, and without it the
     first request went out up to 8 ms before the second, so "8 streams at once" reached a server as one
     prompt, then seven (measured 2026-11-24: the server prefilled them over ~14 steps, ~10% of a 128-token run)."""
-    start = threading.Barrier(len(batch))
+    def one(c: int, i: int, first: Any) -> StreamRecord:
+        time.sleep(stagger * c)
+        return client.stream(batch[c], new_tokens, tok)
 
-    def one(i: int) -> StreamRecord:
-        start.wait()
-        time.sleep(stagger * i)
-        return client.stream(batch[i], new_tokens, tok)
-
-    with ThreadPoolExecutor(len(batch)) as pool:
-        futures = [pool.submit(one, i) for i in range(len(batch))]
-        recs = [f.result() for f in futures]
+    run = drive(one, len(batch), per_client(1))
+    recs = [r.output for r in sorted(run.records, key=lambda r: r.client)]
     t0 = min(r.start for r in recs)
     return max(r.stamps[-1] if r.stamps else r.start for r in recs) - t0, recs
 
