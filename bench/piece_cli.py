@@ -28,7 +28,8 @@ def closed_loop(clients: int, seconds: float, send: Callable[[Any, int], int]) -
 
     conns = [httpx.Client(timeout=120) for _ in range(clients)]
     try:
-        run = drive(lambda k, i, first: send(conns[k], i), clients, counting(lambda k: k * 997), seconds=seconds)
+        run = drive(lambda k, i, first: send(conns[k], i), clients, counting(lambda k: k * 997), seconds=seconds,
+                    errors="record")
     finally:
         for conn in conns:
             conn.close()

@@ -95,6 +95,50 @@ def test_closed_loop_counts_every_item_under_concurrency() -> None:
     assert len(res.latencies) == 80
 
 
+def test_closed_loop_plans_say_which_requests_each_client_sends() -> None:
+    """testing/closedloop.py: per-client counts, interleaved shares, a shared budget, a time bound."""
+    from testing.closedloop import counting, drive, interleaved, per_client, shared
+
+    run = drive(lambda c, i, first: (c, i), 3, per_client(4))
+    assert sorted(r.output for r in run.records) == [(c, i) for c in range(3) for i in range(4)]
+    run = drive(lambda c, i, first: i, 3, interleaved(10, 3))
+    assert sorted((r.client, r.index) for r in run.records) == sorted((i % 3, i) for i in range(10))
+    run = drive(lambda c, i, first: i, 4, shared(25))
+    assert sorted(r.index for r in run.records) == list(range(25))
+    run = drive(lambda c, i, first: time.sleep(0.01), 2, counting(lambda c: 100 * c), seconds=0.2)
+    assert 4 <= len(run.records) < 60 and run.wall < 2
+    assert {r.index for r in run.records if r.client == 1} >= {100, 101}
+    for r in run.records:
+        assert r.ttft == pytest.approx(r.latency)       # no first token marked: time to the whole answer
+
+
+def test_closed_loop_errors_are_raised_or_recorded_and_first_tokens_marked() -> None:
+    from testing.closedloop import drive, drive_async, per_client
+
+    def flaky(c: int, i: int, first) -> int:
+        first()
+        if i == 1:
+            raise RuntimeError("boom")
+        return i
+
+    with pytest.raises(RuntimeError, match="boom"):
+        drive(flaky, 2, per_client(3))
+    run = drive(flaky, 2, per_client(3), errors="record")
+    assert sum(r.error is not None for r in run.records) == 2 and len(run.latencies()) == 4
+    assert all(r.first is not None and r.sent <= r.first <= r.done for r in run.records)
+
+    async def call(c: int, i: int, first) -> int:
+        await asyncio.sleep(0)
+        return flaky(c, i, first)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(drive_async(call, 3, per_client(2)))
+    run = asyncio.run(drive_async(call, 3, per_client(2), errors="record"))
+    assert len(run.ok()) == 3 and run.span() <= run.wall + 1e-9
+    with pytest.raises(ValueError, match="clients"):
+        drive(flaky, 0, per_client(1))
+
+
 def test_encode_gives_exact_shapes(tiny_repository: Path) -> None:
     from bench.encoder import encode
 
