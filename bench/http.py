@@ -16,7 +16,6 @@ Pieces (one ortserve process serving both ports, so both protocols reach the sam
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -25,13 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.results import write_block
 from bench.machine import describe
 from bench.sides import sides_lines, vllm_label
 from bench.stats import percentile
 from testing.closedloop import drive, shared
 from bench.harness import Benchmark
-from bench.results import write_json
+from bench.results import DOCS, publish, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.http")
@@ -228,7 +226,7 @@ def options(ap: argparse.ArgumentParser) -> None:
 
 def cli(a: argparse.Namespace) -> int | None:
     if a.render_only:
-        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "http", render(json.loads(a.out.read_text())))
+        publish(read_json(a.out), None, a.docs or DOCS, "http", render)
         return 0
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -263,10 +261,7 @@ def cli(a: argparse.Namespace) -> int | None:
         levels = tuple(int(x) for x in a.stream_levels.split(","))
         report["streams"] = streams_piece(a.threads, levels, a.stream_tokens, not a.no_vllm, a.stream_model)
         log.info("streams: %s", report["streams"])
-    write_json(a.out, report)
-    if a.docs is not None:
-        write_block(a.docs, "http", render(report))
-    print("\n".join(render(report)))
+    print("\n".join(publish(report, a.out, a.docs, "http", render)))
     return 0
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from testing.launch import ChildProcess as Process, ServerStartError, free_port, http_ok
 
-from .results import write_block, write_json
+from .results import DOCS, publish, read_json, write_json
 from .machine import describe
 from .sides import sides_lines
 from bench.harness import Benchmark
@@ -494,7 +494,7 @@ def options(ap: argparse.ArgumentParser) -> None:
 
 def cli(a: argparse.Namespace) -> int | None:
     if a.render_only:
-        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "llamacpp", render(json.loads(a.out.read_text())))
+        publish(read_json(a.out), None, a.docs or DOCS, "llamacpp", render)
         return 0
     pieces = tuple(p.strip() for p in a.pieces.split(",") if p.strip())
     variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
@@ -560,9 +560,7 @@ def cli(a: argparse.Namespace) -> int | None:
     except LlamaCppError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if a.docs is not None:
-        write_block(a.docs, "llamacpp", render(report))
-    print("\n".join(render(report)))
+    print("\n".join(publish(report, None, a.docs, "llamacpp", render)))
     return 0
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from bench.harness import Benchmark
-from bench.results import write_block, write_json
+from bench.results import DOCS, publish, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.quantized")
@@ -368,9 +368,7 @@ def cli(a: argparse.Namespace) -> int | None:
 
     block = a.block or ("quantized-profile" if a.profile else "quantized-grid" if a.grid else "quantized")
     if a.render_only:
-        report = json.loads(a.out.read_text())
-        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", block,
-                    render_profile(report) if a.profile else render(report))
+        publish(read_json(a.out), None, a.docs or DOCS, block, render_profile if a.profile else render)
         return 0
     if not a.lm and not a.random_base:
         print("error: --lm: give at least one LABEL=CHECKPOINT (or --random-base)", file=sys.stderr)
@@ -399,11 +397,8 @@ def cli(a: argparse.Namespace) -> int | None:
                                          # random weights: their accuracy figures would say nothing
                                          not a.timing_only and not label.endswith("-random")))
     report["uptime_after"] = _uptime()
-    write_json(a.out, report, indent=1)
-    lines = render_profile(report) if a.profile else render(report)
-    print("\n".join(lines))
-    if a.docs:
-        write_block(a.docs, block, lines)
+    print("\n".join(publish(report, a.out, a.docs or None, block, render_profile if a.profile else render,
+                            indent=1)))
     return 0
 
 

@@ -48,9 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from .results import write_block
 from .machine import describe
-from .results import write_json
+from .results import publish, read_json, write_json
 from .s2s_loop import Record, run_clients, summarize
 from .s2s_material import CT2_VENV, STEP_LENGTH, MaterialError, Model, build, g2p_sources, marian_sources, peer_env
 from .s2s_report import BLOCK, render
@@ -631,7 +630,7 @@ def cli(a: argparse.Namespace) -> int | None:
                 raise ValueError("--render-only: needs --docs")
             if not a.out.is_file():
                 raise ValueError(f"--out: {a.out} does not exist (run the benchmark first)")
-            write_block(a.docs, BLOCK, render(json.loads(a.out.read_text())))
+            publish(read_json(a.out), None, a.docs, BLOCK, render)
             return 0
         cfg = Config.quick() if a.quick else Config()
         cfg = dataclasses.replace(cfg, models=_choice("--models", a.models, MODELS),
@@ -654,9 +653,7 @@ def cli(a: argparse.Namespace) -> int | None:
     except (ValueError, MaterialError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if a.docs is not None:
-        write_block(a.docs, BLOCK, render(report))
-    print("\n".join(render(report)))
+    print("\n".join(publish(report, None, a.docs, BLOCK, render)))
     return 0
 
 
