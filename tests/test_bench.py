@@ -204,7 +204,7 @@ def _result_files(out: Path) -> None:
 
 
 def test_generation_report_lists_only_the_runs_whose_figures_it_shows() -> None:
-    from bench.generation import current_runs
+    from bench.generation_report import current_runs
 
     runs = [{"command": "all", "pieces": ["step", "streams", "genai"]}, {"command": "streams", "pieces": ["streams"]},
             {"command": "step", "pieces": ["step"]}, {"command": "step again", "pieces": ["step"]}]
@@ -505,7 +505,7 @@ def _streams_report(sides: dict | None) -> dict:
 
 
 def test_generation_report_prints_each_sides_threads_and_binding() -> None:
-    from bench.generation import render_section
+    from bench.generation_report import render_section
 
     sides = {"ortserve": {"threads": 2, "binding": "not pinned (onnxruntime's default)", "intra_op_spinning": "on",
                           "max_sequences": 32},
@@ -520,7 +520,7 @@ def test_generation_report_prints_each_sides_threads_and_binding() -> None:
 
 
 def test_generation_report_marks_vllm_figures_without_a_recorded_configuration_as_one_core() -> None:
-    from bench.generation import render_section
+    from bench.generation_report import render_section
 
     lines = render_section(_streams_report(None))
     text = "\n".join(lines)
@@ -575,7 +575,7 @@ def test_llamacpp_cli_bad_input_and_missing_tools_are_one_line(tmp_path: Path) -
 
 def test_a_weight_variant_run_gets_its_own_generation_block(tmp_path: Path) -> None:
     """`--variant w4` results sit beside the fp32 block of the same model instead of replacing it."""
-    from bench.generation import write_docs
+    from bench.generation_report import write_docs
 
     docs = tmp_path / "BENCHMARKS.md"
     fp32 = {**_streams_report(None), "config": {"model": "llama", "variant": "None"}}
