@@ -160,7 +160,7 @@ def _ratio(a: float, b: float) -> str:
 
 
 def render(r: dict[str, Any]) -> list[str]:
-    """The HTTP block of docs/BENCHMARKS.md (bench/blocks.py keeps it when the rest is rewritten)."""
+    """The HTTP block of docs/BENCHMARKS.md (bench/results.py keeps it when the rest is rewritten)."""
     m = r.get("machine", {})
     lines = ["## HTTP front door vs gRPC, and /v1/completions streaming vs vLLM (bench/http.py)", "",
              f"- Command: `{r['command']}` at {r['started']}",
