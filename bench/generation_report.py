@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .results import write_block
+from .results import table, write_block
 from .sides import sides_lines, vllm_label
 
 DURING_NEW_TOKENS = 96     # the first request's, in the prefix piece: it still decodes when the second arrives
@@ -97,10 +97,9 @@ def render_section(r: dict[str, Any]) -> list[str]:
     lv = r.get("leave")
     if lv:
         lines += ["### A sequence leaving (streams of staggered lengths)", "",
-                  "| streams | median gap ms | worst gap right after a leave ms | worst / median |", "|---|---|---|---|"]
-        lines += [f"| {n} | {_f(v['median_gap_ms'])} | {_f(v['worst_gap_after_a_leave_ms'])} | "
-                  f"{_f(v['worst_over_median'], 2)} |" for n, v in lv.items()]
-        lines.append("")
+                  *table(["streams", "median gap ms", "worst gap right after a leave ms", "worst / median"],
+                         [[n, _f(v["median_gap_ms"]), _f(v["worst_gap_after_a_leave_ms"]),
+                           _f(v["worst_over_median"], 2)] for n, v in lv.items()]), ""]
     sp = r.get("step")
     if sp:
         turns = f", {sp['rounds']} rounds with fp32 and kv8 taking turns; medians" if sp.get("rounds") else ""
@@ -143,10 +142,9 @@ def render_section(r: dict[str, Any]) -> list[str]:
     spn = r.get("spinning")
     if spn:
         lines += ["### onnxruntime intra-op spinning in the server's decode loop", "",
-                  "| streams | spinning on tok/s | off tok/s | cost of off |", "|---|---|---|---|"]
-        lines += [f"| {n} | {_f(v['on_tokens_per_s'])} | {_f(v['off_tokens_per_s'])} | {100 * v['off_cost']:.0f}% |"
-                  for n, v in spn.items()]
-        lines.append("")
+                  *table(["streams", "spinning on tok/s", "off tok/s", "cost of off"],
+                         [[n, _f(v["on_tokens_per_s"]), _f(v["off_tokens_per_s"]), f"{100 * v['off_cost']:.0f}%"]
+                          for n, v in spn.items()]), ""]
     if r.get("findings"):
         lines += ["### Findings", "", *r["findings"], ""]
     return lines

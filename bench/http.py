@@ -29,7 +29,7 @@ from bench.sides import sides_lines, vllm_label
 from bench.stats import percentile
 from testing.closedloop import drive, shared
 from bench.harness import Benchmark
-from bench.results import DOCS, publish, read_json
+from bench.results import DOCS, publish, read_json, run_header
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.http")
@@ -161,11 +161,7 @@ def _ratio(a: float, b: float) -> str:
 
 def render(r: dict[str, Any]) -> list[str]:
     """The HTTP block of docs/BENCHMARKS.md (bench/results.py keeps it when the rest is rewritten)."""
-    m = r.get("machine", {})
-    lines = ["## HTTP front door vs gRPC, and /v1/completions streaming vs vLLM (bench/http.py)", "",
-             f"- Command: `{r['command']}` at {r['started']}",
-             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
-             f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
+    lines = [*run_header("HTTP front door vs gRPC, and /v1/completions streaming vs vLLM (bench/http.py)", r),
              "- One ortserve process serves both ports, so both protocols reach the same data plane and model. "
              "Clients: grpc stubs of the task API; httpx (KServe v2 REST text mode, OpenAI embeddings).", ""]
     for task in ("classify", "embed"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .results import run_header, table
 from .sides import sides_lines
 
 QUANTS = {"fp32": "f32", "w8": "q8_0", "w4": "q4_0"}   # our variant -> the llama.cpp quantization it is paired with
@@ -29,11 +30,7 @@ def _build_note(variant: str, side: dict[str, Any]) -> str:
 
 def render(r: dict[str, Any]) -> list[str]:
     """The llama.cpp block of docs/BENCHMARKS.md."""
-    m = r.get("machine", {})
-    lines = ["## llama.cpp vs ortserve at the same bits (bench/llamacpp.py)", "",
-             f"- Command: `{r['command']}` at {r['started']}",
-             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
-             f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
+    lines = [*run_header("llama.cpp vs ortserve at the same bits (bench/llamacpp.py)", r),
              "- Checkpoint: the Llama ~124M shape of bench/generation.py (12 layers, 768 wide, 12 heads / 4 kv heads, "
              "SwiGLU 2048, tied head, vocab 8000, trained 150 steps on Shakespeare: bench/generation.py `trained_llama`); llama.cpp (llama-cpp-python 0.3.36's vendored tree, "
              "built here) runs it converted by its own convert_hf_to_gguf.py (pre-tokenizer `gpt-2`), quantized by "
@@ -69,23 +66,20 @@ def render(r: dict[str, Any]) -> list[str]:
                   "Each cell: median of the runs; the sides take turns run by run, a second apart. llama-server's "
                   "build and repacking per pair: " + "; ".join(_build_note(v, (r.get("sides") or {}).get(f"llamacpp_{v}", {}))
                                                                for v in sv) + ".", "",
-                  "| ours ↔ llama.cpp | streams | ortserve tok/s | llama.cpp tok/s | ortserve / llama.cpp | "
-                  "ortserve TTFT p50 ms | llama.cpp TTFT p50 ms |", "|---|---|---|---|---|---|---|"]
-        for v, x in sv.items():
-            for n, c in x["streams"].items():
-                lines.append(f"| {v} ↔ {x['quant'].upper()} | {n} | {c['ortserve']['tokens_per_s']:.1f} | "
-                             f"{c['llamacpp']['tokens_per_s']:.1f} | {c['ratio_tokens_per_s']:.2f} | "
-                             f"{c['ortserve']['ttft_p50_ms']:.0f} | {c['llamacpp']['ttft_p50_ms']:.0f} |")
-        lines.append("")
+                  *table(["ours ↔ llama.cpp", "streams", "ortserve tok/s", "llama.cpp tok/s", "ortserve / llama.cpp",
+                          "ortserve TTFT p50 ms", "llama.cpp TTFT p50 ms"],
+                         [[f"{v} ↔ {x['quant'].upper()}", n, f"{c['ortserve']['tokens_per_s']:.1f}",
+                           f"{c['llamacpp']['tokens_per_s']:.1f}", f"{c['ratio_tokens_per_s']:.2f}",
+                           f"{c['ortserve']['ttft_p50_ms']:.0f}", f"{c['llamacpp']['ttft_p50_ms']:.0f}"]
+                          for v, x in sv.items() for n, c in x["streams"].items()]), ""]
     tt = r.get("ttft")
     if tt:
         lines += [f"### Time to first token, each server alone ({r.get('prompt_tokens')}-token prompts, one request at a "
                   "time, 0.2 s apart; the servers take turns round by round, the other stopped)", "",
-                  "| ours ↔ llama.cpp | requests per side | ortserve TTFT p50 ms | llama.cpp TTFT p50 ms | goal ≤ |",
-                  "|---|---|---|---|---|"]
-        for v, x in tt.items():
-            met = "met" if x["ortserve_ttft_p50_ms"] <= x["llamacpp_ttft_p50_ms"] else "**missed**"
-            lines.append(f"| {v} ↔ {x['quant'].upper()} | {x['requests']} | {x['ortserve_ttft_p50_ms']:.1f} | "
-                         f"{x['llamacpp_ttft_p50_ms']:.1f} | {met} |")
-        lines.append("")
+                  *table(["ours ↔ llama.cpp", "requests per side", "ortserve TTFT p50 ms", "llama.cpp TTFT p50 ms",
+                          "goal ≤"],
+                         [[f"{v} ↔ {x['quant'].upper()}", x["requests"], f"{x['ortserve_ttft_p50_ms']:.1f}",
+                           f"{x['llamacpp_ttft_p50_ms']:.1f}",
+                           "met" if x["ortserve_ttft_p50_ms"] <= x["llamacpp_ttft_p50_ms"] else "**missed**"]
+                          for v, x in tt.items()]), ""]
     return lines

@@ -71,6 +71,20 @@ def header(result: dict[str, Any]) -> str:
             f"{m['git_commit']}, load average at start {m['loadavg_at_start']}")
 
 
+def run_header(title: str, r: dict[str, Any]) -> list[str]:
+    """A block's heading and its run: the command, when it started, the machine (keys command, started, machine)."""
+    m = r.get("machine", {})
+    return [f"## {title}", "", f"- Command: `{r['command']}` at {r['started']}",
+            f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
+            f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}"]
+
+
+def table(head: list[str], rows: Any) -> list[str]:
+    """A Markdown table: the head, its rule, one line per row (cells as given, str() of each)."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
+
+
 def markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
