@@ -58,23 +58,18 @@ def _summarise_load(runs: list[LoadResult]) -> dict[str, Any]:
 
 async def _stream_load(open_stream: Callable[[int], Any], streams: int) -> dict[str, Any]:
     """`streams` concurrent generations; per stream: time to first token and tokens received."""
-    ttft: list[float] = []
-    tokens = 0
-
-    async def one(i: int) -> None:
-        nonlocal tokens
-        t0 = time.perf_counter()
-        first = None
-        async for n in open_stream(i):
-            if n and first is None:
-                first = time.perf_counter() - t0
+    async def one(c: int, i: int, first: Callable[[], None]) -> int:
+        tokens = 0
+        async for n in open_stream(c):
+            if n:
+                first()
             tokens += n
-        ttft.append(first if first is not None else float("nan"))
+        return tokens
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(streams)))
-    wall = time.perf_counter() - t0
-    return {"seconds": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": ttft}
+    run = await drive_async(one, streams, per_client_plan(1))
+    tokens = sum(r.output for r in run.records)
+    ttft = [r.first - r.sent if r.first is not None else float("nan") for r in run.records]
+    return {"seconds": run.wall, "tokens": tokens, "tokens_per_s": tokens / run.wall, "ttft_s": ttft}
 
 
 class InProcess:
