@@ -1,5 +1,5 @@
-"""Benchmark suite: `python -m bench --out bench/results [--only encoder,decoder,server,peer] [--quick]`.
+"""Benchmarks, every one through one entry point: `python -m bench NAME [options]` (bench/harness.py, bench/README.md).
 
-Each piece (encoder, decoder, server, peer) writes `<out>/<piece>.json`; the report (docs/BENCHMARKS.md and
-docs/bench/*.png) is regenerated from whatever JSON files are in `<out>`.
+`python -m bench suite --out bench/results` runs ortserve's own suite (encoder, decoder, server, peer: each writes
+`<out>/<piece>.json`; the report, docs/BENCHMARKS.md and docs/bench/*.png, is regenerated from those files).
 """

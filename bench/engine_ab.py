@@ -1,6 +1,6 @@
 """The generation engine of this tree against the one of another checkout, in one interleaved A/B run.
 
-    python -m bench.engine_ab --base-root /path/to/other/checkout [--rounds 3] [--out bench/results/engine_ab.json]
+    python -m bench engine_ab --base-root /path/to/other/checkout [--rounds 3] [--out bench/results/engine_ab.json]
 
 Both servers serve the same in-place package (bench.generation's 124M-shaped GPT-2, random weights) with the
 benchmark's settings (2 threads, 32 slots, spinning on one shared pool). Each round runs, for each side in
@@ -12,7 +12,6 @@ first token). One server runs at a time, so neither side's idle threads share th
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -24,6 +23,8 @@ from typing import Any
 from testing.launch import ServerProcess
 
 from .generation import Config, OrtserveStreams, arrival_once, material, prompts, run_streams
+from bench.harness import Benchmark
+from bench.results import write_json
 
 log = logging.getLogger("bench.engine_ab")
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,14 +76,14 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.engine_ab", description=__doc__.split("\n\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--base-root", type=Path, required=True, help="the other checkout (e.g. a git worktree)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 and 4 streams, 32 new tokens")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine_ab.json")
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
+def cli(args: argparse.Namespace) -> int | None:
     cfg = Config.quick() if args.quick else Config()
     levels = (1, 4) if args.quick else LEVELS
     _, repo, pool = material(cfg)
@@ -106,11 +107,9 @@ def main() -> None:
                                     text=True).stdout.strip() for side, root in sides.items()}
     result = {"commits": commits, "rounds": args.rounds, "threads": cfg.threads, "spinning": cfg.spinning,
               "sides": {side: summarize(v) for side, v in runs.items()}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"this tree {commits['this']} vs base {commits['base']}, {args.rounds} interleaved rounds")
     print(render(result))
 
 
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "ortserve-base"), pieces=(), options=options, run=cli)

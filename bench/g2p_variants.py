@@ -1,6 +1,6 @@
 """WER / PER of a g2p package's variants on CMUdict's test words (docs/MODELS.md, "The served package").
 
-    python -m bench.g2p_variants PACKAGE_DIR [--variants fp32,w8,w4] [--threads 2]
+    python -m bench g2p_variants PACKAGE_DIR [--variants fp32,w8,w4] [--threads 2]
 
 Each variant's two graphs decode every test word greedily (64 words a batch, sorted by length) through slot
 buffers as the server binds them (export/seq2seq_parity.py's SlotDriver and graph_greedy), scored as training
@@ -13,6 +13,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from bench.harness import Benchmark
 
 BATCH = 64
 EXTRA_TOKENS = 8     # no CMUdict word has 8 more phonemes than letters (training/tasks/g2p.py)
@@ -49,12 +50,13 @@ def transcribe(package: Path, variant: str, words: list[str], threads: int) -> l
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.g2p_variants", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("package", type=Path)
     ap.add_argument("--variants", default="fp32,w8,w4")
     ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args(argv)
+
+
+def cli(a: argparse.Namespace) -> int | None:
     from training.cmudict import load_lexicon, strip_stress
     from training.metrics import sequence_error_rates
 
@@ -80,5 +82,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve",), pieces=(), options=options, run=cli)

@@ -1,6 +1,6 @@
 """Generation against the peers, on one 124M-shaped GPT-2 checkpoint (12 layers, 768 wide, vocab 8000, fp32).
 
-    python -m bench.generation [--quick] [--out bench/results/generation.json]
+    python -m bench generation [--quick] [--out bench/results/generation.json]
 
 Pieces, each interleaved run by run so both sides share the machine's noise:
   streams   aggregate tokens/s and time to first token at 1/4/8/16/32 concurrent streams: ortserve
@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -40,14 +41,16 @@ import numpy as np
 
 from modelpkg import CACHE_ELEMENT_TYPES, past_names, present_names
 from server.generation import GenerationConfig
-from testing.launch import ChildProcess as Process, ServerProcess, free_port
+from testing.closedloop import drive, per_client
+from testing.launch import ChildProcess as Process, ServerProcess, free_port, start_peer
 
-from .blocks import write_block
+from .generation_report import DURING_NEW_TOKENS, current_runs, write_docs
+from .results import write_json
 from .machine import describe
 from .stats import percentile
 from .material import bpe_tokenizer_dir, random_gpt
-from .sides import sides_lines, vllm_label
 from .vllm_env import VllmLaunch, bound_cores, vllm_launch
+from bench.harness import Benchmark
 
 ENGINE_DEFAULTS = GenerationConfig()     # what the server runs with, as the reports print it
 log = logging.getLogger(__name__)
@@ -272,16 +275,12 @@ def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagg
     The threads meet at a barrier before sending: a pool starts its threads one by one, and without it the
     first request went out up to 8 ms before the second, so "8 streams at once" reached a server as one
     prompt, then seven (measured 2026-11-24: the server prefilled them over ~14 steps, ~10% of a 128-token run)."""
-    start = threading.Barrier(len(batch))
+    def one(c: int, i: int, first: Any) -> StreamRecord:
+        time.sleep(stagger * c)
+        return client.stream(batch[c], new_tokens, tok)
 
-    def one(i: int) -> StreamRecord:
-        start.wait()
-        time.sleep(stagger * i)
-        return client.stream(batch[i], new_tokens, tok)
-
-    with ThreadPoolExecutor(len(batch)) as pool:
-        futures = [pool.submit(one, i) for i in range(len(batch))]
-        recs = [f.result() for f in futures]
+    run = drive(one, len(batch), per_client(1))
+    recs = [r.output for r in sorted(run.records, key=lambda r: r.client)]
     t0 = min(r.start for r in recs)
     return max(r.stamps[-1] if r.stamps else r.start for r in recs) - t0, recs
 
@@ -331,12 +330,10 @@ def start_vllm(ckpt: Path, cfg: Config) -> VllmServer:
         raise RuntimeError("vLLM peer not installed: run bash bench/setup_vllm.sh")
     launch = vllm_launch(VLLM_VENV, sorted(os.sched_getaffinity(0))[:cfg.threads])
     port = free_port()
-    proc = Process([*launch.command_prefix(), str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-                    "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--served-model-name", "gpt",
-                    "--max-num-seqs", "32"], env=launch.env)
-    import re
-
-    proc.wait_for_line(re.compile(r"Application startup complete|Uvicorn running"), 900)
+    proc = start_peer([*launch.command_prefix(), str(py), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                       str(ckpt), "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
+                       "--served-model-name", "gpt", "--max-num-seqs", "32"], "vLLM's startup line",
+                      line=re.compile(r"Application startup complete|Uvicorn running"), timeout=900, env=launch.env)
     server = VllmServer(proc, port, launch)
     logged = bound_cores(proc.lines)
     if logged is not None and sorted(logged) != list(launch.cores):
@@ -428,9 +425,6 @@ def arrival_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> d
                        "gap_over_itl": gap / itl, "long_ttft_ms": statistics.median(r["long_ttft_ms"] for r in runs),
                        "ttft_over_lone": statistics.median(r["long_ttft_ms"] for r in runs) / statistics.median(lone)}
     return out
-
-
-DURING_NEW_TOKENS = 96     # the first request's, in the prefix piece: it still decodes when the second arrives
 
 
 def prefix_piece(cfg: Config, repo: Path, vllm: Any, pool: list[int], tok) -> dict[str, Any]:
@@ -653,19 +647,7 @@ def genai_piece(cfg: Config, repo: Path, client: Any, pool: list[int], tok) -> d
 # ----------------------------------------------------------------------------- main
 
 
-def current_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The runs whose figures are still in the report: a run is dropped once later runs re-measured every piece
-    it measured (with --merge, a piece's figures are replaced, so its old command no longer describes them)."""
-    kept, later = [], set()
-    for run in reversed(runs):
-        if set(run["pieces"]) - later:
-            kept.append(run)
-        later |= set(run["pieces"])
-    return kept[::-1]
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.generation", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--pieces", default=None, help=f"comma list of {','.join(Config.pieces)}")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
@@ -686,8 +668,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the server's --stream-interval: tokens per streamed message after the first (default 1)")
     ap.add_argument("--threads", type=int, default=None,
                     help=f"threads of every side (default: this process's cores, {len(os.sched_getaffinity(0))})")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+
+def cli(a: argparse.Namespace) -> int | None:
     if a.render_only:
         report = json.loads(a.out.read_text())
         write_docs({**report, "runs": current_runs(report.get("runs", []))}, a.docs or ROOT / "docs" / "BENCHMARKS.md")
@@ -720,16 +703,13 @@ def main(argv: list[str] | None = None) -> int:
     # the report, and each piece's figures are described by the run that measured them.
     sides: dict[str, Any] = {"ortserve": ortserve_side(cfg, cfg.variant)}
     runs = current_runs([*report.get("runs", []), {
-        "command": " ".join(["python -m bench.generation", *(argv or sys.argv[1:])]), "pieces": list(pieces),
+        "command": a.invocation, "pieces": list(pieces),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sides": sides}])
     report.update({"machine": describe(ROOT), "config": {k: str(v) for k, v in cfg.__dict__.items()}, "runs": runs,
                    "command": runs[0]["command"], "started": runs[0]["started"]})
 
     def save() -> None:     # after every piece: a later failure keeps what was measured
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = a.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        os.replace(tmp, a.out)
+        write_json(a.out, report)
     if "step" in pieces:
         report["step"] = step_piece(cfg, repo)
         log.info("step: %s", report["step"])
@@ -791,161 +771,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
-# ----------------------------------------------------------------------------- report
-
-def _variant_of(r: dict[str, Any]) -> str | None:
-    """The served variant a report was measured with, when one was asked for other than fp32 (config holds strings)."""
-    v = r.get("config", {}).get("variant")
-    return None if v in (None, "None", "fp32") else v
-
-
-def _block(model: str, variant: str | None = None) -> str:
-    """One block per model, and one per model and weight variant (w8, w4 ...) so their runs sit side by side."""
-    return f"generation:{model}" + (f":{variant}" if variant else "")
-
-
-def _f(x: float, d: int = 1) -> str:
-    return f"{x:.{d}f}"
-
-
-def render_section(r: dict[str, Any]) -> list[str]:
-    """Markdown for docs/BENCHMARKS.md (between the generation markers; `python -m bench report` keeps it)."""
-    m = r.get("machine", {})
-    model = r.get("config", {}).get("model", "gpt2")
-    runs = r.get("runs") or [{"command": r.get("command"), "started": r.get("started"), "pieces": []}]
-    shape = ("GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab 8000, 1024 positions, random init, fp32)"
-             if model == "gpt2" else "Llama ~124M shape with grouped-query attention (12 layers, 768 wide, 12 heads / "
-             "4 kv heads, SwiGLU 2048, tied head, vocab 8000, 1024 positions; since 2026-11-26 12:40 UTC trained 150 steps on "
-             "Shakespeare (`trained_llama`: the gate judges its w8 / w4), random init before; fp32)")
-    variant = _variant_of(r)
-    lines = [f"## Generation vs peers: {model}" + (f", ortserve serving its {variant} variant" if variant else "")
-             + f" (bench/generation.py --model {model}" + (f" --variant {variant}" if variant else "") + ")", ""]
-    for x in runs:     # each run, and how its sides ran (threads, binding)
-        lines.append(f"- Command: `{x['command']}` at {x['started']}"
-                     + (f" (pieces: {', '.join(x['pieces'])})" if x.get("pieces") else ""))
-        lines += sides_lines(x.get("sides"), vllm_ran=_run_had_vllm(x, r), indent="  ")
-    lines += [
-             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
-             f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
-             f"- Checkpoint: {shape} saved in HF layout; ortserve serves its `python -m export` package (in-place cache "
-             "+ mixed graph), "
-             "vLLM 0.32.0 CPU loads the checkpoint directory (`--dtype float32`, OpenAI server), onnxruntime-genai "
-             "0.18.0 runs the same model.onnx in-process. One side under load at a time; each run above lists its "
-             "sides' threads and binding.", ""]
-    st = r.get("streams")
-    if st:
-        vl = _vllm_label_of(runs, "streams")
-        c = r.get("config", {})
-        # Results measured before the concat engine was retired also have its column ("previous engine").
-        old = any("ortserve_concat_engine" in v for v in st.values())
-        lines += [f"### Aggregate tokens/s and time to first token ({c.get('prompt_tokens', 32)}-token prompts, "
-                  f"{c.get('new_tokens', 128)} new tokens, greedy, ignore eos)", "",
-                  "Each cell: median of the runs; the sides take turns run by run, a second apart." +
-                  (" \"previous engine\" is the concat-cache package of the same weights in the same server." if old else ""),
-                  "", f"| streams | ortserve tok/s | {vl} tok/s | ortserve / {vl} | ortserve TTFT p50 ms | {vl} TTFT p50 ms "
-                  + ("| previous engine tok/s |" if old else "|"), "|---|---|---|---|---|---|" + ("---|" if old else "")]
-        for n, v in st.items():
-            o, p, c = v["ortserve"], v.get("vllm"), v.get("ortserve_concat_engine")
-            lines.append(f"| {n} | {_f(o['tokens_per_s'])} | {_f(p['tokens_per_s']) if p else '-'} | "
-                         f"{_f(v['ratio_tokens_per_s'], 2) if p else '-'} | {_f(o['ttft_p50_ms'], 0)} | "
-                         f"{_f(p['ttft_p50_ms'], 0) if p else '-'} |" + (f" {_f(c['tokens_per_s']) if c else '-'} |" if old else ""))
-        lines.append("")
-    ar = r.get("arrival")
-    if ar:
-        lines += ["### A 900-token prompt arrives while 4 streams decode", "",
-                  "| server | prefill chunk | largest gap ms | median ITL ms | gap / ITL | long prompt TTFT ms | lone prefill ms | TTFT / lone |",
-                  "|---|---|---|---|---|---|---|---|"]
-        def row(server: str, chunk: str, v: dict[str, Any]) -> str:
-            return (f"| {server} | {chunk} | {_f(v['largest_gap_ms'], 0)} | {_f(v['median_itl_ms'])} | "
-                    f"{_f(v['gap_over_itl'], 2)} | {_f(v['long_ttft_ms'], 0)} | "
-                    f"{_f(statistics.median(v['lone_prefill_ms']), 0)} | {_f(v['ttft_over_lone'], 2)} |")
-
-        lines += [row("ortserve", chunk, v) for chunk, v in ar.get("ortserve", {}).items()]
-        if "vllm" in ar:
-            lines.append(row(_vllm_label_of(runs, "arrival"), "(its own)", ar["vllm"]))
-        lines.append("")
-    lv = r.get("leave")
-    if lv:
-        lines += ["### A sequence leaving (streams of staggered lengths)", "",
-                  "| streams | median gap ms | worst gap right after a leave ms | worst / median |", "|---|---|---|---|"]
-        lines += [f"| {n} | {_f(v['median_gap_ms'])} | {_f(v['worst_gap_after_a_leave_ms'])} | "
-                  f"{_f(v['worst_over_median'], 2)} |" for n, v in lv.items()]
-        lines.append("")
-    sp = r.get("step")
-    if sp:
-        turns = f", {sp['rounds']} rounds with fp32 and kv8 taking turns; medians" if sp.get("rounds") else ""
-        lines += [f"### Decode step growth with the cache (in-process, batch 8{turns})", "",
-                  f"past 16: {_f(sp['past16_ms'])} ms, past 1000: {_f(sp['past1000_ms'])} ms, growth "
-                  f"{_f(sp['growth_ms'])} ms; reading the extra {sp['extra_cache_bytes'] / 1e6:.0f} MB of cache once at "
-                  f"the {_f(sp['read_bandwidth_gb_s'])} GB/s measured in the same run takes {_f(sp['read_floor_ms'])} ms: "
-                  f"growth = {_f(sp['growth_over_floor'], 2)} × that floor.", ""]
-        kv = sp.get("kv8")
-        if kv:
-            lines += [f"With the int8 cache (kv8 variant, same weights): past 16: {_f(kv['past16_ms'])} ms, past 1000: "
-                      f"{_f(kv['past1000_ms'])} ms, growth {_f(kv['growth_ms'])} ms (its extra cache is "
-                      f"{kv['extra_cache_bytes'] / 1e6:.0f} MB, read floor {_f(kv['read_floor_ms'])} ms); the step at "
-                      f"past 1000 takes {_f(kv['past1000_ms'] / sp['past1000_ms'], 2)} × the fp32 cache's.", ""]
-    ge = r.get("genai")
-    if ge:
-        graph = f"the {ge['variant']} graph" if "variant" in ge else "model.onnx"
-        lines += [f"### ortserve over gRPC vs onnxruntime-genai in-process, same {graph}", "",
-                  "| batch | ortserve gRPC tok/s | genai in-process tok/s | ratio |", "|---|---|---|---|"]
-        lines += [f"| {b} | {_f(v['ortserve_grpc'])} | {_f(v['genai_in_process'])} | {_f(v['ratio'], 2)} |"
-                  for b, v in ge.items() if b.isdigit()]
-        lines.append("")
-    pf = r.get("prefix")
-    if pf:
-        lines += [f"### A {pf['context_tokens']}-token context, then a second question on it (prefix caching)", "",
-                  f"Time to first token of a request with a {pf['context_tokens']}-token context and a "
-                  f"{pf['question_tokens']}-token question, then of a second request with the same context and "
-                  "another question; last column: the second request sent while the first (on a context of its own, "
-                  f"{DURING_NEW_TOKENS} new tokens) still decodes. Medians; the sides take turns, each run "
-                  "with contexts of its own.", "",
-                  "| server | first request TTFT ms | second request TTFT ms | second / first | second while the first "
-                  "decodes TTFT ms |", "|---|---|---|---|---|"]
-        names = {"ortserve_prefix_on": "ortserve, prefix caching on (default)",
-                 "ortserve_prefix_off": "ortserve, --prefix-caching off",
-                 "vllm": f"{_vllm_label_of(runs, 'prefix')} (automatic prefix caching)"}
-        lines += [f"| {label} | {_f(pf[k]['first_ttft_ms'], 0)} | {_f(pf[k]['second_ttft_ms'], 0)} | "
-                  f"{_f(pf[k]['second_over_first'], 3)} | {_f(pf[k]['during_ttft_ms'], 0) if 'during_ttft_ms' in pf[k] else '–'} |"
-                  for k, label in names.items() if k in pf]
-        lines.append("")
-    spn = r.get("spinning")
-    if spn:
-        lines += ["### onnxruntime intra-op spinning in the server's decode loop", "",
-                  "| streams | spinning on tok/s | off tok/s | cost of off |", "|---|---|---|---|"]
-        lines += [f"| {n} | {_f(v['on_tokens_per_s'])} | {_f(v['off_tokens_per_s'])} | {100 * v['off_cost']:.0f}% |"
-                  for n, v in spn.items()]
-        lines.append("")
-    if r.get("findings"):
-        lines += ["### Findings", "", *r["findings"], ""]
-    return lines
-
-
-def _vllm_ran(r: dict[str, Any]) -> bool:
-    return any("vllm" in (r.get(piece) or {}) for piece in ("arrival", "prefix")) or \
-        any(isinstance(v, dict) and "vllm" in v for v in (r.get("streams") or {}).values())
-
-
-def _run_had_vllm(run: dict[str, Any], r: dict[str, Any]) -> bool:
-    """Whether a run measured vLLM (a piece that starts it, without --no-vllm); unknown pieces: the report says."""
-    if not run.get("pieces"):
-        return _vllm_ran(r)
-    return bool({"streams", "arrival", "prefix"} & set(run["pieces"])) and "--no-vllm" not in (run.get("command") or "")
-
-
-def _vllm_label_of(runs: list[dict[str, Any]], piece: str) -> str:
-    """The vLLM column's name for a piece, from the run that measured it (the last one naming it)."""
-    for run in reversed(runs):
-        if piece in (run.get("pieces") or []):
-            return vllm_label(run.get("sides"))
-    return vllm_label(None)
-
-
-def write_docs(r: dict[str, Any], path: Path) -> None:
-    """Replace (or append) this model's generation block of docs/BENCHMARKS.md."""
-    write_block(path, _block(r.get("config", {}).get("model", "gpt2"), _variant_of(r)), render_section(r))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "vllm", "genai"), pieces=Config.pieces, options=options, run=cli)

@@ -1,7 +1,7 @@
 """The in-place engine with its cache on the session's device vs in host memory: step times, an onnxruntime
 profile, and streams through the engine (docs/GPU.md holds what a run on a lent GPU showed).
 
-    python -m bench.gpu_slots --provider CUDAExecutionProvider --out result.json
+    python -m bench gpu_slots --provider CUDAExecutionProvider --out result.json
 
 A GPT-2-124M-shaped decoder with random weights (12 layers, 768 wide, 12 heads, vocab 8000; random weights are
 fine for speed and for comparing two cache placements bit for bit) is written with export/decoder_graph.py,
@@ -33,6 +33,8 @@ from server.generation.engine import GenerationEngine
 from server.generation.params import GenerationConfig, GenerationParams
 from server.generation.slot_runner import DecodeRow, PrefillRow, SlotRunner
 from server.generation.spec import DecoderSpec
+from bench.harness import Benchmark
+from bench.results import write_json
 
 log = logging.getLogger("bench.gpu_slots")
 CUDA = "CUDAExecutionProvider"
@@ -173,15 +175,15 @@ async def engine_streams(plain, mixed, manifest: Manifest, tok: Tokenizer, devic
         await engine.stop()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", default=CUDA if CUDA in ort.get_available_providers() else "CPUExecutionProvider")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--levels", default="1,8,32")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
+def cli(args: argparse.Namespace) -> int | None:
     fp16 = args.provider == CUDA
     levels = [int(x) for x in args.levels.split(",")]
     weights = random_gpt2(layers=args.layers)
@@ -210,9 +212,8 @@ def main() -> None:
         tok = word_tokenizer(weights.vocab_size)
         result["streams_device"] = asyncio.run(engine_streams(plain, mixed, manifest, tok, None, levels, args.new_tokens))
         result["streams_host"] = asyncio.run(engine_streams(plain, mixed, manifest, tok, host, levels, args.new_tokens))
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
 
 
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve",), pieces=(), options=options, run=cli)

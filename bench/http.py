@@ -1,9 +1,9 @@
 """HTTP front door vs gRPC: per-request overhead, throughput, and /v1/completions streaming vs vLLM.
 
-    python -m bench.http --repository model_repository --classifier genre --embedder minilm \
+    python -m bench http --repository model_repository --classifier genre --embedder minilm \
         --out bench/results/http.json
-    python -m bench.http --streams-only              # the streaming piece alone (needs bash bench/setup_vllm.sh)
-    python -m bench.http --render-only --out bench/results/http.json --docs docs/BENCHMARKS.md
+    python -m bench http --streams-only              # the streaming piece alone (needs bash bench/setup_vllm.sh)
+    python -m bench http --render-only --out bench/results/http.json --docs docs/BENCHMARKS.md
 
 Pieces (one ortserve process serving both ports, so both protocols reach the same data plane):
   overhead    batch 1, sequential, interleaved: p50 / p90 latency of the same request over gRPC (task API) and
@@ -16,21 +16,20 @@ Pieces (one ortserve process serving both ports, so both protocols reach the sam
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.blocks import write_block
 from bench.machine import describe
 from bench.sides import sides_lines, vllm_label
 from bench.stats import percentile
+from testing.closedloop import drive, shared
+from bench.harness import Benchmark
+from bench.results import DOCS, publish, read_json, run_header
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.http")
@@ -81,22 +80,8 @@ def throughput(make: Callable[[], Callable[[int], Any]], clients: int, requests:
     per = [make() for _ in range(clients)]
     for call in per:
         call(0)
-    counter = iter(range(requests))
-    lock = threading.Lock()
-
-    def worker(call: Callable[[int], Any]) -> None:
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                return
-            call(i)
-
-    t = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(worker, per))
-    seconds = time.perf_counter() - t
-    return {"requests_per_s": requests / seconds, "seconds": seconds, "clients": clients}
+    run = drive(lambda c, i, first: per[c](i), clients, shared(requests))
+    return {"requests_per_s": requests / run.wall, "seconds": run.wall, "clients": clients}
 
 
 def stream_load(base_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, Any]:
@@ -175,12 +160,8 @@ def _ratio(a: float, b: float) -> str:
 
 
 def render(r: dict[str, Any]) -> list[str]:
-    """The HTTP block of docs/BENCHMARKS.md (bench/blocks.py keeps it when the rest is rewritten)."""
-    m = r.get("machine", {})
-    lines = ["## HTTP front door vs gRPC, and /v1/completions streaming vs vLLM (bench/http.py)", "",
-             f"- Command: `{r['command']}` at {r['started']}",
-             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
-             f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
+    """The HTTP block of docs/BENCHMARKS.md (bench/results.py keeps it when the rest is rewritten)."""
+    lines = [*run_header("HTTP front door vs gRPC, and /v1/completions streaming vs vLLM (bench/http.py)", r),
              "- One ortserve process serves both ports, so both protocols reach the same data plane and model. "
              "Clients: grpc stubs of the task API; httpx (KServe v2 REST text mode, OpenAI embeddings).", ""]
     for task in ("classify", "embed"):
@@ -218,8 +199,7 @@ def render(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     ap.add_argument("--classifier", default="genre")
     ap.add_argument("--embedder", default="minilm")
@@ -238,14 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "http.json")
     ap.add_argument("--docs", type=Path, help="write the section into this report (e.g. docs/BENCHMARKS.md)")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
-    a = ap.parse_args(argv)
+
+
+def cli(a: argparse.Namespace) -> int | None:
     if a.render_only:
-        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "http", render(json.loads(a.out.read_text())))
+        publish(read_json(a.out), None, a.docs or DOCS, "http", render)
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    report: dict[str, Any] = {"command": " ".join(["python -m bench.http", *(argv or sys.argv[1:])]),
+    report: dict[str, Any] = {"command": a.invocation,
                               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "machine": describe(ROOT), "stream_tokens": a.stream_tokens}
     if not a.streams_only:
@@ -276,13 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         levels = tuple(int(x) for x in a.stream_levels.split(","))
         report["streams"] = streams_piece(a.threads, levels, a.stream_tokens, not a.no_vllm, a.stream_model)
         log.info("streams: %s", report["streams"])
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(report, indent=2) + "\n")
-    if a.docs is not None:
-        write_block(a.docs, "http", render(report))
-    print("\n".join(render(report)))
+    print("\n".join(publish(report, a.out, a.docs, "http", render)))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "vllm"), pieces=("overhead", "throughput", "streams"), options=options, run=cli)

@@ -1,7 +1,7 @@
 """llama.cpp as a peer, on the Llama-shaped 124M checkpoint of bench/generation.py (`--model llama`: 12 layers,
 768 wide, 12 heads / 4 kv heads, SwiGLU 2048, tied head, vocab 8000), at the same bits on both sides.
 
-    python -m bench.llamacpp [--pieces convert,raw,served] [--variants fp32,w8,w4] [--quick] [--docs docs/BENCHMARKS.md]
+    python -m bench llamacpp [--pieces convert,raw,served] [--variants fp32,w8,w4] [--quick] [--docs docs/BENCHMARKS.md]
 
 Pairs (ours -> llama.cpp's): fp32 -> f32, w8 -> Q8_0, w4 -> Q4_0 (w8/w4: the weight-quantized variants of the export
 stage; asked for with --variants, they are exported into the package when it lacks them).
@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testing.launch import ChildProcess as Process, ServerStartError, free_port
+from testing.launch import ChildProcess as Process, ServerStartError, free_port, http_ok
 
-from .blocks import write_block
+from .llamacpp_report import NO_REPACK_WHY, NOAMX_WHY, QUANTS, render
+from .results import DOCS, publish, read_json, write_json
 from .machine import describe
-from .sides import sides_lines
+from bench.harness import Benchmark
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -47,7 +48,6 @@ ROOT = HERE.parent
 LLAMACPP_VENV = Path(os.environ.get("LLAMACPP_VENV", HERE / ".venv-llamacpp"))
 GGUF_VENV = Path(os.environ.get("GGUF_VENV", HERE / ".venv-gguf"))
 # Our variant -> llama.cpp's file type at the same bits (both: per-block scales, 32 weights a block).
-QUANTS = {"fp32": "f32", "w8": "q8_0", "w4": "q4_0"}
 PRE_TOKENIZER = "gpt-2"     # ours is GPT-2's byte-level pre-tokenizer (training/tokenizer.py)
 # Strings the tokenization check runs: spaces and newlines, digits, contractions, punctuation runs, non-ASCII.
 CHECK_TEXTS = (
@@ -152,21 +152,8 @@ class LlamaServer:
         binary = tool("llama-server") if build == "native" else NOAMX_BIN / "llama-server"
         self.proc = Process([str(binary), *self.args])
         self.proc.wait_for_line(re.compile(r"listening on http|server is listening"), startup_timeout)
-        self._wait_healthy(startup_timeout)
-
-    def _wait_healthy(self, timeout: float) -> None:
-        import requests
-
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                if requests.get(f"http://127.0.0.1:{self.port}/health", timeout=5).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise LlamaCppError("llama-server did not report healthy; last output:\n" + "".join(self.proc.lines[-20:]))
+        self.proc.wait_ready(http_ok(f"http://127.0.0.1:{self.port}/health"), startup_timeout, "llama-server /health",
+                             LlamaCppError)
 
     def tokenize(self, text: str) -> list[int]:
         import requests
@@ -197,15 +184,7 @@ class LlamaServer:
         self.proc.stop()
 
 
-NO_REPACK_WHY = ("llama-server exited with SIGSEGV in ggml_backend_amx_mul_mat (its Intel AMX path, taken with weight "
-                 "repacking on) while warming up; started again with --no-repack, which also turns off the AVX "
-                 "repacked kernels: the raw piece measures what that costs llama-bench")
-
-
 NOAMX_BIN = LLAMACPP_VENV / "noamx" / "bin"
-NOAMX_WHY = ("the native build's llama-server exited with SIGSEGV in ggml_backend_amx_mul_mat (its Intel AMX path) "
-             "while warming up; this is the same tree built with every vector extension of the CPU but AMX "
-             "(bench/setup_llamacpp_noamx.sh), weight repacking on")
 
 
 def start_llama_server(gguf: Path, threads: int, parallel: int) -> LlamaServer:
@@ -408,88 +387,10 @@ def ttft_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int],
     return out
 
 
-# ----------------------------------------------------------------------------- report
-
-
-def _build_note(variant: str, side: dict[str, Any]) -> str:
-    build = side.get("build", "native")
-    note = f"{variant}: {build} build, repacking {'on' if side.get('repack', True) else 'off'}"
-    if build != "native":
-        note += f" ({NOAMX_WHY})"
-    if not side.get("repack", True):
-        note += f" ({NO_REPACK_WHY})"
-    return note
-
-
-def render(r: dict[str, Any]) -> list[str]:
-    """The llama.cpp block of docs/BENCHMARKS.md."""
-    m = r.get("machine", {})
-    lines = ["## llama.cpp vs ortserve at the same bits (bench/llamacpp.py)", "",
-             f"- Command: `{r['command']}` at {r['started']}",
-             f"- Machine: nproc {m.get('nproc', '?')}, {m.get('cpu_model', '?')}; load average at start "
-             f"{m.get('loadavg_at_start')}; git {m.get('git_commit', '?')}",
-             "- Checkpoint: the Llama ~124M shape of bench/generation.py (12 layers, 768 wide, 12 heads / 4 kv heads, "
-             "SwiGLU 2048, tied head, vocab 8000, trained 150 steps on Shakespeare: bench/generation.py `trained_llama`); llama.cpp (llama-cpp-python 0.3.36's vendored tree, "
-             "built here) runs it converted by its own convert_hf_to_gguf.py (pre-tokenizer `gpt-2`), quantized by "
-             "llama-quantize; ortserve runs its `python -m export` package, variant as paired. Pairs: "
-             + ", ".join(f"{v} ↔ {QUANTS[v].upper()}" for v in r.get("variants", [])) + ".",
-             "- Each side's threads and binding:", *sides_lines(r.get("sides"), vllm_ran=False), ""]
-    cv = r.get("convert")
-    if cv:
-        g = cv["greedy_32"]
-        lines += [f"Conversion check: llama.cpp's tokenization (llama-server /tokenize) equals ours on all "
-                  f"{len(cv['tokenizer_check']['texts'])} check strings; greedy continuation of a "
-                  f"{r.get('prompt_tokens', 32)}-token prompt, f32 GGUF vs ortserve fp32: the first "
-                  f"{g['leading_equal']} of 32 tokens equal. Files: "
-                  + ", ".join(f"{v} {f['bytes'] / 1e6:.0f} MB" for v, f in cv["files"].items()) + ".", ""]
-    raw = r.get("raw")
-    if raw:
-        lines += [f"### Batch-1 decode, no serving ({raw['threads']} threads; {raw['rounds']} interleaved rounds, medians)",
-                  "", f"llama.cpp: `llama-bench -t {raw['threads']} -p 0 -n {raw['new_tokens']} -r 1`; ortserve: one "
-                  f"decode step of the variant's graph in-process at past {raw['new_tokens'] // 2} (IOBinding, one "
-                  "spinning pool), as tokens/s.", "",
-                  "| ours ↔ llama.cpp | ortserve graph tok/s | llama.cpp tok/s | ortserve / llama.cpp | "
-                  "llama.cpp --repack 0 tok/s |", "|---|---|---|---|---|"]
-        lines += [f"| {v} ↔ {x['quant'].upper()} | {x['ortserve_tokens_per_s']:.1f} | {x['llamacpp_tokens_per_s']:.1f} | "
-                  f"{x['ratio']:.2f} | " + (f"{x['llamacpp_no_repack_tokens_per_s']:.1f}"
-                                            if 'llamacpp_no_repack_tokens_per_s' in x else "-") + " |"
-                  for v, x in raw.items() if isinstance(x, dict) and "quant" in x]
-        lines.append("")
-    sv = r.get("served")
-    if sv:
-        lines += [f"### Served: aggregate tokens/s and time to first token ({r.get('prompt_tokens')}-token prompts, "
-                  f"{r.get('new_tokens')} new tokens, greedy, ignore_eos; ortserve GenerateStream over gRPC, llama-server "
-                  "/v1/completions streamed)", "",
-                  "Each cell: median of the runs; the sides take turns run by run, a second apart. llama-server's "
-                  "build and repacking per pair: " + "; ".join(_build_note(v, (r.get("sides") or {}).get(f"llamacpp_{v}", {}))
-                                                               for v in sv) + ".", "",
-                  "| ours ↔ llama.cpp | streams | ortserve tok/s | llama.cpp tok/s | ortserve / llama.cpp | "
-                  "ortserve TTFT p50 ms | llama.cpp TTFT p50 ms |", "|---|---|---|---|---|---|---|"]
-        for v, x in sv.items():
-            for n, c in x["streams"].items():
-                lines.append(f"| {v} ↔ {x['quant'].upper()} | {n} | {c['ortserve']['tokens_per_s']:.1f} | "
-                             f"{c['llamacpp']['tokens_per_s']:.1f} | {c['ratio_tokens_per_s']:.2f} | "
-                             f"{c['ortserve']['ttft_p50_ms']:.0f} | {c['llamacpp']['ttft_p50_ms']:.0f} |")
-        lines.append("")
-    tt = r.get("ttft")
-    if tt:
-        lines += [f"### Time to first token, each server alone ({r.get('prompt_tokens')}-token prompts, one request at a "
-                  "time, 0.2 s apart; the servers take turns round by round, the other stopped)", "",
-                  "| ours ↔ llama.cpp | requests per side | ortserve TTFT p50 ms | llama.cpp TTFT p50 ms | goal ≤ |",
-                  "|---|---|---|---|---|"]
-        for v, x in tt.items():
-            met = "met" if x["ortserve_ttft_p50_ms"] <= x["llamacpp_ttft_p50_ms"] else "**missed**"
-            lines.append(f"| {v} ↔ {x['quant'].upper()} | {x['requests']} | {x['ortserve_ttft_p50_ms']:.1f} | "
-                         f"{x['llamacpp_ttft_p50_ms']:.1f} | {met} |")
-        lines.append("")
-    return lines
-
-
 # ----------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.llamacpp", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pieces", default=",".join(PIECES), help=f"comma list of {','.join(PIECES)}")
     ap.add_argument("--variants", default="fp32",
                     help=f"comma list of our variants to pair ({', '.join(f'{k}->{v}' for k, v in QUANTS.items())})")
@@ -503,10 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "llamacpp.json")
     ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+
+def cli(a: argparse.Namespace) -> int | None:
     if a.render_only:
-        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", "llamacpp", render(json.loads(a.out.read_text())))
+        publish(read_json(a.out), None, a.docs or DOCS, "llamacpp", render)
         return 0
     pieces = tuple(p.strip() for p in a.pieces.split(",") if p.strip())
     variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
@@ -545,15 +447,12 @@ def main(argv: list[str] | None = None) -> int:
                                 "export stage does not build it); it has " + ", ".join(manifest["variants"]))
         ggufs = gguf_files(ckpt, cfg)
         report: dict[str, Any] = {
-            "command": " ".join(["python -m bench.llamacpp", *(argv if argv is not None else sys.argv[1:])]),
+            "command": a.invocation,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": describe(ROOT),
             "variants": list(variants), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
             "sides": {}}
         def save() -> None:     # after every piece: a later failure keeps what was measured
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = a.out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(report, indent=2))
-            os.replace(tmp, a.out)
+            write_json(a.out, report)
         if "convert" in pieces:
             report["convert"] = convert_piece(cfg, ckpt, repo, ggufs, pool, tok)
             save()
@@ -575,11 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     except LlamaCppError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if a.docs is not None:
-        write_block(a.docs, "llamacpp", render(report))
-    print("\n".join(render(report)))
+    print("\n".join(publish(report, None, a.docs, "llamacpp", render)))
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "llamacpp"), pieces=PIECES, options=options, run=cli)

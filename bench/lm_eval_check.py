@@ -1,6 +1,6 @@
 """lm-evaluation-harness against the OpenAI door, and against the same checkpoint in-process.
 
-    python -m bench.lm_eval_check [--repository model_repository --model gpt --checkpoint artifacts/checkpoints/lm]
+    python -m bench lm_eval_check [--repository model_repository --model gpt --checkpoint artifacts/checkpoints/lm]
 
 A multiple-choice task of famous Shakespeare lines (which word comes next), written here as a local task so nothing
 is downloaded. lm-eval scores every choice by its loglikelihood: through ortserve with its `local-completions`
@@ -16,12 +16,13 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from testing.launch import ServerProcess
+from bench.harness import Benchmark
+from bench.results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / "bench" / ".venv-lmeval"
@@ -90,14 +91,14 @@ def lm_eval(args: list[str], out: Path) -> dict[str, Any]:
             "loglikelihoods": [[float(r[0][0]) for r in d["resps"]] for d in docs]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.lm_eval_check", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     ap.add_argument("--model", default="gpt")
     ap.add_argument("--checkpoint", type=Path, default=ROOT / "artifacts" / "checkpoints" / "lm")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lm_eval.json")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+
+def cli(a: argparse.Namespace) -> int | None:
     if not (VENV / ".complete").is_file():
         raise SystemExit("lm-eval is not installed: run bash bench/setup_lmeval.sh")
     versions = sorted((int(p.name) for p in (a.repository / a.model).iterdir() if p.name.isdigit()))
@@ -122,11 +123,9 @@ def main(argv: list[str] | None = None) -> int:
               "max_abs_loglikelihood_diff": worst, "first_items_ortserve": api["loglikelihoods"][:3],
               "first_items_hf": hf["loglikelihoods"][:3], "model": a.model, "version": versions[-1],
               "checkpoint": str(a.checkpoint)}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(report, indent=1))
+    write_json(a.out, report, indent=1)
     print(json.dumps(report, indent=1))
     return 0 if report["same_picks"] and worst < 1e-3 else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "lm-eval-hf"), pieces=(), options=options, run=cli)

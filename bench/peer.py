@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from testing.closedloop import drive, per_client as per_client_plan
 from testing.launch import ChildProcess as Process, ServerProcess, free_port
 
 from .config import PeerConfig
@@ -76,19 +77,10 @@ class MLServerProcess(Process):
     def _wait_ready(self, timeout: float) -> None:
         import tritonclient.grpc as tc
 
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                break
-            try:
-                with tc.InferenceServerClient(self.address) as client:
-                    if client.is_model_ready(MODEL):
-                        return
-            except Exception:  # not listening yet: tritonclient raises its own InferenceServerException
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise PeerError("mlserver did not become ready; last output:\n" + "".join(self.lines[-30:]))
+        def model_ready() -> bool:
+            with tc.InferenceServerClient(self.address) as client:
+                return client.is_model_ready(MODEL)
+        self.wait_ready(model_ready, timeout, "mlserver", PeerError)
 
 
 def infer_inputs(feeds: dict[str, np.ndarray]) -> list[Any]:
@@ -144,37 +136,24 @@ def drive(address: str, feeds: dict[str, np.ndarray], clients: int, per_client: 
     conns = [tc.InferenceServerClient(address) for _ in range(clients)]
     inputs = infer_inputs(feeds)
     wanted = [tc.InferRequestedOutput("logits")]
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(clients + 1)
+    cpu0: list[Any] = []
 
-    def worker(i: int) -> None:
-        barrier.wait()
-        try:
-            for _ in range(per_client):
-                t0 = time.perf_counter()
-                conns[i].infer(MODEL, inputs, outputs=wanted)
-                latencies[i].append(time.perf_counter() - t0)
-        except BaseException as exc:  # reported after the join: a failed request invalidates the run
-            errors.append(exc)
+    def read_counters() -> None:
+        cpu0.extend((os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0,
+                     main_thread_cpu_seconds(server_pid) if server_pid else 0.0))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    cpu0 = (os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0,
-            main_thread_cpu_seconds(server_pid) if server_pid else 0.0)
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    mine, server_cpu = os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0
-    main_cpu = main_thread_cpu_seconds(server_pid) if server_pid else 0.0
-    for c in conns:
-        c.close()
-    if errors:
-        raise PeerError(f"{address}: request failed: {str(errors[0]).splitlines()[0]}")
-    flat = [x for lat in latencies for x in lat]
+    try:
+        run = drive(lambda c, i, first: conns[c].infer(MODEL, inputs, outputs=wanted), clients,
+                    per_client_plan(per_client), before_release=read_counters)
+        mine, server_cpu = os.times(), tree_cpu_seconds(server_pid) if server_pid else 0.0
+        main_cpu = main_thread_cpu_seconds(server_pid) if server_pid else 0.0
+    except Exception as exc:  # a failed request invalidates the run
+        raise PeerError(f"{address}: request failed: {str(exc).splitlines()[0]}") from exc
+    finally:
+        for c in conns:
+            c.close()
+    wall = run.wall
+    flat = run.latencies()
     out: dict[str, Any] = {"seconds": wall, "requests": len(flat), "latencies": flat}
     if server_pid:
         client_cpu = (mine.user + mine.system) - (cpu0[0].user + cpu0[0].system)

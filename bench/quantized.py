@@ -1,9 +1,9 @@
 """Weight-quantized in-place decoders (MatMulNBits): accuracy against fp32 and the in-process step time.
 
-    python -m bench.quantized --lm gpt2=artifacts/checkpoints/lm --lm llama=artifacts/checkpoints/lm-llama \
+    python -m bench quantized --lm gpt2=artifacts/checkpoints/lm --lm llama=artifacts/checkpoints/lm-llama \
         --out bench/results/quantized.json --docs docs/BENCHMARKS.md
-    python -m bench.quantized --lm gpt2=artifacts/checkpoints/lm --grid   # the choice of block / accuracy / head
-    python -m bench.quantized --render-only --out bench/results/quantized.json --docs docs/BENCHMARKS.md
+    python -m bench quantized --lm gpt2=artifacts/checkpoints/lm --grid   # the choice of block / accuracy / head
+    python -m bench quantized --render-only --out bench/results/quantized.json --docs docs/BENCHMARKS.md
 
 Per checkpoint and candidate (bits, block size, accuracy level, algorithm, LM head quantized or not):
   accuracy   the gate's own figures (export/parity_inplace.py, the same code the exporter judges with):
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench.harness import Benchmark
+from bench.results import DOCS, publish, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.quantized")
@@ -337,8 +339,7 @@ def _uptime() -> str:
         return "?"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.quantized", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lm", action="append", default=[], metavar="LABEL=CHECKPOINT")
     ap.add_argument("--grid", action="store_true", help="measure the choice grid instead of the exported variants")
     ap.add_argument("--only", default="", help="comma list of candidate names (default: all)")
@@ -360,16 +361,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="onnxruntime's profile of batch-1 steps per candidate instead (op-type split)")
     ap.add_argument("--random-base", action="append", default=[], choices=("gpt2", "llama"),
                     help="also a random 124M-shaped checkpoint of this family (labelled <family>-124M-random)")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def cli(a: argparse.Namespace) -> int | None:
     logging.getLogger("export").setLevel(logging.WARNING)
-    from bench.blocks import write_block
 
     block = a.block or ("quantized-profile" if a.profile else "quantized-grid" if a.grid else "quantized")
     if a.render_only:
-        report = json.loads(a.out.read_text())
-        write_block(a.docs or ROOT / "docs" / "BENCHMARKS.md", block,
-                    render_profile(report) if a.profile else render(report))
+        publish(read_json(a.out), None, a.docs or DOCS, block, render_profile if a.profile else render)
         return 0
     if not a.lm and not a.random_base:
         print("error: --lm: give at least one LABEL=CHECKPOINT (or --random-base)", file=sys.stderr)
@@ -384,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.only:
         keep = {n.strip() for n in a.only.split(",")}
         cands = [c for c in cands if c.name in keep or c.name == "fp32"]
-    report = {"command": "python -m bench.quantized " + " ".join(argv if argv is not None else sys.argv[1:]),
+    report = {"command": a.invocation,
               "machine": describe(ROOT), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "uptime_before": _uptime(), "results": []}
     for spec in a.lm:
@@ -398,16 +397,9 @@ def main(argv: list[str] | None = None) -> int:
                                          # random weights: their accuracy figures would say nothing
                                          not a.timing_only and not label.endswith("-random")))
     report["uptime_after"] = _uptime()
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1))
-    os.replace(tmp, a.out)
-    lines = render_profile(report) if a.profile else render(report)
-    print("\n".join(lines))
-    if a.docs:
-        write_block(a.docs, block, lines)
+    print("\n".join(publish(report, a.out, a.docs or None, block, render_profile if a.profile else render,
+                            indent=1)))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve",), pieces=(), options=options, run=cli)

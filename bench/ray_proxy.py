@@ -1,7 +1,7 @@
 """What Ray Serve's proxy costs: the same HTTP load on the plain server and on `python -m server.ray` with 2 replicas.
 
-    python -m bench.ray_proxy --out bench/results/ray_proxy.json [--rounds 3] [--seconds 8]
-    python -m bench.ray_proxy --render-only --out bench/results/ray_proxy.json
+    python -m bench ray_proxy --out bench/results/ray_proxy.json [--rounds 3] [--seconds 8]
+    python -m bench ray_proxy --render-only --out bench/results/ray_proxy.json
 
 Material: the MiniLM embedding package of bench/embeddings.py (bench/results/embeddings-work/repository). Load:
 POST /v1/embeddings with one Shakespeare passage, and POST /v2/models/minilm/infer (KServe v2 REST, text mode)
@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import piece_cli
+from bench.harness import Benchmark
+from bench.results import header, stamp
 from bench.embeddings import MODEL, WORK, ortserve_package
 from bench.material import passages
 from bench.peer import tree_cpu_seconds
-from testing.launch import ChildProcess, ServerProcess, free_port, wait_for
+from testing.launch import ChildProcess, ServerProcess, free_port, start_peer
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = (1, 8)
@@ -49,14 +51,9 @@ def start_ray(repo: Path) -> tuple[ChildProcess, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "server.ray", "--repository", str(repo), "--replicas", "2", "--num-cpus", "1",
            "--http-port", str(port), "--grpc-port", "-1", "--", "--intra-op-threads", "1"]
-    proc = ChildProcess(cmd, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-    proc.__enter__()
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _ready(url), 300, "Ray Serve's proxy ready")
-    except AssertionError:
-        proc.stop()
-        raise RuntimeError("python -m server.ray did not become ready:\n" + proc.output(last=40)) from None
+    proc = start_peer(cmd, "python -m server.ray (Ray Serve's proxy)", ready=lambda: _ready(url), timeout=300,
+                      env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, error=RuntimeError)
     return proc, url
 
 
@@ -76,7 +73,7 @@ def drive(url: str, pool: list[str], clients: int, seconds: float) -> dict[str, 
             "p90_ms": r["p90_ms"], "wall_s": r["wall_s"]}
 
 
-def run(rounds: int, seconds: float) -> dict[str, Any]:
+def run(rounds: int, seconds: float, command: str) -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     repo = ortserve_package(WORK)
     pool = passages(300, 20, seed=31)
@@ -109,13 +106,13 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
                           "ratio": med["ray"]["requests_per_s"] / med["plain"]["requests_per_s"],
                           "ray_idle_cpu_share": statistics.median(x["ray_idle_cpu_share"] for x in sides["plain"]),
                           "failed": sum(x["failed"] for v in sides.values() for x in v)}
-    return {**piece_cli.stamp("python -m bench.ray_proxy " + " ".join(sys.argv[1:])), "cells": cells,
+    return {**stamp(command), "cells": cells,
             "rounds": rounds, "seconds": seconds}
 
 
 def render(result: dict[str, Any]) -> list[str]:
     lines = ["## Ray Serve's proxy vs the plain server (bench/ray_proxy.py)", "",
-             piece_cli.header(result),
+             header(result),
              "- plain: `python -m server --http-port P --intra-op-spinning on`, one process, onnxruntime's default "
              "threads (both cores), spinning as on a machine of its own",
              "- ray: `python -m server.ray --replicas 2 --num-cpus 1 -- --intra-op-threads 1` (Ray 2.60, a local "
@@ -133,9 +130,5 @@ def render(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    piece_cli.main(__doc__, "ray-proxy", lambda a: run(a.rounds, a.seconds), render, rounds=3, seconds=8.0)
-
-
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "ray-serve"), options=piece_cli.options("ray-proxy", rounds=3, seconds=8.0),
+                      run=piece_cli.cli("ray-proxy", lambda a: run(a.rounds, a.seconds, a.invocation), render))

@@ -1,7 +1,7 @@
 """Closed-loop clients and the arrival-batching server loop of the seq2seq serving benchmark (bench/seq2seq.py).
 
-Standard library only: bench/s2s_peer.py imports it inside the peers' own environments (bench/.venv-ct2 has no
-project dependencies).
+Standard library only (with testing/closedloop.py): bench/s2s_peer.py imports it inside the peers' own
+environments (bench/.venv-ct2 has no project dependencies).
 
     run_clients(n, sources, call)   n client threads; client c sends sources[c], sources[c + n], ... one after the
                                     other (the next when the previous answer is complete); every side gets the same
@@ -18,10 +18,13 @@ from __future__ import annotations
 import math
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from testing.closedloop import Record, drive, interleaved, percentile
+
+__all__ = ["ArrivalBatcher", "Record", "run_clients", "summarize"]
 
 # call(source, on_token) -> output tokens: one request, blocking; on_token() is called as its tokens appear.
 Call = Callable[[Any, Callable[[], None]], list]
@@ -29,62 +32,15 @@ Call = Callable[[Any, Callable[[], None]], list]
 Engine = Callable[[list, Callable[[int], None]], list]
 
 
-@dataclass
-class Record:
-    """One request as its client saw it (time.perf_counter() seconds)."""
-
-    client: int
-    index: int                    # position in the sources list
-    sent: float
-    done: float
-    first: float | None = None    # its first token (None: no token came before the answer)
-    output: list = field(default_factory=list)
-
-    @property
-    def ttft(self) -> float:
-        """Time to first token; a request whose tokens were never seen one by one: time to the whole answer."""
-        return (self.first if self.first is not None else self.done) - self.sent
-
-
 def run_clients(n_clients: int, sources: Sequence[Any], call: Call) -> tuple[float, list[Record]]:
     """Every source through `call`, from n_clients threads that start together (a barrier) and each send their
-    next request when the previous one is answered. Returns (wall seconds from the first send to the last answer,
-    records in source order). An exception in a call is raised here, after every thread ended."""
+    next request when the previous one is answered (testing/closedloop.py). Returns (wall seconds from the first
+    send to the last answer, records in source order). An exception in a call is raised here, after every thread
+    ended."""
     if n_clients < 1:
         raise ValueError(f"n_clients: must be >= 1, got {n_clients}")
-    records: list[Record | None] = [None] * len(sources)
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(n_clients)
-
-    def client(c: int) -> None:
-        barrier.wait()
-        for i in range(c, len(sources), n_clients):
-            if errors:
-                return
-            first: list[float] = []
-
-            def on_token() -> None:
-                if not first:
-                    first.append(time.perf_counter())
-            sent = time.perf_counter()
-            try:
-                output = call(sources[i], on_token)
-            except BaseException as e:     # noqa: BLE001 - re-raised by the caller's thread
-                errors.append(e)
-                return
-            records[i] = Record(c, i, sent, time.perf_counter(), first[0] if first else None, list(output))
-
-    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(n_clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    done = [r for r in records if r is not None]
-    if not done:
-        return 0.0, []
-    return max(r.done for r in done) - min(r.sent for r in done), done
+    run = drive(lambda c, i, first: list(call(sources[i], first)), n_clients, interleaved(len(sources), n_clients))
+    return run.span(), sorted(run.records, key=lambda r: r.index)
 
 
 @dataclass
@@ -170,16 +126,7 @@ class ArrivalBatcher:
 def summarize(wall: float, records: Sequence[Record], count: Callable[[list], int] = len) -> dict[str, float]:
     """tokens/s over the wall time, time to first token p50 / p90 (ms), requests; count(output) = its tokens."""
     tokens = sum(count(r.output) for r in records)
-    ttfts = sorted(1000 * r.ttft for r in records)
+    ttfts = [1000 * r.ttft for r in records]
     return {"tokens": tokens, "requests": len(records), "wall_s": wall,
             "tokens_per_s": tokens / wall if wall > 0 else math.nan,
-            "ttft_p50_ms": _percentile(ttfts, 50), "ttft_p90_ms": _percentile(ttfts, 90)}
-
-
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p90_ms": percentile(ttfts, 90)}

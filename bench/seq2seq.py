@@ -1,8 +1,8 @@
 """Encoder-decoder serving against CTranslate2 and transformers' generate (issue 26's benchmark).
 
-    python -m bench.seq2seq [--quick] [--models g2p,marian] [--pieces batch,served,step] [--checkpoint G2P_DIR]
+    python -m bench seq2seq [--quick] [--models g2p,marian] [--pieces batch,served,step] [--checkpoint G2P_DIR]
                             [--out bench/results/seq2seq.json] [--docs docs/BENCHMARKS.md]
-    python -m bench.seq2seq --render-only --docs docs/BENCHMARKS.md          # the block again from --out
+    python -m bench seq2seq --render-only --docs docs/BENCHMARKS.md          # the block again from --out
 
 Needs bash bench/setup_ct2.sh (CTranslate2 4.8.5 in bench/.venv-ct2). Models (bench/s2s_material.py): the default
 g2p model (artifacts/checkpoints/g2p; trained first when absent) and an OPUS-MT-shaped random Marian.
@@ -48,12 +48,12 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import write_block
 from .machine import describe
-from .results import write_json
+from .results import publish, read_json, write_json
 from .s2s_loop import Record, run_clients, summarize
 from .s2s_material import CT2_VENV, STEP_LENGTH, MaterialError, Model, build, g2p_sources, marian_sources, peer_env
 from .s2s_report import BLOCK, render
+from bench.harness import Benchmark
 
 log = logging.getLogger("bench.seq2seq")
 HERE = Path(__file__).resolve().parent
@@ -605,8 +605,7 @@ def run(cfg: Config, command: str, g2p: Path | None, out_path: Path) -> dict[str
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.seq2seq", description=__doc__.split("\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="short runs for development (noisy; ~2 min once built)")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
     ap.add_argument("--pieces", default=",".join(PIECES), help=f"comma list of {','.join(PIECES)}")
@@ -622,15 +621,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Config.work, help="checkpoints, packages and conversions (reused)")
     ap.add_argument("--docs", type=Path, default=None, help="write the seq2seq block of this report")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+
+def cli(a: argparse.Namespace) -> int | None:
     try:
         if a.render_only:
             if a.docs is None:
                 raise ValueError("--render-only: needs --docs")
             if not a.out.is_file():
                 raise ValueError(f"--out: {a.out} does not exist (run the benchmark first)")
-            write_block(a.docs, BLOCK, render(json.loads(a.out.read_text())))
+            publish(read_json(a.out), None, a.docs, BLOCK, render)
             return 0
         cfg = Config.quick() if a.quick else Config()
         cfg = dataclasses.replace(cfg, models=_choice("--models", a.models, MODELS),
@@ -648,14 +648,12 @@ def main(argv: list[str] | None = None) -> int:
             if not (inter.isdigit() and intra.isdigit() and int(inter) >= 1 and int(intra) >= 1):
                 raise ValueError(f"--ct2-threads: expected INTERxINTRA such as 1x2, got {a.ct2_threads!r}")
             cfg = dataclasses.replace(cfg, ct2_inter_threads=int(inter), ct2_intra_threads=int(intra))
-        command = " ".join(["python -m bench.seq2seq", *(sys.argv[1:] if argv is None else argv)])
+        command = a.invocation
         report = run(cfg, command, a.checkpoint, a.out)
     except (ValueError, MaterialError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if a.docs is not None:
-        write_block(a.docs, BLOCK, render(report))
-    print("\n".join(render(report)))
+    print("\n".join(publish(report, None, a.docs, BLOCK, render)))
     return 0
 
 
@@ -667,5 +665,4 @@ def _choice(flag: str, text: str, known: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "ctranslate2", "transformers"), pieces=PIECES, options=options, run=cli)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testing.closedloop import drive_async, per_client as per_client_plan
 from testing.launch import ServerProcess
 
 from .config import ServerBenchConfig
@@ -43,20 +44,8 @@ class LoadResult:
 
 async def closed_loop(call: Callable[[int, int], Awaitable[int]], concurrency: int, per_client: int) -> LoadResult:
     """`concurrency` clients, each sending `per_client` requests back to back; call(client, i) -> items."""
-    latencies: list[float] = []
-    items = 0
-
-    async def client(c: int) -> None:
-        nonlocal items
-        for i in range(per_client):
-            t0 = time.perf_counter()
-            n = await call(c, i)  # not `items += await ...`: that reads `items` before the await
-            latencies.append(time.perf_counter() - t0)
-            items += n
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client(c) for c in range(concurrency)))
-    return LoadResult(time.perf_counter() - t0, latencies, items)
+    run = await drive_async(lambda c, i, first: call(c, i), concurrency, per_client_plan(per_client))
+    return LoadResult(run.wall, run.latencies(), sum(r.output for r in run.records))
 
 
 def _summarise_load(runs: list[LoadResult]) -> dict[str, Any]:
@@ -69,23 +58,18 @@ def _summarise_load(runs: list[LoadResult]) -> dict[str, Any]:
 
 async def _stream_load(open_stream: Callable[[int], Any], streams: int) -> dict[str, Any]:
     """`streams` concurrent generations; per stream: time to first token and tokens received."""
-    ttft: list[float] = []
-    tokens = 0
-
-    async def one(i: int) -> None:
-        nonlocal tokens
-        t0 = time.perf_counter()
-        first = None
-        async for n in open_stream(i):
-            if n and first is None:
-                first = time.perf_counter() - t0
+    async def one(c: int, i: int, first: Callable[[], None]) -> int:
+        tokens = 0
+        async for n in open_stream(c):
+            if n:
+                first()
             tokens += n
-        ttft.append(first if first is not None else float("nan"))
+        return tokens
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(streams)))
-    wall = time.perf_counter() - t0
-    return {"seconds": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": ttft}
+    run = await drive_async(one, streams, per_client_plan(1))
+    tokens = sum(r.output for r in run.records)
+    ttft = [r.first - r.sent if r.first is not None else float("nan") for r in run.records]
+    return {"seconds": run.wall, "tokens": tokens, "tokens_per_s": tokens / run.wall, "ttft_s": ttft}
 
 
 class InProcess:

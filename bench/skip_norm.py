@@ -1,6 +1,6 @@
 """onnxruntime's fused residual norms against their parts, on this machine's CPU.
 
-    python -m bench.skip_norm
+    python -m bench skip_norm
 
 Times 20 chained SkipLayerNormalization nodes against 20 x (Add + LayerNormalization), and the RMSNorm pair
 (SkipSimplifiedLayerNormalization against Add + RMSNormalization), at the shapes ortserve's graphs run: a decode
@@ -10,11 +10,14 @@ export/seq2seq_graph.py and export/variants.py write the residual norms ("Residu
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from bench.harness import Benchmark
 
 SHAPES = ((1, 768), (32, 768), (640, 128), (440, 384))
 CHAIN = 20
@@ -59,7 +62,11 @@ def per_node_us(fused: bool, rms: bool, rows: int, width: int, runs: int = 200) 
     return (time.perf_counter() - t0) / runs / CHAIN * 1e6
 
 
-def main() -> None:
+def options(p: argparse.ArgumentParser) -> None:
+    """No options of its own."""
+
+
+def cli(a: argparse.Namespace) -> None:
     print(f"onnxruntime {ort.__version__}; us per residual norm, {CHAIN} chained")
     heads = ("rows x width", "SkipLayerNorm", "Add+LayerNorm", "SkipSimplified", "Add+RMSNorm")
     print(f"{heads[0]:>14} " + " ".join(f"{h:>14}" for h in heads[1:]))
@@ -68,5 +75,4 @@ def main() -> None:
         print(f"{rows:>6} x {width:<5} " + " ".join(f"{c:>14.1f}" for c in cells))
 
 
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("onnxruntime",), options=options, run=cli)

@@ -7,6 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from testing.closedloop import percentile
+
+__all__ = ["Summary", "percentile", "ratio", "time_calls"]
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -49,17 +53,6 @@ def time_calls(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> list[flo
         fn()
         out.append(time.perf_counter() - t0)
     return out
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100) of the samples (numpy's default); NaN for none."""
-    if not samples:
-        return float("nan")
-    s = sorted(samples)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def ratio(numerator: Summary, denominator: Summary) -> dict[str, float]:

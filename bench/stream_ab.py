@@ -1,6 +1,6 @@
 """Single-stream decoding served over gRPC, several trees or server flags interleaved (and genai in-process).
 
-    python -m bench.stream_ab --side base=/path/to/other/checkout --side this=. \\
+    python -m bench stream_ab --side base=/path/to/other/checkout --side this=. \\
         --side si4=.:--stream-interval=4 [--genai] [--engine] [--rounds 3] [--per-round 2] [--new-tokens 256]
 
 Each side is NAME=ROOT[:FLAG=VALUE,...] (server flags added to the benchmark's: 2 threads, spinning, the w4 variant of
@@ -27,6 +27,7 @@ from testing.launch import ServerProcess
 
 from .generation import GENAI_VENV, HERE, Config, OrtserveStreams, material, prompts, run_streams
 from .material import bpe_tokenizer_dir
+from bench.harness import Benchmark
 
 log = logging.getLogger("bench.stream_ab")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -86,8 +87,7 @@ def in_process_side(command: list[str], repo: Path, pool: list[int], salt: int, 
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.stream_ab", description=__doc__.split("\n\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--side", type=parse_side, action="append", required=True)
     ap.add_argument("--genai", action="store_true", help="onnxruntime-genai in-process each round (bench/.venv-genai)")
     ap.add_argument("--engine", action="store_true",
@@ -96,8 +96,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=2, help="streams per side and round")
     ap.add_argument("--new-tokens", type=int, default=256)
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+
+def cli(args: argparse.Namespace) -> int | None:
     _, repo, pool = material(Config(model="llama", variant="w4", extra_variants=("w4",)))
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(bpe_tokenizer_dir(Config().work) / "tokenizer.json"))
@@ -131,5 +132,4 @@ def main() -> None:
               f"| {min(x['load'] for x in rows):.1f}-{max(x['load'] for x in rows):.1f} |")
 
 
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "genai"), pieces=(), options=options, run=cli)

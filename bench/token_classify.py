@@ -1,7 +1,7 @@
 """Token classification served (gRPC task API) vs transformers' token-classification pipeline in-process.
 
-    python -m bench.token_classify --out bench/results/token_classify.json [--rounds 3] [--seconds 6]
-    python -m bench.token_classify --render-only --out bench/results/token_classify.json
+    python -m bench token_classify --out bench/results/token_classify.json [--rounds 3] [--seconds 6]
+    python -m bench token_classify --render-only --out bench/results/token_classify.json
 
 Material (bench/results/token-classify-work/): the punctuation and casing restorer the main command publishes
 (`python -m training token-classify --init minilm`: MiniLM fine-tuned on the corpus's own marks and capitals, trained
@@ -26,14 +26,16 @@ import logging
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench import piece_cli
+from bench.harness import Benchmark
+from bench.results import header, stamp
 from bench.material import passages
+from testing.closedloop import counting, drive
 from testing.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +102,7 @@ def _entities(items: list[dict]) -> list[tuple[str, int, int, float]]:
     return [(e["entity_group"], e["start"], e["end"], e["score"]) for e in items]
 
 
-def run(rounds: int, seconds: float) -> dict[str, Any]:
+def run(rounds: int, seconds: float, command: str) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -133,13 +135,9 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
         log.info("entities agree on %d of %d texts (scores within %.4f)", same, len(sample), score_diff)
 
         def closed_loop(fn, size: int) -> float:
-            done, i, t0 = 0, 0, time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                batch = [texts[(i + j) % len(texts)] for j in range(size)]
-                i += size
-                fn(batch)
-                done += size
-            return done / (time.perf_counter() - t0)
+            run = drive(lambda c, k, first: fn([texts[(k * size + j) % len(texts)] for j in range(size)]), 1,
+                        counting(), seconds=seconds)
+            return len(run.records) * size / run.wall
 
         graph, forward, variant = forward_passes(repo, ckpt)
         for size in BATCHES:          # warm every side
@@ -161,14 +159,14 @@ def run(rounds: int, seconds: float) -> dict[str, Any]:
         med = {k: statistics.median(v) for k, v in sides.items()}
         cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"],
                        "ceiling": med["graph"] / med["pipeline"]}
-    return {**piece_cli.stamp("python -m bench.token_classify " + " ".join(sys.argv[1:])),
+    return {**stamp(command),
             "agree": [same, len(sample)], "score_diff": score_diff, "variant": variant, "cells": cells,
             "rounds": rounds, "seconds": seconds, "torch_threads": torch.get_num_threads()}
 
 
 def render(result: dict[str, Any]) -> list[str]:
     lines = ["## Token classification: served vs the transformers pipeline (bench/token_classify.py)", "",
-             piece_cli.header(result),
+             header(result),
              "- ortserve: `python -m server --intra-op-spinning on` (onnxruntime's default intra-op threads = the "
              "cores, spinning as on a machine of its own; encoder batching on), one gRPC client thread sending "
              "`TokenClassify` with the batch's texts, aggregation_strategy simple",
@@ -196,9 +194,5 @@ def render(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    piece_cli.main(__doc__, "token-classify", lambda a: run(a.rounds, a.seconds), render, rounds=3, seconds=6.0)
-
-
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "transformers-pipeline"), options=piece_cli.options("token-classify", rounds=3, seconds=6.0),
+                      run=piece_cli.cli("token-classify", lambda a: run(a.rounds, a.seconds, a.invocation), render))

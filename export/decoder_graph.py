@@ -47,7 +47,7 @@ if TYPE_CHECKING:   # graphs.py imports torch; this module is imported without i
 MS = "com.microsoft"
 # Residual norms: the LayerNorm family's are written as Add + LayerNormalization, not the fused contrib op:
 # onnxruntime 1.32's CPU SkipLayerNormalization measured 2.5-6x slower than the pair (2 cores, 2026-11-27: 59 vs
-# 24 us at [32, 768], 389 vs 62 us at [440, 384]; `python -m bench.skip_norm`). SkipSimplifiedLayerNormalization
+# 24 us at [32, 768], 389 vs 62 us at [440, 384]; `python -m bench skip_norm`). SkipSimplifiedLayerNormalization
 # (RMSNorm) is as fast as its parts and stays fused. The server turns onnxruntime's SkipLayerNormFusion off so the
 # pair is not fused back (server/sessions.py).
 LAYOUT = "inplace"   # model.json cache.layout of graphs made here ("concat" = the traced graph)

@@ -1,6 +1,6 @@
 """Start a server as a child process and wait until it serves: the one launcher that the tests, the benchmarks
 and the soak script use, for ortserve (`ServerProcess`: `python -m server`) and for the peers' servers
-(`ChildProcess`: MLServer, vLLM).
+(`start_peer`, or a `ChildProcess` subclass with `wait_ready`: MLServer, vLLM, llama-server, infinity-emb, Ray Serve).
 
 The port is read from the server's "listening on HOST:PORT" log line (so `--port 0` works; the HTTP port,
 when `--http-port` is given in extra_args, from "http listening on HOST:PORT"), then
@@ -120,6 +120,21 @@ class ChildProcess:
         raise ServerStartError(f"{Path(self.cmd[0]).name} did not report {what or repr(pattern.pattern)}; "
                                "its output:\n" + self.output(200))
 
+    def wait_ready(self, probe: Callable[[], bool], timeout: float, what: str,
+                   error: type[Exception] = ServerStartError) -> None:
+        """Poll probe() (an exception counts as not yet) until it holds; if the child exits or `timeout` passes
+        first, stop it and raise `error` naming `what` with its last output."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.proc.poll() is None:
+            try:
+                if probe():
+                    return
+            except Exception:  # noqa: BLE001 - not listening yet (each client library raises its own)
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise error(f"{what} did not become ready; its last output:\n" + self.output(40))
+
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):  # gone between poll() and here
             if self.own_group:
@@ -149,6 +164,32 @@ class ChildProcess:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    """A readiness probe: GET `url` answers 200."""
+    def probe() -> bool:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    return probe
+
+
+def start_peer(cmd: Sequence[str], what: str, *, line: re.Pattern[str] | None = None,
+               ready: Callable[[], bool] | None = None, timeout: float = 300.0, env: Mapping[str, str] | None = None,
+               cwd: Path = ROOT, error: type[Exception] = ServerStartError) -> ChildProcess:
+    """A peer's server (vLLM, llama-server, infinity-emb, Ray Serve, ...) in a process group of its own, returned
+    once it logged `line` (when given) and `ready()` holds (when given); else stopped, and `error` says why."""
+    proc = ChildProcess(cmd, env=env, cwd=cwd)
+    if line is not None:
+        try:
+            proc.wait_for_line(line, timeout, what)
+        except ServerStartError as exc:
+            if error is ServerStartError:
+                raise
+            raise error(str(exc)) from None
+    if ready is not None:
+        proc.wait_ready(ready, timeout, what, error)
+    return proc
 
 
 class ServerProcess(ChildProcess):

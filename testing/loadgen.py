@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import grpc
-import numpy as np
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
+from testing.closedloop import Indices, drive_async, percentile, shared
 
 log = logging.getLogger("ortserve.loadgen")
 
@@ -154,10 +154,10 @@ class Percentiles:
     def of(cls, seconds: list[float]) -> "Percentiles":
         if not seconds:
             return cls(0, 0.0, 0.0, 0.0, 0.0)
-        ms = np.asarray(seconds) * 1000.0
-        p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+        ms = [x * 1000.0 for x in seconds]
+        p50, p95, p99 = (percentile(ms, q) for q in (50, 95, 99))
         return cls(len(ms), round(float(p50), 2), round(float(p95), 2), round(float(p99), 2),
-                   round(float(ms.max()), 2))
+                   round(float(max(ms)), 2))
 
 
 @dataclass
@@ -352,30 +352,26 @@ async def discover_models(stub: pb_grpc.TaskServiceStub, config: LoadConfig,
     return models, mask
 
 
-class _Budget:
-    """The request bound, shared by the clients (one event loop: no lock needed)."""
-
-    def __init__(self, total: int) -> None:
-        self.left = total
-
-    def take(self) -> bool:
-        if self.left <= 0:
-            return False
-        self.left -= 1
-        return True
+def _plan(total: int) -> Indices:
+    """Client c's n-th request is number c + n (clients start at different kinds, so the mix is even from the first
+    second), `total` requests in all over the clients."""
+    take = shared(total)
+    return lambda c: (c + k for k, _ in enumerate(take(c)))
 
 
-async def _client(index: int, target: _Target, stop_at: float, budget: _Budget, samples: list[Sample]) -> None:
-    rng = random.Random(target.config.seed * 100_003 + index)
-    mix = target.config.mix
-    n = index  # clients start at different kinds so the mix is even from the first second
-    while time.monotonic() < stop_at and budget.take():
-        kind = mix[n % len(mix)]
-        n += 1
+def _request(targets: list[_Target], samples: list[Sample]) -> Callable[[int, int, Callable[[], None]],
+                                                                      Awaitable[None]]:
+    """One request of client c (over targets[c]), its n-th kind of the mix; its Sample (status code, times) goes
+    into `samples`."""
+    config = targets[0].config
+    rngs = [random.Random(config.seed * 100_003 + c) for c in range(len(targets))]
+
+    async def send(c: int, n: int, first_mark: Callable[[], None]) -> None:
+        kind = config.mix[n % len(config.mix)]
         started = time.monotonic()
         first: float | None = None
         try:
-            first = await _CALLS[kind](target, rng)
+            first = await _CALLS[kind](targets[c], rngs[c])
             code = OK
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
@@ -385,8 +381,9 @@ async def _client(index: int, target: _Target, stop_at: float, budget: _Budget, 
             log.warning("%s: %s", kind, exc)
         ended = time.monotonic()
         samples.append(Sample(kind, code, ended - started, first, started, ended))
-        if code != OK and target.config.error_pause:
-            await asyncio.sleep(target.config.error_pause)
+        if code != OK and config.error_pause:
+            await asyncio.sleep(config.error_pause)
+    return send
 
 
 async def _sample_rss(pid: int, every: float, peaks: list[int]) -> None:
@@ -415,10 +412,9 @@ async def run_load(config: LoadConfig, server_pid: int | None = None) -> LoadRep
             rss["start"] = rss_bytes(server_pid)
             sampler = asyncio.create_task(_sample_rss(server_pid, 1.0, peaks))
         samples: list[Sample] = []
-        budget = _Budget(config.max_requests)
         started = time.monotonic()
-        stop_at = started + config.seconds
-        clients = asyncio.gather(*(_client(i, t, stop_at, budget, samples) for i, t in enumerate(targets)))
+        clients = asyncio.ensure_future(drive_async(_request(targets, samples), config.clients,
+                                                    _plan(config.max_requests), seconds=config.seconds))
         if server_pid is not None and config.warmup_seconds > 0:
             done, _ = await asyncio.wait([clients], timeout=config.warmup_seconds)
             if not done:

@@ -95,6 +95,50 @@ def test_closed_loop_counts_every_item_under_concurrency() -> None:
     assert len(res.latencies) == 80
 
 
+def test_closed_loop_plans_say_which_requests_each_client_sends() -> None:
+    """testing/closedloop.py: per-client counts, interleaved shares, a shared budget, a time bound."""
+    from testing.closedloop import counting, drive, interleaved, per_client, shared
+
+    run = drive(lambda c, i, first: (c, i), 3, per_client(4))
+    assert sorted(r.output for r in run.records) == [(c, i) for c in range(3) for i in range(4)]
+    run = drive(lambda c, i, first: i, 3, interleaved(10, 3))
+    assert sorted((r.client, r.index) for r in run.records) == sorted((i % 3, i) for i in range(10))
+    run = drive(lambda c, i, first: i, 4, shared(25))
+    assert sorted(r.index for r in run.records) == list(range(25))
+    run = drive(lambda c, i, first: time.sleep(0.01), 2, counting(lambda c: 100 * c), seconds=0.2)
+    assert 4 <= len(run.records) < 60 and run.wall < 2
+    assert {r.index for r in run.records if r.client == 1} >= {100, 101}
+    for r in run.records:
+        assert r.ttft == pytest.approx(r.latency)       # no first token marked: time to the whole answer
+
+
+def test_closed_loop_errors_are_raised_or_recorded_and_first_tokens_marked() -> None:
+    from testing.closedloop import drive, drive_async, per_client
+
+    def flaky(c: int, i: int, first) -> int:
+        first()
+        if i == 1:
+            raise RuntimeError("boom")
+        return i
+
+    with pytest.raises(RuntimeError, match="boom"):
+        drive(flaky, 2, per_client(3))
+    run = drive(flaky, 2, per_client(3), errors="record")
+    assert sum(r.error is not None for r in run.records) == 2 and len(run.latencies()) == 4
+    assert all(r.first is not None and r.sent <= r.first <= r.done for r in run.records)
+
+    async def call(c: int, i: int, first) -> int:
+        await asyncio.sleep(0)
+        return flaky(c, i, first)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(drive_async(call, 3, per_client(2)))
+    run = asyncio.run(drive_async(call, 3, per_client(2), errors="record"))
+    assert len(run.ok()) == 3 and run.span() <= run.wall + 1e-9
+    with pytest.raises(ValueError, match="clients"):
+        drive(flaky, 0, per_client(1))
+
+
 def test_encode_gives_exact_shapes(tiny_repository: Path) -> None:
     from bench.encoder import encode
 
@@ -160,7 +204,7 @@ def _result_files(out: Path) -> None:
 
 
 def test_generation_report_lists_only_the_runs_whose_figures_it_shows() -> None:
-    from bench.generation import current_runs
+    from bench.generation_report import current_runs
 
     runs = [{"command": "all", "pieces": ["step", "streams", "genai"]}, {"command": "streams", "pieces": ["streams"]},
             {"command": "step", "pieces": ["step"]}, {"command": "step again", "pieces": ["step"]}]
@@ -201,7 +245,7 @@ def test_report_cli_regenerates_markdown_and_plots(tmp_path: Path) -> None:
     assert not [p for p in docs.parent.rglob("*.tmp")]  # atomic writes leave no temp files
 
 
-@pytest.mark.parametrize("args, field", [(["--only", "encoder,gpu"], "--only"),
+@pytest.mark.parametrize("args, field", [(["suite", "--only", "encoder,gpu"], "--only"),
                                          (["report", "--out", "/nonexistent-dir-xyz"], "--out")])
 def test_cli_bad_input_is_one_line_exit_2(args: list[str], field: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -265,7 +309,7 @@ def test_gate_refusal_is_read_from_the_real_report_and_variant_built_outside(
 
 
 def test_marked_blocks_are_replaced_alone_and_kept_by_the_report(tmp_path: Path) -> None:
-    from bench.blocks import existing_blocks, write_block
+    from bench.results import existing_blocks, write_block
 
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text("# Benchmarks\n\nwritten by the report\n")
@@ -461,7 +505,7 @@ def _streams_report(sides: dict | None) -> dict:
 
 
 def test_generation_report_prints_each_sides_threads_and_binding() -> None:
-    from bench.generation import render_section
+    from bench.generation_report import render_section
 
     sides = {"ortserve": {"threads": 2, "binding": "not pinned (onnxruntime's default)", "intra_op_spinning": "on",
                           "max_sequences": 32},
@@ -476,7 +520,7 @@ def test_generation_report_prints_each_sides_threads_and_binding() -> None:
 
 
 def test_generation_report_marks_vllm_figures_without_a_recorded_configuration_as_one_core() -> None:
-    from bench.generation import render_section
+    from bench.generation_report import render_section
 
     lines = render_section(_streams_report(None))
     text = "\n".join(lines)
@@ -518,12 +562,12 @@ def test_llama_bench_json_gives_the_generation_rate() -> None:
 def test_llamacpp_cli_bad_input_and_missing_tools_are_one_line(tmp_path: Path) -> None:
     import os
 
-    proc = subprocess.run([sys.executable, "-m", "bench.llamacpp", "--variants", "w5"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "bench", "llamacpp", "--variants", "w5"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "error: --variants: unknown 'w5' (choose from fp32, w8, w4)"]
     env = {**os.environ, "LLAMACPP_VENV": str(tmp_path / "none"), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "bench.llamacpp", "--pieces", "raw"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "bench", "llamacpp", "--pieces", "raw"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env=env)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and "run bash bench/setup_llamacpp.sh" in lines[0]
@@ -531,7 +575,7 @@ def test_llamacpp_cli_bad_input_and_missing_tools_are_one_line(tmp_path: Path) -
 
 def test_a_weight_variant_run_gets_its_own_generation_block(tmp_path: Path) -> None:
     """`--variant w4` results sit beside the fp32 block of the same model instead of replacing it."""
-    from bench.generation import write_docs
+    from bench.generation_report import write_docs
 
     docs = tmp_path / "BENCHMARKS.md"
     fp32 = {**_streams_report(None), "config": {"model": "llama", "variant": "None"}}

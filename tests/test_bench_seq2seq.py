@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from bench.blocks import write_block
+from bench.results import write_block
 from bench.s2s_loop import ArrivalBatcher, Record, run_clients, summarize
 from bench.s2s_peer import KEEPING_PAD, STANDARD, answer, conversion
 from bench.s2s_report import BLOCK, render
-from bench.seq2seq import main as seq2seq_main
+from bench.harness import main as bench_main
 
 STEP_S = 0.004
 
@@ -265,8 +265,8 @@ def test_block_is_written_between_its_markers_and_replaced_alone(tmp_path):
 
 
 def test_cli_refuses_unknown_names_in_one_line(capsys):
-    assert seq2seq_main(["--models", "t5"]) == 2
+    assert bench_main(["seq2seq", "--models", "t5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --models: unknown 't5' (choose from g2p, marian)"]
-    assert seq2seq_main(["--ct2-threads", "two"]) == 2
+    assert bench_main(["seq2seq", "--ct2-threads", "two"]) == 2
     assert "--ct2-threads: expected INTERxINTRA" in capsys.readouterr().err
