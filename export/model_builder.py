@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from modelpkg import CacheSpec, Manifest, padded_head_dim
 
-from . import decoder_graph, graphs, int8, package, speed, variants, weights
+from . import decoder_graph, decoder_weights, graphs, int8, package, speed, variants, weights
 from .checkpoint_tokens import chat_template, special_tokens
 from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError
@@ -111,9 +111,9 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
                     **({"fp16": decoder_graph.FP16_MIXED_FILE} if "fp16" in builds else {})}
     wanted = [v for v in cfg.variants if v in weights.WEIGHT_VARIANTS]
     if wanted:
-        w = decoder_graph.inplace_weights(model, info.model_type, info.max_positions)
+        w = decoder_weights.inplace_weights(model, info.model_type, info.max_positions)
         if kv_scales is None and any(weights.WEIGHT_VARIANTS[v][1] for v in wanted):
-            kv_scales = decoder_graph.calibrate_kv_scales(model, [calibration])
+            kv_scales = decoder_weights.calibrate_kv_scales(model, [calibration])
         for v in wanted:
             try:
                 builds[v] = weights.build_variant(v, w, out, cfg.weight_quant, kv_scales, len(calibration))
