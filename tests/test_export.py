@@ -237,6 +237,15 @@ def test_missing_bert_fusion_fails(full_repository: Path, tmp_path: Path) -> Non
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_validate_refuses_a_concat_package_naming_the_re_export(full_repository: Path, capsys) -> None:
+    """A package of the traced concat layout (no longer exported or served) is refused in one line."""
+    checkpoint = json.loads((full_repository / "gpt/1/model.json").read_text())["source"]["checkpoint"]
+    capsys.readouterr()
+    assert main(["validate", str(full_repository / "gpt/1")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"re-export the checkpoint: python -m export {checkpoint} --task generate" in err
+
+
 def test_int8_classifier_rules_with_labelled_data(full_repository: Path, tiny_checkpoints) -> None:
     checks = {c["name"]: c for c in
               json.loads((full_repository / "clf/1/parity.json").read_text())["variants"]["int8"]["checks"]}
