@@ -148,7 +148,7 @@ def export_decoder(ckpt: Path, repo: Path, name: str, layout: str, wanted: tuple
     """`python -m export` with the wanted variants; when the gate refuses (exit 1), again without kv8, then with fp32
     alone (a variant the gate refused is then missing from the package, and serving it fails naming it)."""
     cmd = [sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository", str(repo),
-           "--name", name, "--version", "1", "--cache-layout", layout, "--threads", str(threads)]
+           "--name", name, "--version", "1", "--threads", str(threads)]
     attempts = list(dict.fromkeys([wanted, tuple(v for v in wanted if v != "kv8"), ("fp32",)]))
     for i, variants in enumerate(attempts):
         done = subprocess.run([*cmd, "--variants", ",".join(variants)], cwd=ROOT)

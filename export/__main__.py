@@ -6,7 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .config import CACHE_LAYOUTS, TASKS, ExportConfig
+from .config import TASKS, ExportConfig
 from .errors import ExportError, ParityFailure
 
 log = logging.getLogger("export")
@@ -32,9 +32,6 @@ def _export_parser() -> argparse.ArgumentParser:
                         "encoder-decoder: w8 / w4 (both graphs)")
     p.add_argument("--eval-data", type=Path, default=None, help="labelled JSONL (text, label) for the int8 accuracy rule")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads for the parity gate")
-    p.add_argument("--cache-layout", default="inplace", choices=CACHE_LAYOUTS,
-                   help="generate: inplace = GroupQueryAttention writing one preallocated buffer per layer "
-                        "(default); concat = the traced graph that returns past + new")
     p.add_argument("--pooling", default="auto", choices=("auto", "mean", "cls"),
                    help="embed: auto = the checkpoint's sentence-transformers config (else mean)")
     p.add_argument("--normalize", default="auto", choices=("auto", "on", "off"),
@@ -79,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = tuple(dict.fromkeys(v.strip() for v in ["fp32", *args.variants.split(",")] if v.strip()))
         cfg = ExportConfig(checkpoint=args.checkpoint, task=args.task, repository=args.repository, name=args.name,
                            version=args.version, variants=variants, eval_data=args.eval_data, threads=args.threads,
-                           cache_layout=args.cache_layout, pooling=args.pooling, normalize=args.normalize,
+                           pooling=args.pooling, normalize=args.normalize,
                            matryoshka=args.matryoshka,
                            max_source_length=args.max_source_length, max_target_length=args.max_target_length)
         result = export_checkpoint(cfg)

@@ -8,7 +8,6 @@ TASKS = ("classify", "fill-mask", "generate", "embed", "token-classify")
 # w8 / w4: weight-quantized in-place decoders (MatMulNBits); w8kv8 / w4kv8 the same over the int8 cache
 WEIGHT_VARIANTS = ("w8", "w4", "w8kv8", "w4kv8")
 VARIANTS = ("fp32", "optimized", "int8", "fp16", "kv8", *WEIGHT_VARIANTS)
-CACHE_LAYOUTS = ("inplace", "concat")
 # 18 is the opset both torch exporters and Optimum agree on, and every fusion/quantization tool here reads it.
 OPSET = 18
 
@@ -119,13 +118,9 @@ WEIGHT_QUANT: dict[int, WeightQuantConfig] = {8: WeightQuantConfig(), 4: WeightQ
 
 @dataclass(frozen=True)
 class GridConfig:
-    """Input shapes the gate runs (docs: batch 1 and 3 with padding; past 0, 1, 2, 7 x new 1, 2, n)."""
+    """Decoding lengths the decoder's gate runs."""
 
-    batches: tuple[int, ...] = (1, 3)
-    past_lengths: tuple[int, ...] = (0, 1, 2, 7)
-    new_lengths: tuple[int, ...] = (1, 2, 9)
     greedy_new_tokens: int = 64
-    recompute_tokens: int = 12  # length of the cached-vs-recompute comparison
 
 
 @dataclass(frozen=True)
@@ -142,7 +137,6 @@ class ExportConfig:
     tolerances: Tolerances = field(default_factory=Tolerances)
     grid: GridConfig = field(default_factory=GridConfig)
     threads: int = 1  # onnxruntime intra-op threads during the gate
-    cache_layout: str = "inplace"  # generate: "inplace" (GroupQueryAttention, shared buffer) or "concat" (traced)
     pooling: str = "auto"          # embed: auto (the checkpoint's sentence-transformers config, else mean), mean, cls
     normalize: str = "auto"        # embed: auto (a Normalize module in modules.json), on, off
     matryoshka: bool = False       # embed: the package declares Matryoshka vectors (served `dimensions` shortening)

@@ -1,9 +1,10 @@
-"""torch.onnx export of the three graphs, with the names of docs/model-package.md.
+"""torch.onnx export of the encoder graphs (classify, token-classify, fill-mask), with the names of
+docs/model-package.md, and the I/O spec types every graph's model.json entry is made from. Decoders are written
+by hand (export/decoder_graph.py, export/seq2seq_graph.py).
 
 Exporter choice: the legacy TorchScript exporter (`dynamo=False`). For BERT it is the only one whose
 graph onnxruntime's `optimize_model(model_type="bert")` fuses fully (Attention, SkipLayerNorm,
-EmbedLayerNorm, BiasGelu); the decoder uses the same exporter so that every graph in a package comes
-from one code path, and the parity grid (past 0..7, batch 1/3) proves its shapes stay dynamic.
+EmbedLayerNorm, BiasGelu).
 """
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from pathlib import Path
 import onnx
 import torch
 from torch import nn
-
-from modelpkg import past_name, present_name
 
 from .config import OPSET
 
@@ -66,20 +65,6 @@ def encoder_spec(task: str, token_types: bool = True) -> GraphSpec:
     return GraphSpec(inputs, (TensorSpec("logits", "float32", shape),))
 
 
-def decoder_spec(num_layers: int) -> GraphSpec:
-    past = ("batch", "heads", "past_sequence", "head_dim")
-    total = ("batch", "heads", "past_sequence+sequence", "head_dim")
-    inputs = [TensorSpec("input_ids", "int64", ("batch", "sequence")),
-              TensorSpec("attention_mask", "int64", ("batch", "past_sequence+sequence")),
-              TensorSpec("position_ids", "int64", ("batch", "sequence"))]
-    outputs = [TensorSpec("logits", "float32", ("batch", "sequence", "vocab"))]
-    for i in range(num_layers):
-        for kv in ("key", "value"):
-            inputs.append(TensorSpec(past_name(i, kv), "float32", past))
-            outputs.append(TensorSpec(present_name(i, kv), "float32", total))
-    return GraphSpec(tuple(inputs), tuple(outputs))
-
-
 class EncoderAdapter(nn.Module):
     """Fixes the argument order and returns the logits tensor alone (BertForPreTraining: the MLM logits)."""
 
@@ -93,25 +78,6 @@ class EncoderAdapter(nn.Module):
         return out[0] if isinstance(out, (tuple, list)) else out
 
 
-class DecoderAdapter(nn.Module):
-    """Flattens past_key_values / presents into named tensors: ONNX graphs have no nested inputs."""
-
-    def __init__(self, model: nn.Module, num_layers: int) -> None:
-        super().__init__()
-        self.model = model
-        self.num_layers = num_layers
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                *past_flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(self.num_layers)]
-        logits, presents = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                      past_key_values=past)
-        flat: list[torch.Tensor] = []
-        for k, v in presents:
-            flat += [k, v]
-        return (logits, *flat)
-
-
 def encoder_example(vocab_size: int, batch: int = 2, seq: int = 5) -> tuple[torch.Tensor, ...]:
     """Trace inputs: batch and sequence >= 2 so no axis is specialised to 1; one padded row."""
     g = torch.Generator().manual_seed(0)
@@ -121,18 +87,6 @@ def encoder_example(vocab_size: int, batch: int = 2, seq: int = 5) -> tuple[torc
     types = torch.zeros(batch, seq, dtype=torch.long)
     types[:, seq // 2:] = 1
     return ids, mask, types
-
-
-def decoder_example(vocab_size: int, num_layers: int, num_heads: int, head_dim: int,
-                    batch: int = 2, past: int = 3, seq: int = 4) -> tuple[torch.Tensor, ...]:
-    """Trace inputs with distinct sizes (batch 2, past 3, new 4) so no two axes get tied together."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab_size, (batch, seq), generator=g)
-    mask = torch.ones(batch, past + seq, dtype=torch.long)
-    mask[-1, :2] = 0  # left padding in the last row
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-    kv = [torch.randn(batch, num_heads, past, head_dim, generator=g) for _ in range(2 * num_layers)]
-    return (ids, mask, positions, *kv)
 
 
 def _export(module: nn.Module, args: tuple[torch.Tensor, ...], spec: GraphSpec, out: Path) -> None:
@@ -155,14 +109,4 @@ def export_encoder(model: nn.Module, task: str, vocab_size: int, out: Path, toke
     with torch.no_grad():
         _export(EncoderAdapter(model).eval(), example if token_types else example[:2], spec, out)
     log.info("exported %s graph to %s", task, out)
-    return spec
-
-
-def export_decoder(model: nn.Module, num_layers: int, num_heads: int, head_dim: int, vocab_size: int,
-                   out: Path) -> GraphSpec:
-    spec = decoder_spec(num_layers)
-    with torch.no_grad():
-        _export(DecoderAdapter(model, num_layers).eval(),
-                decoder_example(vocab_size, num_layers, num_heads, head_dim), spec, out)
-    log.info("exported decoder graph to %s", out)
     return spec

@@ -14,9 +14,9 @@ import onnx
 import torch
 from tokenizers import Tokenizer
 
-from modelpkg import LAYOUT_CONCAT, CacheSpec, Manifest, padded_head_dim
+from modelpkg import CacheSpec, Manifest, padded_head_dim
 
-from . import decoder_graph, graphs, int8, package, speed, variants, weights
+from . import decoder_graph, decoder_weights, graphs, int8, package, speed, variants, weights
 from .checkpoint_tokens import chat_template, special_tokens
 from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError
@@ -25,7 +25,7 @@ from .package_manifest import new_manifest, tensors
 from .parity import GateInputs, failure_table, refused, run_gate
 from .result import ExportResult
 from .skeleton import Built, Gated
-from .source import LLAMA_TYPES, CheckpointInfo, inspect_checkpoint, load_torch_model
+from .source import CheckpointInfo, inspect_checkpoint, load_torch_model
 from .tokenizer_check import package_tokenizer
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     head_dim = info.head_dim
     vocab = int(info.config["vocab_size"])
     fp32 = out / variants.FILES["fp32"]
-    inplace = cfg.task == "generate" and cfg.cache_layout == "inplace"
+    inplace = cfg.task == "generate"   # a decoder: the in-place graph (export/decoder_graph.py)
     padded = {}
     if inplace:
         spec = decoder_graph.export_inplace(model, info.model_type, info.max_positions, fp32)
@@ -76,11 +76,6 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
         head_dim = padded_head_dim(info.head_dim)
         if head_dim != info.head_dim:
             padded = {"model_head_dim": info.head_dim}
-    elif cfg.task == "generate":
-        if info.model_type in LLAMA_TYPES:
-            raise ExportError("--cache-layout: a Llama-family decoder exports with the in-place cache only "
-                              "(rotary and grouped-query attention are inside its attention op)")
-        spec = graphs.export_decoder(model, info.num_layers, info.num_heads, head_dim, vocab, fp32)
     else:
         spec = graphs.export_encoder(model, cfg.task, vocab, fp32, token_types=info.token_types)
     builds: dict[str, variants.VariantBuild] = {"fp32": variants.VariantBuild("fp32", fp32.name)}
@@ -116,9 +111,9 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
                     **({"fp16": decoder_graph.FP16_MIXED_FILE} if "fp16" in builds else {})}
     wanted = [v for v in cfg.variants if v in weights.WEIGHT_VARIANTS]
     if wanted:
-        w = decoder_graph.inplace_weights(model, info.model_type, info.max_positions)
+        w = decoder_weights.inplace_weights(model, info.model_type, info.max_positions)
         if kv_scales is None and any(weights.WEIGHT_VARIANTS[v][1] for v in wanted):
-            kv_scales = decoder_graph.calibrate_kv_scales(model, [calibration])
+            kv_scales = decoder_weights.calibrate_kv_scales(model, [calibration])
         for v in wanted:
             try:
                 builds[v] = weights.build_variant(v, w, out, cfg.weight_quant, kv_scales, len(calibration))
@@ -131,12 +126,12 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     export_s = time.perf_counter() - t0
     ids, mask_token = special_tokens(info, tok)
     cache = None
-    if cfg.task == "generate":
+    if inplace:
         # mixed_graph: the fp32 twin, as servers before mixed_graphs read it
-        cache = CacheSpec(info.num_layers, info.num_heads, head_dim, decoder_graph.LAYOUT if inplace else LAYOUT_CONCAT,
+        cache = CacheSpec(info.num_layers, info.num_heads, head_dim, decoder_graph.LAYOUT,
                           num_kv_heads=info.num_kv_heads, model_head_dim=padded.get("model_head_dim"),
-                          extra={"mixed_graph": decoder_graph.MIXED_FILE, "mixed_graphs": mixed_graphs}
-                          if inplace else {}, has_layout=True)
+                          extra={"mixed_graph": decoder_graph.MIXED_FILE, "mixed_graphs": mixed_graphs},
+                          has_layout=True)
     extra: dict[str, Any] = {}
     if wanted:   # how each weight-quantized variant was made (docs/model-package.md)
         extra["quantization"] = {v: weights.describe(v, cfg.weight_quant) for v in wanted}
@@ -157,7 +152,6 @@ def gate_inputs(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Module,
                       max_length=manifest.max_length, num_layers=info.num_layers, num_heads=info.num_heads,
                       head_dim=info.head_dim, texts=list(BUILTIN_TEXTS), labelled=labelled,
                       tolerances=cfg.tolerances, grid=cfg.grid, threads=cfg.threads,
-                      cache_layout=manifest.cache.layout if manifest.cache is not None else LAYOUT_CONCAT,
                       num_kv_heads=info.num_kv_heads if cfg.task == "generate" else None,
                       token_types=info.token_types)
 
@@ -168,19 +162,18 @@ def validate_config(cfg: ExportConfig) -> None:
     unknown = [v for v in cfg.variants if v not in VARIANTS]
     if unknown:
         raise ExportError(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
-    inplace = cfg.task == "generate" and cfg.cache_layout == "inplace"
+    inplace = cfg.task == "generate"
     inplace_variants = ("fp32", "kv8", "fp16", *WEIGHT_VARIANTS)
     if inplace and set(cfg.variants) - set(inplace_variants):
         raise ExportError("--variants: the in-place decoder graph is written already fused (GroupQueryAttention, "
-                          f"SkipLayerNormalization, FastGelu); it ships {', '.join(inplace_variants)} only "
-                          "(or use --cache-layout concat)")
+                          f"SkipLayerNormalization, FastGelu); it ships {', '.join(inplace_variants)} only")
     if "kv8" in cfg.variants and not inplace:
         raise ExportError("--variants: kv8 (an int8 KV cache) is a variant of the in-place decoder graph only "
-                          "(--task generate --cache-layout inplace)")
+                          "(--task generate)")
     quantized = [v for v in cfg.variants if v in WEIGHT_VARIANTS]
     if quantized and not inplace:
         raise ExportError(f"--variants: {quantized[0]} (weight-quantized MatMulNBits) is a variant of the in-place "
-                          "decoder graph only (--task generate --cache-layout inplace)")
+                          "decoder graph only (--task generate)")
     for flag, value in (("--max-source-length", cfg.max_source_length), ("--max-target-length", cfg.max_target_length)):
         if value is not None:
             raise ExportError(f"{flag}: applies to encoder-decoder checkpoints (Marian, BART, T5) only")

@@ -24,7 +24,7 @@ from .config import ExportConfig
 from .errors import ExportError
 from .heldout import BUILTIN_TEXTS, seq2seq_sources
 from .package_manifest import new_manifest, tensors
-from .parity import failure_table
+from .parity_results import failure_table
 from .seq2seq_quantized import SEQ2SEQ_QUANTIZED, WeightVariantGate, build_variant, describe
 from .result import ExportResult
 from .seq2seq_parity import Seq2SeqGateInputs, run_seq2seq_gate
@@ -74,8 +74,6 @@ class Seq2SeqBuilder:
         if "fp32" not in cfg.variants or set(cfg.variants) - set(offered):
             raise ExportError(f"--variants: an encoder-decoder package ships {', '.join(offered)} (fp32 required; "
                               f"got {', '.join(cfg.variants)})")
-        if cfg.cache_layout != LAYOUT_INPLACE:
-            raise ExportError("--cache-layout: an encoder-decoder package is exported with the in-place cache only")
         self.cfg = cfg
         self.info = inspect_checkpoint(cfg.checkpoint, cfg.task)
         self.checkpoint = self.info.path

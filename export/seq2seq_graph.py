@@ -23,7 +23,7 @@ of different lengths share one call. T5's decoder self-attention bias goes into 
 `attention_bias` input (onnxruntime 1.32's CPU kernel applies it: checked against numpy to 3e-7, scale=1.0).
 
 Head sizes that are not a multiple of 16 (GroupQueryAttention's CPU kernel refuses them) are zero-padded as in
-decoder_graph.pad_heads, self cache and cross keys/values alike: one head_dim for every buffer of a package.
+decoder_weights.pad_heads, self cache and cross keys/values alike: one head_dim for every buffer of a package.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ from onnx import TensorProto, helper
 
 from modelpkg import cross_name, past_name, present_name, padded_head_dim
 
-from .decoder_graph import MS, _Graph, _spread
+from .decoder_weights import spread
+from .graph_writer import MS, GraphWriter
 from .seq2seq_weights import Attention, FeedForward, Norm, Seq2SeqWeights
 
 if TYPE_CHECKING:
@@ -48,8 +49,8 @@ MASKED = -1e9
 F32, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
 
 
-class _Builder(_Graph):
-    """_Graph plus the blocks both sides use."""
+class _Builder(GraphWriter):
+    """GraphWriter plus the blocks both sides use."""
 
     def __init__(self, w: Seq2SeqWeights) -> None:
         super().__init__()
@@ -140,10 +141,10 @@ def _padded_attention(a: Attention, heads: int, d: int, padded: int) -> Attentio
         return a
 
     def cols(x: np.ndarray | None) -> np.ndarray | None:
-        return None if x is None else _spread(x, heads, d, padded)
+        return None if x is None else spread(x, heads, d, padded)
 
     return Attention(cols(a.q_w), cols(a.q_b), cols(a.k_w), cols(a.k_b), cols(a.v_w), cols(a.v_b),
-                     _spread(a.o_w.T, heads, d, padded).T.copy(), a.o_b)
+                     spread(a.o_w.T, heads, d, padded).T.copy(), a.o_b)
 
 
 def _embed(g: _Builder, ids: str, table: np.ndarray, name: str) -> str:
@@ -153,7 +154,7 @@ def _embed(g: _Builder, ids: str, table: np.ndarray, name: str) -> str:
     return x
 
 
-def _model(g: _Graph, name: str, inputs: list, outputs: list, opset: int) -> onnx.ModelProto:
+def _model(g: GraphWriter, name: str, inputs: list, outputs: list, opset: int) -> onnx.ModelProto:
     graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)],
                               producer_name="ortserve.export")

@@ -26,7 +26,8 @@ import torch
 
 from modelpkg import cross_name, head_channels, past_name, present_name
 
-from .parity import Check, VariantResult, session
+from .parity_inputs import session
+from .parity_results import Check, VariantResult
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import torch
 
 from .config import Tolerances, WeightQuantConfig
 from .int8 import per_token_int8
-from .parity import Check, VariantResult
+from .parity_results import Check, VariantResult
 from .parity_inplace import leading_equal
 from .speed import session
 from .seq2seq_parity import GREEDY_TOKENS, Seq2SeqGateInputs, SlotDriver, graph_greedy

@@ -113,12 +113,6 @@ class Seq2SeqWeights:
     def target_vocab(self) -> int:
         return int(self.lm_head.shape[0])
 
-    @property
-    def relative_span(self) -> tuple[int, int]:
-        """How many offsets each side of 0 the source / target relative-bias tables cover."""
-        return (0 if self.source_relative_bias is None else (self.source_relative_bias.shape[0] + 1) // 2,
-                0 if self.target_relative_bias is None else (self.target_relative_bias.shape[0] + 1) // 2)
-
 
 def _np(t: torch.Tensor | None) -> np.ndarray | None:
     return None if t is None else t.detach().to("cpu").float().numpy().copy()

@@ -8,6 +8,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from modelpkg import LAYOUT_CONCAT
+
 from . import package
 from .config import ExportConfig
 from .errors import ExportError
@@ -56,6 +58,9 @@ def validate_package(pkg: Path, threads: int = 1, eval_data: Path | None = None)
         from .seq2seq_builder import validate_seq2seq
 
         return validate_seq2seq(pkg, manifest, problems, threads)
+    if task == "generate" and (manifest.get("cache") or {}).get("layout", LAYOUT_CONCAT) == LAYOUT_CONCAT:
+        raise ExportError(f"package: cache.layout 'concat' (the traced decoder graph) is no longer exported, checked "
+                          f"or served; re-export the checkpoint: python -m export {src} --task generate")
     cfg = ExportConfig(checkpoint=src, task=task, repository=pkg.parent.parent, name=manifest.get("name", ""),
                        variants=tuple(manifest.get("variants", {})), threads=threads)
     info = inspect_checkpoint(src, task)
@@ -72,7 +77,6 @@ def validate_package(pkg: Path, threads: int = 1, eval_data: Path | None = None)
                      max_length=manifest["max_length"], num_layers=info.num_layers, num_heads=info.num_heads,
                      head_dim=info.head_dim, texts=list(BUILTIN_TEXTS), labelled=labelled,
                      tolerances=cfg.tolerances, grid=cfg.grid, threads=threads,
-                     cache_layout=(manifest.get("cache") or {}).get("layout", "concat"),
                      num_kv_heads=(manifest.get("cache") or {}).get("num_kv_heads"),
                      token_types="token_type_ids" in [t.get("name") for t in manifest.get("inputs", [])])
     files = {v: pkg / f for v, f in manifest["variants"].items()}

@@ -90,7 +90,7 @@ def test_a_perturbed_kv8_graph_is_refused(tiny_checkpoints, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("args, field", [
-    (["--task", "generate", "--cache-layout", "concat", "--variants", "fp32,kv8"], "kv8"),
+    (["--task", "classify", "--variants", "fp32,kv8"], "kv8"),
     (["--task", "generate", "--variants", "fp32,int8"], "fp32, kv8, fp16, w8, w4, w8kv8, w4kv8 only"),
 ])
 def test_kv8_elsewhere_is_refused_in_one_line(tiny_checkpoints, tmp_path: Path, args: list[str], field: str) -> None:

@@ -230,12 +230,13 @@ def test_raw_decoder_calls_refused_concat_packages_not_served(tiny_checkpoints, 
     from server.dataplane import DataPlane
     from server.protocol.errors import Code, ServingError
     from server.runtime.settings import ServerSettings
+    from testing.concat_decoder import concat_package
 
     repo = tmp_path / "repo"
     with one_torch_thread():
-        for layout in ("concat", "inplace"):
-            export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo,
-                                           name=f"gpt-{layout}", cache_layout=layout))
+        concat_package(tiny_checkpoints.gpt, repo, "gpt-concat")   # what export wrote before the in-place cache
+        export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo,
+                                       name="gpt-inplace"))
     cache = CacheSpec.from_dict(json.loads((repo / "gpt-concat" / "1" / "model.json").read_text())["cache"])
     ids = np.array([[5, 6, 7]], dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(3, dtype=np.int64)[None]}

@@ -1,5 +1,5 @@
 """Head sizes onnxruntime's GroupQueryAttention does not take (not a multiple of 16), exported with the in-place
-cache by zero-padding every head (export/decoder_graph.pad_heads): a GPT-2 with head_dim 24 (fp32 and kv8) and a
+cache by zero-padding every head (export/decoder_weights.pad_heads): a GPT-2 with head_dim 24 (fp32 and kv8) and a
 Llama with head_dim 12 (rotary, grouped-query, biased) pass the parity gate against PyTorch, and a real server
 streams the ids that offline greedy on the same graph and PyTorch greedy on the checkpoint give."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from export import decoder_graph
+from export import decoder_graph, decoder_weights
 from export.parity_inplace import SlotDriver
 from modelpkg import Manifest, head_channels
 from testing.offline import greedy_generate
@@ -134,7 +134,7 @@ def test_the_scale_attribute_is_what_keeps_padded_heads_exact(packages) -> None:
     """Without `scale` the op divides q.k by sqrt(32) instead of sqrt(24): the logits move (so the gate's
     comparison would catch a graph that forgot it)."""
     repo, models, tok = packages
-    weights = decoder_graph.pad_heads(decoder_graph.gpt2_weights(models[GPT], 128))
+    weights = decoder_weights.pad_heads(decoder_weights.gpt2_weights(models[GPT], 128))
     graph = decoder_graph.build_decoder_graph(weights)
     attention = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
     assert [a.f for n in attention for a in n.attribute if a.name == "scale"] == [pytest.approx(24 ** -0.5)] * 2

@@ -195,9 +195,9 @@ def test_a_broken_quantized_graph_is_refused_by_the_cli_and_the_rest_publishes(t
     assert m["variants"] == {"fp32": "model.onnx"} and m["default_variant"]["cpu"] == "fp32"
 
 
-def test_weight_variants_of_a_concat_graph_are_refused_in_one_line(tiny_checkpoints, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "export", str(tiny_checkpoints.gpt), "--task", "generate",
-                           "--cache-layout", "concat", "--repository", str(tmp_path / "repo"), "--name", "x",
+def test_weight_variants_of_an_encoder_are_refused_in_one_line(tiny_checkpoints, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "export", str(tiny_checkpoints.classifier), "--task", "classify",
+                           "--repository", str(tmp_path / "repo"), "--name", "x",
                            "--variants", "fp32,w4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "--variants: w4" in lines[0] and "in-place" in lines[0]
@@ -320,10 +320,10 @@ def _post(url: str, body: dict) -> dict:
 def test_offline_inplace_reference_equals_the_concat_reference(repository: Path, tiny_checkpoints,
                                                                tmp_path: Path) -> None:
     """The in-place reference loop gives what the concat one gives on the same fp32 weights: it is a reference."""
+    from testing.concat_decoder import concat_package
     from testing.offline import greedy_generate
 
-    export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=tmp_path,
-                                   name="c", cache_layout="concat"))
+    concat_package(tiny_checkpoints.gpt, tmp_path, "c")
     concat = json.loads((tmp_path / "c" / "1" / "model.json").read_text())
     sess = ort.InferenceSession(str(tmp_path / "c" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     ids = Tokenizer.from_file(str(repository / GPT / "1" / "tokenizer.json")).encode(PROMPTS[1]).ids

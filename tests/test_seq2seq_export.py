@@ -218,8 +218,7 @@ def test_bad_settings_are_one_line_errors(tmp_path: Path, capsys) -> None:
     for extra, message in ((["--max-target-length", "8"], "--max-target-length: 8 tokens is below the 16"),
                            (["--max-source-length", "41"], "--max-source-length: 41 is past the model's 40"),
                            (["--variants", "fp32,kv8"], "--variants: an encoder-decoder package ships fp32, w8, w4, "
-                                                         "int8 (fp32 required; got fp32, kv8)"),
-                           (["--cache-layout", "concat"], "--cache-layout: an encoder-decoder package")):
+                                                         "int8 (fp32 required; got fp32, kv8)")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {message}") and err.count("\n") == 1, err

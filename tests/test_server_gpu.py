@@ -84,7 +84,7 @@ def inplace_fp16_repository(tiny_checkpoints, tmp_path_factory: pytest.TempPathF
 
     repo = tmp_path_factory.mktemp("inplace-fp16")
     export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo, name=GPT,
-                                   cache_layout="inplace", variants=("fp32", "fp16")))
+                                   variants=("fp32", "fp16")))
     return repo
 
 

@@ -119,7 +119,7 @@ def test_numeric_tensors_raw_and_typed_contents() -> None:
 
 
 def test_decoder_signature_checks_past_plus_sequence() -> None:
-    """The concat-layout decoder signature of docs/model-package.md (what export/graphs.py writes)."""
+    """The concat-layout decoder signature of docs/model-package.md (testing/concat_decoder.py; export wrote it before the in-place cache)."""
     cache = {"num_layers": 2, "num_heads": 2, "head_dim": 4}
     past = ["batch", "heads", "past_sequence", "head_dim"]
     decls = [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
