@@ -11,7 +11,7 @@ maps to its status codes (server/grpc/status.py for gRPC, server/http/errors.py 
 Versions are ints; 0 = the latest SERVING version. A door calls ONE method per request, and that method resolves
 the version once: one lease (server/leases.py) from admission to the answer's end, also across the steps of a
 chat request (its template, then its generation) and of a KServe ModelInfer (the version's task, then its call).
-What each version runs with comes from the settings through server/runtime/config.py.
+What each version runs with comes from the settings through server/runtime_config.py.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from server.protocol.types import (ClassifyResult, EmbedResult, FillMaskResult, 
                                    StreamPart, TensorMetadata, TokenClassifyResult)
 from server.repository.registry import ModelRepository
 from server.repository.version import ModelVersion
-from server.runtime.config import runtime_config
+from server.runtime_config import runtime_config
 from server.runtime.metrics import Metrics
 from server.runtime.settings import ServerSettings
 from server.text.chat_template import chat_prompt
