@@ -110,7 +110,7 @@ def kserve(server: Running) -> triton.InferenceServerClient:
 # ---------------------------------------------------------------- references computed in the test
 
 def package(server: Running, name: str) -> Path:
-    return server.repository.registry / name / "1"
+    return server.repository / name / "1"
 
 
 def manifest(server: Running, name: str) -> dict[str, Any]:
