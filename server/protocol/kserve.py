@@ -1,10 +1,11 @@
 """KServe v2 as both front doors speak it (gRPC server/grpc/inference_service.py, REST server/http/inference_rest.py): the
-version-string rule, the extensions served, and ModelInfer's "text mode" over a served model's task calls.
+version-string rule, the extensions served, and ModelInfer's "text mode": a request decoded into a task call's
+arguments (text_request) and the call's answer encoded (text_outputs).
 
 DataPlane.model_infer leases the model version once, then: a request whose inputs are all BYTES tensors named as
-below (for that version's task) runs the task instead of the graph (text_request decodes it, text_outputs encodes
-the answer; the data plane makes the call between them); anything else goes to the graph. Request parameters: `truncate` (bool);
-for generate the GenerationParameters by name, and `stop` as a JSON list of strings.
+below (for that version's task) runs the task instead of the graph, the data plane making the call; anything else
+goes to the graph. Request parameters: `truncate` (bool); for generate the GenerationParameters by name, and
+`stop` as a JSON list of strings.
 
     classify   text [, text_pair]  ->  label (BYTES), score (FP32), probabilities (FP32 [n, labels])
     fill-mask  text                ->  sequence (BYTES: every mask filled with its best candidate)
