@@ -8,226 +8,48 @@ maps to its status codes (server/grpc/status.py for gRPC, server/http/errors.py 
     result = await plane.classify("genre", 0, [("To be or not to be", None)])
     await plane.close()
 
-Versions are ints; 0 = the latest SERVING version.
+Versions are ints; 0 = the latest SERVING version. A door calls ONE method per request, and that method resolves
+the version once: one lease (server/leases.py) from admission to the answer's end, also across the steps of a
+chat request (its template, then its generation) and of a KServe ModelInfer (the version's task, then its call).
+What each version runs with comes from the settings through server/runtime_config.py.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import os
-import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 from prometheus_client import generate_latest
 
-from server.runtime import tracing
-from server.admission import AdmissionLimits
-from server.encoders.batching import BatchConfig
-from server.protocol.errors import Code, ServingError
-from server.generation import GenerationConfig, GenerationParams, StreamChunk
-from server.runtime.metrics import Metrics
-from server.model import RuntimeConfig, ServedModel
-from server.repository.registry import ModelRepository
-from server.protocol.pairs import Pairs, RerankResult, ScoreResult
 from server.encoders.rerank import check_top_n, rank
-from server.sessions import SessionConfig, resolve_providers
-from server.runtime.settings import ServerSettings
-from server.text.spans import Tokenized
-from server.protocol.types import (ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo, ModelMetadata,
-                          ModelState, ModelStatistics, ModelStatus, RepositoryEntry, StreamPart, TensorMetadata,
-                          TokenClassifyResult)
+from server.generation import GenerationParams
+from server.leases import Lease, SharedLease, StreamParts, StreamSpans, prompt_text
+from server.model import ServedModel
+from server.protocol.errors import Code, ServingError
+from server.protocol.kserve import TextRequest, infer_operation, select_outputs, text_outputs, text_request
+from server.protocol.pairs import Pairs, RerankResult, ScoreResult
+from server.protocol.types import (ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo,
+                                   ModelMetadata, ModelState, ModelStatistics, ModelStatus, RepositoryEntry,
+                                   StreamPart, TensorMetadata, TokenClassifyResult)
+from server.repository.registry import ModelRepository
 from server.repository.version import ModelVersion
+from server.runtime_config import runtime_config
+from server.runtime.metrics import Metrics
+from server.runtime.settings import ServerSettings
+from server.text.chat_template import chat_prompt
+from server.text.spans import Tokenized
 
 log = logging.getLogger(__name__)
 
 PLATFORM = "onnxruntime_onnx"
-
-
-def runtime_config(settings: ServerSettings) -> RuntimeConfig:
-    """Settings -> what each model version runs with (see server/runtime/settings.py for what each limit counts)."""
-    return RuntimeConfig(
-        session=SessionConfig(providers=resolve_providers(settings.providers),
-                              intra_op_threads=intra_op_threads(settings),
-                              inter_op_threads=settings.inter_op_threads, variant=settings.variant,
-                              spinning=settings.intra_op_spinning),
-        batch=BatchConfig(max_batch_size=settings.max_batch_size,
-                          max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
-                          max_queued_requests=settings.max_queued_requests,
-                          instances=settings.encoder_instances),
-        # max_queued_requests bounds both queues of a model: an encoder's batcher queue, and here the
-        # generation requests admitted but not yet prefilled (documented on the setting).
-        generation=GenerationConfig(max_batch_size=settings.max_sequences,
-                                    max_waiting=settings.max_queued_requests,
-                                    max_tokens_in_flight=settings.max_tokens_in_flight,
-                                    prefill_chunk_tokens=settings.prefill_chunk_tokens,
-                                    max_prefill_tokens=settings.max_prefill_tokens,
-                                    stream_interval=settings.stream_interval,
-                                    decode_steps=settings.decode_steps, decode_run_ms=settings.decode_run_ms,
-                                    prefix_caching=settings.prefix_caching == "on"),
-        admission=AdmissionLimits(max_rows_per_request=settings.max_rows_per_request,
-                                  max_pieces_per_request=settings.max_pieces_per_request,
-                                  max_fill_mask_candidates=settings.max_fill_mask_candidates,
-                                  max_response_bytes=settings.max_message_bytes),
-        generation_instances=settings.generation_instances)
-
-
-def intra_op_threads(settings: ServerSettings) -> int:
-    """--intra-op-threads; left at 0 (onnxruntime's default: a thread per core) with several generation engines,
-    the cores shared out between them, since each engine's sessions would otherwise take every core."""
-    threads, instances = settings.intra_op_threads, settings.generation_instances
-    cores = len(os.sched_getaffinity(0))
-    if instances > 1 and not threads:
-        threads = max(1, cores // instances)
-        log.info("%d generation engines a model: %d onnxruntime threads each (--intra-op-threads)", instances, threads)
-    if instances > 1 and instances * threads > cores:
-        log.warning("%d generation engines x %d onnxruntime threads exceed the %d cores: they will take turns",
-                    instances, threads, cores)
-    return threads
-
-
-def select_outputs(result: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
-    """The requested outputs, in the requested order; INVALID_ARGUMENT naming one that does not exist."""
-    if not outputs:
-        return result
-    for i, name in enumerate(outputs):
-        if name not in result:
-            raise ServingError.invalid(f"outputs[{i}].name", f"{name!r} is not an output (outputs: {sorted(result)})")
-    return {name: result[name] for name in outputs}
-
-
-def _prompt_text(served: ServedModel, prompt: str | list[int]) -> str:
-    """A prompt as text: token ids decoded by the version that generates from them (checked by then)."""
-    return prompt if isinstance(prompt, str) else served.prompt_text(prompt)
+Jobs = list[tuple[str | list[int], GenerationParams]]
 
 
 def _unknown(field: str, name: str, version: int) -> ServingError:
     what = f"version {version} of " if version else ""
     return ServingError(Code.NOT_FOUND, f"{field}: unknown {what}model {name!r}")
-
-
-class Lease:
-    """A request's hold on one model version (a plain class: this runs on every request, and a generator-based
-    context manager costs several times as much)."""
-
-    __slots__ = ("_plane", "_version", "_started", "span", "_token")
-
-    def __init__(self, plane: "DataPlane", version: ModelVersion, operation: str = "") -> None:
-        self._plane = plane
-        self._version = version
-        self._started = time.perf_counter()
-        # dataplane.<operation>, a child of the door's span (None unless tracing)
-        self.span = tracing.start(f"dataplane.{operation}", model=version.name, version=version.version) \
-            if operation and tracing.enabled() else None
-        self._token = None
-
-    def __enter__(self) -> ServedModel:
-        self._token = tracing.use(self.span)
-        try:
-            return self._version.model
-        except BaseException as exc:  # no served model after all: the lease ends here, counted as a failure
-            self.__exit__(type(exc), exc, None)
-            raise
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        self._version.stats.record_request(kind is None, time.perf_counter() - self._started)
-        self._plane._done(self._version)
-        if self.span is not None:
-            tracing.reset(self._token)
-            tracing.end(self.span, exc if exc is not None else
-                        (RuntimeError(kind.__name__) if kind is not None else None))
-
-
-class _SharedLease:
-    """One lease held by a request's streams: ended (and recorded) when the last one ends."""
-
-    __slots__ = ("_lease", "_open", "_failed")
-
-    def __init__(self, lease: Lease, streams: int) -> None:
-        self._lease, self._open, self._failed = lease, streams, False
-        if streams == 0:
-            lease.__exit__(None, None, None)
-
-    def end(self, ok: bool) -> None:
-        self._failed = self._failed or not ok
-        self._open -= 1
-        if self._open == 0:
-            self._lease.__exit__(Exception if self._failed else None, None, None)   # (the statistics' outcome)
-
-
-class _Parts:
-    """One stream of generate_streams: its chunks as StreamParts (the first with the prompt's text when echoed);
-    its end, or aclose(), gives back its share of the request's lease."""
-
-    def __init__(self, served: ServedModel, chunks: AsyncIterator[StreamChunk], echo: str | list[int] | None,
-                 held: _SharedLease, parent_span: Any = None) -> None:
-        self._served, self._chunks, self._echo, self._held = served, chunks, echo, held
-        self._open = True
-        self._spans = _StreamSpans(parent_span) if parent_span is not None else None
-
-    def __aiter__(self) -> "_Parts":
-        return self
-
-    async def __anext__(self) -> StreamPart:
-        if not self._open:
-            raise StopAsyncIteration
-        try:
-            chunk = await self._chunks.__anext__()
-        except StopAsyncIteration:
-            self._end(True)
-            raise
-        except BaseException:
-            await self.aclose()
-            raise
-        text = None
-        if self._echo is not None:
-            text, self._echo = _prompt_text(self._served, self._echo), None
-        if self._spans is not None:
-            self._spans.chunk(chunk)
-        if chunk.final:
-            self._end(True)
-        return StreamPart(model=self._served.name, version=self._served.version, chunk=chunk, prompt_text=text)
-
-    async def aclose(self) -> None:
-        if self._open:
-            try:
-                await self._chunks.aclose()  # type: ignore[attr-defined]
-            finally:
-                self._end(False)
-
-    def _end(self, ok: bool) -> None:
-        if self._open:
-            self._open = False
-            if self._spans is not None:
-                self._spans.end(ok)
-            self._held.end(ok)
-
-
-class _StreamSpans:
-    """A stream's engine spans (tracing on): engine.first_token from submission to the first chunk, then
-    engine.decode to the last; children of the data plane's span."""
-
-    __slots__ = ("_parent", "_first", "_decode", "_tokens")
-
-    def __init__(self, parent: Any) -> None:
-        self._parent = parent
-        self._first = tracing.start("engine.first_token", parent)
-        self._decode: Any = None
-        self._tokens = 0
-
-    def chunk(self, chunk: StreamChunk) -> None:
-        self._tokens += len(chunk.tokens)
-        if self._first is not None:
-            tracing.end(self._first)
-            self._first = None
-            self._decode = tracing.start("engine.decode", self._parent)
-
-    def end(self, ok: bool) -> None:
-        error = None if ok else RuntimeError("stream closed before its end")
-        tracing.end(self._first, error)
-        tracing.end(self._decode, error, tokens=self._tokens)
-        self._first = self._decode = None
 
 
 class DataPlane:
@@ -341,7 +163,7 @@ class DataPlane:
         """`with plane.lease(name, version) as served:` the served model of a SERVING version, counted in flight
         (and in its statistics) while held. Admission happens here, before the `with` body runs. operation names
         the request's span (dataplane.<operation>) when tracing."""
-        return Lease(self, self._admit(name, version), operation)
+        return Lease(self._done, self._admit(name, version), operation)
 
     # ------------------------------------------------------------------ tasks
 
@@ -392,19 +214,24 @@ class DataPlane:
         with self.lease(model, version, "generate") as served:
             output = await served.generate(prompt, params, deadline)
             return GenerateResult(model=served.name, version=served.version, output=output,
-                                  prompt_text=_prompt_text(served, prompt) if echo else None)
+                                  prompt_text=prompt_text(served, prompt) if echo else None)
 
-    async def generate_many(self, model: str, version: int, jobs: list[tuple[str | list[int], GenerationParams]],
-                            deadline: float | None = None, echo: bool = False,
-                            field: str = "prompt") -> list[GenerateResult]:
+    async def generate_many(self, model: str, version: int, jobs: Jobs, deadline: float | None = None,
+                            echo: bool = False, field: str = "prompt") -> list[GenerateResult]:
         """Every (prompt, params) of one request (KServe's prompts, OpenAI's prompts x n) on one version, admitted
         together or refused before any starts; one failing, or the caller going away, cancels the others.
         `field` names the request's prompts in a refusal of their number."""
         with self.lease(model, version, "generate_many") as served:
-            outputs = await served.generate_many(jobs, deadline, field)
-            return [GenerateResult(model=served.name, version=served.version, output=output,
-                                   prompt_text=_prompt_text(served, prompt) if echo else None)
-                    for output, (prompt, _) in zip(outputs, jobs)]
+            return await _generated(served, jobs, deadline, echo, field)
+
+    async def chat(self, model: str, version: int, messages: list[dict[str, str]], params: list[GenerationParams],
+                   deadline: float | None = None, field: str = "n") -> list[GenerateResult]:
+        """A chat request: `messages` rendered with the chat template of the version it leases
+        (server/text/chat_template.py; INVALID_ARGUMENT naming `model` when its package has none), then
+        generate_many of that prompt with each of `params` on that same version: one resolution, so a version
+        swap cannot put one version's template before another's generation."""
+        with self.lease(model, version, "generate_many") as served:
+            return await _generated(served, _chat_jobs(served, messages, params), deadline, False, field)
 
     async def generate_stream(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                               deadline: float | None = None, echo: bool = False) -> AsyncIterator[StreamPart]:
@@ -413,12 +240,12 @@ class DataPlane:
         lease = self.lease(model, version, "generate_stream")
         with lease as served:
             chunks = served.stream(prompt, params, deadline)
-            spans = _StreamSpans(lease.span) if lease.span is not None else None
+            spans = StreamSpans(lease.span) if lease.span is not None else None
             first = echo
             ok = False
             try:
                 async for chunk in chunks:
-                    text = _prompt_text(served, prompt) if first else None
+                    text = prompt_text(served, prompt) if first else None
                     first = False
                     if spans is not None:
                         spans.chunk(chunk)
@@ -429,21 +256,19 @@ class DataPlane:
                     spans.end(ok)
                 await chunks.aclose()  # type: ignore[attr-defined]
 
-    async def generate_streams(self, model: str, version: int, jobs: list[tuple[str | list[int], GenerationParams]],
-                               deadline: float | None = None, echo: bool = False,
-                               field: str = "prompt") -> list[AsyncIterator[StreamPart]]:
+    async def generate_streams(self, model: str, version: int, jobs: Jobs, deadline: float | None = None,
+                               echo: bool = False, field: str = "prompt") -> list[AsyncIterator[StreamPart]]:
         """generate_stream for every (prompt, params) of one request, admitted together (as generate_many): the
         request holds its version until the last stream is closed (or ends); close every one."""
-        lease = self.lease(model, version, "generate_streams")
-        served = lease.__enter__()
-        try:
-            streams = await served.stream_many(jobs, deadline, field)
-        except BaseException as exc:
-            lease.__exit__(type(exc), exc, None)
-            raise
-        held = _SharedLease(lease, len(streams))
-        return [_Parts(served, stream, prompt if echo else None, held, lease.span)
-                for stream, (prompt, _) in zip(streams, jobs)]
+        return await _streams(self.lease(model, version, "generate_streams"), lambda served: jobs, deadline, echo,
+                              field)
+
+    async def chat_streams(self, model: str, version: int, messages: list[dict[str, str]],
+                           params: list[GenerationParams], deadline: float | None = None,
+                           field: str = "n") -> list[AsyncIterator[StreamPart]]:
+        """chat, as generate_streams' streams: one lease from the template to the last stream's end."""
+        return await _streams(self.lease(model, version, "generate_streams"),
+                              lambda served: _chat_jobs(served, messages, params), deadline, False, field)
 
     async def tokenize(self, model: str, version: int, text: str) -> Tokenized:
         """The tokens any model makes of a text (a generation model's: the prompt ids it would run), with strings,
@@ -457,18 +282,26 @@ class DataPlane:
         """The text of at most a context of token ids (INVALID_ARGUMENT naming `tokens` beyond it)."""
         return await self.repository.resolve(model, version).model.detokenize(token_ids)
 
-    def chat_template(self, model: str, version: int = 0) -> ChatTemplate | None:
-        """The chat template of the version a request would reach; None when its package has none."""
-        return self.repository.resolve(model, version).model.chat_template()
-
     # ------------------------------------------------------------------ raw tensors
 
     async def infer(self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str] | None = None,
                     deadline: float | None = None) -> InferResult:
         """Graph tensors in, graph outputs out (encoders: through the model's dynamic batcher)."""
         with self.lease(model, version, "infer") as served:
-            result = await served.infer(inputs, outputs, deadline)
-            return InferResult(model=served.name, version=served.version, outputs=select_outputs(result, outputs))
+            return await _inferred(served, inputs, outputs, deadline)
+
+    async def model_infer(self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str] | None,
+                          parameters: dict[str, Any], deadline: float | None = None) -> InferResult:
+        """KServe ModelInfer on one lease: "text mode" (server/protocol/kserve.py) when the inputs are the texts of
+        the leased version's task, its graph otherwise (as infer)."""
+        admitted = self._admit(model, version)
+        operation = infer_operation(admitted.task, inputs)
+        with Lease(self._done, admitted, operation) as served:
+            if operation == "infer":
+                return await _inferred(served, inputs, outputs, deadline)
+            request = text_request(served.task, inputs, parameters)
+            answer = text_outputs(request.task, await _text_call(served, request, deadline))
+            return InferResult(model=served.name, version=served.version, outputs=select_outputs(answer, outputs))
 
     # ------------------------------------------------------------------ models
 
@@ -482,11 +315,6 @@ class DataPlane:
 
     def list_models(self) -> list[ModelStatus]:
         return self.repository.statuses()
-
-    def task_of(self, name: str, version: int = 0) -> str:
-        """The task of the version a request would reach ("" when unknown: the request itself will say why)."""
-        found = self.repository.find(name, version)   # None for a name never loaded
-        return found.task if found is not None else ""
 
     def model_info(self, model: str, version: int = 0) -> ModelInfo:
         found = self._report(model, version, "model")
@@ -553,4 +381,56 @@ class DataPlane:
         await self.repository.unload(name)
 
 
-__all__ = ["DataPlane", "PLATFORM", "runtime_config", "select_outputs"]
+async def _inferred(served: ServedModel, inputs: dict[str, np.ndarray], outputs: list[str] | None,
+                    deadline: float | None) -> InferResult:
+    result = await served.infer(inputs, outputs, deadline)
+    return InferResult(model=served.name, version=served.version, outputs=select_outputs(result, outputs))
+
+
+async def _generated(served: ServedModel, jobs: Jobs, deadline: float | None, echo: bool,
+                     field: str) -> list[GenerateResult]:
+    outputs = await served.generate_many(jobs, deadline, field)
+    return [GenerateResult(model=served.name, version=served.version, output=output,
+                           prompt_text=prompt_text(served, prompt) if echo else None)
+            for output, (prompt, _) in zip(outputs, jobs)]
+
+
+async def _text_call(served: ServedModel, request: TextRequest, deadline: float | None) -> Any:
+    """The task call of a KServe text-mode ModelInfer (server/protocol/kserve.py) on the model it leased."""
+    task, texts, truncate = request.task, request.texts, request.truncate
+    if task == "generate":
+        # One request: its prompts admitted together, and cancelled together when one fails or the caller leaves.
+        return await served.generate_many([(p, request.params) for p in texts], deadline, "inputs['prompt']")
+    if task == "classify":
+        return await served.classify(request.classify_inputs, 0, truncate, deadline)
+    if task == "embed":
+        return await served.embed(texts, truncate, deadline)
+    if task == "token-classify":
+        return await served.token_classify(texts, request.aggregation_strategy, request.ignore_labels, truncate,
+                                           deadline)
+    return await served.fill_mask(texts, 1, truncate, deadline)
+
+
+def _chat_jobs(served: ServedModel, messages: list[dict[str, str]], params: list[GenerationParams]) -> Jobs:
+    """A chat request's jobs: its prompt, rendered with the served version's template, with each of params."""
+    prompt = chat_prompt(served.chat_template(), served.name, messages)
+    return [(prompt, p) for p in params]
+
+
+async def _streams(lease: Lease, jobs_of: Callable[[ServedModel], Jobs], deadline: float | None, echo: bool,
+                   field: str) -> list[AsyncIterator[StreamPart]]:
+    """The streams of one request's jobs (jobs_of the leased model), admitted together, holding `lease` until the
+    last one ends or is closed."""
+    served = lease.__enter__()
+    try:
+        jobs = jobs_of(served)
+        streams = await served.stream_many(jobs, deadline, field)
+    except BaseException as exc:
+        lease.__exit__(type(exc), exc, None)
+        raise
+    held = SharedLease(lease, len(streams))
+    return [StreamParts(served, stream, prompt if echo else None, held, lease.span)
+            for stream, (prompt, _) in zip(streams, jobs)]
+
+
+__all__ = ["DataPlane", "PLATFORM"]

@@ -59,8 +59,8 @@ def choose_variant(manifest: Manifest, preference: str, device: str) -> str:
 
 
 # On CPU onnxruntime would fuse a residual Add and its LayerNormalization into SkipLayerNormalization, which its CPU
-# kernel runs 2.5-6x slower than the two ("Residual norms" in export/decoder_graph.py): the exporter writes them
-# apart, and this keeps them so (RMSNorm's fused op is fast and is written fused; CUDA keeps every fusion).
+# kernel runs slower than the two ("Residual norms" in export/decoder_graph.py; bench/FINDINGS.md): the exporter
+# writes them apart, and this keeps them so (RMSNorm's fused op is fast and is written fused; CUDA keeps every fusion).
 DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
@@ -69,9 +69,9 @@ def create_session(package: Package, variant: str, config: SessionConfig, file: 
     """The variant's graph, or `file` of the package (a decoder's mixed graph) with the same options."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning keeps intra-op threads hot: a decoder's back-to-back steps gain 3-12% on dedicated cores, but on
-    # shared cores the spinning threads take the CPU the event loop and other processes need (measured 1.8x
-    # slower; docs/BENCHMARKS.md). Off unless asked.
+    # Spinning keeps intra-op threads hot: a decoder's back-to-back steps gain on dedicated cores, but on shared
+    # cores the spinning threads take the CPU the event loop and other processes need (bench/FINDINGS.md). Off
+    # unless asked.
     spin = config.spinning == "on" or (config.spinning == "auto" and package.manifest.task == "generate")
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if _in_shared_pool(config):
@@ -97,7 +97,7 @@ def _in_shared_pool(config: SessionConfig) -> bool:
 
     It is made when spinning is "on": every graph spins then anyway, and a decoder's plain and mixed graphs,
     run one after the other from one thread, would otherwise each keep a pool whose threads still spin while
-    the other graph works (its first runs measured 1.5-3x slower), so the runner would have to send every call
+    the other graph works (slowing its first runs: bench/FINDINGS.md), so the runner would have to send every call
     through the mixed graph (server/generation/slot_runner.py). onnxruntime makes such a pool once per process
     and then takes no session with a pool of its own, so once it exists every session joins it."""
     global _shared_pool

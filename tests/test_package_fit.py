@@ -113,7 +113,7 @@ def broken_copy(repository: Path, model: str, case: str, dest: Path) -> Path:
 # ---------------------------------------------------------------------------- in process
 
 def _build(path: Path, name: str) -> Any:
-    from server.dataplane import runtime_config
+    from server.runtime_config import runtime_config
     from server.repository.loading import build_model
     from server.runtime.metrics import Metrics
     from server.runtime.settings import ServerSettings

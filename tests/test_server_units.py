@@ -301,7 +301,7 @@ def test_failed_new_version_keeps_the_old_one_serving(tiny_repository: Path, tmp
 
 def test_generation_settings_default_to_the_engines_own_defaults() -> None:
     """One default for each generation limit: the server passes the engine exactly what it would assume."""
-    from server.dataplane import runtime_config
+    from server.runtime_config import runtime_config
     from server.generation import GenerationConfig
 
     engine, settings = GenerationConfig(), ServerSettings()
@@ -391,7 +391,7 @@ def test_several_generation_engines_share_the_cores_unless_threads_are_set(tmp_p
     gives each engine's sessions cores / N threads; a number that is set is kept."""
     import os
 
-    from server.dataplane import runtime_config
+    from server.runtime_config import runtime_config
 
     cores = len(os.sched_getaffinity(0))
     two = runtime_config(ServerSettings(repository=tmp_path, generation_instances=2).validate())

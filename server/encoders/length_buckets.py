@@ -20,8 +20,8 @@ import numpy as np
 
 Feeds = dict[str, np.ndarray]
 
-# A run's fixed cost in token-rows: all-MiniLM-L6-v2 on 2 cores took 3.0 ms for 1 x 17 tokens and 22.0 ms for
-# 8 x 75 (2026-11-26), i.e. ~2.4 ms per run + 0.033 ms per token-row: ~70 token-rows.
+# A run's fixed cost in token-rows: a run's time split into a part per run and a part per token-row, measured on an
+# encoder (bench/FINDINGS.md, "Length buckets").
 RUN_OVERHEAD_TOKENS = 64
 
 

@@ -39,7 +39,7 @@ class TokenRow:
     special: Sequence[int]                # 1 for special tokens ([CLS], <s>, ...)
 
 
-class _Piece(NamedTuple):   # a tuple: hundreds are made per request, a frozen dataclass costs ~4x as much
+class _Piece(NamedTuple):   # a tuple: hundreds are made per request, and a frozen dataclass costs more to make
     token: str
     index: int          # the token's position in the sequence (its row of scores)
     start: int

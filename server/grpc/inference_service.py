@@ -12,7 +12,7 @@ from protos import grpc_service_pb2_grpc as pb_grpc
 from server.protocol.codecs import decode_tensor, encode_tensor
 from server.protocol.errors import ServingError
 from server.grpc.common import Instrumented, deadline_of, unary
-from server.protocol.kserve import EXTENSIONS, model_infer, parse_version
+from server.protocol.kserve import EXTENSIONS, parse_version
 from server.protocol.types import DurationStat, InferResult, ModelMetadata, ModelStatistics, RepositoryEntry
 
 # ---------------------------------------------------------------------- protobuf -> arguments
@@ -116,9 +116,10 @@ class KServeServicer(Instrumented, pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         version = parse_version(request.model_version, "model_version")
         parameters = {k: parameter_value(v) for k, v in request.parameters.items()}
-        result = await model_infer(self.plane, request.model_name, version,
-                                   infer_inputs(request, self.plane.max_bytes_elements),
-                                         [o.name for o in request.outputs] or None, parameters, deadline_of(context))
+        result = await self.plane.model_infer(request.model_name, version,
+                                              infer_inputs(request, self.plane.max_bytes_elements),
+                                              [o.name for o in request.outputs] or None, parameters,
+                                              deadline_of(context))
         return infer_response(request, result)
 
     @unary("ModelStatistics", model_field="name")

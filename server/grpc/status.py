@@ -32,7 +32,7 @@ def status_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
 class guarded:
     """`async with guarded(recorder, method, model, context):` runs a handler body: an exception aborts the call
     with status_of's code; the outcome is recorded. (A class rather than a generator-based context manager: it
-    wraps every RPC, and the generator machinery costs several times as much.)"""
+    wraps every RPC, and the generator machinery costs more.)"""
 
     __slots__ = ("_recorder", "_method", "_model", "_context", "_started", "_span", "_token")
 

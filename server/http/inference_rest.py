@@ -30,7 +30,7 @@ from server.http.body import deadline_from_headers, field, parse_json, read_body
 from server.http.errors import HttpError
 from server.http.tensors import HEADER_LENGTH, decode_request, encode_response, header_length, split_body
 from server.protocol.jsontext import ValueCounter
-from server.protocol.kserve import EXTENSIONS, model_infer, parse_version
+from server.protocol.kserve import EXTENSIONS, parse_version
 from server.protocol.types import ModelMetadata, ModelStatistics
 
 INFER_TYPES = ("application/json", "application/octet-stream")
@@ -145,8 +145,8 @@ async def infer(door: Door, request: Request) -> Response:
         parameters["stop"] = json.dumps(parameters["stop"])
     if isinstance(parameters.get("logit_bias"), dict):
         parameters["logit_bias"] = json.dumps(parameters["logit_bias"])
-    result = await model_infer(door.plane, model, _version(request), parsed.inputs, parsed.outputs,
-                                     parameters, _deadline(request, parameters))
+    result = await door.plane.model_infer(model, _version(request), parsed.inputs, parsed.outputs, parameters,
+                                          _deadline(request, parameters))
     content, answer_header = encode_response(parsed, model, result.version, result.outputs)
     if answer_header is None:
         return Response(content, media_type="application/json")

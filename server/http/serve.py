@@ -33,8 +33,8 @@ class _EmbeddedServer(uvicorn.Server):
 
 def _listening_socket(host: str, port: int) -> socket.socket:
     """A bound, listening TCP socket. proto must be IPPROTO_TCP (socket.create_server leaves it 0): asyncio turns
-    Nagle off (TCP_NODELAY) only on sockets that say so, and with Nagle on every response waited ~40 ms for the
-    client's delayed ACK."""
+    Nagle off (TCP_NODELAY) only on sockets that say so, and with Nagle on every response waited for the client's
+    delayed ACK (bench/FINDINGS.md)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:

@@ -6,7 +6,10 @@
     codecs.py    KServe v2 tensors <-> numpy
     jsontext.py  JSON text from clients, bounded before parsing, refusals naming the field
     kserve.py    KServe v2 semantics shared by gRPC and REST: the version-string rule, the extensions, ModelInfer's
-                 text mode over the data plane's task calls
+                 text mode (a request decoded into a task call's arguments, the answer encoded; the data plane
+                 makes the call, on the version it leased)
 
-errors, types, pairs, codecs and jsontext import nothing outside server.protocol; kserve.py calls the data plane.
+errors, types, pairs, codecs and jsontext import nothing outside server.protocol; kserve.py also takes
+GenerationParams (server.generation) and the pipeline's entity form (server.encoders.token_aggregation), and
+never the data plane (which calls it).
 """

@@ -5,7 +5,7 @@ every refusal naming where the problem is.
   first of a container follows a comma, and every container opens with a bracket), so that 57 MB of `[],` is
   refused in milliseconds instead of building 19 million lists on the event loop. HTTP bodies are counted
   chunk by chunk while they are read (server/http/body.py).
-- `loads` parses with msgspec (C, several times faster than the json module); only a document msgspec
+- `loads` parses with msgspec (C, faster than the json module: bench/FINDINGS.md); only a document msgspec
   refuses is parsed again, by the json module, to say what and where: malformed JSON (line, column), an
   integer literal beyond Python's digit limit (4300 digits, which the json module raises as a bare
   ValueError), a lone UTF-16 surrogate (`"\\ud800"`: not text; it fails later when encoded as UTF-8), nesting
@@ -23,7 +23,7 @@ import msgspec
 from server.protocol.errors import ServingError
 
 # Values in one JSON document: a JSON tensor of 1024 rows x 512 ids is 524,288 values; bigger tensors travel in
-# KServe's binary form. msgspec parses a million values in ~50 ms, the json module in ~120 ms (2 cores).
+# KServe's binary form.
 MAX_JSON_VALUES = 1 << 20
 _SEPARATORS = (b",", b"[", b"{")
 _DIGITS = sys.get_int_max_str_digits()   # 0: no limit

@@ -1,9 +1,11 @@
 """KServe v2 as both front doors speak it (gRPC server/grpc/inference_service.py, REST server/http/inference_rest.py): the
-version-string rule, the extensions served, and ModelInfer's "text mode" over the data plane's task calls.
+version-string rule, the extensions served, and ModelInfer's "text mode": a request decoded into a task call's
+arguments (text_request) and the call's answer encoded (text_outputs).
 
-A request whose inputs are all BYTES tensors named as below (for the model's task) runs the task instead of
-the graph; anything else goes to the graph (DataPlane.infer). Request parameters: `truncate` (bool);
-for generate the GenerationParameters by name, and `stop` as a JSON list of strings.
+DataPlane.model_infer leases the model version once, then: a request whose inputs are all BYTES tensors named as
+below (for that version's task) runs the task instead of the graph, the data plane making the call; anything else
+goes to the graph. Request parameters: `truncate` (bool); for generate the GenerationParameters by name, and
+`stop` as a JSON list of strings.
 
     classify   text [, text_pair]  ->  label (BYTES), score (FP32), probabilities (FP32 [n, labels])
     fill-mask  text                ->  sequence (BYTES: every mask filled with its best candidate)
@@ -16,21 +18,24 @@ for generate the GenerationParameters by name, and `stop` as a JSON list of stri
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import modelpkg
 from server.protocol import jsontext
-from server.dataplane import DataPlane, select_outputs
 from server.protocol.errors import Code, ServingError
 from server.generation import GenerationParams
 from server.encoders.token_aggregation import as_pipeline_dict
-from server.protocol.types import FillMaskResult, InferResult, MaskPrediction
+from server.protocol.types import FillMaskResult, MaskPrediction
 
 EXTENSIONS = ["model_repository", "statistics", "parameters"]
 TEXT_INPUTS = {"classify": {"text", "text_pair"}, "fill-mask": {"text"}, "generate": {"prompt"}, "embed": {"text"},
                "token-classify": {"text"}}
+# A text request's data-plane operation (its span, dataplane.<operation>, when tracing): the task call it makes.
+_OPERATIONS = {"classify": "classify", "fill-mask": "fill_mask", "generate": "generate_many", "embed": "embed",
+               "token-classify": "token_classify"}
 _PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "min_tokens", "repetition_penalty",
                "presence_penalty", "frequency_penalty", "seed", "truncate_prompt", "ignore_eos", "num_beams",
                "length_penalty", "early_stopping")
@@ -51,23 +56,81 @@ def is_text_request(task: str, inputs: dict[str, np.ndarray]) -> bool:
         a.dtype == object for a in inputs.values())
 
 
-async def model_infer(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
-                outputs: list[str] | None, parameters: dict[str, Any], deadline: float | None) -> InferResult:
-    """ModelInfer over the data plane: text mode when the request is one, the graph otherwise."""
-    task = plane.task_of(model, version) if inputs else ""
-    if not is_text_request(task, inputs):
-        return await plane.infer(model, version, inputs, outputs, deadline)
+def infer_operation(task: str, inputs: dict[str, np.ndarray]) -> str:
+    """The operation a ModelInfer of `inputs` to a model of `task` is: its task call's name in text mode, else
+    "infer" (the graph)."""
+    return _OPERATIONS[task] if is_text_request(task, inputs) else "infer"
+
+
+def select_outputs(result: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
+    """The requested outputs, in the requested order; INVALID_ARGUMENT naming one that does not exist."""
+    if not outputs:
+        return result
+    for i, name in enumerate(outputs):
+        if name not in result:
+            raise ServingError.invalid(f"outputs[{i}].name", f"{name!r} is not an output (outputs: {sorted(result)})")
+    return {name: result[name] for name in outputs}
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """A text-mode ModelInfer decoded for its model's task: the arguments of the task call the data plane makes
+    on the version it leased (DataPlane.model_infer)."""
+
+    task: str
+    texts: list[str]                          # text, or generate's prompts
+    truncate: bool = False
+    pairs: list[str | None] | None = None     # classify: text_pair, one a text
+    aggregation_strategy: str = "none"        # token-classify
+    ignore_labels: list[str] | None = None    # token-classify
+    params: GenerationParams | None = None    # generate
+
+    @property
+    def classify_inputs(self) -> list[tuple[str, str | None]]:
+        return list(zip(self.texts, self.pairs or [None] * len(self.texts)))
+
+
+def text_request(task: str, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> TextRequest:
+    """The text request of `inputs` (is_text_request) for a model of `task`; INVALID_ARGUMENT naming the input
+    or parameter that is wrong."""
+    truncate = bool(parameters.get("truncate", False))
     if task == "generate":
-        result = await _generate(plane, model, version, inputs, parameters, deadline)
-    elif task == "classify":
-        result = await _classify(plane, model, version, inputs, parameters, deadline)
-    elif task == "embed":
-        result = await _embed(plane, model, version, inputs, parameters, deadline)
-    elif task == "token-classify":
-        result = await _token_classify(plane, model, version, inputs, parameters, deadline)
-    else:
-        result = await _fill_mask(plane, model, version, inputs, parameters, deadline)
-    return InferResult(model=result.model, version=result.version, outputs=select_outputs(result.outputs, outputs))
+        params = params_from(parameters)
+        prompts = _texts(inputs, "prompt")
+        if not prompts:
+            raise ServingError.invalid("inputs['prompt']", "at least one prompt is required")
+        return TextRequest(task, prompts, params=params)
+    if task == "token-classify":
+        strategy, ignore = _aggregation(parameters)
+        return TextRequest(task, _texts(inputs, "text"), truncate, aggregation_strategy=strategy, ignore_labels=ignore)
+    if "text" not in inputs:
+        raise ServingError.invalid("inputs", "missing input 'text'")
+    texts = _texts(inputs, "text")
+    if task != "classify":
+        return TextRequest(task, texts, truncate)
+    pairs: list[str | None] = list(_texts(inputs, "text_pair")) if "text_pair" in inputs else [None] * len(texts)
+    if len(pairs) != len(texts):
+        raise ServingError.invalid("inputs['text_pair'].shape", "must have as many elements as 'text'")
+    return TextRequest(task, texts, truncate, pairs=pairs)
+
+
+def text_outputs(task: str, result: Any) -> dict[str, np.ndarray]:
+    """The output tensors of a text request's task result (generate: the list of GenerationResults)."""
+    if task == "generate":
+        return {"text": _bytes_array([r.text for r in result]),
+                "finish_reason": _bytes_array([r.finish_reason for r in result])}
+    if task == "classify":
+        probs = np.array([[next(s.score for s in r.scores if s.label == label) for label in result.labels]
+                          for r in result.results], dtype=np.float32)
+        return {"label": _bytes_array([r.label for r in result.results]),
+                "score": np.array([r.score for r in result.results], dtype=np.float32), "probabilities": probs}
+    if task == "embed":
+        return {"embedding": result.embeddings}
+    if task == "token-classify":
+        return {"entities": _bytes_array([json.dumps([as_pipeline_dict(e, result.aggregation_strategy)
+                                                      for e in entities], ensure_ascii=False)
+                                          for entities in result.results])}
+    return {"sequence": _bytes_array([_fill_all(result, masks) for masks in result.results])}
 
 
 def _texts(inputs: dict[str, np.ndarray], name: str) -> list[str]:
@@ -83,32 +146,8 @@ def _bytes_array(values: list[str]) -> np.ndarray:
     return out
 
 
-async def _classify(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
-                    parameters: dict[str, Any], deadline: float | None) -> InferResult:
-    if "text" not in inputs:
-        raise ServingError.invalid("inputs", "missing input 'text'")
-    main = _texts(inputs, "text")
-    pairs: list[str | None] = list(_texts(inputs, "text_pair")) if "text_pair" in inputs else [None] * len(main)
-    if len(pairs) != len(main):
-        raise ServingError.invalid("inputs['text_pair'].shape", "must have as many elements as 'text'")
-    result = await plane.classify(model, version, list(zip(main, pairs)), 0, bool(parameters.get("truncate", False)),
-                                  deadline)
-    probs = np.array([[next(s.score for s in r.scores if s.label == label) for label in result.labels]
-                      for r in result.results], dtype=np.float32)
-    return InferResult(model=result.model, version=result.version, outputs={
-        "label": _bytes_array([r.label for r in result.results]),
-        "score": np.array([r.score for r in result.results], dtype=np.float32), "probabilities": probs})
-
-
-async def _embed(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
-                 parameters: dict[str, Any], deadline: float | None) -> InferResult:
-    result = await plane.embed(model, version, _texts(inputs, "text"), bool(parameters.get("truncate", False)),
-                               deadline)
-    return InferResult(model=result.model, version=result.version, outputs={"embedding": result.embeddings})
-
-
-async def _token_classify(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
-                          parameters: dict[str, Any], deadline: float | None) -> InferResult:
+def _aggregation(parameters: dict[str, Any]) -> tuple[str, list[str] | None]:
+    """token-classify's aggregation_strategy and ignore_labels parameters."""
     strategy = parameters.get("aggregation_strategy", "none")
     if not isinstance(strategy, str):
         raise ServingError.invalid("parameters.aggregation_strategy", "must be a string")
@@ -117,21 +156,7 @@ async def _token_classify(plane: DataPlane, model: str, version: int, inputs: di
         ignore = _json_parameter(parameters, "ignore_labels", list, "a JSON list of strings")
         if not all(isinstance(x, str) for x in ignore):
             raise ServingError.invalid("parameters.ignore_labels", "must be a JSON list of strings")
-    result = await plane.token_classify(model, version, _texts(inputs, "text"), strategy, ignore,
-                                        bool(parameters.get("truncate", False)), deadline)
-    answers = [json.dumps([as_pipeline_dict(e, result.aggregation_strategy) for e in entities], ensure_ascii=False)
-               for entities in result.results]
-    return InferResult(model=result.model, version=result.version, outputs={"entities": _bytes_array(answers)})
-
-
-async def _fill_mask(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
-                     parameters: dict[str, Any], deadline: float | None) -> InferResult:
-    if "text" not in inputs:
-        raise ServingError.invalid("inputs", "missing input 'text'")
-    result = await plane.fill_mask(model, version, _texts(inputs, "text"), 1, bool(parameters.get("truncate", False)),
-                                   deadline)
-    return InferResult(model=result.model, version=result.version,
-                       outputs={"sequence": _bytes_array([_fill_all(result, masks) for masks in result.results])})
+    return strategy, ignore
 
 
 def _fill_all(result: FillMaskResult, masks: list[MaskPrediction]) -> str:
@@ -141,20 +166,6 @@ def _fill_all(result: FillMaskResult, masks: list[MaskPrediction]) -> str:
     for m in masks[1:]:
         text = text.replace(result.mask_token, m.candidates[0].token, 1)
     return text
-
-
-async def _generate(plane: DataPlane, model: str, version: int, inputs: dict[str, np.ndarray],
-                    parameters: dict[str, Any], deadline: float | None) -> InferResult:
-    params = params_from(parameters)
-    prompts = _texts(inputs, "prompt")
-    if not prompts:
-        raise ServingError.invalid("inputs['prompt']", "at least one prompt is required")
-    # One request: its prompts admitted together, and cancelled together when one fails or the caller leaves.
-    results = await plane.generate_many(model, version, [(p, params) for p in prompts], deadline,
-                                        field="inputs['prompt']")
-    return InferResult(model=results[0].model, version=results[0].version, outputs={
-        "text": _bytes_array([r.output.text for r in results]),
-        "finish_reason": _bytes_array([r.output.finish_reason for r in results])})
 
 
 def _json_parameter(parameters: dict[str, Any], name: str, kind: type, what: str) -> Any:

@@ -1,4 +1,4 @@
-"""A graph's input/output signature from the manifest: validation of caller tensors and dummy feeds.
+"""A graph's input/output signature from the manifest, and the validation of caller tensors against it.
 
 Dimensions in model.json are ints (fixed), names ("batch") or sums of names ("past_sequence + sequence").
 Checking that named dimensions agree across inputs catches what onnxruntime reports only as an opaque
@@ -40,9 +40,6 @@ class TensorSpec:
     def metadata_shape(self) -> list[int]:
         """KServe metadata shape: -1 for every dynamic axis."""
         return [d if isinstance(d, int) else -1 for d in self.dims]
-
-    def concrete_shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
-        return tuple(d if isinstance(d, int) else sum(sizes[s] for s in d) if d else 1 for d in self.dims)
 
 
 def specs_from_manifest(decls: Sequence[TensorDecl]) -> list[TensorSpec]:
@@ -86,14 +83,3 @@ def check_inputs(specs: list[TensorSpec], arrays: dict[str, np.ndarray]) -> None
             expected = " + ".join(f"{s} ({sizes[s]})" for s in symbols)
             raise ServingError.invalid(f"inputs[{spec.name!r}].shape",
                                        f"axis {axis} must be {expected} = {sum(sizes[s] for s in symbols)}, got {size}")
-
-
-def dummy_feeds(specs: list[TensorSpec], sizes: dict[str, int]) -> dict[str, np.ndarray]:
-    """Zero tensors (ones for masks) of the given symbolic sizes: for warm-up runs."""
-    feeds: dict[str, np.ndarray] = {}
-    for spec in specs:
-        shape = spec.concrete_shape({**sizes, **{s: 1 for d in spec.dims if isinstance(d, tuple)
-                                                for s in d if s not in sizes}})
-        fill = 1 if "mask" in spec.name else 0
-        feeds[spec.name] = np.full(shape, fill, dtype=numpy_dtype(spec.datatype))
-    return feeds

@@ -1,9 +1,9 @@
 """The event loop the server runs on: uvloop (libuv, its loop machinery in C) when installed, else asyncio's.
 
 Every request and every streamed token passes through the loop several times (gRPC's completion callbacks,
-the batcher's hand-offs, the engine's step results), so the loop's own cost per turn is serving overhead.
-With uvloop the KServe ModelInfer rate at 8 clients rose 21% and at 1 client 14% on the 2-core machine
-(bench/FINDINGS.md). grpc.aio and uvicorn both run on it.
+the batcher's hand-offs, the engine's step results), so the loop's own cost per turn is serving overhead;
+uvloop raised the KServe ModelInfer rate (bench/FINDINGS.md, "The server on uvloop"). grpc.aio and uvicorn
+both run on it.
 """
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ class Metrics:
 
     def record_request(self, model: str, method: str, code: str, seconds: float) -> None:
         """One answered request. The labelled children are looked up once per (model, method, code): labels()
-        takes a lock and builds its key on every call, a measurable part of a ~1 ms request."""
+        takes a lock and builds its key on every call, a measurable part of a short request (bench/FINDINGS.md)."""
         key = (model, method, code)
         children = self._request_children.get(key)
         if children is None:
@@ -95,8 +95,8 @@ class BatchHistogram(Collector):
     """A histogram labelled by model that takes an iteration's observations in one call (`observe_many`).
 
     A decoder step gives every running sequence a token, and prometheus_client's Histogram.observe takes a lock
-    and walks the buckets per value, once a token (py-spy put ~8% of the event loop's samples there on the g2p
-    batch job, 64 rows a step; without the profiler the job gained ~2%, interleaved, within its noise). Here one
+    and walks the buckets per value, once a token (py-spy found it in the event loop's samples on the g2p batch
+    job: bench/FINDINGS.md). Here one
     numpy bincount per call adds a step's values to the model's bucket counts. Scraped like a Histogram:
     `_bucket{le=...}` (cumulative), `_count`, `_sum`."""
 

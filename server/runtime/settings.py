@@ -45,7 +45,7 @@ class ServerSettings:
     intra_op_threads: int = 0             # 0 = onnxruntime's default
     inter_op_threads: int = 0
     intra_op_spinning: str = "off"        # onnxruntime intra-op threads spin: off / on / auto (= decoders only);
-    #                                     on gains 3-12% on dedicated cores, loses up to 1.8x when cores are shared
+    #                                     on: faster on dedicated cores, slower on shared ones (docs/configuration.md)
     # Encoders (one dynamic batcher per loaded version; task calls and raw ModelInfer share it):
     max_batch_size: int = 16              # rows (texts, or rows of a raw tensor) per onnxruntime run
     max_queue_delay_ms: float = 0.0       # extra wait for more rows when the model is idle (0: none)
@@ -275,8 +275,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                    help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
                         "sequence's) copies their keys/values instead of prefilling them (default on)")
     p.add_argument("--intra-op-spinning", choices=SPINNING,
-                   help="onnxruntime intra-op threads spin: off (default), on (dedicated cores: +3-12%% for "
-                        "decoders), auto (on for decoders only)")
+                   help="onnxruntime intra-op threads spin: off (default), on (dedicated cores: faster "
+                        "decoders; docs/configuration.md), auto (on for decoders only)")
     p.add_argument("--event-loop", choices=EVENT_LOOPS,
                    help="auto (default): uvloop when installed, else asyncio's own loop")
     p.add_argument("--grace-period", type=float, help=f"SIGTERM drain time in seconds (default {d.grace_period:g})")

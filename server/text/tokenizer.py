@@ -24,8 +24,9 @@ def load_tokenizer(path: Path) -> Tokenizer:
 # characters. Texts beyond that are refused (or cut, with truncation) BEFORE tokenizing: tokenizing a multi-MB
 # text would hold the event loop for seconds.
 CHARS_PER_TOKEN_BOUND = 100
-# Characters of one request's texts above which the encoder tokenizes them in a worker thread (below: well under
-# 1 ms on the event loop), and texts from which encode_batch's own worker threads pay (TextEncoder._encode_all).
+# Characters of one request's texts above which the encoder tokenizes them in a worker thread (below: a short
+# stay on the event loop), and texts from which encode_batch's own worker threads pay (TextEncoder._encode_all;
+# bench/FINDINGS.md).
 INLINE_TEXT_CHARS = 16_384
 PARALLEL_FROM = 32
 
@@ -52,10 +53,9 @@ class TextEncoder:
     @staticmethod
     def _encode_all(tokenizer: Tokenizer, batch: list[str | tuple[str, str]]) -> list[Encoding]:
         """encode_batch spreads a batch over the tokenizers library's worker threads; for a few short texts waking
-        them costs more than the work, most of all while onnxruntime's threads spin on the same cores (8 texts of
-        12-40 words in the server: 1.07 ms through encode_batch, 0.44 ms one by one on the calling thread). Much
-        text still goes to encode_batch, which releases the GIL (encode holds it: a worker thread's long encode
-        would stall the event loop)."""
+        them costs more than the work, most of all while onnxruntime's threads spin on the same cores
+        (bench/FINDINGS.md). Much text still goes to encode_batch, which releases the GIL (encode holds it: a
+        worker thread's long encode would stall the event loop)."""
         if len(batch) >= PARALLEL_FROM or sum(len(b) if isinstance(b, str) else len(b[0]) + len(b[1])
                                               for b in batch) > INLINE_TEXT_CHARS:
             return tokenizer.encode_batch(batch)

@@ -4,7 +4,7 @@ to the data plane, the answer encoded.
 
     models.py          GET  /v1/models, /v1/models/{model}
     completions.py     POST /v1/completions (logprobs, echo, vLLM's prompt_logprobs, stream)
-    chat.py            POST /v1/chat/completions (chat_template.py: messages -> prompt, the package's template)
+    chat.py            POST /v1/chat/completions (DataPlane.chat: messages -> prompt with the package's template)
     embeddings.py      POST /v1/embeddings
     tokenizer.py       POST /tokenize, /detokenize (vLLM's), every model kind
     rerank.py          POST /v1/rerank (Cohere / Jina / vLLM), /v1/score (vLLM), /rerank (TEI's shape)

@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions: models whose package carries a chat template (chat_template.py renders the
-messages into one prompt); 400 naming `model` otherwise. Streamed as `chat.completion.chunk` events."""
+"""POST /v1/chat/completions: models whose package carries a chat template (server/text/chat_template.py renders
+the messages into one prompt, in the data plane's chat call); 400 naming `model` otherwise. Streamed as `chat.completion.chunk` events."""
 from __future__ import annotations
 
 import time
@@ -15,7 +15,6 @@ from server.http.body import deadline_from_headers
 from server.http.decode import typed_body
 from server.http.guard import OPENAI, Door, route
 from server.http.openai.answers import FINISH, json_answer, usage
-from server.http.openai.chat_template import render_chat
 from server.http.openai.params import choices, generation_params, include_usage
 from server.http.openai.protocol import ChatCompletionRequest, ChatMessage, refuse_unsupported
 from server.http.openai.stream import event_stream, merged, opened, sse
@@ -54,20 +53,15 @@ async def chat_completions(door: Door, request: Request) -> Response:
     else:
         params = generation_params(body, logprobs, body.max_tokens)
     per_request = choices(body, params)
-    template = door.plane.chat_template(model)
-    if template is None:
-        raise ServingError.invalid("model", f"{model!r} has no chat template (its package's tokenizer carries "
-                                            f"none): use /v1/completions with a prompt")
-    prompt = render_chat(template.template, messages, template.variables)
     deadline = deadline_from_headers(request)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    jobs = [(prompt, params) for params in per_request]
+    # One data-plane call: the prompt rendered with the template of the version that generates it.
     if body.stream:
-        streams = await door.plane.generate_streams(model, 0, jobs, deadline, field="n")
+        streams = await door.plane.chat_streams(model, 0, messages, per_request, deadline, field="n")
         firsts = await opened(streams)
         events = _events(streams, firsts, ident, created, logprobs is not None, include_usage(body))
         return event_stream(events, streams, "ChatCompletions")
-    results = await door.plane.generate_many(model, 0, jobs, deadline, field="n")
+    results = await door.plane.chat(model, 0, messages, per_request, deadline, field="n")
     answers = [{"index": j, "message": {"role": "assistant", "content": r.output.text},
                 "finish_reason": FINISH[r.output.finish_reason],
                 "logprobs": _logprobs(r.output.tokens) if logprobs is not None else None}

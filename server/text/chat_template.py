@@ -2,7 +2,8 @@
 carry in tokenizer_config.json; the exporter copies it into model.json as `chat_template`).
 
 Rendered in Jinja's sandbox with the variables HF templates use: messages, add_generation_prompt, bos_token,
-eos_token, and raise_exception().
+eos_token, and raise_exception(). The data plane renders with the template of the version it leased for the
+request (DataPlane.chat / chat_streams), so the version that generates is the one whose template made the prompt.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import functools
 from typing import Any
 
 from server.protocol.errors import ServingError
+from server.protocol.types import ChatTemplate
 
 
 class _TemplateError(Exception):
@@ -40,3 +42,12 @@ def render_chat(template: str, messages: list[dict[str, str]], special: dict[str
         raise ServingError.invalid("messages", str(exc)) from None
     except TemplateError as exc:
         raise ServingError.invalid("model", f"its chat template fails to render: {exc}") from None
+
+
+def chat_prompt(template: ChatTemplate | None, model: str, messages: list[dict[str, str]]) -> str:
+    """The prompt of a chat request to `model` whose package carries `template`; INVALID_ARGUMENT naming `model`
+    when it carries none."""
+    if template is None:
+        raise ServingError.invalid("model", f"{model!r} has no chat template (its package's tokenizer carries "
+                                            f"none): use /v1/completions with a prompt")
+    return render_chat(template.template, messages, template.variables)

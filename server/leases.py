@@ -1,0 +1,148 @@
+"""A request's hold on one model version (Lease), shared by the streams of one request (SharedLease), and those
+streams as the data plane hands them out (StreamParts, with their engine spans: StreamSpans).
+
+A lease is taken by DataPlane.lease() after admission (server/dataplane.py): while held, the version counts the
+request in flight and cannot close its served model; when it ends, the request is recorded in the version's
+statistics (success or failure, with its duration) and the plane's in-flight count goes down.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator, Callable
+
+from server.generation import StreamChunk
+from server.model import ServedModel
+from server.protocol.types import StreamPart
+from server.repository.version import ModelVersion
+from server.runtime import tracing
+
+
+def prompt_text(served: ServedModel, prompt: str | list[int]) -> str:
+    """A prompt as text: token ids decoded by the version that generates from them (checked by then)."""
+    return prompt if isinstance(prompt, str) else served.prompt_text(prompt)
+
+
+class Lease:
+    """A request's hold on one model version (a plain class rather than a generator-based context manager: this
+    runs on every request). `done` is called with the version when the lease ends."""
+
+    __slots__ = ("_done", "_version", "_started", "span", "_token")
+
+    def __init__(self, done: Callable[[ModelVersion], None], version: ModelVersion, operation: str = "") -> None:
+        self._done = done
+        self._version = version
+        self._started = time.perf_counter()
+        # dataplane.<operation>, a child of the door's span (None unless tracing)
+        self.span = tracing.start(f"dataplane.{operation}", model=version.name, version=version.version) \
+            if operation and tracing.enabled() else None
+        self._token = None
+
+    def __enter__(self) -> ServedModel:
+        self._token = tracing.use(self.span)
+        try:
+            return self._version.model
+        except BaseException as exc:  # no served model after all: the lease ends here, counted as a failure
+            self.__exit__(type(exc), exc, None)
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._version.stats.record_request(kind is None, time.perf_counter() - self._started)
+        self._done(self._version)
+        if self.span is not None:
+            tracing.reset(self._token)
+            tracing.end(self.span, exc if exc is not None else
+                        (RuntimeError(kind.__name__) if kind is not None else None))
+
+
+class SharedLease:
+    """One lease held by a request's streams: ended (and recorded) when the last one ends."""
+
+    __slots__ = ("_lease", "_open", "_failed")
+
+    def __init__(self, lease: Lease, streams: int) -> None:
+        self._lease, self._open, self._failed = lease, streams, False
+        if streams == 0:
+            lease.__exit__(None, None, None)
+
+    def end(self, ok: bool) -> None:
+        self._failed = self._failed or not ok
+        self._open -= 1
+        if self._open == 0:
+            self._lease.__exit__(Exception if self._failed else None, None, None)   # (the statistics' outcome)
+
+
+class StreamParts:
+    """One stream of a request's streams: its chunks as StreamParts (the first with the prompt's text when
+    echoed); its end, or aclose(), gives back its share of the request's lease."""
+
+    def __init__(self, served: ServedModel, chunks: AsyncIterator[StreamChunk], echo: str | list[int] | None,
+                 held: SharedLease, parent_span: Any = None) -> None:
+        self._served, self._chunks, self._echo, self._held = served, chunks, echo, held
+        self._open = True
+        self._spans = StreamSpans(parent_span) if parent_span is not None else None
+
+    def __aiter__(self) -> "StreamParts":
+        return self
+
+    async def __anext__(self) -> StreamPart:
+        if not self._open:
+            raise StopAsyncIteration
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._end(True)
+            raise
+        except BaseException:
+            await self.aclose()
+            raise
+        text = None
+        if self._echo is not None:
+            text, self._echo = prompt_text(self._served, self._echo), None
+        if self._spans is not None:
+            self._spans.chunk(chunk)
+        if chunk.final:
+            self._end(True)
+        return StreamPart(model=self._served.name, version=self._served.version, chunk=chunk, prompt_text=text)
+
+    async def aclose(self) -> None:
+        if self._open:
+            try:
+                await self._chunks.aclose()  # type: ignore[attr-defined]
+            finally:
+                self._end(False)
+
+    def _end(self, ok: bool) -> None:
+        if self._open:
+            self._open = False
+            if self._spans is not None:
+                self._spans.end(ok)
+            self._held.end(ok)
+
+
+class StreamSpans:
+    """A stream's engine spans (tracing on): engine.first_token from submission to the first chunk, then
+    engine.decode to the last; children of the data plane's span."""
+
+    __slots__ = ("_parent", "_first", "_decode", "_tokens")
+
+    def __init__(self, parent: Any) -> None:
+        self._parent = parent
+        self._first = tracing.start("engine.first_token", parent)
+        self._decode: Any = None
+        self._tokens = 0
+
+    def chunk(self, chunk: StreamChunk) -> None:
+        self._tokens += len(chunk.tokens)
+        if self._first is not None:
+            tracing.end(self._first)
+            self._first = None
+            self._decode = tracing.start("engine.decode", self._parent)
+
+    def end(self, ok: bool) -> None:
+        error = None if ok else RuntimeError("stream closed before its end")
+        tracing.end(self._first, error)
+        tracing.end(self._decode, error, tokens=self._tokens)
+        self._first = self._decode = None
+
+
+__all__ = ["Lease", "SharedLease", "StreamParts", "StreamSpans", "prompt_text"]
