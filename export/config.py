@@ -62,8 +62,8 @@ class Tolerances:
     # share of greedy outputs (up to 24 new tokens) identical to PyTorch's, and the perplexity ratio teacher-forced
     # along PyTorch's greedy outputs. On the trained g2p model the misses fall on multi-word phrases and long
     # words, the outputs it was never trained for; random test models (testing/seq2seq_checkpoints.py: flat
-    # distributions, many near ties) keep far fewer outputs identical, and a perturbed graph's ratio is well over
-    # the limits. The identical-output floor is far under g2p's (greedy ids flip on near ties and one flip changes
+    # distributions, many near ties) keep anywhere from few to all of their outputs identical, and a perturbed
+    # graph's ratio is well over the limits. The identical-output floor is far under g2p's (greedy ids flip on near ties and one flip changes
     # the rest of an output); the ratio is the tight limit. Measured: docs/model-package.md, "What the gate checks"
     # (the gate's figures per model), docs/MODELS.md, "The served package: fp32 vs its weight-quantized variants"
     # (g2p's test words).
