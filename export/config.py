@@ -27,7 +27,8 @@ class Tolerances:
     # of the next-token distributions (nats) and perplexity ratio on the next true token
     kv8_max_kl: float = 0.01
     kv8_max_perplexity_ratio: float = 1.02
-    kv8_mixed_atol: float = 1e-4      # its mixed twin vs the plain kv8 graph (rtol the same; measured: equal)
+    kv8_mixed_atol: float = 1e-4      # its mixed twin vs the plain kv8 graph (rtol the same; measured equal to the
+                                      # bit: docs/model-package.md, "What the gate checks")
     # fp16 in-place decoder (CUDA), judged like kv8: teacher-forced KL and perplexity ratio vs PyTorch fp32
     fp16_max_kl: float = 0.01
     fp16_max_perplexity_ratio: float = 1.02
@@ -35,22 +36,23 @@ class Tolerances:
     # Weight-quantized decoders (w8, w4 and their kv8 twins), judged by what they change against PyTorch fp32:
     # the perplexity ratio on the next true token, teacher-forced through the graph's cache on held-out sentences
     # (156 positions), and greedy agreement = how many leading ids of each held-out prompt's 32-token greedy
-    # continuation equal PyTorch's, averaged over the 24 prompts (fp32 gives 32). Measured on the trained
-    # defaults (GPT-2 / Llama small, bench/quantized.py, 2026-11-26): w8 1.0008 / 1.0004 and 29.0 / 30.7; w4
-    # 1.0022 / 0.9968 and 29.8 / 28.2 (a 4-bit LM head: 22.5 / 27.2). Greedy ids of these high-entropy models
-    # flip on near ties (their corpus perplexity ~300), hence the room; a broken graph scores 0-4.
+    # continuation equal PyTorch's, averaged over the 24 prompts (fp32 gives all 32). Greedy ids of the trained
+    # defaults (high-entropy models) flip on near ties, hence the room below 32, while a broken graph scores far
+    # under the limits. Chosen by measurement: docs/BENCHMARKS.md, "Weight-quantized decoders" (bench/quantized.py),
+    # docs/model-package.md, "What the gate checks", and bench/FINDINGS.md, "Weight-quantized decoders (issue 23)".
     w8_max_perplexity_ratio: float = 1.01
     w8_min_greedy_tokens: float = 24.0
     w4_max_perplexity_ratio: float = 1.03
     w4_min_greedy_tokens: float = 20.0
     # A quantized mixed twin vs its plain graph making the same calls (decode rows, then the chunk, apart), absolute.
     # MatMulNBits at accuracy level 4 is not bit-equal across call shapes: a row's result depends on the rows it is
-    # computed with, and 12 layers deep that reached 7.0e-3 (w8) and 1.2e-2 (w4) in the cache of the 124M Llama
-    # trained for the benchmarks (1e-6 on the 4-layer defaults). A wiring fault moves logits by whole units.
+    # computed with, and the difference grows with depth (the 124M Llama trained for the benchmarks uses a good part
+    # of this room; the 4-layer defaults almost none). A wiring fault moves logits by whole units. Measured:
+    # bench/FINDINGS.md, "Weight-quantized decoders (issue 23)" and "Quantized decoders against the peers".
     weights_mixed_atol: float = 3e-2
-    # ... over an int8 cache (w8kv8, w4kv8): MatMulNBits rows differ across call shapes by ~1e-6, so a cache value
-    # on a rounding boundary may take the next int8 step, and the logits move with it: measured on the trained
-    # Llama's w4kv8, one value one step away and the logits 7.7e-3 (absolute; w8kv8 equal to 2e-6)
+    # ... over an int8 cache (w8kv8, w4kv8): MatMulNBits rows differ slightly across call shapes, so a cache value
+    # on a rounding boundary may take the next int8 step, and the logits move with it (measured on the trained
+    # Llama: bench/FINDINGS.md, "Weight-quantized decoders (issue 23)")
     weights_kv8_mixed_cache_steps: float = 1.0
     weights_kv8_mixed_atol: float = 3e-2
     greedy_agreement_tokens: int = 32
@@ -58,15 +60,13 @@ class Tolerances:
     # Weight-quantized encoder-decoders (w8, w4: encoder and decoder graphs, export/seq2seq_quantized.py), judged
     # against PyTorch fp32 on 72 held-out sources (48 words, 24 five-word phrases of the held-out sentences): the
     # share of greedy outputs (up to 24 new tokens) identical to PyTorch's, and the perplexity ratio teacher-forced
-    # along PyTorch's greedy outputs. Measured 2026-11-26 on the trained g2p model (block 128, 8-bit head): w8
-    # 0.861 identical (every miss on a multi-word phrase or a long word, the outputs it was never trained for),
-    # ratio 1.0007, mean KL 4e-4 nats; w4 0.667, 1.041, 0.026 nats. On CMUdict's 3,731 test words the same w8
-    # gives 98.9% of fp32's outputs and WER +0.1 point, w4 91.3% and +0.6 (docs/MODELS.md). The random OPUS-MT-shaped
-    # Marian of the benchmarks: w8 1.0 identical, ratio 0.998; w4 1.0, 1.027. Random test models
-    # (testing/seq2seq_checkpoints.py: flat distributions, many near ties) scored w8 0.51-1.0 identical, ratio <=
-    # 1.008; w4 0.01-0.90, ratio <= 1.17. A perturbed graph scores a ratio of several units. The identical-output
-    # floor is far under g2p's (greedy ids flip on near ties and one flip changes the rest of an output); the
-    # ratio is the tight limit.
+    # along PyTorch's greedy outputs. On the trained g2p model the misses fall on multi-word phrases and long
+    # words, the outputs it was never trained for; random test models (testing/seq2seq_checkpoints.py: flat
+    # distributions, many near ties) keep anywhere from few to all of their outputs identical, and a perturbed
+    # graph's ratio is well over the limits. The identical-output floor is far under g2p's (greedy ids flip on near ties and one flip changes
+    # the rest of an output); the ratio is the tight limit. Measured: docs/model-package.md, "What the gate checks"
+    # (the gate's figures per model), docs/MODELS.md, "The served package: fp32 vs its weight-quantized variants"
+    # (g2p's test words).
     seq2seq_w8_min_identical: float = 0.5
     seq2seq_w8_max_perplexity_ratio: float = 1.01
     seq2seq_w4_min_identical: float = 0.5
@@ -88,18 +88,18 @@ class Tolerances:
 @dataclass(frozen=True)
 class WeightQuantConfig:
     """How the weight-quantized variants are made (export/weights.py); recorded per variant in model.json
-    `quantization`. Chosen by measurement (bench/quantized.py --grid, docs/BENCHMARKS.md), 2026-11-26, 2 cores:
-    - accuracy_level 4 (int8 activations): at level 0 (fp32 compute) 8-bit weights ran 4-13 ms a step instead
-      of 0.5 (a dequantizing path), 4-bit 1.5-1.8x slower;
-    - block 128: vs block 32 the 124M Llama shape's batch-1 step 3.28 vs 4.04 ms and batch 8 10.4 vs 12.3; on
-      the small defaults batch 8 8-10% faster, batch 1 within noise; 4-bit mean KL 3.7e-4 vs 1.9e-4 nats
-      (Llama) and 0.9e-4 vs 1.7e-4 (GPT-2), held-out corpus perplexity within 0.05% either way; a weight
-      narrower than the block takes the largest power of two that fits;
-    - LM head (tied: a transposed copy of the embedding, which stays fp32 for the lookup) in 8 bits: vs fp32
-      the 4-bit step 1.5x faster at batch 1 on the small defaults (the head is 40% of their weights) at the
-      same KL; in 4 bits 10-20% faster still but KL 5x and greedy agreement 22.5 instead of 29.8 (GPT-2);
-    - symmetric round-to-nearest: HQQ (float zero points) ran 8-13x slower through MatMulNBits; asymmetric
-      RTN: KL 0.7-1.4e-4, corpus perplexity and speed the same within noise (block 32)."""
+    `quantization`. Chosen by measurement (`python -m bench quantized --grid`; the figures: bench/FINDINGS.md,
+    "Weight-quantized decoders (issue 23)", and the grid's tables in docs/BENCHMARKS.md, "Weight-quantized
+    decoders"):
+    - accuracy_level 4 (int8 activations): at level 0 (fp32 compute) MatMulNBits takes a dequantizing path,
+      far slower for 8-bit weights and slower for 4-bit;
+    - block 128: faster than block 32 on the 124M Llama shape and at batch 8 on the small defaults, and the gate
+      cannot tell their accuracy apart; a weight narrower than the block takes the largest power of two that fits;
+    - LM head (tied: a transposed copy of the embedding, which stays fp32 for the lookup) in 8 bits: the head is
+      a large share of the small defaults' weights, so in 8 bits the 4-bit step is clearly faster than with an
+      fp32 head at the same KL; in 4 bits it is a little faster still but loses KL and greedy agreement;
+    - symmetric round-to-nearest: HQQ (float zero points) ran many times slower through MatMulNBits; asymmetric
+      RTN matched symmetric in KL, corpus perplexity and speed within noise."""
 
     block_size: int = 128
     accuracy_level: int = 4      # MatMulNBits: 0 = fp32 compute, 4 = int8 activations per block

@@ -96,7 +96,7 @@ class InplaceChecks:
         self.dims = (num_layers, kv_heads, head_dim, max_length)
         self.pad, self.atol, self.rtol, self.greedy_tokens = pad_id, atol, rtol, greedy_tokens
         # An int8 cache compared with another graph's int8 cache: how many quantization steps may differ (a value
-        # that lands on a rounding boundary can round either way after a 1e-6 difference upstream). None: atol.
+        # that lands on a rounding boundary can round either way after a tiny difference upstream). None: atol.
         self.cache_atol = cache_atol
         self.cache_worst = 0.0     # the largest cache difference of the last _compare that had cache_atol
         self._greedy_refs: dict[tuple[tuple[int, ...], int], list[int]] = {}
@@ -304,7 +304,8 @@ class InplaceChecks:
         slot 3's, outside it) in the same run, against PyTorch (or `reference(ids) -> (logits, cache)`), or with
         same_schedule against the plain graph making the same calls one group at a time (decode rows, then the
         chunk): the yardstick for kernels whose results depend on the shape of the call (MatMulNBits at accuracy
-        level 4 moved a 5-token prompt's logits by 6e-3 against the same prompt fed with one token more)."""
+        level 4 moves a prompt's logits when the same prompt is fed with one token more: bench/FINDINGS.md,
+        "Weight-quantized decoders (issue 23)")."""
         layers, kv, hd, max_len = self.dims
         d = SlotDriver(sess, layers, kv, hd, max_len, 4)
         got, seqs = self._mixed_schedule(d, MixedDriver(d, mixed_sess))

@@ -76,8 +76,8 @@ class _Builder(GraphWriter):
 
     def add_norm(self, x: str, residual: str, bias: np.ndarray | None, n: Norm, name: str) -> tuple[str, str]:
         """(norm(x + bias + residual), x + bias + residual). RMSNorm (T5) as one fused op; LayerNorm as Add +
-        LayerNormalization: onnxruntime's SkipLayerNormalization ran 2.5-6x slower than the two on this CPU
-        (export/decoder_graph.py, "Residual norms")."""
+        LayerNormalization: onnxruntime's SkipLayerNormalization ran several times slower than the two on CPU
+        (export/decoder_graph.py, "Residual norms"; measured: bench/FINDINGS.md, "Residual norms")."""
         if bias is not None:
             x = self.one("Add", [x, self.const(f"{name}.residual_bias", bias)])
         if n.bias is not None:
@@ -360,7 +360,8 @@ def build_decoder_graph(w: Seq2SeqWeights, opset: int = 18) -> onnx.ModelProto:
     # The head: FusedMatMul(transB) on the target table itself when tied (stored once), T5's output scale as alpha,
     # over [batch, sequence, width] so that it writes `logits` itself. A Gemm over the flat rows needed a Reshape
     # after it, and with `logits` bound to the caller's buffer that Reshape is a copy of the whole [rows, vocab]
-    # block: 2.4 ms of a 25 ms step at batch 64 on the OPUS-MT shape's 58k vocabulary (bench/FINDINGS.md).
+    # block, a visible share of a wide-vocabulary step (measured: bench/FINDINGS.md, "Encoder-decoder int8 and the
+    # head's Reshape").
     tied = w.lm_head.shape == w.target_embed.shape and np.array_equal(w.lm_head, w.target_embed)
     head = "target.embed.weight" if tied else g.const("lm_head.weight", w.lm_head)
     hidden = g.to_3d(h, bs, w.d_model)

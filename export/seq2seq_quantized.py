@@ -7,10 +7,10 @@ tied FusedMatMul(transB) into a MatMul over its own transposed copy, `lm_head_bi
 the fp32 tables). What was measured to choose that (docs/model-package.md, "Encoder-decoder packages";
 docs/BENCHMARKS.md, "Weight-quantized encoder-decoders"):
   - the decoder carries the speed: on the OPUS-MT shape (6+6 layers, 512 wide, 58k vocabulary) a w8 decode step is
-    ~2x faster than fp32 at batch 1 and 8, and an 8-bit head is half of that gain (the 58k x 512 head is as big as
-    the six layers); the encoder gains 1.1-1.4x;
+    much faster than fp32 at batch 1 and 8, and an 8-bit head is a large part of that gain (the 58k x 512 head is
+    as big as the six layers); the encoder gains less;
   - on the trained g2p model quantizing the encoder too moves greedy outputs little more than the decoder alone
-    (98.9% vs 99.5% identical to fp32 on the 3,731 test words, WER within 0.2 points either way).
+    (docs/MODELS.md, "The served package: fp32 vs its weight-quantized variants").
 
 int8 runs every weight product, the head's included, on onnxruntime's integer GEMM (AMX / VNNI where the CPU has
 them) with one activation scale per row, computed in the graph: on the OPUS-MT shape at batch 64 the batch job ran

@@ -4,8 +4,8 @@ median of round medians, a less exact variant chosen only when more than speed.M
 
 One step = one new token per row over a self cache of `past` positions and cross keys/values of `source`
 positions, both bound through IOBinding as the server binds them, at batch 1 and 8. The encoder runs once per
-request and is not timed here: a request spends most of its time in decode steps (on the OPUS-MT shape 16 steps
-of ~20-40 ms against one ~30 ms encoder call).
+request and is not timed here: a request spends most of its time in decode steps, one per new token against one
+encoder call (the OPUS-MT shape's step and encoder times: docs/BENCHMARKS.md, "Weight-quantized encoder-decoders").
 """
 from __future__ import annotations
 

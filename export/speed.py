@@ -21,11 +21,12 @@ from modelpkg import CACHE_ELEMENT_TYPES, Manifest, past_name, present_name
 log = logging.getLogger(__name__)
 
 # The variants the CPU default is picked from, most exact first: on a near tie the more exact one is kept. The
-# int8-cache variants (kv8, w8kv8, w4kv8) are asked for by name: their prompt prefill is slower (kv8: 1.04-1.34x,
-# docs/BENCHMARKS.md) and served kv8 came out even with fp32, which a decode-step timing cannot see. int8 (an
-# encoder-decoder's per-token integer variant) ranks after w8: its weight scales are per column where w8's are per
-# block of 128 rows, and on the gate's held-out sources it kept a few more greedy outputs identical to fp32 than w8
-# on random BART / T5 and one fewer on a random Marian (72 sources each).
+# int8-cache variants (kv8, w8kv8, w4kv8) are asked for by name: their prompt prefill is slower and served kv8 came
+# out even with fp32 (docs/BENCHMARKS.md, the kv8 variant in "Generation vs peers: gpt2"), which a decode-step
+# timing cannot see. int8 (an encoder-decoder's per-token integer variant) ranks after w8: its weight scales are
+# per column where w8's are per block of 128 rows, and on the gate's held-out sources it kept about as many greedy
+# outputs identical to fp32 as w8, a few more on some random models and fewer on others (docs/model-package.md,
+# "Encoder-decoder packages").
 AUTO_DEFAULT = ("fp32", "w8", "int8", "w4")
 MARGIN = 0.05   # a less exact variant becomes the default only when at least 5% faster
 

@@ -49,11 +49,11 @@ def parse_args(argv: list[str] | None = None) -> PipelineConfig:
                    help="override training steps, e.g. --steps mlm=50 (stages: mlm, classify, lm, g2p, "
                         "token-classify)")
     p.add_argument("--g2p", action="store_true",
-                   help="also train the grapheme-to-phoneme encoder-decoder on CMUdict (~5 minutes) and publish it "
-                        "as 'g2p'")
+                   help="also train the grapheme-to-phoneme encoder-decoder on CMUdict (minutes: docs/MODELS.md) "
+                        "and publish it as 'g2p'")
     p.add_argument("--punctuate", action="store_true",
                    help="also fine-tune the encoder as a punctuation and casing restorer (token classification, "
-                        "~3 minutes) and publish it as 'punctuate'")
+                        "minutes: docs/MODELS.md) and publish it as 'punctuate'")
     p.add_argument("--variants", action="append", default=[], metavar="TASK=LIST",
                    help="variants per task, e.g. --variants classify=fp32,optimized,int8 (tasks: classify, "
                         "fill-mask, generate, embed, g2p, token-classify)")

@@ -27,11 +27,11 @@ class PipelineConfig:
     preset: str | None = None                          # None = each trainer's default (small)
     names: dict[str, str] = field(default_factory=lambda: {**DEFAULT_MODELS, "g2p": "g2p"})  # stage -> published name
     # The encoder-decoder: grapheme-to-phoneme trained on CMUdict (training/tasks/g2p.py), published as "g2p". Off
-    # unless asked (`--g2p`; the main command asks): the default recipe takes ~5 minutes on 2 cores.
+    # unless asked (`--g2p`; the main command asks): the default recipe takes minutes (docs/MODELS.md, "Results").
     g2p: bool = False
     # Punctuation and casing restoration: MiniLM fine-tuned as a token classifier on the corpus's own marks and
     # capitals (training/punctuation.py), published as "punctuate". Off unless asked (`--punctuate`; the main
-    # command asks): ~3 minutes on 2 cores.
+    # command asks): minutes of training (docs/MODELS.md, "Punctuation and casing restoration").
     punctuate: bool = False
     # "minilm": fill-mask continues MLM training from the packaged MiniLM (its tokenizer) and the classifier is
     # fine-tuned from MiniLM; "scratch": a WordPiece tokenizer and a BERT pre-trained from random weights on the
@@ -45,9 +45,10 @@ class PipelineConfig:
     steps: dict[str, int] = field(default_factory=dict)      # per-stage step overrides (tests use tiny runs)
     threads: int | None = None                         # torch threads per training run (None: the trainer's)
     server: ClientConfig | None = None                 # a running server to load new versions into
-    # int8 (export/int8.py) is asked for the punctuation restorer, where it keeps 99.2% top-1 agreement at ~2x the
-    # fp32 graph; a variant the gate refuses leaves the package alone. Not for the genre classifier: it agrees on
-    # 98.5% of the genre test split (under the gate's 99%) and judging it runs the 2674 passages once more.
+    # int8 (export/int8.py) is asked for the punctuation restorer, where it passes the gate and runs faster than the
+    # fp32 graph (docs/MODELS.md, "int8 that passes"); a variant the gate refuses leaves the package alone. Not for
+    # the genre classifier: it agrees with fp32 on too few of the genre test split for the gate (docs/model-package.md,
+    # "Variants") and judging it runs the 2674 passages once more.
     # The decoder ships its weight-quantized variants (8 / 4 bits, 4 bits over an int8 cache): one the gate refuses
     # leaves the package alone, and the CPU default is the fastest that passed (docs/model-package.md).
     variants: dict[str, str] = field(default_factory=lambda: {"classify": "fp32,optimized",

@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--local", type=Path, default=None, metavar="REPOSITORY",
                    help="run the model package in-process from this model repository (no server)")
     m.add_argument("--instances", type=positive_int, default=1, metavar="N",
-                   help="with --local: generation engines per model, each with CORES/N onnxruntime threads (2 x 1 "
-                        "beat 1 x 2 on 2 cores for a Marian-size model's batch job: docs/configuration.md)")
+                   help="with --local: generation engines per model, each with CORES/N onnxruntime threads (more "
+                        "engines of fewer threads can run a batch job faster: docs/configuration.md)")
     m.add_argument("--max-sequences", type=positive_int, default=None, metavar="N",
                    help="with --local: sequences each engine decodes per step (default the server's)")
     m.add_argument("--ray", type=positive_int, default=0, metavar="WORKERS",

@@ -2,9 +2,9 @@
 
 Every record line is appended and flushed to the OS before the next, in input order, so after the process
 dies (kill -9 included) the file holds a prefix of the full output plus at most one partial last line. The
-disk itself is synced at most every FSYNC_EVERY_S and on close: fsync per answer on the event loop was 2/3 of
-the loop's time in a g2p batch job and halved its throughput; a machine crash can lose the last half second
-of answers, which a resumed run recomputes (it never sees them as done). Opening it
+disk itself is synced at most every FSYNC_EVERY_S and on close: fsync per answer on the event loop took most of
+the loop's time in a g2p batch job (measured: bench/FINDINGS.md, "Batch output's fsync"); a machine crash can lose
+the last FSYNC_EVERY_S of answers, which a resumed run recomputes (it never sees them as done). Opening it
 again drops that partial line (it is not a record) and remembers which ids are done; completed
 lines are never rewritten.
 """
