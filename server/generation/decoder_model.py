@@ -26,7 +26,8 @@ from server.repository.consistency import check_prompts, check_tokenizer
 from server.protocol.errors import Code, ServingError
 from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
                                OverloadedError, StreamChunk)
-from server.generation.engine import INLINE_PROMPT_SIZE, Job, SequenceStream
+from server.generation.admission import INLINE_PROMPT_SIZE, Job
+from server.generation.streams import SequenceStream
 from server.model import Feeds, Loaded, ServedModel
 from server.sessions import create_session
 from server.text.tokenizer import load_tokenizer

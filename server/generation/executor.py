@@ -42,7 +42,7 @@ BEAM_ROWS = 4
 
 @dataclass(frozen=True)
 class Run:
-    """Decode steps back to back after a pure decode plan's first (the engine decides when: engine._run)."""
+    """Decode steps back to back after a pure decode plan's first (the engine decides when: loop.EngineLoop._run)."""
 
     steps: int                     # at most this many steps in all ...
     budget_s: float                # ... and none that would take the run past this many seconds
@@ -139,7 +139,7 @@ class SlotExecutor:
                     out.failed.append((search.states, "beam search step failed", exc))
                 searches = {}
             # Last: the more steps' decodes write over `decoded` (runner.decode's buffer). A run is planned only
-            # without tails and beams (engine._run), so nothing taken from it above is read after them.
+            # without tails and beams (loop.EngineLoop._run), so nothing taken from it above is read after them.
             if work.run is not None:
                 self._more_steps(work.run, work.idle, out, started)
         chunks: list[tuple[Chunk, np.ndarray]] = tail_logits
