@@ -14,17 +14,12 @@ import dataclasses
 import time
 from typing import Callable
 
-from tokenizers import Tokenizer
-
 from .beams import BeamOptions, BeamSearch
-from .inputs import PromptProcessor
+from .factory import EngineParts
 from .params import GenerationConfig, GenerationParams
 from .results import FINISH_CANCELLED, EngineStoppedError, OverloadedError
 from .scheduler import Scheduler, SeqState, Status
-from .seq2seq_spec import SourceSpec
 from .sequence import Sequence
-from .source import SourceProcessor
-from .spec import DecoderSpec
 
 Job = tuple[str | list[int], GenerationParams]   # one sequence of a request: its prompt and parameters
 # Characters of text prompts (or ids of token prompts) in one request above which they are tokenized and checked
@@ -36,18 +31,12 @@ class Admission:
     """The engine's door into its scheduler. `running` says whether the engine serves; `changed` is called after
     the queue changed (the engine records its gauges and wakes its loop)."""
 
-    def __init__(self, scheduler: Scheduler, inputs: PromptProcessor | SourceProcessor, spec: DecoderSpec,
-                 source: SourceSpec | None, tokenizer: Tokenizer, config: GenerationConfig, label: str,
+    def __init__(self, scheduler: Scheduler, parts: EngineParts, config: GenerationConfig, label: str,
                  running: Callable[[], bool], changed: Callable[[], None]) -> None:
-        self._scheduler = scheduler
-        self._inputs = inputs
-        self._spec = spec
-        self._source = source
-        self._tokenizer = tokenizer
-        self._config = config
-        self._label = label
-        self._running = running
-        self._changed = changed
+        self._scheduler, self._config, self._label = scheduler, config, label
+        self._inputs, self._tokenizer = parts.inputs, parts.tokenizer
+        self._spec, self._source = parts.spec, parts.source
+        self._running, self._changed = running, changed
         self.admitting = 0        # requests inside admit() (their prompts tokenized): load not yet in the queues
 
     async def admit(self, jobs: list[Job], deadline: float | None = None, field: str = "prompt") -> list[Sequence]:

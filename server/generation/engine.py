@@ -85,10 +85,9 @@ class GenerationEngine:
                                                     slot_length=self.spec.max_length))
         self._runner = parts.runner
         self._metrics = EngineMetrics(metrics, model_label, self._scheduler)
-        self._loop = EngineLoop(self._scheduler, self._runner, self.spec, parts.tokenizer, cfg, self._metrics,
-                                model_label, instance)
-        self._admission = Admission(self._scheduler, self.inputs, self.spec, self.source, parts.tokenizer, cfg,
-                                    model_label, lambda: self.running, self._queue_changed)
+        self._loop = EngineLoop(self._scheduler, parts, cfg, self._metrics, model_label, instance)
+        self._admission = Admission(self._scheduler, parts, cfg, model_label, lambda: self.running,
+                                    self._queue_changed)
         if self._runner.device.kind != Device.of(self._runner.session).kind:
             logger.warning("generation %s: a %s cache beside a CUDA session: onnxruntime's CUDA GroupQueryAttention "
                            "takes fp16 only, so attention runs on the CPU provider and the cache stays in host "

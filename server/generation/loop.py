@@ -19,19 +19,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tokenizers import Tokenizer
-
 from .beams import Beam
 from .engine_metrics import EngineMetrics
 from .executor import Outcome, Run, SlotExecutor
+from .factory import EngineParts
 from .outputs import emit_token
 from .params import GenerationConfig
 from .results import FINISH_CANCELLED, EngineStoppedError
 from .sampling import Choice
 from .scheduler import Plan, Scheduler, Status
 from .sequence import Sequence, to_generated_token
-from .slot_runner import SlotRunner
-from .spec import DecoderSpec
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +36,14 @@ logger = logging.getLogger(__name__)
 class EngineLoop:
     """The asyncio task that runs the iterations and the worker thread they compute in."""
 
-    def __init__(self, scheduler: Scheduler, runner: SlotRunner, spec: DecoderSpec, tokenizer: Tokenizer,
-                 config: GenerationConfig, metrics: EngineMetrics, label: str, instance: int) -> None:
-        self._scheduler = scheduler
-        self._runner = runner
-        self._executor = SlotExecutor(runner)
-        self._spec = spec
-        self._tokenizer = tokenizer
-        self._config = config
-        self._metrics = metrics
+    def __init__(self, scheduler: Scheduler, parts: EngineParts, config: GenerationConfig, metrics: EngineMetrics,
+                 label: str, instance: int) -> None:
+        """instance: which of a model's engines this is (--generation-instances): its worker thread's name."""
+        self._scheduler, self._config, self._metrics = scheduler, config, metrics
+        self._runner, self._spec, self._tokenizer = parts.runner, parts.spec, parts.tokenizer
+        self._executor = SlotExecutor(parts.runner)
         self._label = label
-        self._instance = instance
+        self._thread_name = f"generate-{label}" + (f"-{instance}" if instance else "")
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._thread: ThreadPoolExecutor | None = None
@@ -62,8 +56,7 @@ class EngineLoop:
 
     def start(self) -> None:
         self._wake = asyncio.Event()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"generate-{self._label}"
-                                          + (f"-{self._instance}" if self._instance else ""))
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._thread_name)
         self._task = asyncio.create_task(self._loop(), name=f"generation-loop-{self._label}")
 
     async def stop(self) -> None:
