@@ -20,6 +20,21 @@ Semantics the servicers rely on:
 - Logprobs: log-softmax after repetition penalty and temperature (0 counts as 1), before top-k/top-p.
 - Streamed text never splits a UTF-8 character and never shows a stop sequence or a prefix of one
   that may still complete; closing the stream (or cancelling generate()) frees the batch slot.
+
+Modules, by job:
+- the served models: decoder_model.py (a decoder; KServe text mode), seq2seq_model.py (an encoder-decoder);
+- the engine: engine.py (GenerationEngine: assembles the rest behind this API), admission.py (a request's
+  sequences queued together or not at all), loop.py (plan -> executor -> outcome, the worker thread),
+  streams.py (chunks as streams or whole results), warmup.py (the load-time runs and edges),
+  engine_metrics.py (token timings, plans, gauges);
+- a request: params.py (parameters, configuration), inputs.py / source.py (prompt or source -> checked ids),
+  sequence.py (one request's state and queue), sampling.py (the next token), outputs.py and detokenize.py
+  (token -> text, stops, chunks), results.py (chunks, results, errors);
+- the iteration: scheduler.py (the plan, pure Python), executor.py (the plan's calls in the thread),
+  beams.py and beam_scores.py (beam search);
+- the model's parts: factory.py (chosen by the manifest), spec.py / seq2seq_spec.py (what the engine reads of a
+  package), slot_runner.py / cross_runner.py (onnxruntime calls over the slots), device_cache.py (the cache
+  buffers on the session's device), encoder_step.py (an encoder-decoder's sources encoded into its slots).
 """
 from .engine import GenerationEngine
 from .params import GenerationConfig, GenerationParams

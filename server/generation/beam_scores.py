@@ -2,9 +2,8 @@
 
 A beam search keeps the 2k best of k x vocabulary candidates each step. In numpy that is a pass for the maximum,
 one for exp, one for the sum, more for the log-probabilities and the search's scores, and a partition of the
-whole block: 29% of the engine thread on the OPUS-MT shape's beam-4 batch job (58,101 words), against the graph's
-own decode call. onnxruntime does it on the session's threads, the graph below: 64 rows in 4.2-5.5 ms against
-numpy's 10 (bench/FINDINGS.md), the 128-source beam-4 job 245-259 -> 304-313 tok/s in-process.
+whole block: a large part of the engine thread on a 58,101-word vocabulary beside the graph's own decode call.
+onnxruntime does it on the session's threads, the graph below, in less time (bench/FINDINGS.md).
 
     max = ReduceMax(logits, axis 1); shifted = logits - max; logprobs = shifted - Log(ReduceSum(Exp(shifted)))
     values, indices = TopK(logprobs, k, axis 1, largest, sorted)   # equal values: the lower index first

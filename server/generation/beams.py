@@ -280,8 +280,8 @@ def numpy_top(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _top(scores: np.ndarray, n: int) -> np.ndarray:
     """Indices of the n largest scores, best first, ties by lower index. Over beams x vocabulary (as it once ran)
-    a full sort was most of a beam step (54% of the engine thread on a Marian beam-4 job): partition first, then
-    sort the few that reach the n-th largest score (all of them, so ties at the edge still go to the lower index)."""
+    a full sort was most of a beam step (bench/FINDINGS.md): partition first, then sort the few that reach the
+    n-th largest score (all of them, so ties at the edge still go to the lower index)."""
     if n >= scores.size:
         return np.argsort(-scores, kind="stable")[:n]
     edge = np.partition(scores, scores.size - n)[scores.size - n]      # the n-th largest

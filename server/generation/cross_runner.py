@@ -12,8 +12,8 @@ outputs, never NaN.
 
 The cross buffers' source axis is not max_source_length but the longest source admitted so far, rounded up to a
 power of two (from 16): the cross-attention op reads every position it is given, masked or not, so on a package
-exported with OPUS-MT's 512 positions it would read 512 per row and step however short the sources (64 rows, 6
-layers: 39 ms a step at 512 against 1.9 ms at 32, more than the rest of the step). A longer source grows them
+exported with OPUS-MT's 512 positions it would read 512 per row and step however short the sources (more than
+the rest of the step; docs/BENCHMARKS.md). A longer source grows them
 (a copy of what the slots hold, once per doubling); the engine shrinks them back after its warm-up, and when
 it goes idle with them past 4x their first length.
 """

@@ -10,8 +10,7 @@ With --generation-instances N there are N engines, each with sessions of its own
 its worker thread and max_sequences slots; a request goes whole (its n completions, its beams) to the one with the
 fewest sequences running, waiting or being admitted. On 2 cores two engines of one onnxruntime thread each beat
 one engine of two threads where a step's many small nodes each cost a hand-off between the threads (the OPUS-MT
-shape's 512-source batch job: int8 2,169-2,320 -> 3,043-3,152 tok/s, fp32 1,117-1,144 -> 1,275-1,325; beam 4
-+12-14%), not where the event loop is the limit (g2p: 11.3-11.7k -> 11.8-12.4k; bench/FINDINGS.md).
+shape's batch jobs), not where the event loop is the limit (g2p; bench/FINDINGS.md).
 """
 from __future__ import annotations
 
@@ -26,7 +25,8 @@ from server.repository.consistency import check_prompts, check_tokenizer
 from server.protocol.errors import Code, ServingError
 from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
                                OverloadedError, StreamChunk)
-from server.generation.engine import INLINE_PROMPT_SIZE, Job, SequenceStream
+from server.generation.admission import INLINE_PROMPT_SIZE, Job
+from server.generation.streams import SequenceStream
 from server.model import Feeds, Loaded, ServedModel
 from server.sessions import create_session
 from server.text.tokenizer import load_tokenizer

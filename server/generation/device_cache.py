@@ -115,8 +115,8 @@ _PAGE = 4096
 def _advise_huge_pages(address: int, nbytes: int) -> None:
     """Ask Linux for transparent huge pages over a host buffer, as numpy does for its large arrays. Where THP is
     "madvise" (the common default, and this machine's), memory onnxruntime allocates gets 4 KiB pages: a
-    prefill of 31 prompts into a 2.4 GB cache then ran 1.2x slower than over numpy-allocated buffers (TLB
-    misses; measured 2026-11-26, docs/BENCHMARKS.md). Best effort: elsewhere the call fails and changes nothing."""
+    prefill into a large cache then ran slower than over numpy-allocated buffers (TLB misses;
+    docs/BENCHMARKS.md). Best effort: elsewhere the call fails and changes nothing."""
     libc = _libc()
     if libc is None:
         return
@@ -182,9 +182,8 @@ class CacheBuffers:
     def copy_prefixes(self, sources: list[int], targets: list[int], length: int) -> None:
         """Positions [0, length) of each slot in `sources` into the slot at the same index of `targets`, every
         buffer, on the device: as if one after the other, with no target also a source (a beam step's copies:
-        a kept hypothesis's slot into a dropped one's). On the host one gather and scatter per buffer (a beam-4
-        step of 64 searches at 16 positions, OPUS-MT shape: up to 3 slot copies a search, 12 buffers x 8 heads of
-        memmoves each, took 75 ms of a 358 ms iteration; this way a few ms), on a GPU one 2-D copy per slot and buffer."""
+        a kept hypothesis's slot into a dropped one's). On the host one gather and scatter per buffer (instead of
+        a memmove per slot, buffer and head; bench/FINDINGS.md), on a GPU one 2-D copy per slot and buffer."""
         slots, heads, max_length, head_dim = self.shape
         if len(sources) != len(targets):
             raise ValueError(f"copy_prefixes: {len(sources)} sources for {len(targets)} targets")

@@ -4,10 +4,9 @@ session's device, one strided copy per row, slot and buffer). Decoding then read
 
 A call pads its rows to the longest, and padded positions cost what real ones do. Once calibrated (the engine's
 warm-up times two calls: `EncoderCost`), the rows are sorted by length and split into the calls that cost least
-in all: a split where the padding it saves costs more than one more call. On the OPUS-MT shape a call cost what
-16-30 padded tokens do (2.1-4.3 ms against 135-143 us a token, two warm-ups), and by those costs 39 sources of
-random lengths 9-25 go as 3-5 calls of ~700 padded tokens instead of one of 975; on g2p a call costs what ~50
-padded tokens do (0.24 ms / 4.9 us), more than the padding of its few short words, and they mostly stay one.
+in all: a split where the padding it saves costs more than one more call. Where a call costs what a few dozen
+padded tokens do, sources of mixed lengths go as a few calls instead of one; where a call costs more than the
+padding of a batch's few short words (g2p), they mostly stay one (bench/FINDINGS.md has the measured costs).
 
 Runs in the engine's worker thread, before the iteration's decoder calls (the executor's order), so a sequence
 admitted this iteration takes its first decoder step in the same iteration.
@@ -116,8 +115,3 @@ class SourceEncoder:
         for name, value in zip(names, io.get_outputs()):
             self.cross.write_rows(name, value, targets)
         self.cross.synchronize()
-
-    def warmup_rows(self, slot: int) -> list[EncodeRow]:
-        """What serving reaches: the source vocabulary's last id, and a source of max_source_length tokens."""
-        top, longest = self.spec.vocab_size - 1, self.spec.max_length
-        return [EncodeRow([top], (slot,)), EncodeRow([self.spec.pad_id] * longest, (slot,))]

@@ -35,14 +35,13 @@ from .slot_runner import DecodeRow, PrefillRow, SlotRunner
 
 
 # Rows per call of the beam scores' graph (beam_scores.py): its seven passes over 4 rows of 58,101 logits (0.9 MB)
-# stay in a core's cache, over 64 rows (15 MB) they do not: a 256-row beam-4 step's scores took 24 ms in calls of
-# 4 rows, 31 in 8, 30 in 16, 36 in 64 (OPUS-MT shape, one thread per engine, two engines).
+# stay in a core's cache, over 64 rows (15 MB) they do not; 4 rows a call was the fastest tried (bench/FINDINGS.md).
 BEAM_ROWS = 4
 
 
 @dataclass(frozen=True)
 class Run:
-    """Decode steps back to back after a pure decode plan's first (the engine decides when: engine._run)."""
+    """Decode steps back to back after a pure decode plan's first (the engine decides when: loop.EngineLoop._run)."""
 
     steps: int                     # at most this many steps in all ...
     budget_s: float                # ... and none that would take the run past this many seconds
@@ -139,7 +138,7 @@ class SlotExecutor:
                     out.failed.append((search.states, "beam search step failed", exc))
                 searches = {}
             # Last: the more steps' decodes write over `decoded` (runner.decode's buffer). A run is planned only
-            # without tails and beams (engine._run), so nothing taken from it above is read after them.
+            # without tails and beams (loop.EngineLoop._run), so nothing taken from it above is read after them.
             if work.run is not None:
                 self._more_steps(work.run, work.idle, out, started)
         chunks: list[tuple[Chunk, np.ndarray]] = tail_logits
@@ -170,8 +169,8 @@ class SlotExecutor:
                      ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Every search's rows (positions in `decoded`) scored at once: each row's 2k best log-probabilities and
         ids for the widest search's k, in calls of at most BEAM_ROWS rows over slices of the logits (no copy
-        when the rows are consecutive, as a batch of beam searches' are). Stacking each search's rows for a call
-        of its own cost ~25 ms of a 256-row beam-4 step (OPUS-MT shape): the job 393-394 -> 410-433 tok/s."""
+        when the rows are consecutive, as a batch of beam searches' are), rather than stacking each search's rows
+        for a call of its own (bench/FINDINGS.md)."""
         if not searches:
             return {}
         vocab = next(iter(searches)).vocab_size
@@ -305,8 +304,7 @@ def _wants_token(state: SeqState) -> bool:
 
 def _prompt_scores(chunk: Chunk, rows: np.ndarray) -> list[Choice]:
     """Scores of the prompt tokens after each position of the chunk, for a request that asked (prompt_logprobs):
-    a log-softmax over every position's logits, work for this thread (1024 positions of a 32k vocabulary: 0.09 s,
-    0.2 s with 20 alternatives, measured here)."""
+    a log-softmax over every position's logits, work for this thread, not the event loop (bench/FINDINGS.md)."""
     seq = chunk.seq.owner
     n = min(chunk.length, len(seq.prompt_ids) - 1 - chunk.start)   # the last prompt token scores nothing
     if seq.prompt_tokens is None or not _wants_token(chunk.seq) or n <= 0:

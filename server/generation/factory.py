@@ -1,6 +1,6 @@
 """The engine's model-specific parts, chosen by the typed manifest: a decoder's, or an encoder-decoder's.
 
-Both kinds run the same engine (engine.py: scheduler, executor, outputs, deadlines, metrics); what differs is
+Both kinds run the same engine (engine.py: admission, the loop, scheduler, executor, outputs); what differs is
     - input processing: a decoder's prompt ids (inputs.PromptProcessor), or an encoder-decoder's source ids
       (source.SourceProcessor; the decoder's prompt is then its start token);
     - the runner: the self cache's slot calls (slot_runner.SlotRunner), plus for an encoder-decoder the cross

@@ -30,7 +30,7 @@ class PromptProcessor:
         OpenAI's `n` repeats it, is tokenized once). The character bound of each text is checked before any is
         tokenized. batched=False (the event loop's short prompts): one encode per text, which holds the GIL;
         encode_batch releases it, and taking it back behind the engine's thread cost the loop more than the
-        tokenizing (py-spy: 9% of the loop's time in a batch job of one-word requests)."""
+        tokenizing (bench/FINDINGS.md)."""
         texts = {self._bounded(p, params.truncate_prompt) for p, params in jobs if isinstance(p, str)}
         texts.discard("")
         ordered = list(texts)

@@ -260,8 +260,8 @@ class GenerationConfig:
     # once per run instead of once per token. A request arriving (or leaving) stops the run after its current
     # step, so it waits at most one step longer than with 1. A run also stops before a step that would take it
     # past decode_run_ms (judged by the step before): a bound on how long a stream's tokens wait for their message.
-    # 250, not less: every run sends each stream a message, and with 40 ms (one 38 ms fp32 step a run at 32
-    # streams) served tokens/s fell 3-6% against 250 at 8-32 streams (bench/FINDINGS.md).
+    # 250, not less: every run sends each stream a message, and with a bound of about one fp32 step a run served
+    # tokens/s fell against 250 (bench/FINDINGS.md).
     decode_steps: int = 16
     decode_run_ms: float = 250.0
 

@@ -64,8 +64,8 @@ class Sampler:
 
     @property
     def rng(self) -> np.random.Generator:
-        """The request's generator, made at its first draw from its seed (entropy from the OS without one, ~12 us a
-        request that a greedy one need not pay)."""
+        """The request's generator, made at its first draw from its seed (entropy from the OS without one, a cost
+        a greedy request need not pay)."""
         if self._rng is None:
             self._rng = np.random.default_rng(self.params.seed)
         return self._rng
@@ -197,7 +197,7 @@ def _best(block: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The n largest entries of each row [rows, n] (ids, values), best first, ties by lower id. Overwrites block.
 
     n argmax passes (each takes the lowest id among ties): exact at the cut too, where argpartition picks any of
-    the tied entries, and no slower for the n <= 20 asked of it (argpartition took ~10x an argmax per row here)."""
+    the tied entries, and no slower for the n <= 20 asked of it (bench/FINDINGS.md)."""
     rows = np.arange(block.shape[0])
     idx = np.empty((block.shape[0], n), dtype=np.int64)
     vals = np.empty((block.shape[0], n), dtype=block.dtype)

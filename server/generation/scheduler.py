@@ -11,8 +11,8 @@ The prefill budget is `chunk_tokens` while anyone decodes (so a long prompt is c
 interleave with the running streams) and `max_prefill_tokens` otherwise (a lone prompt goes at once) — or when
 more requests could be admitted than are decoding: then the waiting outnumber the streams one longer step
 stalls, and prefilling them together (one pass over the weights for all, a wider decode batch from the next
-step on) beats admitting them a chunk at a time while they wait (32 streams sent at once reached the engine in
-groups, and the later ones got their first tokens 60 -> 2870 ms after sending, one chunk at a time).
+step on) beats admitting them a chunk at a time while they wait (streams sent at once reach the engine in groups,
+and the later ones waited long for their first tokens, one chunk at a time: docs/BENCHMARKS.md, bursts).
 Padded positions count against the budget: they cost compute like real ones. A prompt longer than the
 budget is cut into the fewest chunks that fit it, of equal size (no chunk over the budget, no tiny tail).
 

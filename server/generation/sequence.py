@@ -52,7 +52,7 @@ class Sequence:
     held: list[StreamChunk] = field(default_factory=list)
     held_tokens: int = 0                 # the tokens of `held`
     # Collected whole (a unary request): every chunk waits for the final one, so no token costs a queue round trip
-    # on the event loop (a g2p batch job of ~8-token words: 5% more tokens/s).
+    # on the event loop (bench/FINDINGS.md).
     whole: bool = False
 
     @classmethod

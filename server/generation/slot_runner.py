@@ -13,10 +13,10 @@ that are not decoding get a throw-away token written where their owner will writ
 
 With the package's mixed graph (two groups of rows sharing every weight multiplication), a decode step and a
 prompt chunk of the same iteration are one run. Alone, each runs on the plain graph — it has fewer nodes, and
-with threads that sleep between ops every node costs a wake-up: measured 14% faster at batch 8. The same holds
+with threads that sleep between ops every node costs a wake-up (bench/FINDINGS.md). The same holds
 when the sessions spin on the process's one shared pool (spinning "on", server/sessions.py). Only when two
 spinning sessions have a pool each (spinning "auto") does every call go through the mixed session: right after
-a run of one, its threads still spin while the other's first runs were measured 1.5-3x slower. The idle group
+a run of one, its threads still spin while the other's first runs are slower. The idle group
 is then filled by a one-token throw-away row in a scratch slot (one slot past the last real one).
 
 Synchronous on purpose: the engine runs these in its own thread (onnxruntime releases the GIL).
@@ -81,8 +81,8 @@ class SlotRunner:
 
     def decode(self, rows: list[DecodeRow], idle_positions: dict[int, int]) -> np.ndarray:
         """One token for each row → logits [len(rows), vocab] in row order, valid until this runner's next
-        decode: when the rows are slots 0..n-1 in order they are the runner's own buffer, not a copy (at 64 rows
-        of a 58k vocabulary the copy took ~1.6 ms of a ~25 ms step). A caller copies what it keeps longer.
+        decode: when the rows are slots 0..n-1 in order they are the runner's own buffer, not a copy (a copy of
+        every row's logits each step: bench/FINDINGS.md). A caller copies what it keeps longer.
 
         idle_positions: for slots below the highest decoding slot that are not decoding, where a
         throw-away write is harmless (missing = 0, a free slot)."""
@@ -194,7 +194,7 @@ class SlotRunner:
 
         reuse (one-token groups only): the logits land in a buffer of the runner's, returned as it is and written
         again by the next such call, so the caller copies what it keeps (decode() does). It saves allocating the
-        output and onnxruntime's get_outputs, which wraps every bound cache buffer: ~0.05 ms of a 2 ms step."""
+        output and onnxruntime's get_outputs, which wraps every bound cache buffer (bench/FINDINGS.md)."""
         session = groups[0][0]
         io = self._binding(session, tuple((g[1], g[2], g[3]) for g in groups))
         buffers = [self._logits_buffer(session, g[1], g[4].shape[0]) for g in groups] if reuse else []

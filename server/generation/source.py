@@ -28,10 +28,6 @@ class SourceProcessor:
         self.tokenizer = unpadded(tokenizer)
         self.target_tokenizer = unpadded(target_tokenizer)
 
-    @property
-    def decoder_prompt(self) -> list[int]:
-        return [self.source.start_id]
-
     @cached_property
     def _truncating(self) -> Tokenizer:
         """The source tokenizer cutting at max_source_length itself (its post-processor's tokens kept, as

@@ -1,0 +1,235 @@
+"""The engine's core loop: plan -> executor -> apply the outcome, on the event loop, with one worker thread.
+
+Each iteration the scheduler (scheduler.py, pure Python) plans which slots decode a token and which prompt chunks
+go in; the executor (executor.py) runs the plan in the engine's one worker thread — the onnxruntime calls over the
+slot cache on the session's device (slot_runner.py, device_cache.py), then the next token of every row that gets
+one, all rows together (sampling.py); the outcome comes back to the loop, where each chosen token becomes text, stop
+checks and a chunk on its request's queue (outputs.py). The loop is free while the thread computes: consumers take
+their chunks (and the doors send them) meanwhile.
+
+While nothing waits to be admitted and every running sequence decodes, one iteration may run several decode steps
+back to back in the thread (GenerationConfig.decode_steps, within decode_run_ms; executor.py): an arrival or a
+leaving consumer sets `interrupt` (`kick`), which ends such a run after its current step.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .beams import Beam
+from .engine_metrics import EngineMetrics
+from .executor import Outcome, Run, SlotExecutor
+from .factory import EngineParts
+from .outputs import emit_token
+from .params import GenerationConfig
+from .results import FINISH_CANCELLED, EngineStoppedError
+from .sampling import Choice
+from .scheduler import Plan, Scheduler, Status
+from .sequence import Sequence, to_generated_token
+
+logger = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    """The asyncio task that runs the iterations and the worker thread they compute in."""
+
+    def __init__(self, scheduler: Scheduler, parts: EngineParts, config: GenerationConfig, metrics: EngineMetrics,
+                 label: str, instance: int) -> None:
+        """instance: which of a model's engines this is (--generation-instances): its worker thread's name."""
+        self._scheduler, self._config, self._metrics = scheduler, config, metrics
+        self._runner, self._spec, self._tokenizer = parts.runner, parts.spec, parts.tokenizer
+        self._executor = SlotExecutor(parts.runner)
+        self._label = label
+        self._thread_name = f"generate-{label}" + (f"-{instance}" if instance else "")
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        # Set when a request arrives or leaves: a run of several decode steps (decode_steps) stops after its step.
+        self.interrupt = threading.Event()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._thread_name)
+        self._task = asyncio.create_task(self._loop(), name=f"generation-loop-{self._label}")
+
+    async def stop(self) -> None:
+        """Stop the loop; every waiting or running request ends with finish_reason "cancelled"."""
+        task, self._task = self._task, None
+        self.interrupt.set()     # a run of several decode steps ends after the one in progress
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        for seq in self._sequences():
+            seq.finish(FINISH_CANCELLED)
+        self._clear()
+        if self._thread is not None:
+            # A step still running in the thread finishes on its own; do not block the event loop on it.
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
+
+    def kick(self) -> None:
+        """A request arrived or left: end a run of decode steps after its step, and wake the loop if idle."""
+        self.interrupt.set()
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _loop(self) -> None:
+        if self._wake is None:
+            raise RuntimeError("generation loop started without start()")
+        while True:
+            ran = firsts = False
+            try:
+                self._retire()
+                if not (self._scheduler.waiting or self._scheduler.running):
+                    self._metrics.record_gauges()  # the last retire must show up before idling
+                    self._runner.idle()     # nothing runs now: the runner may tidy its buffers
+                    self._wake.clear()
+                    await self._wake.wait()
+                    await self._settle_arrivals()
+                    continue
+                ran, firsts = await self._iterate()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:   # a bug here must not leave consumers waiting forever
+                logger.exception("generation loop of %s failed; failing its requests", self._label)
+                for seq in self._sequences():
+                    seq.fail(RuntimeError(f"generation failed: {exc}"))
+                self._clear()
+            self._metrics.record_gauges()
+            # No yield between steps: consumers take their chunks (and the doors send them) while the NEXT step
+            # computes, since the loop is free while it awaits the worker thread. Only an iteration that ran
+            # nothing yields here, so the loop never spins without letting others run; and one that gave some
+            # sequence its first token, so the doors send it before the next run's threads take the cores
+            # (bench/FINDINGS.md).
+            if not ran or firsts:
+                await asyncio.sleep(0)
+
+    async def _iterate(self) -> tuple[bool, bool]:
+        """One iteration: plan, run the plan in the worker thread, apply the outcome. Whether it ran, and whether
+        a prompt was completed (a sequence got its first token)."""
+        plan = self._scheduler.plan()
+        if plan.empty:
+            return False, False
+        self.interrupt.clear()
+        work = self._executor.prepare(plan, self._scheduler, self._run(plan))
+        if self._thread is None:
+            raise EngineStoppedError(f"generation engine {self._label} is not running")
+        outcome = await asyncio.get_running_loop().run_in_executor(self._thread, self._executor.run, work)
+        self._apply(outcome)
+        self._retire()     # a sequence that just finished gives its slot back before anyone looks
+        self._metrics.record_plan(plan, 1 + len(outcome.more))
+        return True, any(w.chunk.completes_prompt for w in outcome.written)
+
+    def _run(self, plan: Plan) -> Run | None:
+        """More decode steps back to back after this iteration's first: for a plan of decode rows alone while no
+        request waits, no prompt is part-way in (they would wait the whole run) and no beam search runs."""
+        cfg = self._config
+        if cfg.decode_steps == 1 or plan.prefill or plan.tails or plan.encode or plan.copies or self._scheduler.waiting:
+            return None
+        if any(s.status is not Status.DECODING or isinstance(s.owner, Beam) for s in self._scheduler.running):
+            return None
+        return Run(cfg.decode_steps, cfg.decode_run_ms / 1000, self.interrupt, self._spec.eos_id,
+                   self._spec.max_length)
+
+    def _apply(self, outcome: Outcome) -> None:
+        self._metrics.tokens_arrive()
+        try:
+            self._apply_outcome(outcome)
+        finally:
+            self._metrics.record_tokens()
+
+    def _apply_outcome(self, outcome: Outcome) -> None:
+        for states, what, exc in outcome.failed:
+            logger.error("%s on %s for %d sequences: %s", what, self._label, len(states), exc)
+            for state in states:
+                state.owner.fail(RuntimeError(f"{what}: {exc}"))
+                self._scheduler.finish(state, reusable=False)
+        for state, choice in outcome.decoded:
+            self._scheduler.decoded(state, state.owner.generated[-1])
+            self._take(state.owner, choice)
+        for step in outcome.more:
+            for state, choice in step:
+                seq = state.owner
+                if seq.done or seq.cancelled:   # ended by a stop string meanwhile: its later tokens are dropped
+                    continue
+                self._scheduler.decoded(state, seq.generated[-1])
+                self._take(seq, choice)
+        for w in outcome.written:
+            self._scheduler.prefilled(w.chunk)
+            seq = w.chunk.seq.owner
+            if seq.cancelled or seq.done:
+                continue
+            if seq.prompt_tokens is not None:
+                seq.prompt_tokens.extend(to_generated_token(c, self._tokenizer) for c in w.prompt_scores)
+            if w.chunk.completes_prompt:      # the prompt is in: its last position's logits gave the first token
+                self._take(seq, w.first_token)
+        for search in outcome.beams:
+            for request in search.requests:
+                if not (request.done or request.cancelled):
+                    self._metrics.token(request)
+            if search.stopped:
+                search.finish()
+
+    def _take(self, seq: Sequence, choice: Choice | None) -> None:
+        if choice is None or seq.cancelled or seq.done:
+            return
+        self._metrics.token(seq)
+        emit_token(seq, choice, self._tokenizer, self._spec.eos_id)
+
+    def _retire(self) -> None:
+        """Drop sequences that are done, cancelled, or past their deadline; their slots are free again."""
+        now = time.monotonic()
+        for state in list(self._scheduler.waiting):
+            seq = state.owner
+            if seq.cancelled or seq.done:
+                self._scheduler.finish(state)
+            elif _deadline_passed(seq, now):
+                self._scheduler.finish(state)
+                seq.fail(TimeoutError("deadline passed while waiting; nothing was generated"))
+        for state in list(self._scheduler.running):
+            seq = state.owner
+            if seq.cancelled and not seq.done:
+                seq.finish_reason = FINISH_CANCELLED    # nobody listens: no chunk
+            elif _deadline_passed(seq, now):
+                seq.finish(FINISH_CANCELLED)
+            if seq.done:
+                self._scheduler.finish(state)
+
+    async def _settle_arrivals(self) -> None:
+        """Woken from idle: requests sent in the same instant reach the engine a little apart (each is parsed and
+        tokenized on this loop first). Wait while they keep coming, until none came for a millisecond or
+        arrival_window_ms passed, so they are prefilled together instead of the first alone and the rest one by
+        one beside it. The quiet millisecond is read from the clock, not counted in sleeps: a loop's timer can
+        fire early."""
+        last = time.monotonic()
+        end = last + self._config.arrival_window_ms / 1000
+        seen = len(self._scheduler.waiting)
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.monotonic()
+            if len(self._scheduler.waiting) != seen:
+                seen, last = len(self._scheduler.waiting), now
+            if now - last >= 0.001 or now >= end:
+                return
+
+    def _sequences(self) -> list[Sequence]:
+        """Every waiting or running request."""
+        return [s.owner for s in (*self._scheduler.waiting, *self._scheduler.running)]
+
+    def _clear(self) -> None:
+        for state in (*self._scheduler.waiting, *self._scheduler.running):
+            self._scheduler.finish(state)
+
+
+def _deadline_passed(seq: Sequence, now: float) -> bool:
+    return seq.deadline is not None and seq.deadline <= now
