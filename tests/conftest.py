@@ -164,3 +164,20 @@ def _build_tiny_repository(tiny_checkpoints: TinyCheckpoints, repo: Path) -> Non
                                    name="tiny-fill-mask"))
     export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo,
                                    name="tiny-gpt"))
+
+
+# ---------------------------------------------------------------- markers by folder
+# Every test gets the marker of its level, from its folder under tests/ (registered in pyproject.toml):
+# `pytest -m unit` runs the fast in-process tier alone; `-m "not slow"` (scripts/test.sh) still runs everything.
+LEVELS = ("unit", "e2e", "reliability", "training", "export", "pipeline", "harness")
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            level = item.path.resolve().relative_to(_TESTS).parts[0]
+        except ValueError:
+            continue
+        if level in LEVELS:
+            item.add_marker(level)

@@ -26,8 +26,8 @@ from export import ExportConfig, ExportError, ParityFailure, export_checkpoint
 from export.__main__ import main
 from training.checkpoint import load_model
 from training.gpt import generate_greedy
+from tests.server_process import ROOT as REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 GRID_NAMES = {f"grid b{b}-past{p}-new{s}" for b in (1, 3) for p in (0, 1, 2, 7) for s in (1, 2, 9)}
 
 

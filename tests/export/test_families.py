@@ -19,8 +19,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from server_process import ServerProcess
-from test_server import wait_ready
+from tests.server_process import ServerProcess, wait_ready
 
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
@@ -64,7 +63,7 @@ MASK_TOKEN = {"roberta": "<mask>", "albert": "[MASK]", "distilbert": "[MASK]", "
 @pytest.fixture(scope="module")
 def hf_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
     """transformers-saved checkpoints (with our trained tokenizers) for every encoder family and task."""
-    from conftest import _corpus
+    from tests.conftest import _corpus
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
     root = tmp_path_factory.mktemp("families")
@@ -183,7 +182,7 @@ def test_albert_shares_one_layer_and_is_smaller_than_bert() -> None:
 
 @pytest.fixture(scope="module")
 def family_repository(hf_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
 
     repo = tmp_path_factory.mktemp("family_repository")
@@ -241,7 +240,7 @@ def test_embed_export_of_a_family_classifier_equals_transformers(hf_checkpoints,
                                                                  family: str) -> None:
     """--task embed on a 3-label classifier checkpoint: its own encoder, mean-pooled, equal to transformers'."""
     import onnxruntime
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
 
     ckpt = hf_checkpoints[family, "classify"]
@@ -548,7 +547,7 @@ def test_mistral_sliding_window_at_context_length_is_not_active(tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    from conftest import _corpus
+    from tests.conftest import _corpus
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
     tok = train_tokenizer(_corpus(), TokenizerConfig(kind="bpe", vocab_size=300, min_frequency=1))
@@ -567,7 +566,7 @@ def _decoder_checkpoint(bpe_tokenizer: tuple[Path, int], kind: str, dest: Path, 
 
 def test_mistral_package_passes_the_gate_with_grouped_query_cache(bpe_tokenizer, tmp_path: Path) -> None:
     """Mistral (sliding window off) exports like Llama: in-place graph, kv_heads < heads, every gate check run."""
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
 
     ckpt = _decoder_checkpoint(bpe_tokenizer, "mistral", tmp_path / "mistral")
@@ -582,7 +581,7 @@ def test_mistral_package_passes_the_gate_with_grouped_query_cache(bpe_tokenizer,
 
 
 def test_gate_fails_on_a_perturbed_llama_graph(bpe_tokenizer, tmp_path: Path, monkeypatch) -> None:
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
     from export.errors import ParityFailure
 
@@ -598,7 +597,7 @@ def test_a_head_dim_the_attention_op_does_not_take_is_padded_and_passes_the_gate
     """A transformers Llama with head_dim 8 (onnxruntime's GroupQueryAttention takes multiples of 16): its heads are
     zero-padded to 16 with rotary pairs kept together; every gate check passes (tests/test_padded_heads.py serves
     padded GPT-2 and Llama models)."""
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
 
     ckpt = _decoder_checkpoint(bpe_tokenizer, "llama", tmp_path / "llama", hidden_size=32)  # head_dim 8

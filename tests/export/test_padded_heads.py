@@ -46,7 +46,7 @@ def _llama(vocab: int, eot: int) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def packages(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory):
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
     from training.checkpoint import save_model
 

@@ -22,11 +22,11 @@ from export import ExportConfig, ParityFailure, export_checkpoint
 from modelpkg import Manifest, ManifestError, past_names
 from testing import seq2seq_offline as offline
 from testing.seq2seq_checkpoints import MODELS, char_tokenizer, export_repository, hf_model, write_checkpoint
+from tests.server_process import ROOT as REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["marian", "marian-two-vocabs", "marian-odd-heads", "bart", "t5", "t5-gated"]
 WORDS = ["Shakespeare", "cat", "ortserve runs!", "a"]
 

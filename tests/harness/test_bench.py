@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.server_process import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_flop_count_matches_torch_flop_counter() -> None:

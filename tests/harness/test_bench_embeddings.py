@@ -12,7 +12,7 @@ from bench.embeddings import cut_before_pooling, render
 
 
 def test_graph_cut_before_the_pooling_gives_the_packages_vectors(tiny_checkpoints, tmp_path: Path) -> None:
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
 

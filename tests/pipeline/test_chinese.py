@@ -14,9 +14,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from clients import OrtserveClient
-from tests.server_process import ServerProcess
+from tests.server_process import ROOT, ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 NAMES = {"classify": "zh-form", "fill-mask": "zh-fill-mask", "generate": "zh-gpt"}
 

@@ -25,11 +25,10 @@ from pipeline.server import load_into_server
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 from testing.tls import self_signed
-from tests.server_process import ServerProcess
+from tests.server_process import ROOT, ServerProcess
 
 TOKEN = "deploy-token-5b1f"
 
-ROOT = Path(__file__).resolve().parents[1]
 
 _WORDS = {
     "sea": "ship sail wave tide harbour anchor storm island shore mariner boat salt".split(),

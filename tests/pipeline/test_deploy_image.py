@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from server.settings import settings_from_args
-from server_process import ROOT
+from tests.server_process import ROOT
 
 IMAGE = ROOT / "deploy" / "image"
 OUTSIDE_THE_IMAGE = ("torch", "ray", "training", "export", "clients", "pipeline", "testing", "transformers")

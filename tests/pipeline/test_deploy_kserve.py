@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from modelpkg import FORMAT
 from server.settings import settings_from_args
-from server_process import ROOT, ServerProcess
+from tests.server_process import ROOT, ServerProcess
 
 KSERVE = ROOT / "deploy" / "kserve"
 # The oldest Kubernetes the manifests claim (a preStop sleep action needs 1.30) and the newest schema shipped.

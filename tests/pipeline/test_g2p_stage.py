@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 from pipeline.run import Pipeline, PipelineConfig
-from tests.server_process import ServerProcess
+from tests.server_process import ROOT, ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_g2p_stage_trains_publishes_and_serves(tmp_path: Path) -> None:

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.run import Pipeline, PipelineConfig
-from tests.server_process import ServerProcess
+from tests.server_process import ROOT, ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 LINE = "what say you my lord shall we go to the king"
 
 

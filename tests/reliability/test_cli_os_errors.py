@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from server_process import ROOT, ServerProcess
+from tests.server_process import ROOT, ServerProcess
 
 CLASSIFIER = "tiny-classifier"
 TEXTS = ["the boat left the harbour", "the king took the throne", "a rose in the garden"]

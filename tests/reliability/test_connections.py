@@ -27,7 +27,7 @@ from typing import Iterator
 
 import grpc
 import pytest
-from server_process import ServerProcess, repository_with
+from tests.server_process import ServerProcess, repository_with
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc

@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_process import ServerProcess, repository_with
+from tests.server_process import ServerProcess, repository_with
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
 from protos import ortserve_pb2 as pb

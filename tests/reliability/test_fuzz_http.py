@@ -19,8 +19,8 @@ import httpx2 as httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pair_models import add_tiny_embed
-from server_process import ServerProcess, repository_with
+from tests.pair_models import add_tiny_embed
+from tests.server_process import ServerProcess, repository_with
 
 CLASSIFIER, FILL_MASK, GPT, EMBED = "tiny-classifier", "tiny-fill-mask", "tiny-gpt", "tiny-embed"
 EXAMPLES = int(os.environ.get("ORTSERVE_FUZZ_EXAMPLES", "60"))

@@ -21,8 +21,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from pair_models import add_tiny_embed
-from server_process import ServerProcess, repository_with
+from tests.pair_models import add_tiny_embed
+from tests.server_process import ServerProcess, repository_with
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
 from protos import grpc_service_pb2, ortserve_pb2

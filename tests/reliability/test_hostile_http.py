@@ -29,7 +29,7 @@ import grpc
 import httpx2 as httpx
 import numpy as np
 import pytest
-from server_process import ServerProcess, repository_with
+from tests.server_process import ServerProcess, repository_with
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
 GPT, CLASSIFIER, EMBED, CHAT = "tiny-gpt", "tiny-classifier", "tiny-embed", "chat-gpt"
@@ -41,7 +41,7 @@ PREFILLED = "ortserve_prefill_tokens_total"
 
 @pytest.fixture(scope="module")
 def repository(tiny_repository: Path, tiny_checkpoints: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from server_process import ROOT, ServerProcess, repository_with, shared_server
+from tests.server_process import ROOT, ServerProcess, repository_with, shared_server
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
 from testing.loadgen import KINDS, LoadConfig, LoadConfigError, run_load

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from server_process import ROOT, ServerProcess, repository_with
+from tests.server_process import ROOT, ServerProcess, repository_with
 
 RECORDS = 80
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_process import ROOT, ServerProcess, repository_with, shared_server
+from tests.server_process import ROOT, ServerProcess, repository_with, shared_server
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
 from testing.tls import self_signed

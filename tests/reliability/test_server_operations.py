@@ -18,8 +18,7 @@ import httpx2 as httpx
 import pytest
 import tritonclient.grpc as triton
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_process import ServerProcess, repository_with
-from test_server import metrics_url_of, rpc_error, sample, wait_ready
+from tests.server_process import ServerProcess, metrics_url_of, repository_with, rpc_error, sample, wait_ready
 from tokenizers import Tokenizer
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 from tritonclient.utils import InferenceServerException

@@ -12,8 +12,7 @@ import torch
 from training.checkpoint import load_model
 from training.tokenizer import TokenizerConfig, load_tokenizer, save_tokenizer, train_tokenizer
 
-from test_training import MLM_ARGS, TINY, _pair_files, learned, run_cli, train_losses  # noqa: F401  (fixtures below)
-from test_training import corpus, root  # noqa: F401  (session fixtures shared with test_training)
+from tests.training_runs import MLM_ARGS, TINY, learned, pair_files, run_cli, train_losses
 
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -69,7 +68,7 @@ def test_roberta_mlm_then_classify(root: Path, corpus: Path, roberta_tok: Path) 
     with torch.no_grad():
         d = (ours(ids, mask) - hf(input_ids=ids, attention_mask=mask).logits).abs()[mask.bool()].max()
     assert float(d) <= 1e-5
-    train, val, test = _pair_files(root, corpus)
+    train, val, test = pair_files(root, corpus)
     clf = root / "clf-roberta"
     run_cli("classify", "--arch", "roberta", "--init", mlm, "--train", train, "--validation", val, "--test", test,
             "--batch-size", "16", "--max-length", "64", "--steps", "20", "--lr", "1e-3", "--warmup", "0",
@@ -97,7 +96,7 @@ def test_albert_sop_then_classify(root: Path, corpus: Path, wordpiece_tok: Path)
     hf_loads(mlm, "AlbertForPreTraining")
     fill, _ = load_model(mlm, kind="albert-mlm")  # the MLM part serves fill-mask
     assert type(fill).__name__ == "AlbertForMaskedLM"
-    train, val, test = _pair_files(root, corpus)
+    train, val, test = pair_files(root, corpus)
     clf = root / "clf-albert"
     run_cli("classify", "--arch", "albert", "--init", mlm, "--train", train, "--validation", val, "--test", test,
             "--batch-size", "16", "--max-length", "64", "--steps", "20", "--lr", "1e-3", "--warmup", "0",
@@ -119,7 +118,7 @@ def _fine_tune_from_hf(root: Path, corpus: Path, wordpiece_tok: Path, arch: str,
     hf.save_pretrained(init)
     for f in wordpiece_tok.iterdir():
         (init / f.name).write_bytes(f.read_bytes())
-    train, val, test = _pair_files(root, corpus)
+    train, val, test = pair_files(root, corpus)
     clf = root / f"clf-{arch}"
     run_cli("classify", "--arch", arch, "--init", init, "--train", train, "--validation", val,
             "--test", test, "--batch-size", "16", "--max-length", "64", "--steps", "20", "--lr", "1e-3",

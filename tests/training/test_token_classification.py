@@ -54,7 +54,7 @@ def _hf_config(family: str, vocab: int, pad: int, **extra: Any):
 
 def build_token_checkpoints(root: Path) -> dict[str, Path]:
     """transformers-saved *ForTokenClassification checkpoints of the five families, with our tokenizers."""
-    from conftest import _corpus
+    from tests.conftest import _corpus
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
     corpus = _corpus()
@@ -213,7 +213,7 @@ def _synthetic_ner(path: Path, n: int, seed: int) -> None:
     """Keyword words are entities: a river/boat word B-LOC, a castle/crown word B-PER (the rest O)."""
     import random
 
-    from conftest import _FILLER, _KEYWORDS
+    from tests.conftest import _FILLER, _KEYWORDS
 
     rng = random.Random(seed)
     with path.open("w") as f:
@@ -272,7 +272,7 @@ def test_training_cli_names_the_bad_field(tiny_checkpoints, tmp_path: Path, row:
 
 @pytest.fixture(scope="module")
 def token_repository(token_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
 
     repo = tmp_path_factory.mktemp("token_repository")
@@ -288,7 +288,7 @@ def token_repository(token_checkpoints, tmp_path_factory: pytest.TempPathFactory
 @pytest.mark.parametrize("family", FAMILIES)
 def test_export_passes_the_gate_and_equals_transformers(token_repository, token_checkpoints, family: str) -> None:
     import onnxruntime as ort
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
 
     repo, reports = token_repository
     pkg = repo / f"{family}-token" / "1"
@@ -367,8 +367,7 @@ def assert_same_entities(got: list[dict], ref: list[dict], where: str) -> None:
 
 @pytest.fixture(scope="module")
 def token_server(token_repository):
-    from server_process import ServerProcess
-    from test_server import wait_ready
+    from tests.server_process import ServerProcess, wait_ready
 
     repo, _ = token_repository
     proc = ServerProcess(repo, ["--http-port", "0"])

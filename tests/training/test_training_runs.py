@@ -2,52 +2,14 @@
 from __future__ import annotations
 
 import json
-import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from training.checkpoint import load_model
-from training.data import fetch_shakespeare, lines_to_documents, load_plays
 from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
-
-PLAYS = ["macbeth", "tempest"]
-TINY = ["--preset", "tiny", "--batch-size", "8", "--max-length", "64", "--threads", "1", "--quiet"]
-
-
-def run_cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "training", *map(str, args)], capture_output=True, text=True,
-                       timeout=300)
-    if check:
-        assert r.returncode == 0, r.stderr[-3000:]
-    return r
-
-
-def train_losses(out: Path) -> list[float]:
-    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "lr" in r]
-
-
-def learned(losses: list[float]) -> bool:
-    return sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05
-
-
-@pytest.fixture(scope="session")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("train")
-
-
-@pytest.fixture(scope="session")
-def corpus(root: Path) -> Path:
-    d = root / "corpus"
-    d.mkdir()
-    lines = load_plays(fetch_shakespeare(), PLAYS)
-    for p in PLAYS:
-        (d / f"{p}.txt").write_text("\n\n".join(lines_to_documents(lines[p])))
-    return d
+from tests.training_runs import MLM_ARGS, TINY, learned, pair_files, run_cli, train_losses
 
 
 @pytest.fixture(scope="session")
@@ -56,9 +18,6 @@ def tokenizers(root: Path, corpus: Path) -> dict[str, Path]:
     return {kind: save_tokenizer(train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=1000)),
                                  root / f"tok-{kind}", kind, 128)
             for kind in ("wordpiece", "bpe")}
-
-
-MLM_ARGS = ["--schedule", "constant", "--warmup", "0", "--lr", "2e-3", "--eval-examples", "32"]
 
 
 @pytest.fixture(scope="session")
@@ -114,27 +73,8 @@ def test_sop_pretraining_saves_bert_for_pretraining(root: Path, corpus: Path, to
     assert type(model).__name__ == "BertForMaskedLM"
 
 
-def _pair_files(d: Path, corpus: Path) -> list[Path]:
-    """Sentence pairs, label 'next' (B follows A) or 'odd' (B is a nonsense refrain): learnable fast."""
-    lines = [ln for ln in (corpus / "macbeth.txt").read_text().splitlines() if len(ln.split()) > 3]
-    rng = random.Random(0)
-    paths = []
-    for name, n in (("train", 96), ("validation", 16), ("test", 16)):
-        rows = []
-        for _ in range(n):
-            i = rng.randrange(len(lines) - 1)
-            if rng.random() < 0.5:
-                rows.append({"text": lines[i], "text_pair": lines[i + 1], "label": "next"})
-            else:
-                rows.append({"text": lines[i], "text_pair": "hey nonny nonny " * 3, "label": "odd"})
-        p = d / f"{name}.jsonl"
-        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        paths.append(p)
-    return paths
-
-
 def test_classify_text_pairs_from_our_mlm(root: Path, mlm_run: Path, corpus: Path) -> None:
-    train, val, test = _pair_files(root, corpus)
+    train, val, test = pair_files(root, corpus)
     out = root / "clf"
     run_cli("classify", "--init", mlm_run, "--train", train, "--validation", val, "--test", test,
             "--batch-size", "16", "--max-length", "64", "--steps", "30", "--lr", "1e-3", "--warmup", "0",

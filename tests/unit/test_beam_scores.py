@@ -11,7 +11,7 @@ from server.generation import beam_scores
 from server.generation.beam_scores import LogSoftmaxTopK
 from server.generation.beams import BeamOptions, BeamSearch, numpy_top
 from server.generation.scheduler import SeqState
-from tests.test_seq2seq_scheduler import _Request   # a request of four beams, as a search sees it
+from tests.scheduler_plans import BeamRequest
 
 
 def test_the_stored_graph_is_log_softmax_then_top_k() -> None:
@@ -52,7 +52,7 @@ def test_values_and_ids_are_numpys_with_ties_to_the_lower_id() -> None:
 
 
 def _search(eos: int | None) -> BeamSearch:
-    search = BeamSearch([_Request()], BeamOptions(num_beams=4, length_penalty=1.0, early_stopping=False,
+    search = BeamSearch([BeamRequest()], BeamOptions(num_beams=4, length_penalty=1.0, early_stopping=False,
                                                   max_new_tokens=10, eos_id=eos, forced={0: 3}), 500, tokenizer=None)
     for beam in search.beams:
         beam.state = SeqState(1, slot=beam.index)

@@ -16,8 +16,8 @@ import pytest
 
 from modelpkg import (FORMAT, CacheSpec, Manifest, ManifestError, existing_versions, file_hashes, parse_version,
                       past_names, present_names, sha256_file, valid_name)
+from tests.server_process import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER, GPT = "tiny-classifier", "tiny-gpt"
 
 
@@ -224,7 +224,7 @@ def test_raw_decoder_calls_refused_concat_packages_not_served(tiny_checkpoints, 
     """DecoderModel.infer: a decoder refuses raw graph calls with INVALID_ARGUMENT naming the model (never
     reaching onnxruntime; docs/protocol.md); a concat-layout package is not served (its reason says how to
     re-export it), which leaves the in-place one serving."""
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
     from server.dataplane import DataPlane
     from server.errors import Code, ServingError

@@ -3,22 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from server.generation.scheduler import Copy, Plan, Scheduler, SchedulerConfig, SeqState, Status
+from server.generation.scheduler import Copy, Scheduler, SchedulerConfig, SeqState, Status
+from tests.scheduler_plans import execute
 
 
 def make(slots: int = 4, chunk: int = 8, max_prefill: int = 64) -> Scheduler:
     return Scheduler(SchedulerConfig(num_slots=slots, chunk_tokens=chunk, max_prefill_tokens=max_prefill))
-
-
-def execute(s: Scheduler, plan: Plan) -> None:
-    """What the engine does with a plan's results (every call succeeded)."""
-    for seq in plan.decode:
-        s.decoded(seq)
-    for call in plan.prefill:
-        for chunk in call.chunks:
-            s.prefilled(chunk)
-    for chunk in plan.tails:
-        s.prefilled(chunk)
 
 
 def test_arrivals_of_the_same_instant_are_prefilled_together_in_consecutive_slots() -> None:

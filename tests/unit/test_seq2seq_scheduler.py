@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from server.generation.beams import BeamOptions, BeamSearch
-from server.generation.params import GenerationParams
 from server.generation.scheduler import Scheduler, SchedulerConfig, SeqState, Status
-from tests.test_scheduler import execute   # what the engine does with a plan's results
+from tests.scheduler_plans import BeamRequest, execute
 
 
 def make(slots: int = 4, chunk: int = 8, max_prefill: int = 64, reuse: bool = False) -> Scheduler:
@@ -131,17 +130,11 @@ def test_sequences_with_a_source_reuse_no_prefix_even_with_reuse_on() -> None:
     assert plan.copies == () and plan.reused_tokens == 0 and plan.encode == (again,)
 
 
-class _Request:
-    prompt_ids = [0]
-    params = GenerationParams.validate(num_beams=4)
-    cancelled = done = False
-
-
 def test_reordering_keeps_every_beams_slot_holding_its_own_hypothesis() -> None:
     """Slots simulated as token lists: after each step's copies, the rows in beam b's slot are exactly the inputs
     of the hypothesis beam b now holds (start token + all its tokens but the newest, which is the next input)."""
     k, vocab = 4, 7
-    search = BeamSearch([_Request()], BeamOptions(num_beams=k, length_penalty=1.0, early_stopping=False,
+    search = BeamSearch([BeamRequest()], BeamOptions(num_beams=k, length_penalty=1.0, early_stopping=False,
                                                   max_new_tokens=12, eos_id=None), vocab, tokenizer=None)
     slots = [5, 1, 6, 3]
     for beam, slot in zip(search.beams, slots):

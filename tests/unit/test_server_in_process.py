@@ -24,8 +24,8 @@ from server.package import PackageError, read_package, verify_files
 from server.settings import ServerSettings, SettingsError, build_parser, settings_from_args
 from server.signature import check_inputs, specs_from_manifest
 from server.types import ModelState
+from tests.server_process import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER, GPT = "tiny-classifier", "tiny-gpt"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server_process import ROOT, ServerProcess, free_port, shared_server
+from tests.server_process import ROOT, ServerProcess, free_port, shared_server
 
 KEYWORDS = {"alpha": "boat harbour tide", "beta": "king sword castle", "gamma": "rose garden tree"}
 

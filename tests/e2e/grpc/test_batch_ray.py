@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server_process import ROOT
+from tests.server_process import ROOT
 
 pytest.importorskip("ray.data", reason="the optional extra 'ray' is not installed (pip install -e '.[ray]')")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clients.__main__ import main
-from server_process import ROOT, ServerProcess, free_port, shared_server
+from tests.server_process import ROOT, ServerProcess, free_port, shared_server
 
 
 @pytest.fixture(scope="module")

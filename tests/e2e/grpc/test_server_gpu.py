@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
-from server_process import ServerProcess
+from tests.server_process import ServerProcess
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc

@@ -15,7 +15,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -25,7 +25,7 @@ import tritonclient.grpc as triton
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from server_process import ServerProcess
+from tests.server_process import ServerProcess, metrics_url_of, rpc_error, sample, wait_ready
 from tokenizers import Tokenizer
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 from tritonclient.utils import InferenceServerException
@@ -34,7 +34,6 @@ from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
-_METRICS_LINE = re.compile(r"metrics on (\S+):(\d+)")
 
 
 @dataclass
@@ -46,30 +45,6 @@ class Running:
     @property
     def address(self) -> str:
         return self.proc.address
-
-
-def wait_ready(address: str, timeout: float = 60.0, **client_args: Any) -> None:
-    client = triton.InferenceServerClient(address, **client_args)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if client.is_server_ready():
-                return
-        except InferenceServerException:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"server at {address} not ready after {timeout}s")
-
-
-def metrics_url_of(proc: ServerProcess, timeout: float = 30.0) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for line in list(proc.lines):
-            match = _METRICS_LINE.search(line)
-            if match:
-                return f"http://{match.group(1)}:{match.group(2)}/metrics"
-        time.sleep(0.05)
-    raise AssertionError("no 'metrics on HOST:PORT' line:\n" + "".join(proc.lines))
 
 
 @pytest.fixture(scope="module")
@@ -153,19 +128,9 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def rpc_error(call: Callable[[], Any]) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    return info.value
-
-
 def scrape(server: Running) -> dict[str, list[Any]]:
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
-
-
-def sample(samples: list[Any], name: str, **labels: str) -> float:
-    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 # ---------------------------------------------------------------- KServe v2 with the real tritonclient

@@ -10,7 +10,7 @@ import httpx2 as httpx
 import pytest
 
 from clients import OrtserveClient
-from server_process import ServerProcess
+from tests.server_process import ServerProcess
 
 GPT = "tiny-gpt"
 PROMPT = "To be, or not to be"

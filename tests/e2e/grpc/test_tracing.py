@@ -20,7 +20,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from server_process import ROOT, ServerProcess, free_port
+from tests.server_process import ROOT, ServerProcess, free_port
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc", reason="the extra 'tracing' is not installed")
 

@@ -22,9 +22,9 @@ import grpc
 import httpx2 as httpx
 import numpy as np
 import pytest
-from pair_models import build_cross_encoder
-from server_process import ROOT, ServerProcess, repository_with
-from test_embed import minilm_dir
+from tests.pair_models import build_cross_encoder
+from tests.server_process import ROOT, ServerProcess, repository_with
+from tests.hf_models import minilm_dir
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
@@ -49,7 +49,7 @@ def repository(tiny_repository: Path, tiny_checkpoints, cross_encoder: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Path:
     """minilm-m (MiniLM declared Matryoshka, through the CLI), tiny-embed (no declaration), tiny-cross (one-label
     pair classifier), and the shared tiny classifier (3 labels) and GPT."""
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
 

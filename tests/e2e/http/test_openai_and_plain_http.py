@@ -25,7 +25,7 @@ import openai
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
-from server_process import ServerProcess, repository_with
+from tests.server_process import ServerProcess, repository_with
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
@@ -137,7 +137,7 @@ def test_http_port_flag_errors_are_one_line_exit_2(tiny_repository: Path) -> Non
     import subprocess
     import sys
 
-    from server_process import ROOT
+    from tests.server_process import ROOT
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
@@ -914,7 +914,7 @@ def test_deadlines_and_request_metrics(server: ServerProcess, oai: openai.OpenAI
 def chat_repository(tiny_checkpoints: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny GPT checkpoint with a chat template in its tokenizer_config.json, exported (the exporter copies
     the template into model.json)."""
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
 

@@ -25,7 +25,7 @@ from typing import Iterator
 
 import pytest
 
-from server_process import ROOT, repository_with
+from tests.server_process import ROOT, repository_with
 from testing.httpmix import HttpMix, MixConfig, summary
 
 pytest.importorskip("ray.serve", reason="the optional extra 'ray' is not installed (pip install -e '.[ray]')")
@@ -42,7 +42,7 @@ GRPC_PORT = 9000
 
 @pytest.fixture(scope="module")
 def ray_repository(tiny_repository: Path, tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2
+from tests.server_process import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PROTOS = ROOT / "protos"
 
 

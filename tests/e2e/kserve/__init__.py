@@ -1,0 +1,1 @@
+"""The KServe v2 door: its protocol's wire contract."""
