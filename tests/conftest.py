@@ -67,6 +67,17 @@ def _corpus() -> list[str]:
     return [t for t, _ in synthetic_examples(600, seed=1)] + list(BUILTIN_TEXTS)
 
 
+def family_tokenizers(root: Path) -> dict[str, Path]:
+    """Byte-level BPE with RoBERTa's specials ("roberta") and WordPiece ("wordpiece") trained on the tiny corpus
+    (vocab 400, max length 62), saved under `root`: the tokenizers of the transformers-saved family checkpoints."""
+    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+
+    corpus = _corpus()
+    return {kind: save_tokenizer(train_tokenizer(corpus, TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1)),
+                                 root / f"tok-{kind}", kind, 62)
+            for kind in ("roberta", "wordpiece")}
+
+
 def _train_classifier(model, tokenizer, steps: int = 60) -> None:
     """A few Adam steps so logits have real margins (int8 top-1 agreement is meaningless on a random head)."""
     import torch

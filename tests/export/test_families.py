@@ -63,14 +63,10 @@ MASK_TOKEN = {"roberta": "<mask>", "albert": "[MASK]", "distilbert": "[MASK]", "
 @pytest.fixture(scope="module")
 def hf_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
     """transformers-saved checkpoints (with our trained tokenizers) for every encoder family and task."""
-    from tests.conftest import _corpus
-    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+    from tests.conftest import family_tokenizers
 
     root = tmp_path_factory.mktemp("families")
-    corpus = _corpus()
-    toks = {kind: save_tokenizer(train_tokenizer(corpus, TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1)),
-                                 root / f"tok-{kind}", kind, 62)
-            for kind in ("roberta", "wordpiece")}
+    toks = family_tokenizers(root)
     out = {}
     torch.manual_seed(0)
     for (family, task), cls_name in HF_CLASSES.items():

@@ -20,13 +20,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.server_process import ServerProcess, repository_with
+from testing.launch import wait_for
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
 from protos import ortserve_pb2 as pb
@@ -35,15 +36,6 @@ from testing.loadgen import LoadConfig, LoadReport, run_load
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
 SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def classify(stub: pb_grpc.TaskServiceStub, model: str = CLASSIFIER, **kwargs: Any) -> pb.ClassifyResponse:

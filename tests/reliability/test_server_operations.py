@@ -19,6 +19,7 @@ import pytest
 import tritonclient.grpc as triton
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.server_process import ServerProcess, metrics_url_of, repository_with, rpc_error, sample, wait_ready
+from testing.launch import wait_for
 from tokenizers import Tokenizer
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 from tritonclient.utils import InferenceServerException
@@ -31,15 +32,6 @@ CLASSIFIER = "tiny-classifier"
 
 def classify(text: str = "the boat left the harbour", model: str = CLASSIFIER) -> pb.ClassifyRequest:
     return pb.ClassifyRequest(model=model, inputs=[pb.TextInput(text=text)])
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ---------------------------------------------------------------- deadline and SIGTERM (slow batcher)
@@ -139,15 +131,6 @@ def test_both_front_doors_and_the_drain_work_on_either_event_loop(tiny_repositor
         proc.proc.send_signal(signal.SIGTERM)
         assert proc.proc.wait(timeout=20) == 0
     assert f"event loop: {loop}" in "".join(proc.lines)
-
-
-def test_event_loop_choice_is_checked_before_start() -> None:
-    from server.eventloop import resolve
-
-    assert resolve("auto") == "uvloop"    # a dependency of the server's install (pyproject.toml)
-    assert resolve("asyncio") == "asyncio"
-    with pytest.raises(ValueError, match="--event-loop: must be one of auto, uvloop, asyncio"):
-        resolve("trio")
 
 
 # ---------------------------------------------------------------- version swap under load

@@ -54,13 +54,9 @@ def _hf_config(family: str, vocab: int, pad: int, **extra: Any):
 
 def build_token_checkpoints(root: Path) -> dict[str, Path]:
     """transformers-saved *ForTokenClassification checkpoints of the five families, with our tokenizers."""
-    from tests.conftest import _corpus
-    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+    from tests.conftest import family_tokenizers
 
-    corpus = _corpus()
-    toks = {kind: save_tokenizer(train_tokenizer(corpus, TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1)),
-                                 root / f"tok-{kind}", kind, 62)
-            for kind in ("roberta", "wordpiece")}
+    toks = family_tokenizers(root)
     out = {}
     torch.manual_seed(0)
     for family in FAMILIES:

@@ -1,5 +1,6 @@
-"""Server parts in-process: settings / CLI, KServe codecs, package verification, the repository's version
-policy, admission control, and the data plane API that `--local` batch mode uses (no gRPC)."""
+"""Server parts in-process: settings / CLI parsing, the event loop choice, KServe codecs, package verification, the
+repository's version policy, admission control, and the data plane API that `--local` batch mode uses (no gRPC).
+(The `python -m server` process refusing bad flags in one line is tests/e2e/grpc/test_server_cli.py.)"""
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +8,6 @@ import io
 import json
 import logging
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,6 @@ from server.package import PackageError, read_package, verify_files
 from server.settings import ServerSettings, SettingsError, build_parser, settings_from_args
 from server.signature import check_inputs, specs_from_manifest
 from server.types import ModelState
-from tests.server_process import ROOT
 
 CLASSIFIER, GPT = "tiny-classifier", "tiny-gpt"
 
@@ -58,23 +56,6 @@ def test_bad_config_values_name_the_setting(tmp_path: Path, content: str, flag: 
     with pytest.raises(SettingsError) as info:
         settings_from_args(["--config", str(config)], environ={})
     assert flag in str(info.value)
-
-
-@pytest.mark.parametrize("args, flag", [
-    (["--port", "abc"], "--port"),
-    (["--repository", "/definitely/not/here"], "--repository"),
-    (["--tls-cert", "cert.pem"], "--tls-cert"),
-    (["--tls-cert", __file__, "--tls-key", __file__], "--tls-cert"),
-    (["--providers", "NoSuchExecutionProvider"], "--providers"),
-])
-def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], flag: str) -> None:
-    if "--repository" not in args:
-        args = ["--repository", str(tmp_path), *args]
-    done = subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and flag in lines[0] and "Traceback" not in done.stderr, done.stderr
 
 
 def test_json_log_lines_carry_extra_fields() -> None:
@@ -399,3 +380,12 @@ def test_several_generation_engines_share_the_cores_unless_threads_are_set(tmp_p
     assert runtime_config(ServerSettings(repository=tmp_path).validate()).session.intra_op_threads == 0
     kept = runtime_config(ServerSettings(repository=tmp_path, generation_instances=2, intra_op_threads=3).validate())
     assert kept.session.intra_op_threads == 3
+
+
+def test_event_loop_choice_is_checked_before_start() -> None:
+    from server.eventloop import resolve
+
+    assert resolve("auto") == "uvloop"    # a dependency of the server's install (pyproject.toml)
+    assert resolve("asyncio") == "asyncio"
+    with pytest.raises(ValueError, match="--event-loop: must be one of auto, uvloop, asyncio"):
+        resolve("trio")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 import urllib.request
@@ -28,7 +27,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.server_process import ServerProcess, metrics_url_of, rpc_error, sample, wait_ready
 from tokenizers import Tokenizer
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
-from tritonclient.utils import InferenceServerException
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc

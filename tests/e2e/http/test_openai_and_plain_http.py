@@ -1,9 +1,10 @@
-"""The HTTP front door end to end: KServe v2 REST with the real tritonclient.http, the OpenAI API with the real
-`openai` client, and plain HTTP for what clients never send (malformed JSON, wrong content types, oversize
-bodies, unknown routes, bad tokens): each a clear 4xx, the server healthy afterwards.
+"""The HTTP front door end to end: the OpenAI API with the real `openai` client, and plain HTTP for what clients
+never send (malformed JSON, wrong content types, oversize bodies, unknown routes, bad tokens): each a clear 4xx,
+the server healthy afterwards.
 
 Real server processes on free localhost ports; gRPC answers (tritonclient.grpc, the task API) are the reference
-for HTTP answers: one data plane behind both.
+for HTTP answers: one data plane behind both. (KServe v2 REST is tests/e2e/kserve/test_kserve_rest.py; the module's
+default server and task stub are tests/e2e/conftest.py's.)
 """
 from __future__ import annotations
 
@@ -19,11 +20,9 @@ from typing import Any, Iterator
 
 import grpc
 import httpx2 as httpx
-import numpy as np
 import onnxruntime as ort
 import openai
 import pytest
-import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tests.server_process import ServerProcess, repository_with
 from tokenizers import Tokenizer
@@ -34,37 +33,11 @@ from protos import ortserve_pb2_grpc as pb_grpc
 from testing.launch import prometheus_sample
 from testing.offline import greedy_with_logprobs, prompt_distributions, prompt_logprobs
 from testing.tls import self_signed
+from tests.door_calls import classifier_feeds, grpc_greedy_text, http_request, post_json, triton_inputs
 
 CLASSIFIER, FILL_MASK, GPT = "tiny-classifier", "tiny-fill-mask", "tiny-gpt"
 TOKEN = "s3cret-token"
 SMALL_BODY = 65536
-
-
-@pytest.fixture(scope="module")
-def server(tiny_repository: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tiny_repository, ["--http-port", "0", "--metrics-port", "0"])
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def http_client(server: ServerProcess) -> Iterator[thttp.InferenceServerClient]:
-    client = thttp.InferenceServerClient(f"{server.host}:{server.http_port}")
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def grpc_client(server: ServerProcess) -> tgrpc.InferenceServerClient:
-    return tgrpc.InferenceServerClient(server.address)
-
-
-@pytest.fixture(scope="module")
-def tasks(server: ServerProcess) -> Iterator[pb_grpc.TaskServiceStub]:
-    with grpc.insecure_channel(server.address) as channel:
-        yield pb_grpc.TaskServiceStub(channel)
 
 
 @pytest.fixture(scope="module")
@@ -88,50 +61,6 @@ def strict(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         proc.stop()
 
 
-def _request(url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None,
-             cafile: Path | None = None) -> tuple[int, dict[str, str], bytes]:
-    """One plain HTTP request (http.client: sends exactly what it is given)."""
-    scheme, _, rest = url.partition("://")
-    hostport, _, path = rest.partition("/")
-    host, _, port = hostport.rpartition(":")
-    if scheme == "https":
-        context = ssl.create_default_context(cafile=str(cafile)) if cafile else None
-        conn: http.client.HTTPConnection = http.client.HTTPSConnection(host, int(port), timeout=60, context=context)
-    else:
-        conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    try:
-        conn.request(method, "/" + path, body=body, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        conn.close()
-
-
-def _json(url: str, payload: Any, headers: dict[str, str] | None = None, method: str = "POST",
-          cafile: Path | None = None) -> tuple[int, Any]:
-    status, _, body = _request(url, method, json.dumps(payload).encode(),
-                               {"content-type": "application/json", **(headers or {})}, cafile)
-    return status, json.loads(body)
-
-
-def _feeds(text_ids: list[list[int]]) -> dict[str, np.ndarray]:
-    ids = np.array(text_ids, dtype=np.int64)
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-
-
-def _inputs(module: Any, feeds: dict[str, np.ndarray], binary: bool = True) -> list[Any]:
-    inputs = []
-    for name, array in feeds.items():
-        datatype = "BYTES" if array.dtype == object else "INT64"
-        tensor = module.InferInput(name, list(array.shape), datatype)
-        if module is thttp:
-            tensor.set_data_from_numpy(array, binary_data=binary)
-        else:
-            tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
-
-
 def test_http_port_flag_errors_are_one_line_exit_2(tiny_repository: Path) -> None:
     import socket
     import subprocess
@@ -153,162 +82,7 @@ def test_http_port_flag_errors_are_one_line_exit_2(tiny_repository: Path) -> Non
         busy.close()
 
 
-# ---------------------------------------------------------------- KServe v2 REST with tritonclient.http
-
-
-def test_kserve_http_health_and_metadata_equal_grpc(http_client: thttp.InferenceServerClient,
-                                                    grpc_client: tgrpc.InferenceServerClient) -> None:
-    assert http_client.is_server_live() and http_client.is_server_ready()
-    for name in (CLASSIFIER, FILL_MASK, GPT):
-        assert http_client.is_model_ready(name) and http_client.is_model_ready(name, "1")
-    assert not http_client.is_model_ready("no-such-model")
-    meta = http_client.get_server_metadata()
-    assert meta["name"] == "ortserve" and meta["extensions"] == list(grpc_client.get_server_metadata().extensions)
-    for name in (CLASSIFIER, GPT):
-        rest = http_client.get_model_metadata(name, "1")
-        ref = grpc_client.get_model_metadata(name)
-        assert rest["name"] == ref.name and rest["versions"] == list(ref.versions) and rest["platform"] == ref.platform
-        assert [(t["name"], t["datatype"], t["shape"]) for t in rest["inputs"]] == [
-            (t.name, t.datatype, list(t.shape)) for t in ref.inputs]
-        assert [(t["name"], t["datatype"], t["shape"]) for t in rest["outputs"]] == [
-            (t.name, t.datatype, list(t.shape)) for t in ref.outputs]
-    with pytest.raises(InferenceServerException, match="unknown model 'nope'") as info:
-        http_client.get_model_metadata("nope")
-    assert info.value.status() == "404"
-
-
-@pytest.mark.parametrize("binary_in, binary_out", [(True, True), (False, False), (True, False), (False, True)])
-def test_kserve_http_infer_equals_grpc(http_client: thttp.InferenceServerClient,
-                                       grpc_client: tgrpc.InferenceServerClient, binary_in: bool,
-                                       binary_out: bool) -> None:
-    feeds = _feeds([[2, 45, 17, 33, 3], [2, 8, 9, 3, 0]])
-    feeds["attention_mask"][1, 4] = 0
-    rest = http_client.infer(CLASSIFIER, _inputs(thttp, feeds, binary_in), request_id="h-1",
-                             outputs=[thttp.InferRequestedOutput("logits", binary_data=binary_out)])
-    ref = grpc_client.infer(CLASSIFIER, _inputs(tgrpc, feeds)).as_numpy("logits")
-    got = rest.as_numpy("logits")
-    assert got.dtype == np.float32 and got.shape == ref.shape == (2, 3)
-    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
-    response = rest.get_response()
-    assert response["id"] == "h-1" and response["model_version"] == "1"
-    assert ("parameters" in response["outputs"][0]) == binary_out
-
-
-def test_kserve_http_all_outputs_binary_by_default(http_client: thttp.InferenceServerClient) -> None:
-    """No outputs listed: tritonclient asks binary_data_output, the answer carries the binary extension."""
-    result = http_client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 45, 3]])))
-    assert result.as_numpy("logits").shape == (1, 3)
-    assert result.get_response()["outputs"][0]["parameters"]["binary_data_size"] == 12
-
-
-def test_kserve_http_text_mode_equals_grpc(http_client: thttp.InferenceServerClient,
-                                           grpc_client: tgrpc.InferenceServerClient) -> None:
-    texts = np.array(["Roses bloom in the garden.".encode(), "The king's banner — ünïcode!".encode()], dtype=object)
-    for binary in (True, False):
-        rest = http_client.infer(CLASSIFIER, _inputs(thttp, {"text": texts}, binary))
-        ref = grpc_client.infer(CLASSIFIER, _inputs(tgrpc, {"text": texts}))
-        assert list(rest.as_numpy("label")) == list(ref.as_numpy("label"))
-        np.testing.assert_allclose(rest.as_numpy("probabilities"), ref.as_numpy("probabilities"), rtol=1e-6)
-    masked = np.array([b"the [MASK] walked to the [MASK] ."], dtype=object)
-    assert (http_client.infer(FILL_MASK, _inputs(thttp, {"text": masked})).as_numpy("sequence")[0]
-            == grpc_client.infer(FILL_MASK, _inputs(tgrpc, {"text": masked})).as_numpy("sequence")[0])
-    prompt = np.array([b"To be or not"], dtype=object)
-    params = {"max_new_tokens": 6, "ignore_eos": True}
-    rest = http_client.infer(GPT, _inputs(thttp, {"prompt": prompt}), parameters=params)
-    ref = grpc_client.infer(GPT, _inputs(tgrpc, {"prompt": prompt}), parameters=params)
-    assert rest.as_numpy("text")[0] == ref.as_numpy("text")[0]
-    assert rest.as_numpy("finish_reason")[0] == b"length"
-
-
-def test_kserve_http_text_mode_stop_as_a_json_list(server: ServerProcess, tasks: pb_grpc.TaskServiceStub) -> None:
-    full = _grpc_text(tasks, "Now is the winter", 12)
-    stop = full[4:7]
-    status, body = _json(f"{server.http_url}/v2/models/{GPT}/infer", {
-        "inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["Now is the winter"]}],
-        "parameters": {"max_new_tokens": 12, "ignore_eos": True, "stop": [stop]}})
-    assert status == 200, body
-    outputs = {o["name"]: o["data"][0] for o in body["outputs"]}
-    assert outputs == {"text": full[:full.index(stop)], "finish_reason": "stop"}
-
-
-def test_kserve_text_mode_penalties_and_logit_bias_over_http_and_grpc(server: ServerProcess,
-                                                                      grpc_client: tgrpc.InferenceServerClient
-                                                                      ) -> None:
-    """The logit bias is a JSON object over HTTP and its text over gRPC; a bias of 100 wins every step, and a
-    frequency penalty of 2 makes the random model's repeated token give way (its logits lie within 2)."""
-    def http(parameters: dict[str, Any]) -> str:
-        status, body = _json(f"{server.http_url}/v2/models/{GPT}/infer", {
-            "inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["To be"]}],
-            "parameters": {"max_new_tokens": 6, "ignore_eos": True, **parameters}})
-        assert status == 200, body
-        return {o["name"]: o["data"][0] for o in body["outputs"]}["text"]
-
-    prompt = tgrpc.InferInput("prompt", [1], "BYTES")
-    prompt.set_data_from_numpy(np.array([b"To be"], dtype=object))
-    forced_http = http({"logit_bias": {"300": 100}})
-    forced_grpc = grpc_client.infer(GPT, [prompt], parameters={
-        "max_new_tokens": 6, "ignore_eos": True, "logit_bias": json.dumps({"300": 100})}).as_numpy("text")[0].decode()
-    assert forced_http == forced_grpc and len(forced_http) > 0 and forced_http == forced_http[:len(forced_http) // 6] * 6
-    assert http({"frequency_penalty": 2.0}) != http({})
-    status, body = _json(f"{server.http_url}/v2/models/{GPT}/infer", {
-        "inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["To be"]}],
-        "parameters": {"logit_bias": ["300"]}})
-    assert status == 400 and "parameters.logit_bias" in body["error"], body
-
-
-def test_kserve_http_statistics_and_repository(http_client: thttp.InferenceServerClient) -> None:
-    before = http_client.get_inference_statistics(CLASSIFIER)["model_stats"][0]["inference_count"]
-    http_client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 5, 3]])))
-    after = http_client.get_inference_statistics(CLASSIFIER, "1")["model_stats"][0]
-    assert after["inference_count"] == before + 1 and after["version"] == "1"
-    index = http_client.get_model_repository_index()
-    assert {(m["name"], m["state"]) for m in index} == {(CLASSIFIER, "SERVING"), (FILL_MASK, "SERVING"),
-                                                        (GPT, "SERVING")}
-    http_client.unload_model(FILL_MASK)
-    try:
-        assert not http_client.is_model_ready(FILL_MASK)
-    finally:
-        http_client.load_model(FILL_MASK)
-    assert http_client.is_model_ready(FILL_MASK)
-
-
-@pytest.mark.parametrize("header, field", [
-    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 3], "data": [1, 2]}]}, "inputs[0].data"),
-    ({"inputs": [{"name": "input_ids", "datatype": "INT99", "shape": [1], "data": [1]}]}, "inputs[0].datatype"),
-    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1], "data": ["x"]}]}, "inputs[0].data"),
-    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1], "data": []}]}, "inputs[0].shape"),
-    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [2],
-                  "parameters": {"binary_data_size": 999}}]}, "inputs[0].parameters.binary_data_size"),
-    ({"inputs": []}, "inputs"),
-    ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
-      "outputs": [{"name": "nope"}]}, "outputs[0].name"),
-])
-def test_kserve_http_bad_tensors_are_400_naming_the_field(server: ServerProcess, header: dict[str, Any],
-                                                          field: str) -> None:
-    status, body = _json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", header)
-    assert status == 400 and body["error"].startswith(field), body
-
-
-def test_kserve_http_binary_tail_with_raw_http(server: ServerProcess) -> None:
-    """The binary extension by hand: a JSON header of Inference-Header-Content-Length bytes, then raw tensors."""
-    ids = np.array([[2, 45, 17, 3]], dtype=np.int64)
-    tensors = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-    header = json.dumps({"inputs": [{"name": n, "datatype": "INT64", "shape": list(a.shape),
-                                     "parameters": {"binary_data_size": a.nbytes}} for n, a in tensors.items()],
-                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]}).encode()
-    body = header + b"".join(a.tobytes() for a in tensors.values())
-    status, headers, content = _request(f"{server.http_url}/v2/models/{CLASSIFIER}/versions/1/infer", "POST", body,
-                                        {"Inference-Header-Content-Length": str(len(header)),
-                                         "content-type": "application/octet-stream"})
-    assert status == 200 and headers["content-type"] == "application/octet-stream"
-    n = int(headers["inference-header-content-length"])
-    answer = json.loads(content[:n])
-    assert answer["outputs"][0]["parameters"]["binary_data_size"] == 12 == len(content) - n
-    assert np.frombuffer(content[n:], dtype="<f4").shape == (3,)
-    status, _, content = _request(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", "POST", body,
-                                  {"Inference-Header-Content-Length": str(len(body) + 1)})
-    assert status == 400 and b"inference-header-content-length" in content
-
+# ---------------------------------------------------------------- the HTTP port's connections
 
 def test_small_responses_are_not_held_by_nagle(server: ServerProcess) -> None:
     """TCP_NODELAY on the server's connections: with Nagle on, each keep-alive answer waited ~40 ms for the
@@ -353,7 +127,7 @@ def test_small_responses_are_not_held_by_nagle(server: ServerProcess) -> None:
 ])
 def test_malformed_requests_are_clear_4xx(server: ServerProcess, method: str, path: str, body: bytes | None,
                                           headers: dict[str, str], status: int, needle: str) -> None:
-    got, response_headers, content = _request(server.http_url + path, method, body, headers)
+    got, response_headers, content = http_request(server.http_url + path, method, body, headers)
     assert got == status, content
     assert response_headers["content-type"] == "application/json"
     error = json.loads(content)["error"]
@@ -361,7 +135,7 @@ def test_malformed_requests_are_clear_4xx(server: ServerProcess, method: str, pa
     assert needle in message, message
     if path.startswith("/v1"):
         assert error["type"] and error["code"] == status
-    assert _request(server.http_url + "/v2/health/ready")[0] == 200  # still healthy
+    assert http_request(server.http_url + "/v2/health/ready")[0] == 200  # still healthy
     assert "Traceback" not in "".join(server.lines)  # nothing reached the 500 path
 
 
@@ -369,7 +143,7 @@ def test_oversize_bodies_are_413_declared_or_chunked(strict: ServerProcess) -> N
     cafile = strict.cert  # type: ignore[attr-defined]
     auth = {"authorization": f"Bearer {TOKEN}"}
     big = json.dumps({"model": GPT, "prompt": "x" * (SMALL_BODY + 10)}).encode()
-    status, _, content = _request(f"{strict.http_url}/v1/completions", "POST", big,
+    status, _, content = http_request(f"{strict.http_url}/v1/completions", "POST", big,
                                   {**auth, "content-type": "application/json"}, cafile)
     assert status == 413 and b"--max-message-bytes" in content
 
@@ -385,15 +159,15 @@ def test_oversize_bodies_are_413_declared_or_chunked(strict: ServerProcess) -> N
         assert response.status == 413 and b"more than" in response.read()
     finally:
         conn.close()
-    assert _request(f"{strict.http_url}/v2/health/ready", cafile=cafile)[0] == 200
+    assert http_request(f"{strict.http_url}/v2/health/ready", cafile=cafile)[0] == 200
 
 
 def test_vllm_health_and_metrics_routes(server: ServerProcess, oai: openai.OpenAI) -> None:
     """GET /health and GET /metrics on the HTTP port, where vLLM serves them: the same counts as --metrics-port."""
-    status, _, body = _request(server.http_url + "/health")
+    status, _, body = http_request(server.http_url + "/health")
     assert status == 200 and body == b""
     oai.completions.create(model=GPT, prompt="a", max_tokens=1)
-    status, headers, body = _request(server.http_url + "/metrics")
+    status, headers, body = http_request(server.http_url + "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     labels = {"model": GPT, "method": "http.Completions", "code": "OK"}
     assert prometheus_sample(body.decode(), "ortserve_requests_total", **labels) == \
@@ -404,28 +178,28 @@ def test_bearer_token_and_tls(strict: ServerProcess) -> None:
     cafile = strict.cert  # type: ignore[attr-defined]
     url = f"{strict.http_url}/v2/models/{CLASSIFIER}"
     assert strict.http_url.startswith("https://")
-    assert _request(f"{strict.http_url}/v2/health/live", cafile=cafile)[0] == 200  # health stays open
-    assert _request(f"{strict.http_url}/health", cafile=cafile)[0] == 200            # vLLM's too
+    assert http_request(f"{strict.http_url}/v2/health/live", cafile=cafile)[0] == 200  # health stays open
+    assert http_request(f"{strict.http_url}/health", cafile=cafile)[0] == 200            # vLLM's too
     # /metrics names every model: it needs the token (docs/protocol.md, Authentication)
-    assert _request(f"{strict.http_url}/metrics", cafile=cafile)[0] == 401
-    assert b"ortserve_requests_total" in _request(f"{strict.http_url}/metrics", cafile=cafile,
+    assert http_request(f"{strict.http_url}/metrics", cafile=cafile)[0] == 401
+    assert b"ortserve_requests_total" in http_request(f"{strict.http_url}/metrics", cafile=cafile,
                                                   headers={"authorization": f"Bearer {TOKEN}"})[2]
-    status, headers, content = _request(url, cafile=cafile)
+    status, headers, content = http_request(url, cafile=cafile)
     assert status == 401 and "missing" in json.loads(content)["error"] and headers["www-authenticate"] == "Bearer"
-    status, _, content = _request(url, headers={"authorization": "Bearer wrong"}, cafile=cafile)
+    status, _, content = http_request(url, headers={"authorization": "Bearer wrong"}, cafile=cafile)
     assert status == 401 and "invalid bearer token" in json.loads(content)["error"]
-    assert _request(url, headers={"authorization": f"Bearer {TOKEN}"}, cafile=cafile)[0] == 200
+    assert http_request(url, headers={"authorization": f"Bearer {TOKEN}"}, cafile=cafile)[0] == 200
     with pytest.raises(ssl.SSLError):  # the self-signed certificate is not in the system's trust store
-        _request(url)
+        http_request(url)
 
     client = thttp.InferenceServerClient(f"{strict.host}:{strict.http_port}", ssl=True,
                                          ssl_options={"ca_certs": str(cafile)})
     try:
-        result = client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 9, 3]])), headers={
+        result = client.infer(CLASSIFIER, triton_inputs(thttp, classifier_feeds([[2, 9, 3]])), headers={
             "authorization": f"Bearer {TOKEN}"})
         assert result.as_numpy("logits").shape == (1, 3)
         with pytest.raises(InferenceServerException) as info:
-            client.infer(CLASSIFIER, _inputs(thttp, _feeds([[2, 9, 3]])))
+            client.infer(CLASSIFIER, triton_inputs(thttp, classifier_feeds([[2, 9, 3]])))
         assert info.value.status() == "401"
     finally:
         client.close()
@@ -473,11 +247,11 @@ def test_greedy_completion_equals_grpc_generate(oai: openai.OpenAI, tasks: pb_gr
     two = oai.completions.create(model=GPT, prompt=[prompt, "To be"], max_tokens=4, temperature=0,
                                  extra_body={"ignore_eos": True})
     assert [c.index for c in two.choices] == [0, 1]
-    assert [c.text for c in two.choices] == [_grpc_text(tasks, prompt, 4), _grpc_text(tasks, "To be", 4)]
+    assert [c.text for c in two.choices] == [grpc_greedy_text(tasks, prompt, 4), grpc_greedy_text(tasks, "To be", 4)]
     assert two.usage.completion_tokens == 8
     echoed = oai.completions.create(model=GPT, prompt=prompt, max_tokens=3, temperature=0, echo=True,
                                     extra_body={"ignore_eos": True})
-    assert echoed.choices[0].text == prompt + _grpc_text(tasks, prompt, 3)
+    assert echoed.choices[0].text == prompt + grpc_greedy_text(tasks, prompt, 3)
 
 
 def test_usage_reports_the_prompt_tokens_found_cached(oai: openai.OpenAI, tasks: pb_grpc.TaskServiceStub) -> None:
@@ -495,11 +269,6 @@ def test_usage_reports_the_prompt_tokens_found_cached(oai: openai.OpenAI, tasks:
     assert first.usage.prompt_tokens - 2 <= third.usage.cached_prompt_tokens < third.usage.prompt_tokens
 
 
-def _grpc_text(tasks: pb_grpc.TaskServiceStub, prompt: str, n: int) -> str:
-    return tasks.Generate(pb.GenerateRequest(model=GPT, prompt=prompt, parameters=pb.GenerationParameters(
-        max_new_tokens=n, temperature=0.0, ignore_eos=True))).text
-
-
 def test_streaming_several_prompts_interleaves_choices(oai: openai.OpenAI, tasks: pb_grpc.TaskServiceStub) -> None:
     prompts = ["Shall I compare thee", "To be", "Now is the winter"]
     stream = oai.completions.create(model=GPT, prompt=prompts, max_tokens=6, temperature=0, stream=True,
@@ -513,7 +282,7 @@ def test_streaming_several_prompts_interleaves_choices(oai: openai.OpenAI, tasks
             if choice.finish_reason:
                 finished.append(choice.index)
         usage = chunk.usage or usage
-    assert texts == [_grpc_text(tasks, p, 6) for p in prompts]
+    assert texts == [grpc_greedy_text(tasks, p, 6) for p in prompts]
     assert sorted(finished) == [0, 1, 2] and usage.completion_tokens == 18
 
 
@@ -618,13 +387,13 @@ def test_completion_token_id_prompts_answer_as_their_text(oai: openai.OpenAI, ti
 def test_tokenize_and_detokenize_as_vllm(server: ServerProcess, tiny_repository: Path) -> None:
     tokenizer = Tokenizer.from_file(str(tiny_repository / GPT / "1" / "tokenizer.json"))
     text = "To be, or not to be: é漢"
-    status, body = _json(f"{server.http_url}/tokenize", {"model": GPT, "prompt": text})
+    status, body = post_json(f"{server.http_url}/tokenize", {"model": GPT, "prompt": text})
     max_length = json.loads((tiny_repository / GPT / "1" / "model.json").read_text())["max_length"]
     encoding = tokenizer.encode(text)
     assert status == 200 and body == {"count": len(encoding.ids), "max_model_len": max_length,
                                       "tokens": encoding.ids, "special": [False] * len(encoding.ids),
                                       "offsets": [list(o) for o in encoding.offsets]}
-    status, back = _json(f"{server.http_url}/detokenize", {"model": GPT, "tokens": body["tokens"]})
+    status, back = post_json(f"{server.http_url}/detokenize", {"model": GPT, "tokens": body["tokens"]})
     assert status == 200 and back == {"prompt": text}
     for url, payload, code, param in (
             ("/detokenize", {"model": GPT, "tokens": [1, 10 ** 9]}, 400, "tokens[1]"),
@@ -633,7 +402,7 @@ def test_tokenize_and_detokenize_as_vllm(server: ServerProcess, tiny_repository:
             ("/tokenize", {"model": GPT}, 400, "prompt"),
             ("/tokenize", {"model": GPT, "prompt": "a" * ((max_length + 1) * 100 + 1)}, 400,
              "prompt")):  # not tokenized
-        status, error = _json(f"{server.http_url}{url}", payload)
+        status, error = post_json(f"{server.http_url}{url}", payload)
         assert status == code and (param is None or error["error"]["param"] == param), (url, payload, error)
 
 
@@ -888,10 +657,10 @@ def test_deadlines_and_request_metrics(server: ServerProcess, oai: openai.OpenAI
     ok, late = count("OK"), count("DEADLINE_EXCEEDED")
     oai.completions.create(model=GPT, prompt="a", max_tokens=2)
     url = f"{server.http_url}/v1/completions"
-    status, body = _json(url, {"model": GPT, "prompt": "a", "max_tokens": 2},
+    status, body = post_json(url, {"model": GPT, "prompt": "a", "max_tokens": 2},
                          headers={"x-request-timeout": "0.000001"})
     assert status == 504 and body["error"]["type"] == "timeout"
-    status, body = _json(url, {"model": GPT, "prompt": "a"}, headers={"x-request-timeout": "soon"})
+    status, body = post_json(url, {"model": GPT, "prompt": "a"}, headers={"x-request-timeout": "soon"})
     assert status == 400 and body["error"]["param"] == "x-request-timeout"
     assert count("OK") == ok + 1 and count("DEADLINE_EXCEEDED") == late + 1
     for _ in oai.completions.create(model=GPT, prompt="a", max_tokens=2, stream=True):
@@ -901,9 +670,10 @@ def test_deadlines_and_request_metrics(server: ServerProcess, oai: openai.OpenAI
         time.sleep(0.02)
     assert count("OK") == ok + 2  # a stream counts once
     text = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a b c"]}]}
-    status, body = _json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", {**text, "parameters": {"timeout": 1}})
+    status, body = post_json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", {**text, "parameters": {"timeout": 1}})
     assert status == 504 and "deadline" in body["error"]  # Triton's timeout parameter: microseconds
-    status, _ = _json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer", {**text, "parameters": {"timeout": 10 ** 7}})
+    status, _ = post_json(f"{server.http_url}/v2/models/{CLASSIFIER}/infer",
+                          {**text, "parameters": {"timeout": 10 ** 7}})
     assert status == 200
 
 
