@@ -10,7 +10,7 @@ numpy's 10 (bench/FINDINGS.md), the 128-source beam-4 job 245-259 -> 304-313 tok
     values, indices = TopK(logprobs, k, axis 1, largest, sorted)   # equal values: the lower index first
 
 The graph is stored serialized (472 bytes, opset 13) because the server does not depend on the onnx package;
-tests/test_beam_scores.py builds it with onnx.helper and checks these bytes, and checks the results against numpy.
+tests/unit/test_beam_scores.py builds it with onnx.helper and checks these bytes, and checks the results against numpy.
 """
 from __future__ import annotations
 

@@ -591,7 +591,7 @@ def test_gate_fails_on_a_perturbed_llama_graph(bpe_tokenizer, tmp_path: Path, mo
 
 def test_a_head_dim_the_attention_op_does_not_take_is_padded_and_passes_the_gate(bpe_tokenizer, tmp_path: Path) -> None:
     """A transformers Llama with head_dim 8 (onnxruntime's GroupQueryAttention takes multiples of 16): its heads are
-    zero-padded to 16 with rotary pairs kept together; every gate check passes (tests/test_padded_heads.py serves
+    zero-padded to 16 with rotary pairs kept together; every gate check passes (tests/export/test_padded_heads.py serves
     padded GPT-2 and Llama models)."""
     from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint

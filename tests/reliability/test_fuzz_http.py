@@ -5,7 +5,7 @@ Every generated body gets a documented answer: 200, or a 4xx / 503 / 504 in the 
 near valid ones, the strategies draw the outside probe's shapes (docs/RELIABILITY.md): integer literals beyond
 Python's 4300-digit limit, lone UTF-16 surrogates, many tiny elements, KServe binary bodies with millions of
 empty BYTES elements and lying Inference-Header-Content-Length headers. Cases per route:
-ORTSERVE_FUZZ_EXAMPLES (default 60), as tests/test_fuzz_rpc.py.
+ORTSERVE_FUZZ_EXAMPLES (default 60), as tests/reliability/test_fuzz_rpc.py.
 """
 from __future__ import annotations
 

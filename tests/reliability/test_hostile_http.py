@@ -415,7 +415,7 @@ def test_a_field_that_would_change_the_answer_is_refused_naming_it(http: httpx.C
 ])
 def test_beams_asked_of_a_decoder_are_refused_naming_the_field(http: httpx.Client, path: str, extra: dict[str, Any],
                                                                message: str) -> None:
-    """Beam search is an encoder-decoder's (tests/test_seq2seq_serving.py): a decoder never answers without it."""
+    """Beam search is an encoder-decoder's (tests/e2e/grpc/test_seq2seq_serving.py): a decoder never answers without it."""
     answer = http.post(path, json={"model": GPT, "prompt": "hi", "max_tokens": 2, "temperature": 0, **extra})
     assert answer.status_code == 400, answer.text
     assert error_of(answer).startswith(message), error_of(answer)

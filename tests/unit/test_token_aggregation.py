@@ -1,5 +1,5 @@
 """server/token_aggregation.py on hand-made token rows: every strategy's grouping, offsets and scores worked out
-by hand (the served answers are compared with transformers' pipeline in tests/test_token_classification.py)."""
+by hand (the served answers are compared with transformers' pipeline in tests/training/test_token_classification.py)."""
 from __future__ import annotations
 
 import numpy as np

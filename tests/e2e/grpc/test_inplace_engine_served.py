@@ -226,7 +226,7 @@ def test_a_concat_package_is_not_served_and_says_how_to_re_export_it(server: Ser
 
 def test_a_request_cut_by_its_deadline_frees_its_slot(server: ServerProcess, repository: Path) -> None:
     """Wherever the deadline lands (waiting, mid-prefill, decoding: the tiny model is fast, so this is not
-    pinned; tests/test_scheduler.py pins the mid-prefill case), the slot comes back and works."""
+    pinned; tests/unit/test_scheduler.py pins the mid-prefill case), the slot comes back and works."""
     long = " ".join(["the quality of mercy is not strained"] * 3)
     with OrtserveClient(server.address, timeout=60) as client, ThreadPoolExecutor(1) as pool:
         # A running stream makes the long prompt go in 4-token chunks; its deadline ends it part-way.
