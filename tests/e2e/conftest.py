@@ -14,11 +14,8 @@ from tests.server_process import ServerProcess
 
 @pytest.fixture(scope="module")
 def server(tiny_repository: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tiny_repository, ["--http-port", "0", "--metrics-port", "0"])
-    try:
+    with ServerProcess(tiny_repository, ["--http-port", "0", "--metrics-port", "0"]) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

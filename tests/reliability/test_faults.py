@@ -1,5 +1,6 @@
-"""Faults against real server processes, each a test, beyond what test_server*.py already covers (there:
-SIGTERM drain of queued unary requests, one cancelled stream, a hash mismatch, a version swap by rename):
+"""Faults against real server processes, each a test, beyond what e2e/grpc/test_server_rpcs.py and
+test_server_operations.py already cover (there: SIGTERM drain of queued unary requests, one cancelled stream, a hash
+mismatch, a version swap by rename):
 
 - SIGTERM under mixed load (streams included): nothing accepted is lost, late calls get UNAVAILABLE, exit 0;
 - clients cancelling streams: their slots go to waiting streams, the other streams are unaffected;
