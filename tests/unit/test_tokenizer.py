@@ -1,9 +1,8 @@
-"""WordPiece / byte-level BPE tokenizers: post-processor, round trips, saved files, HF interop."""
+"""WordPiece / byte-level BPE tokenizers: post-processor, round trips, saved files, HF interop (in-process; the
+`python -m training tokenizer` command is tests/training/test_tokenizer_cli.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -99,14 +98,3 @@ def test_transformers_reads_our_tokenizers(tok_dirs: dict[str, Path]) -> None:
     assert hf_bpe(text)["input_ids"] == load_tokenizer(tok_dirs["bpe"]).tokenizer.encode(text).ids
     assert hf_bpe.eos_token == "<|endoftext|>"
 
-
-def test_cli_trains_a_tokenizer(tmp_path: Path) -> None:
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("Shall I compare thee to a summer's day?\nThou art more lovely and more temperate.\n" * 50)
-    out = tmp_path / "bpe"
-    r = subprocess.run([sys.executable, "-m", "training", "tokenizer", "--kind", "bpe", "--corpus", str(corpus),
-                        "--vocab-size", "400", "--out", str(out), "--quiet"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    info = load_tokenizer(out)
-    assert info.kind == "bpe" and info.vocab_size <= 400
-    assert info.tokenizer.decode(info.tokenizer.encode("summer's day").ids) == "summer's day"
