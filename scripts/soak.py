@@ -79,8 +79,7 @@ def tiny_repository() -> Path:
     target = cache_dir() / "tiny-repository"
     if target.is_dir():
         return target
-    sys.path.insert(0, str(ROOT / "tests"))
-    import conftest  # noqa: E402  (tests/conftest.py: plain functions besides the pytest fixtures)
+    from tests import conftest  # tests/conftest.py: plain functions besides the pytest fixtures
 
     target.parent.mkdir(parents=True, exist_ok=True)
     log.info("building the tiny test models into %s (once)", target)

@@ -12,7 +12,7 @@ status codes.
     report = asyncio.run(run_load(config, server_pid=1234))
     print(format_report(report))
 
-Used by scripts/soak.py and by tests/test_reliability_load.py / test_reliability_faults.py.
+Used by scripts/soak.py and by tests/reliability/test_load.py / test_faults.py.
 """
 from __future__ import annotations
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.levels import can_select, level_of
+
 TINY_LABELS = ["alpha", "beta", "gamma"]
 # Each label owns a group of keywords; a sentence's label is the group its keywords come from.
 _KEYWORDS = {
@@ -65,6 +67,17 @@ def _corpus() -> list[str]:
     from export.heldout import BUILTIN_TEXTS
 
     return [t for t, _ in synthetic_examples(600, seed=1)] + list(BUILTIN_TEXTS)
+
+
+def family_tokenizers(root: Path) -> dict[str, Path]:
+    """Byte-level BPE with RoBERTa's specials ("roberta") and WordPiece ("wordpiece") trained on the tiny corpus
+    (vocab 400, max length 62), saved under `root`: the tokenizers of the transformers-saved family checkpoints."""
+    from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+
+    corpus = _corpus()
+    return {kind: save_tokenizer(train_tokenizer(corpus, TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1)),
+                                 root / f"tok-{kind}", kind, 62)
+            for kind in ("roberta", "wordpiece")}
 
 
 def _train_classifier(model, tokenizer, steps: int = 60) -> None:
@@ -164,3 +177,24 @@ def _build_tiny_repository(tiny_checkpoints: TinyCheckpoints, repo: Path) -> Non
                                    name="tiny-fill-mask"))
     export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.gpt, task="generate", repository=repo,
                                    name="tiny-gpt"))
+
+
+# ---------------------------------------------------------------- markers by folder
+# Every test gets the marker of its level, from its folder under tests/ (tests/levels.py; registered in
+# pyproject.toml): `pytest -m unit` runs the fast in-process tier alone, without importing the other folders;
+# `-m "not slow"` (scripts/test.sh) still runs everything.
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    markexpr = config.getoption("markexpr")
+    level = level_of(collection_path)
+    if markexpr and level and not can_select(markexpr, level):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        level = level_of(item.path)
+        if level:
+            item.add_marker(level)

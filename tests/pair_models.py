@@ -11,7 +11,7 @@ from pathlib import Path
 
 def build_cross_encoder(tiny_checkpoints, root: Path, steps: int = 80) -> Path:
     import torch
-    from conftest import TINY_LABELS, one_torch_thread, synthetic_sentence
+    from tests.conftest import TINY_LABELS, one_torch_thread, synthetic_sentence
     from tokenizers import Tokenizer
 
     from training.bert import BertConfig, BertForSequenceClassification
@@ -52,7 +52,7 @@ def build_cross_encoder(tiny_checkpoints, root: Path, steps: int = 80) -> Path:
 def add_tiny_embed(tiny_checkpoints, repository: Path, name: str = "tiny-embed") -> Path:
     """The tiny MLM checkpoint exported as an embedding model (cls pooling, not normalized, 64 values, no
     Matryoshka declaration) into `repository`: a cheap scorer (cosine) for the fuzzers (~2 s)."""
-    from conftest import one_torch_thread
+    from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
 

@@ -1,19 +1,27 @@
 """A real server process on a free localhost port, for the tests: the shared launcher (testing/launch.py)
-plus one-server-per-pytest-process and repository-copy helpers.
+plus one-server-per-pytest-process and repository-copy helpers, and what tests of a running server share: waiting
+until it is ready, its metrics address, an RPC's error, a metric's sample.
 """
 from __future__ import annotations
 
 import atexit
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+import pytest
 
 from testing import launch
 from testing.launch import ROOT, ServerStartError, free_port
 
 __all__ = ["ROOT", "ServerProcess", "ServerStartError", "free_port", "shared_server", "repository_with",
-           "staggered_streams"]
+           "staggered_streams", "wait_ready", "metrics_url_of", "rpc_error", "sample"]
+
+_METRICS_LINE = re.compile(r"metrics on (\S+):(\d+)")
 
 
 class ServerProcess(launch.ServerProcess):
@@ -63,3 +71,41 @@ def staggered_streams(address: str, model: str, prompts: list[str], new_tokens: 
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         return list(pool.map(one, range(len(prompts))))
+
+
+def wait_ready(address: str, timeout: float = 60.0, **client_args: Any) -> None:
+    """Until the server at `address` answers KServe's ServerReady true (tritonclient.grpc's own call)."""
+    import tritonclient.grpc as triton
+    from tritonclient.utils import InferenceServerException
+
+    client = triton.InferenceServerClient(address, **client_args)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if client.is_server_ready():
+                return
+        except InferenceServerException:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"server at {address} not ready after {timeout}s")
+
+
+def metrics_url_of(proc: ServerProcess, timeout: float = 30.0) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for line in list(proc.lines):
+            match = _METRICS_LINE.search(line)
+            if match:
+                return f"http://{match.group(1)}:{match.group(2)}/metrics"
+        time.sleep(0.05)
+    raise AssertionError("no 'metrics on HOST:PORT' line:\n" + "".join(proc.lines))
+
+
+def rpc_error(call: Callable[[], Any]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value
+
+
+def sample(samples: list[Any], name: str, **labels: str) -> float:
+    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))

@@ -9,7 +9,7 @@ onnxruntime does it on the session's threads, the graph below, in less time (ben
     values, indices = TopK(logprobs, k, axis 1, largest, sorted)   # equal values: the lower index first
 
 The graph is stored serialized (472 bytes, opset 13) because the server does not depend on the onnx package;
-tests/test_beam_scores.py builds it with onnx.helper and checks these bytes, and checks the results against numpy.
+tests/unit/test_beam_scores.py builds it with onnx.helper and checks these bytes, and checks the results against numpy.
 """
 from __future__ import annotations
 

@@ -1,0 +1,213 @@
+"""Batch inference end to end: the real `python -m clients.batch` against a real server, and --local."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.server_process import ROOT, ServerProcess, free_port, shared_server
+
+KEYWORDS = {"alpha": "boat harbour tide", "beta": "king sword castle", "gamma": "rose garden tree"}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repository: Path) -> ServerProcess:
+    return shared_server(tiny_repository)
+
+
+def batch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clients.batch", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def prompts_file(path: Path, n: int) -> Path:
+    path.write_text("".join(f"Prompt number {i}: the\n" for i in range(n)))
+    return path
+
+
+def test_classify_jsonl_in_order_with_failed_records(server: ServerProcess, tmp_path: Path) -> None:
+    records, expected = [], []
+    for i in range(24):
+        label = sorted(KEYWORDS)[i % 3]
+        records.append(json.dumps({"id": f"r{i}", "text": f"Then the {KEYWORDS[label]} came back"}))
+        expected.append((f"r{i}", label))
+    records.insert(5, "{this is not json")                     # line 6
+    records.insert(9, json.dumps({"id": "no-text"}))            # line 10
+    records.insert(14, json.dumps({"id": "r3", "text": "x"}))   # line 15: repeats id r3
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(records) + "\n")
+
+    run = batch("classify", str(src), "-o", str(out), "--address", server.address, "--model", "tiny-classifier",
+                "--concurrency", "4", "--top-k", "1")
+    assert run.returncode == 1, run.stderr
+    summary = run.stderr.strip().splitlines()[-1]
+    assert summary.startswith("batch: 27 records in ") and "24 ok, 3 failed; 0 already in the output" in summary
+    got = lines(out)
+    assert [r["id"] for r in got] == [e[0] for e in expected[:5]] + [6] + [e[0] for e in expected[5:8]] + \
+        ["no-text"] + [e[0] for e in expected[8:12]] + ["r3"] + [e[0] for e in expected[12:]]
+    errors = {r["id"]: r["error"] for r in got if "error" in r}
+    assert errors[6].startswith("input line 6: not valid JSON")
+    assert errors["no-text"] == "text: missing"
+    assert errors["r3"] == "id: duplicate of the record on input line 4"
+    labels = {r["id"]: r["label"] for r in got if "error" not in r}
+    assert labels == dict(expected)
+    assert all(len(r["scores"]) == 1 for r in got if "error" not in r)
+
+    # A re-run finds everything written: nothing is added, and the earlier failures still count.
+    before = out.read_bytes()
+    again = batch("classify", str(src), "-o", str(out), "--address", server.address, "--model", "tiny-classifier")
+    assert again.returncode == 1 and out.read_bytes() == before
+    assert "0 records in" in again.stderr and "27 already in the output (3 of them failed)" in again.stderr
+
+
+def test_resume_after_kill_9_equals_an_uninterrupted_run(server: ServerProcess, tmp_path: Path) -> None:
+    src = prompts_file(tmp_path / "prompts.txt", 60)
+    common = ["generate", str(src), "--address", server.address, "--model", "tiny-gpt", "--max-new-tokens", "48"]
+    reference = tmp_path / "reference.jsonl"
+    full = batch(*common, "-o", str(reference), "--concurrency", "3")
+    assert full.returncode == 0, full.stderr
+
+    out = tmp_path / "resumed.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "clients.batch", *common, "-o", str(out), "--concurrency", "1"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 10:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    written = out.read_bytes().count(b"\n")
+    assert proc.returncode == -signal.SIGKILL and 10 <= written < 60, "the run was not cut half-way"
+    with open(out, "ab") as f:  # as if the kill had landed in the middle of a write
+        f.write(b'{"id": 999, "text": "half a li')
+
+    resumed = batch(*common, "-o", str(out), "--concurrency", "4")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{60 - written} ok, 0 failed; {written} already in the output" in resumed.stderr
+    assert out.read_bytes() == reference.read_bytes()
+    ids = [r["id"] for r in lines(out)]
+    assert ids == list(range(1, 61))  # text input: ids are line numbers; none twice
+    assert all(r["finish_reason"] in ("length", "eos") and r["usage"]["completion_tokens"] >= 1 for r in lines(out))
+
+
+def test_local_mode_writes_what_the_server_mode_writes(server: ServerProcess, tiny_repository: Path,
+                                                       tmp_path: Path) -> None:
+    prompts = prompts_file(tmp_path / "prompts.txt", 10)
+    table = tmp_path / "texts.csv"
+    table.write_text("id,text,text_pair\n" + "".join(
+        f"c{i},The {KEYWORDS[sorted(KEYWORDS)[i % 3]]} and more,{'a pair' if i % 2 else ''}\n" for i in range(9)))
+    masked = tmp_path / "masked.txt"
+    masked.write_text("the [MASK] sat on a boat\na [MASK] of the king [MASK]\n")
+    jobs = [("generate", prompts, "tiny-gpt", ["--max-new-tokens", "12"]),
+            ("classify", table, "tiny-classifier", []),
+            ("fill-mask", masked, "tiny-fill-mask", ["--top-k", "3"])]
+    for task, src, model, extra in jobs:
+        via_server, local = tmp_path / f"{task}-server.jsonl", tmp_path / f"{task}-local.jsonl"
+        a = batch(task, str(src), "-o", str(via_server), "--address", server.address, "--model", model, *extra)
+        b = batch(task, str(src), "-o", str(local), "--local", str(tiny_repository), "--model", model, *extra)
+        assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
+        if task == "generate":  # greedy: the very same bytes
+            assert local.read_bytes() == via_server.read_bytes()
+            continue
+        # Encoders: same structure, labels and tokens; scores equal up to float32 batching noise
+        # (the server batches concurrent records together, --local ran them as they came).
+        for x, y in zip(lines(via_server), lines(local), strict=True):
+            assert _without_scores(x) == _without_scores(y)
+            assert _scores(x) == pytest.approx(_scores(y), abs=1e-5)
+
+
+def test_scoring_texts_writes_each_prompt_token_with_its_logprob(server: ServerProcess, tiny_repository: Path,
+                                                                  tmp_path: Path) -> None:
+    """--prompt-logprobs: every record's tokens with their logprobs (the first has none), as one offline run over
+    the text scores them, through a server and in-process alike."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from testing.offline import prompt_logprobs
+
+    src = prompts_file(tmp_path / "texts.txt", 6)
+    outs = {mode: tmp_path / f"{mode}.jsonl" for mode in ("server", "local")}
+    common = ["--model", "tiny-gpt", "--max-new-tokens", "1", "--prompt-logprobs", "1"]
+    for mode, where in (("server", ["--address", server.address]), ("local", ["--local", str(tiny_repository)])):
+        run = batch("generate", str(src), "-o", str(outs[mode]), *where, *common)
+        assert run.returncode == 0, run.stderr
+    pkg = tiny_repository / "tiny-gpt" / "1"
+    session = ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"])
+    manifest, tok = json.loads((pkg / "model.json").read_text()), Tokenizer.from_file(str(pkg / "tokenizer.json"))
+    texts = src.read_text().splitlines()
+    for text, a, b in zip(texts, lines(outs["server"]), lines(outs["local"]), strict=True):
+        ids = tok.encode(text).ids
+        want, _ = prompt_logprobs(session, manifest, ids)
+        for record in (a, b):
+            scored = record["prompt_tokens"]
+            assert [t["token_id"] for t in scored] == ids and record["usage"]["prompt_tokens"] == len(ids)
+            assert scored[0]["logprob"] is None and all(len(t["top_logprobs"]) == 1 for t in scored[1:])
+            assert [t["logprob"] for t in scored[1:]] == pytest.approx(want, abs=1e-4)
+
+
+def _scores(value) -> list[float]:
+    if isinstance(value, dict):
+        return [s for k, v in sorted(value.items()) for s in ([v] if k == "score" else _scores(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _scores(v)]
+    return []
+
+
+def _without_scores(value):
+    if isinstance(value, dict):
+        return {k: _without_scores(v) for k, v in value.items() if k != "score"}
+    if isinstance(value, list):
+        return [_without_scores(v) for v in value]
+    return value
+
+
+def test_unreachable_server_stops_the_run_without_failing_records(tmp_path: Path) -> None:
+    src = prompts_file(tmp_path / "prompts.txt", 3)
+    out = tmp_path / "out.jsonl"
+    run = batch("generate", str(src), "-o", str(out), "--address", f"127.0.0.1:{free_port()}", "--retries", "1")
+    assert run.returncode == 1
+    assert "stopped: record 1 (input line 1): UNAVAILABLE" in run.stderr and "re-run to resume" in run.stderr
+    assert out.read_text() == ""  # nothing was written as failed: a re-run will do all three
+
+
+@pytest.mark.parametrize("args, message", [
+    (["classify", "missing.jsonl", "-o", "out.jsonl"], "input: missing.jsonl is not a file"),
+    (["classify", "in.txt", "-o", "out.jsonl", "--ray", "2"], "ray: needs --local REPOSITORY"),
+    (["classify", "in.txt", "-o", "out.jsonl", "--concurrency", "0"], "argument -c/--concurrency"),
+    (["classify", "in.txt", "-o", "in.txt"], "output: must not be the input file"),
+])
+def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "in.txt").write_text("hello\n")
+    run = subprocess.run([sys.executable, "-m", "clients.batch", *args], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 2 and message in run.stderr and len(run.stderr.splitlines()) == 1
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_local_mode_with_two_engines_writes_what_one_engine_writes(tiny_repository: Path, tmp_path: Path) -> None:
+    """--instances 2 --max-sequences 2: two in-process engines of two slots each start (their log lines), and the
+    greedy answers are the very same bytes as one engine's. Without --local the flags are refused naming
+    themselves."""
+    prompts = prompts_file(tmp_path / "prompts.txt", 12)
+    common = ["generate", str(prompts), "--local", str(tiny_repository), "--model", "tiny-gpt", "--max-new-tokens",
+              "8", "--concurrency", "8"]
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    a = batch(*common, "-o", str(one))
+    b = batch(*common, "-o", str(two), "--instances", "2", "--max-sequences", "2", "--verbose")
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
+    assert b.stderr.count("generation engine tiny-gpt started (max_batch_size=2)") == 2, b.stderr
+    assert two.read_bytes() == one.read_bytes()
+    for flag in ("--instances", "--max-sequences"):
+        refused = batch("generate", str(prompts), "-o", str(tmp_path / "x.jsonl"), "--address", "127.0.0.1:1",
+                        flag, "2")
+        assert refused.returncode == 2 and f"{flag.lstrip('-')}: needs --local" in refused.stderr

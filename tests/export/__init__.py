@@ -1,0 +1,1 @@
+"""The export stage: graphs against PyTorch, the parity gate, variants, refused publication."""

@@ -1,0 +1,1 @@
+"""The benchmark suite's parts and the harness's launcher of server processes (bench/, testing/)."""

@@ -1,0 +1,1 @@
+"""The training stage: models against transformers, tokenizers, data, real `python -m training` runs."""

@@ -1,0 +1,1 @@
+"""Fast in-process tests: no subprocess, no server process, no network socket (`pytest -m unit`)."""
