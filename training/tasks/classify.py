@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training import data as data_mod
-from training.bert import init_weights
+from training.weight_init import init_weights
 from training.checkpoint import checkpoint_kind, family_of_kind, load_model
 from training.metrics import classification_metrics
 from training.tokenizer import load_tokenizer
