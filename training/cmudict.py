@@ -33,7 +33,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from training.data import DataError, cache_dir, download_sdist
+from training.errors import DataError
+from training.sdist import cache_dir, download_sdist
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from typing import Sequence
 
 from tokenizers import Tokenizer
 
-from training.data import DataError, jsonl_rows
+from training.errors import DataError
+from training.userdata import jsonl_rows
 
 IGNORE = -100
 
