@@ -55,13 +55,7 @@ def read_labelled(path: str | os.PathLike, labels: Sequence[str] | None = None) 
 
     With `labels`, every label must be in that set; errors name the file, line and field.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p}: file not found")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{p}: cannot read ({type(exc).__name__})") from exc
+    p, raw = read_data_file(path)
     rows = _csv_rows(p, raw) if p.suffix.lower() == ".csv" else jsonl_rows(p, raw)
     known = set(labels) if labels is not None else None
     out: list[Example] = []
@@ -85,6 +79,17 @@ def read_labelled(path: str | os.PathLike, labels: Sequence[str] | None = None) 
     if not out:
         raise DataError(f"{p}: file has no examples")
     return out
+
+
+def read_data_file(path: str | os.PathLike) -> tuple[Path, str]:
+    """(path, UTF-8 text) of a user data file; a DataError naming the file when it is missing or unreadable."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: file not found")
+    try:
+        return p, p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{p}: cannot read ({type(exc).__name__})") from exc
 
 
 def jsonl_rows(p: Path, raw: str) -> list[tuple[int, dict]]:
