@@ -52,6 +52,16 @@ class _OnHiddenStates(EncoderHeadModel):
         return self.states(input_ids, attention_mask, token_type_ids)[0]
 
 
+class _DropoutLinear(_OnHiddenStates):
+    """Dropout + one linear `classifier` H -> num_labels (BERT's and ALBERT's sentence head, every token head)."""
+
+    def __init__(self, config: Any, encoder: nn.Module, dropout: float) -> None:
+        super().__init__(config, encoder)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+
 class SequenceClassifier(_OnHiddenStates):
     """Sentence logits through `head` from the first token's state; the head is the family's."""
 
@@ -65,16 +75,10 @@ class SequenceClassifier(_OnHiddenStates):
         return self.head(self.encode(input_ids, attention_mask, token_type_ids)[:, 0])
 
 
-class PooledClassifier(SequenceClassifier):
+class PooledClassifier(SequenceClassifier, _DropoutLinear):
     """BERT, ALBERT: dropout + linear `classifier` on the encoder's tanh pooler over [CLS]."""
 
     pooler_path: ClassVar[str]  # the pooler's Linear inside the encoder
-
-    def __init__(self, config: Any, encoder: nn.Module, dropout: float) -> None:
-        super().__init__(config, encoder)
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
 
     def head(self, vec: torch.Tensor) -> torch.Tensor:
         """Logits from one [B, H] vector: pooler dense + tanh, dropout, classifier."""
@@ -114,14 +118,8 @@ class ProjectedClassifier(SequenceClassifier):
         return self.classifier(vec)
 
 
-class TokenClassifier(_OnHiddenStates):
+class TokenClassifier(_DropoutLinear):
     """Dropout + one linear `classifier` applied at every position (HF's *ForTokenClassification)."""
-
-    def __init__(self, config: Any, encoder: nn.Module, dropout: float) -> None:
-        super().__init__(config, encoder)
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
 
     def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Per-position logits from [..., H] states."""
