@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.bert import BertConfig, activation, init_weights
+from training.bert import BertConfig, activation
+from training.heads import MaskedLM, PooledClassifier, PreTraining, TokenClassifier
+from training.weight_init import init_weights
 
 _PRESETS: dict[str, dict[str, int]] = {
     # BERT's presets (training/bert.py) with E = H/2 (tiny, small) or ALBERT-base's 128.
@@ -185,6 +187,11 @@ class AlbertModel(nn.Module):
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None
         return hidden, pooled
 
+    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What every family's encoder answers (training/heads.py): here, forward itself."""
+        return self(input_ids, attention_mask, token_type_ids)
+
 
 class AlbertMLMHead(nn.Module):
     """H -> E (dense, activation, LayerNorm), then the decoder tied to the E-sized word embeddings."""
@@ -212,109 +219,53 @@ class AlbertSOPHead(nn.Module):
         return self.classifier(self.dropout(pooled))
 
 
-class _TiedMLM(nn.Module):
-    config: AlbertConfig
-    albert: AlbertModel
+class _AlbertMLM:
+    """Where ALBERT's MLM decoder and its shared bias live (`predictions`, at the top level)."""
+
+    prefix = "albert"
+    decoder_path = "predictions.decoder"
+    bias_path = "predictions.bias"
     predictions: AlbertMLMHead
-
-    def _init_head(self) -> None:
-        self.predictions.apply(lambda m: init_weights(m, self.config.initializer_range))
-        with torch.no_grad():
-            self.predictions.bias.zero_()
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        self.predictions.decoder.weight = self.albert.embeddings.word_embeddings.weight
-        self.predictions.decoder.bias = self.predictions.bias
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.albert(input_ids, attention_mask, token_type_ids)
 
     def mlm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.predictions(hidden)
 
 
-class AlbertForMaskedLM(_TiedMLM):
+class AlbertForMaskedLM(_AlbertMLM, MaskedLM):
     def __init__(self, config: AlbertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.albert = AlbertModel(config, add_pooling_layer=False)
+        super().__init__(config, AlbertModel(config, add_pooling_layer=False))
         self.predictions = AlbertMLMHead(config)
-        self._init_head()
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, vocab]."""
-        return self.predictions(self.albert(input_ids, attention_mask, token_type_ids)[0])
+        self._init_head(self.predictions)
 
 
-class AlbertForPreTraining(_TiedMLM):
+class AlbertForPreTraining(_AlbertMLM, PreTraining):
     """MLM + sentence-order prediction."""
 
     def __init__(self, config: AlbertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.albert = AlbertModel(config, add_pooling_layer=True)
+        super().__init__(config, AlbertModel(config, add_pooling_layer=True))
         self.predictions = AlbertMLMHead(config)
         self.sop_classifier = AlbertSOPHead(config)
-        self.sop_classifier.apply(lambda m: init_weights(m, config.initializer_range))
-        self._init_head()
+        self._init_head(self.sop_classifier, self.predictions)
 
     def pair_head(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.sop_classifier(pooled)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (mlm_logits [B, S, vocab], sop_logits [B, 2])."""
-        hidden, pooled = self.albert(input_ids, attention_mask, token_type_ids)
-        return self.predictions(hidden), self.sop_classifier(pooled)
 
+class AlbertForSequenceClassification(PooledClassifier):
+    """ALBERT + dropout (classifier_dropout_prob) + classifier on the pooled [CLS] vector (`pooler`: a Linear)."""
 
-class AlbertForSequenceClassification(nn.Module):
+    prefix = "albert"
+    pooler_path = "pooler"
+
     def __init__(self, config: AlbertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.albert = AlbertModel(config, add_pooling_layer=True)
-        self.dropout = nn.Dropout(config.classifier_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.albert(input_ids, attention_mask, token_type_ids)[0]
-
-    def head(self, vec: torch.Tensor) -> torch.Tensor:
-        """Logits from one [B, H] vector: pooler (tanh) then classifier."""
-        return self.classifier(self.dropout(torch.tanh(self.albert.pooler(vec))))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, num_labels]."""
-        _, pooled = self.albert(input_ids, attention_mask, token_type_ids)
-        return self.classifier(self.dropout(pooled))
+        super().__init__(config, AlbertModel(config, add_pooling_layer=True), config.classifier_dropout_prob)
 
 
-class AlbertForTokenClassification(nn.Module):
+class AlbertForTokenClassification(TokenClassifier):
     """ALBERT without pooler + dropout (classifier_dropout_prob) + a linear classifier at every position."""
 
+    prefix = "albert"
+
     def __init__(self, config: AlbertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.albert = AlbertModel(config, add_pooling_layer=False)
         p = config.classifier_dropout_prob if config.classifier_dropout_prob is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.albert(input_ids, attention_mask, token_type_ids)[0]
-
-    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(hidden))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, num_labels]."""
-        return self.token_head(self.encode(input_ids, attention_mask, token_type_ids))
+        super().__init__(config, AlbertModel(config, add_pooling_layer=False), p)

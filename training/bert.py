@@ -20,6 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.heads import (MaskedLM, PooledClassifier, PreTraining, TokenClassifier,
+                            classifier_dropout)
+from training.weight_init import init_weights
+
 log = logging.getLogger(__name__)
 
 _ACTIVATIONS = {
@@ -243,22 +247,6 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
-def init_weights(module: nn.Module, std: float) -> None:
-    """HF's BERT/GPT-2 init: normal(0, std) weights, zero biases, unit LayerNorm, zero padding row."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, mean=0.0, std=std)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, mean=0.0, std=std)
-        if module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
-
-
 class BertModel(nn.Module):
     """Embeddings + encoder (+ optional [CLS] pooler)."""
 
@@ -285,33 +273,20 @@ class BertModel(nn.Module):
         pooled = self.pooler(hidden) if self.pooler is not None else None
         return hidden, pooled
 
+    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What every family's encoder answers (training/heads.py): here, forward itself."""
+        return self(input_ids, attention_mask, token_type_ids)
 
-class BertForSequenceClassification(nn.Module):
+
+class BertForSequenceClassification(PooledClassifier):
     """BERT + dropout + linear classifier on the pooled [CLS] vector."""
 
+    prefix = "bert"
+    pooler_path = "pooler.dense"
+
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooling_layer=True)
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
-
-    # Parts the training task calls separately (every encoder family has the same two).
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.bert(input_ids, attention_mask, token_type_ids)[0]
-
-    def head(self, vec: torch.Tensor) -> torch.Tensor:
-        """Logits from one [B, hidden] vector: pooler dense + tanh, dropout, classifier."""
-        return self.classifier(self.dropout(torch.tanh(self.bert.pooler.dense(vec))))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, num_labels]."""
-        _, pooled = self.bert(input_ids, attention_mask, token_type_ids)
-        return self.classifier(self.dropout(pooled))
+        super().__init__(config, BertModel(config, add_pooling_layer=True), classifier_dropout(config))
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -347,8 +322,8 @@ class BertOnlyMLMHead(nn.Module):
         super().__init__()
         self.predictions = BertLMPredictionHead(config)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.predictions(hidden)
+    def forward(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.predictions(hidden, vocab_ids)
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -358,91 +333,47 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-class _TiedMLM(nn.Module):
-    """Shared init + weight tying of the models with an MLM decoder."""
+class _BertMLM:
+    """Where BERT's MLM decoder and its shared bias live (`cls.predictions`)."""
 
-    config: BertConfig
-    bert: BertModel
-    cls: nn.Module
-
-    def _init_head(self) -> None:
-        self.cls.apply(lambda m: init_weights(m, self.config.initializer_range))
-        with torch.no_grad():
-            self.cls.predictions.bias.zero_()
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        """Decoder weight = word embeddings; decoder bias = cls.predictions.bias (HF layout)."""
-        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
-        self.cls.predictions.decoder.bias = self.cls.predictions.bias
-
-    # Parts the MLM task calls separately (the vocab projection runs on selected positions only).
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.bert(input_ids, attention_mask, token_type_ids)
-
-    def mlm_head(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.cls.predictions(hidden, vocab_ids)
+    prefix = "bert"
+    decoder_path = "cls.predictions.decoder"
+    bias_path = "cls.predictions.bias"
 
 
-class BertForMaskedLM(_TiedMLM):
+class BertForMaskedLM(_BertMLM, MaskedLM):
     """BERT without pooler + MLM head tied to the word embeddings."""
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooling_layer=False)
+        super().__init__(config, BertModel(config, add_pooling_layer=False))
         self.cls = BertOnlyMLMHead(config)
-        self._init_head()
+        self._init_head(self.cls)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, vocab]."""
-        hidden, _ = self.bert(input_ids, attention_mask, token_type_ids)
-        return self.cls(hidden)
+    def mlm_head(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the vocabulary, or over `vocab_ids` only."""
+        return self.cls(hidden, vocab_ids)
 
 
-class BertForPreTraining(_TiedMLM):
+class BertForPreTraining(_BertMLM, PreTraining):
     """BERT with pooler + MLM head + 2-way sentence relationship head (NSP / SOP)."""
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooling_layer=True)
+        super().__init__(config, BertModel(config, add_pooling_layer=True))
         self.cls = BertPreTrainingHeads(config)
-        self._init_head()
+        self._init_head(self.cls)
+
+    def mlm_head(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the vocabulary, or over `vocab_ids` only."""
+        return self.cls.predictions(hidden, vocab_ids)
 
     def pair_head(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.cls.seq_relationship(pooled)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (mlm_logits [B, S, vocab], seq_relationship_logits [B, 2])."""
-        hidden, pooled = self.bert(input_ids, attention_mask, token_type_ids)
-        return self.cls.predictions(hidden), self.cls.seq_relationship(pooled)
 
-
-class BertForTokenClassification(nn.Module):
+class BertForTokenClassification(TokenClassifier):
     """BERT without pooler + dropout + one linear classifier applied at every position (HF's layout)."""
 
+    prefix = "bert"
+
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooling_layer=False)
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.bert(input_ids, attention_mask, token_type_ids)[0]
-
-    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Per-position logits from [..., hidden] states."""
-        return self.classifier(self.dropout(hidden))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, num_labels]."""
-        return self.token_head(self.encode(input_ids, attention_mask, token_type_ids))
+        super().__init__(config, BertModel(config, add_pooling_layer=False), classifier_dropout(config))

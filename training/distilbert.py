@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.bert import activation, init_weights
+from training.bert import activation
+from training.heads import MaskedLM, SequenceClassifier, TokenClassifier
+from training.weight_init import init_weights
 
 # HF hard-codes this epsilon for every DistilBERT LayerNorm.
 LN_EPS = 1e-12
@@ -178,83 +180,52 @@ class DistilBertModel(nn.Module):
         additive = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
         return self.transformer(hidden, additive)
 
+    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        """What every family's encoder answers (training/heads.py): token_type_ids ignored (DistilBERT has
+        none), no pooled vector."""
+        return self(input_ids, attention_mask), None
 
-class DistilBertForSequenceClassification(nn.Module):
-    """[CLS] state -> pre_classifier -> ReLU -> dropout -> classifier."""
+
+class DistilBertForSequenceClassification(SequenceClassifier):
+    """[CLS] state -> pre_classifier -> ReLU -> dropout -> classifier. token_type_ids are accepted and ignored."""
+
+    prefix = "distilbert"
 
     def __init__(self, config: DistilBertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.distilbert = DistilBertModel(config)
+        super().__init__(config, DistilBertModel(config))
         self.pre_classifier = nn.Linear(config.dim, config.dim)
         self.classifier = nn.Linear(config.dim, config.num_labels)
         self.dropout = nn.Dropout(config.seq_classif_dropout)
         for m in (self.pre_classifier, self.classifier):
             init_weights(m, config.initializer_range)
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.distilbert(input_ids, attention_mask)
-
     def head(self, vec: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.dropout(torch.relu(self.pre_classifier(vec))))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, num_labels]. token_type_ids is accepted and ignored (DistilBERT has none)."""
-        return self.head(self.distilbert(input_ids, attention_mask)[:, 0])
 
-
-class DistilBertForMaskedLM(nn.Module):
+class DistilBertForMaskedLM(MaskedLM):
     """vocab_transform -> activation -> vocab_layer_norm -> vocab_projector (weight tied to the embeddings)."""
 
+    prefix = "distilbert"
+    decoder_path = "vocab_projector"
+
     def __init__(self, config: DistilBertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.distilbert = DistilBertModel(config)
+        super().__init__(config, DistilBertModel(config))
         self.vocab_transform = nn.Linear(config.dim, config.dim)
         self.vocab_layer_norm = nn.LayerNorm(config.dim, eps=LN_EPS)
         self.vocab_projector = nn.Linear(config.dim, config.vocab_size)
         self.act = activation(config.activation)
-        for m in (self.vocab_transform, self.vocab_layer_norm, self.vocab_projector):
-            init_weights(m, config.initializer_range)
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        self.vocab_projector.weight = self.distilbert.embeddings.word_embeddings.weight
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        return self.distilbert(input_ids, attention_mask), None
+        self._init_head(self.vocab_transform, self.vocab_layer_norm, self.vocab_projector)
 
     def mlm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.vocab_projector(self.vocab_layer_norm(self.act(self.vocab_transform(hidden))))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, vocab]."""
-        return self.mlm_head(self.distilbert(input_ids, attention_mask))
 
-
-class DistilBertForTokenClassification(nn.Module):
+class DistilBertForTokenClassification(TokenClassifier):
     """DistilBERT + dropout (config.dropout) + a linear classifier at every position (HF's layout)."""
 
+    prefix = "distilbert"
+
     def __init__(self, config: DistilBertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.distilbert = DistilBertModel(config)
-        self.dropout = nn.Dropout(config.dropout)
-        self.classifier = nn.Linear(config.dim, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.distilbert(input_ids, attention_mask)
-
-    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(hidden))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, num_labels]. token_type_ids is accepted and ignored (DistilBERT has none)."""
-        return self.token_head(self.encode(input_ids, attention_mask))
+        super().__init__(config, DistilBertModel(config), config.dropout)

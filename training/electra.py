@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.bert import BertConfig, BertEmbeddings, BertEncoder, init_weights
-from training.roberta import RobertaClassificationHead
+from training.bert import BertConfig, BertEmbeddings, BertEncoder
+from training.heads import MaskedLM, ProjectedClassifier, TokenClassifier, classifier_dropout
+from training.weight_init import init_weights
 
 
 @dataclass
@@ -79,33 +80,19 @@ class ElectraModel(nn.Module):
         additive = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
         return self.encoder(hidden, additive)
 
+    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        """What every family's encoder answers (training/heads.py): no pooled vector."""
+        return self(input_ids, attention_mask, token_type_ids), None
 
-class ElectraClassificationHead(RobertaClassificationHead):
+
+class ElectraForSequenceClassification(ProjectedClassifier):
     """RoBERTa's head (dense, activation, out_proj on the first token) with GELU (exact) for tanh."""
 
-    activation = staticmethod(F.gelu)
+    prefix = "electra"
 
-
-class ElectraForSequenceClassification(nn.Module):
     def __init__(self, config: ElectraConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.electra = ElectraModel(config)
-        self.classifier = ElectraClassificationHead(config)
-        self.classifier.apply(lambda m: init_weights(m, config.initializer_range))
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.electra(input_ids, attention_mask, token_type_ids)
-
-    def head(self, vec: torch.Tensor) -> torch.Tensor:
-        """Logits from one [B, H] vector (the first token's state; training also feeds a mean-pooled one)."""
-        return self.classifier(vec)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, num_labels]."""
-        return self.head(self.encode(input_ids, attention_mask, token_type_ids)[:, 0])
+        super().__init__(config, ElectraModel(config), F.gelu)
 
 
 class ElectraGeneratorPredictions(nn.Module):
@@ -120,56 +107,26 @@ class ElectraGeneratorPredictions(nn.Module):
         return self.LayerNorm(F.gelu(self.dense(hidden)))
 
 
-class ElectraForMaskedLM(nn.Module):
+class ElectraForMaskedLM(MaskedLM):
     """The generator: generator_predictions, then generator_lm_head (weight tied to the word embeddings)."""
 
+    prefix = "electra"
+    decoder_path = "generator_lm_head"
+
     def __init__(self, config: ElectraConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.electra = ElectraModel(config)
+        super().__init__(config, ElectraModel(config))
         self.generator_predictions = ElectraGeneratorPredictions(config)
         self.generator_lm_head = nn.Linear(config.embedding_size, config.vocab_size)
-        for m in (self.generator_predictions, self.generator_lm_head):
-            m.apply(lambda x: init_weights(x, config.initializer_range))
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        self.generator_lm_head.weight = self.electra.embeddings.word_embeddings.weight
-
-    # The parts the training tasks call separately (MLM logits on selected positions only).
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        return self.electra(input_ids, attention_mask, token_type_ids), None
+        self._init_head(self.generator_predictions, self.generator_lm_head)
 
     def mlm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.generator_lm_head(self.generator_predictions(hidden))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, vocab]."""
-        return self.mlm_head(self.electra(input_ids, attention_mask, token_type_ids))
 
-
-class ElectraForTokenClassification(nn.Module):
+class ElectraForTokenClassification(TokenClassifier):
     """ELECTRA + dropout + a linear classifier at every position (HF's layout)."""
 
+    prefix = "electra"
+
     def __init__(self, config: ElectraConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.electra = ElectraModel(config)
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.electra(input_ids, attention_mask, token_type_ids)
-
-    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(hidden))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, num_labels]."""
-        return self.token_head(self.encode(input_ids, attention_mask, token_type_ids))
+        super().__init__(config, ElectraModel(config), classifier_dropout(config))

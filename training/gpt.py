@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.bert import activation, init_weights
+from training.bert import activation
+from training.weight_init import init_weights
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,7 @@ from torch import nn
 from training.bert import activation
 from training.seq2seq import (KV, attend, generate_greedy, merge_heads, source_allowed, split_heads,  # noqa: F401
                               target_allowed)
+from training.weight_init import init_weights
 
 ARCHITECTURE = "MarianMTModel"
 
@@ -325,19 +326,9 @@ def init_encoder_decoder(model: nn.Module, std: float, d_model: int, scale_embed
     setting, which trains post-LN blocks faster than HF's normal(0, 0.02)), unit LayerNorms, and token
     embeddings at std d_model^-0.5 when they are scaled by sqrt(d_model) (unit size after scaling, like the
     sinusoids they are added to), else `std`; the padding row zero."""
+    embedding_std = d_model ** -0.5 if scale_embedding else std
     for m in model.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.xavier_uniform_(m.weight)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, mean=0.0, std=d_model ** -0.5 if scale_embedding else std)
-            if m.padding_idx is not None:
-                with torch.no_grad():
-                    m.weight[m.padding_idx].zero_()
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+        init_weights(m, embedding_std, linear_init=nn.init.xavier_uniform_)
 
 
 # -------------------------------------------------------------------------------------------- checkpoint keys

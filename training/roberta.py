@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.bert import _PRESETS as _BERT_PRESETS
-from training.bert import BertConfig, BertEncoder, init_weights
+from training.bert import BertConfig, BertEncoder
+from training.heads import MaskedLM, ProjectedClassifier, TokenClassifier, classifier_dropout
+from training.weight_init import init_weights
 
 
 @dataclass
@@ -98,6 +100,11 @@ class RobertaModel(nn.Module):
         additive = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
         return self.encoder(hidden, additive)
 
+    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        """What every family's encoder answers (training/heads.py): no pooled vector."""
+        return self(input_ids, attention_mask, token_type_ids), None
+
 
 class RobertaLMHead(nn.Module):
     """dense -> GELU (exact, whatever hidden_act says: HF hard-codes it) -> layer_norm -> decoder."""
@@ -114,94 +121,33 @@ class RobertaLMHead(nn.Module):
         return self.decoder(self.layer_norm(F.gelu(self.dense(hidden))))
 
 
-class RobertaForMaskedLM(nn.Module):
+class RobertaForMaskedLM(MaskedLM):
+    prefix = "roberta"
+    decoder_path = "lm_head.decoder"
+    bias_path = "lm_head.bias"
+
     def __init__(self, config: RobertaConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.roberta = RobertaModel(config)
+        super().__init__(config, RobertaModel(config))
         self.lm_head = RobertaLMHead(config)
-        self.lm_head.apply(lambda m: init_weights(m, config.initializer_range))
-        with torch.no_grad():
-            self.lm_head.bias.zero_()
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        self.lm_head.decoder.weight = self.roberta.embeddings.word_embeddings.weight
-        self.lm_head.decoder.bias = self.lm_head.bias
-
-    # The training tasks call these parts separately (MLM logits on selected positions only).
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        return self.roberta(input_ids, attention_mask, token_type_ids), None
+        self._init_head(self.lm_head)
 
     def mlm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, vocab]."""
-        return self.lm_head(self.roberta(input_ids, attention_mask, token_type_ids))
 
-
-class RobertaClassificationHead(nn.Module):
+class RobertaForSequenceClassification(ProjectedClassifier):
     """On the <s> vector: dropout -> dense -> tanh -> dropout -> out_proj (RoBERTa has no pooler)."""
 
-    activation = staticmethod(torch.tanh)
+    prefix = "roberta"
 
     def __init__(self, config: RobertaConfig) -> None:
-        super().__init__()
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(p)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-
-    def forward(self, vec: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.dropout(self.activation(self.dense(self.dropout(vec)))))
+        super().__init__(config, RobertaModel(config), torch.tanh)
 
 
-class RobertaForSequenceClassification(nn.Module):
-    def __init__(self, config: RobertaConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.roberta = RobertaModel(config)
-        self.classifier = RobertaClassificationHead(config)
-        self.classifier.apply(lambda m: init_weights(m, config.initializer_range))
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.roberta(input_ids, attention_mask, token_type_ids)
-
-    def head(self, vec: torch.Tensor) -> torch.Tensor:
-        """Logits from one [B, hidden] vector (the <s> state; training also feeds a mean-pooled one)."""
-        return self.classifier(vec)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, num_labels]."""
-        return self.head(self.encode(input_ids, attention_mask, token_type_ids)[:, 0])
-
-
-
-class RobertaForTokenClassification(nn.Module):
+class RobertaForTokenClassification(TokenClassifier):
     """RoBERTa + dropout + a linear classifier at every position (HF's layout: `classifier` is one Linear)."""
 
+    prefix = "roberta"
+
     def __init__(self, config: RobertaConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.roberta = RobertaModel(config)
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        init_weights(self.classifier, config.initializer_range)
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.roberta(input_ids, attention_mask, token_type_ids)
-
-    def token_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(hidden))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> logits [B, S, num_labels]."""
-        return self.token_head(self.encode(input_ids, attention_mask, token_type_ids))
+        super().__init__(config, RobertaModel(config), classifier_dropout(config))

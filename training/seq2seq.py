@@ -1,5 +1,5 @@
 """What the encoder-decoder families (training/marian.py, bart.py, t5.py) share: attention masks, the scaled
-dot-product with a mask, decoder inputs shifted right, and the greedy reference decoder.
+dot-product with a mask, and the greedy reference decoder.
 
 Every seq2seq model here has the same call convention, so the greedy reference, the g2p task and (later) the
 exporter drive any of them alike:
@@ -16,23 +16,12 @@ padding of other rows.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 KV = tuple[torch.Tensor, torch.Tensor]
-
-
-class Seq2Seq(Protocol):
-    config: Any
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor: ...
-    def cross_key_values(self, encoder_hidden_states: torch.Tensor) -> list[KV]: ...
-    def decode(self, decoder_input_ids: torch.Tensor, cross_key_values: list[KV],
-               encoder_attention_mask: torch.Tensor | None = None,
-               decoder_attention_mask: torch.Tensor | None = None,
-               past_key_values: list[KV] | None = None) -> tuple[torch.Tensor, list[KV]]: ...
 
 
 def source_allowed(attention_mask: torch.Tensor | None, b: int, s: int, device: torch.device) -> torch.Tensor:
@@ -80,14 +69,6 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """[B, H, T, D] -> [B, T, H*D]."""
     b, h, t, d = x.shape
     return x.transpose(1, 2).reshape(b, t, h * d)
-
-
-def shift_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """Decoder inputs for teacher forcing: start token, then the labels but the last; -100 becomes pad."""
-    out = labels.new_full(labels.shape, pad_token_id)
-    out[:, 1:] = labels[:, :-1]
-    out[:, 0] = decoder_start_token_id
-    return out.masked_fill(out == -100, pad_token_id)
 
 
 @torch.no_grad()

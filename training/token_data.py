@@ -15,7 +15,8 @@ from typing import Sequence
 
 from tokenizers import Tokenizer
 
-from training.data import DataError, jsonl_rows
+from training.errors import DataError
+from training.userdata import jsonl_rows, read_data_file
 
 IGNORE = -100
 
@@ -44,13 +45,7 @@ class AlignedExample:
 
 def read_word_labels(path: str | Path, labels: Sequence[str] | None = None) -> list[WordsExample]:
     """Examples of a JSONL file with `tokens` and `labels`; DataError naming file:line and field otherwise."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p}: file not found")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{p}: cannot read ({type(exc).__name__})") from exc
+    p, raw = read_data_file(path)
     if p.suffix.lower() not in (".jsonl", ".json"):
         raise DataError(f"{p}: token-labelled data is JSONL (one object with 'tokens' and 'labels' per line)")
     known = set(labels) if labels is not None else None

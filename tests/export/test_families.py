@@ -159,6 +159,27 @@ def test_our_checkpoint_loads_in_transformers(hf_checkpoints, tmp_path: Path, fa
         assert float((d[real] if task == "fill-mask" else d).max()) <= 1e-5
 
 
+# Every BERT-family head model of training/heads.py, by checkpoint kind (its HF class is KINDS' architecture).
+HEAD_KINDS = ("bert", *(f"{f}-{h}" for f in ("bert", *ENCODERS) for h in ("mlm", "classifier", "token-classifier")),
+              "bert-pretraining", "albert-pretraining")
+
+
+@pytest.mark.parametrize("kind", HEAD_KINDS)
+def test_every_head_model_has_hf_parameter_names_and_shapes(kind: str) -> None:
+    from training.checkpoint import FAMILY_CONFIG, KINDS
+
+    cls, arch, family = KINDS[kind]
+    hf_config = (transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, max_position_embeddings=64)
+                 if family == "bert" else _hf_config(family, 99, 1 if family == "roberta" else 0))
+    # 3 labels, but the pre-training heads keep 2: HF's AlbertSOPHead is num_labels wide, ours (like NSP) 2.
+    hf_config.num_labels = 2 if kind.endswith("pretraining") else 3
+    ours = cls(FAMILY_CONFIG[family].from_hf_dict(hf_config.to_dict()))
+    hf = getattr(transformers, arch)(hf_config)
+    assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == {
+        k: tuple(v.shape) for k, v in hf.state_dict().items()}
+
+
 def test_albert_shares_one_layer_and_is_smaller_than_bert() -> None:
     from training.albert import AlbertConfig, AlbertForMaskedLM
     from training.bert import BertConfig, BertForMaskedLM

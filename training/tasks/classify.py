@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from training import data as data_mod
-from training.bert import init_weights
 from training.checkpoint import checkpoint_kind, family_of_kind, load_model
 from training.metrics import classification_metrics
 from training.tokenizer import load_tokenizer
+from training.weight_init import init_weights
 
 from .base import Batch, HeldOutTask, pad_ids, sample_capped
 from .mlm import MLM_KINDS

@@ -20,7 +20,7 @@ from torch import nn
 
 from training.checkpoint import load_model
 from training.cmudict import EOS, PAD, build_tokenizer, load_lexicon, strip_stress
-from training.data import DataError
+from training.errors import DataError
 from training.marian import MarianConfig, MarianMTModel
 from training.metrics import sequence_error_rates
 from training.seq2seq import generate_greedy
