@@ -9,6 +9,7 @@
 The files, by who opens them (grep for open / InferenceSession / Tokenizer.from_file under server/):
 model.json (package.py), the variant's graph (sessions.py create_session), a decoder's mixed graph of that variant
 (generation/decoder_model.py), an encoder-decoder's encoder graph and target tokenizer (generation/seq2seq_model.py),
+the external data any of those graphs names (onnxruntime, beside the graph: repository/external_data.py),
 tokenizer.json (text/tokenizer.py, via the typed models), tokenizer_config.json when the package has one
 (repository/consistency.py). The beam-score graph is built into the server (generation/beam_scores.py) and the
 chat template is read from model.json: neither is a file of the package.
@@ -19,6 +20,7 @@ from typing import Any
 
 from modelpkg import MANIFEST_FILE, TOKENIZER_FILE
 
+from server.repository.external_data import external_data_files
 from server.repository.package import Package
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -27,15 +29,18 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 def served_files(package: Package, variant: str) -> list[str]:
     """The package's files the server opens to serve `variant`, each once, in the order it opens them."""
     manifest = package.manifest
-    files = [MANIFEST_FILE, manifest.variant_file(variant)]
+    graphs = [manifest.variant_file(variant)]
     mixed = manifest.cache.mixed_graph(variant) if manifest.cache is not None else None
     if mixed is not None and manifest.encoder_decoder is None:   # an encoder-decoder runs no mixed graph
-        files.append(mixed)
-    if manifest.encoder_decoder is not None:
-        block = manifest.encoder_decoder
-        files.append(block.encoder_file(variant))
-        if block.target_tokenizer:
-            files.append(block.target_tokenizer)
+        graphs.append(mixed)
+    block = manifest.encoder_decoder
+    if block is not None:
+        graphs.append(block.encoder_file(variant))
+    files = [MANIFEST_FILE]
+    for graph in graphs:     # each graph, then the external data onnxruntime would open beside it
+        files += [graph, *external_data_files(package.file(graph))]
+    if block is not None and block.target_tokenizer:
+        files.append(block.target_tokenizer)
     files.append(TOKENIZER_FILE)
     if package.file(TOKENIZER_CONFIG_FILE).exists():    # optional: read (and so verified) whenever it is there
         files.append(TOKENIZER_CONFIG_FILE)

@@ -152,3 +152,80 @@ def test_an_explicit_variant_whose_verdict_failed_is_not_served(tiny_repository:
         assert status(CLASSIFIER, 1)[:2] == ("SERVING", "")
         assert not [line for line in proc.lines if "Traceback" in line]
         status.channel.close()
+
+
+# ---------------------------------------------------------------------------- in process
+
+
+def _package(path: Path):  # type: ignore[no-untyped-def]
+    from server.repository.package import read_package
+    return read_package(path, path.parent.name, int(path.name))
+
+
+def _build(path: Path, variant: str = "auto"):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from server.repository.loading import build_model
+    from server.runtime.metrics import Metrics
+    from server.runtime.settings import ServerSettings
+    from server.runtime.stats import ModelStats
+    from server.runtime_config import runtime_config
+
+    runtime = runtime_config(ServerSettings(repository=path.parent.parent, max_sequences=2))
+    runtime = replace(runtime, session=replace(runtime.session, variant=variant))
+    return build_model(path, path.parent.name, int(path.name), runtime, Metrics(), ModelStats())
+
+
+@pytest.mark.parametrize("model", [CLASSIFIER, "tiny-fill-mask", GPT])
+def test_export_lists_every_file_the_server_reads_for_every_variant(tiny_repository: Path, model: str) -> None:
+    """A fresh package serves: parity.json lists each variant's graphs (a decoder's mixed twin too), tokenizer.json
+    and tokenizer_config.json, and every variant's own verdict passed."""
+    from server.repository.served_files import refused_variants, served_files
+
+    package = _package(tiny_repository / model / "1")
+    listed = set(package.parity["files"])
+    for variant in package.manifest.variants:
+        assert set(served_files(package, variant)) <= listed, (variant, served_files(package, variant), listed)
+    assert "tokenizer_config.json" in served_files(package, "fp32")
+    if model == GPT:
+        assert "model.mixed.onnx" in served_files(package, "fp32")
+    assert refused_variants(package) == {}
+
+
+def test_a_graph_naming_unlisted_external_data_is_refused(tiny_repository: Path, tmp_path: Path) -> None:
+    """onnxruntime opens a graph's external data beside it: a listed graph rewritten to keep its weights in an
+    unlisted file is refused naming that file; listed with its sha256, it loads."""
+    from server.repository.package import PackageError
+
+    path = tmp_path / CLASSIFIER / "2"
+    shutil.copytree(tiny_repository / CLASSIFIER / "1", path)
+    onnx.save_model(onnx.load(str(path / "model.onnx")), str(path / "model.onnx"), save_as_external_data=True,
+                    location="weights.bin", size_threshold=1024)
+    parity = json.loads((path / "parity.json").read_text())
+    parity["files"]["model.onnx"] = _sha256(path / "model.onnx")
+    (path / "parity.json").write_text(json.dumps(parity))
+    with pytest.raises(PackageError, match="weights.bin is not listed in parity.json files"):
+        _build(path, "fp32")
+    parity["files"]["weights.bin"] = _sha256(path / "weights.bin")
+    (path / "parity.json").write_text(json.dumps(parity))
+    assert _build(path, "fp32").variant == "fp32"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_choose_variant_passes_over_refused_variants(tiny_repository: Path) -> None:
+    from server.repository.package import PackageError
+    from server.sessions import choose_variant
+
+    manifest = _package(tiny_repository / CLASSIFIER / "1").manifest      # int8 (the CPU default), fp32
+    why = {"int8": f"its parity verdict is {REFUSED!r}"}
+    assert choose_variant(manifest, "auto", "cpu") == "int8"
+    assert choose_variant(manifest, "auto", "cpu", why) == "fp32"
+    assert choose_variant(manifest, "fp32", "cpu", why) == "fp32"
+    with pytest.raises(PackageError, match=r"--variant int8: its parity verdict is 'refused: top-1"):
+        choose_variant(manifest, "int8", "cpu", why)
+    with pytest.raises(PackageError, match=r"no variant usable on cpu .*refused by parity.json: fp32: no verdict"):
+        choose_variant(manifest, "auto", "cpu", {**why, "fp32": "no verdict"})
