@@ -12,6 +12,8 @@ import mmap
 from pathlib import Path
 from typing import Iterator
 
+from server.protocol.protowire import read_varint
+
 # message -> {field number: message it holds}
 _MODEL, _GRAPH, _NODE, _ATTRIBUTE, _TENSOR, _SPARSE, _FUNCTION, _TRAINING, _ENTRY = range(9)
 _CHILDREN = {
@@ -27,45 +29,28 @@ _CHILDREN = {
 _MAX_DEPTH = 64
 
 
-class _Malformed(Exception):
-    pass
-
-
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _Malformed
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
 def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview | None]]:
     """(field number, its bytes when length-delimited else None) of one message."""
     pos = 0
     while pos < len(buf):
-        key, pos = _varint(buf, pos)
+        key, pos = read_varint(buf, pos)
         kind = key & 7
         if kind == 0:
-            _, pos = _varint(buf, pos)
+            _, pos = read_varint(buf, pos)
             yield key >> 3, None
         elif kind in (1, 5):
             pos += 8 if kind == 1 else 4
             yield key >> 3, None
         elif kind == 2:
-            size, pos = _varint(buf, pos)
+            size, pos = read_varint(buf, pos)
             if pos + size > len(buf):
-                raise _Malformed
+                raise ValueError("malformed protobuf")
             yield key >> 3, buf[pos:pos + size]
             pos += size
         else:
-            raise _Malformed
+            raise ValueError("malformed protobuf")
     if pos != len(buf):
-        raise _Malformed
+        raise ValueError("malformed protobuf")
 
 
 def _walk(buf: memoryview, message: int, depth: int, found: list[str]) -> None:
@@ -75,7 +60,7 @@ def _walk(buf: memoryview, message: int, depth: int, found: list[str]) -> None:
             found.append(entry[2].decode("utf-8", "replace"))
         return
     if depth > _MAX_DEPTH:
-        raise _Malformed
+        raise ValueError("malformed protobuf")
     children = _CHILDREN[message]
     for number, value in _fields(buf):
         if value is not None and number in children:
@@ -91,8 +76,8 @@ def external_data_files(graph: Path) -> list[str]:
             view = memoryview(mapped)
             try:
                 _walk(view, _MODEL, 0, found)
-            except _Malformed:
-                return []
+            except ValueError:      # not a protobuf: caught here, so no slice of the map outlives it
+                found = []
             finally:
                 view.release()
     except (OSError, ValueError):   # missing, unreadable, empty (mmap of 0 bytes)

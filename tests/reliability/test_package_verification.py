@@ -229,3 +229,18 @@ def test_choose_variant_passes_over_refused_variants(tiny_repository: Path) -> N
         choose_variant(manifest, "int8", "cpu", why)
     with pytest.raises(PackageError, match=r"no variant usable on cpu .*refused by parity.json: fp32: no verdict"):
         choose_variant(manifest, "auto", "cpu", {**why, "fp32": "no verdict"})
+
+
+def test_external_data_of_a_file_that_is_not_a_graph_is_none(tiny_repository: Path, tmp_path: Path) -> None:
+    """The external-data reader never raises: a truncated graph, bytes that are no protobuf, JSON, an empty file
+    name none (onnxruntime's load then says what is wrong); a self-contained graph names none either."""
+    from server.repository.external_data import external_data_files
+
+    graph = (tiny_repository / GPT / "1" / "model.mixed.onnx").read_bytes()
+    cases = {"cut-10": graph[:10], "cut-half": graph[: len(graph) // 2], "cut-3": graph[:-3], "junk": b"\xff" * 100,
+             "nested": b"\x3a\x05" * 3, "json": b'{"a": 1}', "empty": b""}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        assert external_data_files(tmp_path / name) == [], name
+    assert external_data_files(tiny_repository / GPT / "1" / "model.mixed.onnx") == []
+    assert external_data_files(tmp_path / "missing.onnx") == []
