@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Mapping
+
 import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
@@ -43,19 +45,27 @@ def resolve_providers(requested: list[str]) -> tuple[str, ...]:
     return tuple(requested)
 
 
-def choose_variant(manifest: Manifest, preference: str, device: str) -> str:
+def choose_variant(manifest: Manifest, preference: str, device: str, refused: Mapping[str, str] | None = None) -> str:
     """The configured variant if the package has it, else the manifest default for the device (for "cpu" the
-    exporter writes the fastest variant that passed its gate, e.g. w4), else fp32. fp16 never runs on CPU."""
+    exporter writes the fastest variant that passed its gate, e.g. w4), else fp32. fp16 never runs on CPU.
+
+    `refused`: variant -> why its own parity verdict did not pass (server/repository/served_files.py). Such a
+    variant is never chosen: auto passes over it; a configured one is a PackageError naming it and why."""
+    refused = refused or {}
     variants = manifest.variants
+    if preference in refused and preference in variants:
+        raise PackageError(f"--variant {preference}: {refused[preference]} in parity.json; it is not served")
     defaults = manifest.default_variant or {}
     candidates = [] if preference == VARIANT_AUTO else [preference]
     candidates += [defaults.get(device), "fp32", *variants]
     for name in candidates:
-        if name in variants and not (name == "fp16" and device == "cpu"):  # fp16 variants are GPU-only
+        if name in variants and name not in refused and not (name == "fp16" and device == "cpu"):  # fp16: GPU-only
             if preference not in (VARIANT_AUTO, name):
                 log.info("variant %s not in package %s; using %s", preference, manifest.name, name)
             return name
-    raise PackageError(f"model.json: no variant usable on {device} (has {', '.join(variants)})")
+    why = "; ".join(f"{name}: {refused[name]}" for name in variants if name in refused)
+    raise PackageError(f"model.json: no variant usable on {device} (has {', '.join(variants)})"
+                       + (f"; refused by parity.json: {why}" if why else ""))
 
 
 # On CPU onnxruntime would fuse a residual Add and its LayerNormalization into SkipLayerNormalization, which its CPU

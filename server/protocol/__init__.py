@@ -8,8 +8,9 @@
     kserve.py    KServe v2 semantics shared by gRPC and REST: the version-string rule, the extensions, ModelInfer's
                  text mode (a request decoded into a task call's arguments, the answer encoded; the data plane
                  makes the call, on the version it leased)
+    protowire.py the protobuf wire format's varint (gRPC's undecodable-request walk, a graph's external data)
 
-errors, types, pairs, codecs and jsontext import nothing outside server.protocol; kserve.py also takes
+errors, types, pairs, codecs, jsontext and protowire import nothing outside server.protocol; kserve.py also takes
 GenerationParams (server.generation) and the pipeline's entity form (server.encoders.token_aggregation), and
 never the data plane (which calls it).
 """

@@ -1,5 +1,5 @@
 """Load-time checks that a package's parts belong together: tokenizer.json, model.json, tokenizer_config.json (when
-parity.json lists it) and the graph. They run in the loading worker thread before a version may serve; what does
+the package has one) and the graph. They run in the loading worker thread before a version may serve; what does
 not fit raises PackageError naming it, which becomes the version's NOT_SERVING reason (logged once) while the
 version already serving goes on.
 
@@ -25,11 +25,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from server.repository.package import Package, PackageError
+from server.repository.served_files import TOKENIZER_CONFIG_FILE
 
 if TYPE_CHECKING:
     from server.text.tokenizer import TextEncoder
 
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SAMPLE_TEXT = "The old ship left the harbour at dawn, and 42 sailors watched the shore grow small. "
 # The decoder's prompt probe tokenizes at most this many tokens' worth of text: enough to cover any chunk the
 # engine prefills, and bounded for a model.json whose max_length is huge (the cache allocation refuses those).
@@ -86,7 +86,8 @@ def check_tokenizer(package: Package, tokenizer: Tokenizer) -> Vocabulary:
 def _check_against_config(package: Package, tokenizer: Tokenizer) -> None:
     """tokenizer_config.json (the checkpoint's, packaged by the exporter) names the special tokens by text, model.json
     by id: the same token must be at that id in tokenizer.json. This catches another model's tokenizer.json of
-    the same size. Only a listed file is read (parity.json's hashes vouch for it)."""
+    the same size. A package that has one has it listed (the loader refuses an unlisted one by name before this
+    runs: server/repository/served_files.py), so this reads every package's: only the listed, hash-checked file."""
     if TOKENIZER_CONFIG_FILE not in package.parity.get("files", {}):
         return
     try:

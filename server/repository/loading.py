@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modelpkg import MANIFEST_FILE, TOKENIZER_FILE
 from server.generation.decoder_model import DecoderModel
 from server.encoders.encoder import EncoderModel
 from server.runtime.metrics import Metrics
 from server.model import Loaded, RuntimeConfig, ServedModel
 from server.repository.package import PackageError, read_package, verify_files
+from server.repository.served_files import refused_variants, served_files
 from server.generation.seq2seq_model import Seq2SeqModel
 from server.sessions import SessionRunner, choose_variant, create_session
 from server.runtime.stats import ModelStats
@@ -19,14 +19,8 @@ def build_model(path: Path, name: str, version: int, runtime: RuntimeConfig, met
     """Runs in a worker thread: everything slow (hashing, session creation, warm-up). PackageError on failure."""
     package = read_package(path, name, version)
     manifest = package.manifest
-    variant = choose_variant(manifest, runtime.session.variant, runtime.session.device)
-    files = [MANIFEST_FILE, manifest.variant_file(variant), TOKENIZER_FILE]
-    if manifest.encoder_decoder is not None:    # its encoder graph, and its target tokenizer when it has one
-        block = manifest.encoder_decoder
-        files += [block.encoder_file(variant)] + ([block.target_tokenizer] if block.target_tokenizer else [])
-    verify_files(package, files)
-    if not package.file(TOKENIZER_FILE).is_file():
-        raise PackageError(f"{TOKENIZER_FILE} missing")
+    variant = choose_variant(manifest, runtime.session.variant, runtime.session.device, refused_variants(package))
+    verify_files(package, served_files(package, variant))
     session = create_session(package, variant, runtime.session)
     parts = Loaded(package=package, variant=variant, runner=SessionRunner(session), runtime=runtime,
                    metrics=metrics, stats=stats)

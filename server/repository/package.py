@@ -1,7 +1,8 @@
 """Reading and verifying one model package (docs/model-package.md) with the shared contract (modelpkg/).
 
 Verification = manifest present and well-formed, parity.json present and passed, every file listed in
-parity.json `files` hashing to the recorded sha256 (files the server reads must be listed), and every file
+parity.json `files` hashing to the recorded sha256 (every file the server reads must be listed:
+server/repository/served_files.py says which), and every file
 the server reads resolving inside the version directory (a symlink to a file elsewhere is refused: the
 repository is what was published and verified, not whatever a link points at).
 """
@@ -78,11 +79,13 @@ def read_package(path: Path, name: str, version: int) -> Package:
 
 
 def verify_files(package: Package, required: list[str]) -> None:
-    """Recomputes the sha256 of every file listed in parity.json; every `required` file must be listed."""
+    """Recomputes the sha256 of every file listed in parity.json; every `required` file (the ones the server opens:
+    server/repository/served_files.py) must be listed, and is refused by name when it is not."""
     files: dict[str, Any] = package.parity["files"]
     for needed in required:
         if needed not in files:
-            raise PackageError(f"parity.json: {needed} is not listed in files")
+            raise PackageError(f"{needed} is not listed in parity.json files (every file the server reads must be, "
+                               "with its sha256)")
     for relative, expected in sorted(files.items()):
         if not isinstance(expected, str) or "/" in relative or "\\" in relative or relative in ("", ".", ".."):
             raise PackageError(f"parity.json: bad files entry {relative!r}")
