@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 ALPHA = 0.5                  # SmoothQuant's migration strength: the best agreement of those tried (docs/MODELS.md)
 SCALE_RANGE = (1e-2, 1e2)    # smoothing factors are clipped: a dead channel must not blow a weight row up
 QUANT_OPSET = 21             # QuantizeLinear's block_size (per-row activation scales)
+WEIGHT_LEVELS = 64           # weight codes in [-64, 64]: exact integer products on every x86 kernel (module doc)
 Feeds = dict[str, np.ndarray]
 
 
@@ -86,6 +87,13 @@ def smooth(model: onnx.ModelProto, maxima: dict[str, np.ndarray], alpha: float =
     return len(placed)
 
 
+def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A [K, N] weight as int8 codes in [-WEIGHT_LEVELS, WEIGHT_LEVELS] (7 bits, module doc) and one float scale
+    per output column (max |w| of the column / WEIGHT_LEVELS)."""
+    scale = (np.maximum(np.abs(w).max(axis=0), 1e-12) / WEIGHT_LEVELS).astype(np.float32)
+    return np.clip(np.round(w / scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8), scale
+
+
 def per_token_int8(model: onnx.ModelProto) -> int:
     """Rewrite every weight MatMul as per-token uint8 activations x per-channel int8 weights (module doc);
     returns how many were rewritten."""
@@ -106,9 +114,8 @@ def per_token_int8(model: onnx.ModelProto) -> int:
         x, name = node.input[0], node.input[1]
         w = numpy_helper.to_array(inits[name]).astype(np.float32)
         if name not in weights:    # a weight two MatMuls share is quantized once
-            w_scale = (np.maximum(np.abs(w).max(axis=0), 1e-12) / 127).astype(np.float32)
-            g.initializer.extend([numpy_helper.from_array(np.clip(np.round(w / w_scale), -127, 127).astype(np.int8),
-                                                          name + "/int8"),
+            codes, w_scale = quantize_weight(w)
+            g.initializer.extend([numpy_helper.from_array(codes, name + "/int8"),
                                   numpy_helper.from_array(w_scale, name + "/scale")])
             weights.add(name)
         if x not in quantized:

@@ -32,11 +32,12 @@ def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 
 def _per_token_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Per-row symmetric activation scale max|x|/127 (stored as uint8 around 128), per-column weight scale."""
+    """Per-row symmetric activation scale max|x|/127 (stored as uint8 around 128), per-column weight scale
+    max|w|/64 (7-bit codes in [-64, 64]), products summed exactly (float64 holds these integer sums exactly)."""
     xs = np.maximum(np.abs(x).max(axis=-1, keepdims=True), 1e-8) / 127
     xq = np.clip(np.rint(x / xs), -128, 127)                  # QuantizeLinear rounds half to even, as rint
-    ws = np.abs(w).max(axis=0) / 127
-    wq = np.clip(np.rint(w / ws), -127, 127)
+    ws = np.abs(w).max(axis=0) / 64
+    wq = np.clip(np.rint(w / ws), -64, 64)
     return (xq @ wq) * xs * ws
 
 
