@@ -1,4 +1,4 @@
-"""The int8 encoder variant: SmoothQuant-scaled, per-channel int8 weights times per-token int8 activations.
+"""The int8 encoder variant: SmoothQuant-scaled, per-channel 7-bit weights times per-token int8 activations.
 
 onnxruntime's quantize_dynamic gives a whole activation tensor one scale, so the batch's loudest token sets the
 step for every other one; on the trained punctuation tagger that kept too few top-1 predictions equal to fp32's
@@ -13,7 +13,15 @@ Each weight MatMul becomes
     QuantizeLinear(x, scale, 128), one block per row      -> uint8 (opset 21 blocked quantization)
     MatMulIntegerToFloat(xq, Wq, 1, w_scale, 128)         -> float, per-column weight scales applied
     Mul(row scale)
-and the bias Add stays where it was (MatMulIntegerToFloat's bias would be scaled by the row scale after it)."""
+and the bias Add stays where it was (MatMulIntegerToFloat's bias would be scaled by the row scale after it).
+
+The weights are 7-bit codes in [-64, 64] stored as int8 (WEIGHT_LEVELS), so that the answer does not depend on the
+CPU: onnxruntime's x86 kernels multiply the uint8 activations (0..255) by the int8 weights, and without VNNI or AMX
+(AVX2, AVX-512 without VNNI) they add each pair of adjacent products in 16 bits with saturation (vpmaddubsw). Full
+int8 codes overflow there (255 x 127 x 2 > 32767: a wrong sum, not a rounding); 255 x 64 x 2 does not, and VNNI, AMX
+and the U8U8 kernels are exact for any codes. Weights stored as uint8 around 128 (the U8U8 kernels, which widen to 16
+bits before multiplying) would keep the 8-bit codes but run slower; 7 bits keep the fast kernels for a little
+agreement (bench/FINDINGS.md, "int8 weights of 7 bits"; `python -m bench int8_formats`)."""
 from __future__ import annotations
 
 import logging
@@ -95,7 +103,7 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def per_token_int8(model: onnx.ModelProto) -> int:
-    """Rewrite every weight MatMul as per-token uint8 activations x per-channel int8 weights (module doc);
+    """Rewrite every weight MatMul as per-token uint8 activations x per-channel 7-bit weights (module doc);
     returns how many were rewritten."""
     g = model.graph
     inits = {i.name: i for i in g.initializer}
@@ -172,7 +180,8 @@ def build(fp32: Path, out: Path, calibration: list[Feeds], alpha: float = ALPHA)
     log.info("int8: %d weight MatMuls, %d inputs smoothed (alpha %.2f, %d calibration texts)", n, smoothed, alpha,
              len(calibration))
     return [f"SmoothQuant alpha {alpha} over {len(calibration)} calibration texts ({smoothed} MatMul inputs)",
-            f"{n} weight MatMuls: per-channel int8 weights, per-token uint8 activations (MatMulIntegerToFloat)"]
+            f"{n} weight MatMuls: per-channel 7-bit weights (int8 codes in [-{WEIGHT_LEVELS}, {WEIGHT_LEVELS}]), "
+            "per-token uint8 activations (MatMulIntegerToFloat)"]
 
 
 def _uses(model: onnx.ModelProto) -> dict[str, int]:
