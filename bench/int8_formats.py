@@ -149,7 +149,12 @@ def _feeds(package: Path, names: list[str], texts: list[str]) -> dict[str, np.nd
     return {k: v for k, v in feeds.items() if k in names}
 
 
-def package_piece(package: Path, rounds: int = 7) -> None:
+def _plain(text: str) -> str:
+    """A passage as the punctuation restorer reads it: lowercased, without punctuation."""
+    return " ".join("".join(c for c in word if c.isalnum() or c == "'") for word in text.lower().split())
+
+
+def package_piece(package: Path, n_passages: int = 0, rounds: int = 7) -> None:
     from tokenizers import Tokenizer
 
     from export import int8
@@ -158,22 +163,22 @@ def package_piece(package: Path, rounds: int = 7) -> None:
     sessions = {"fp32": _session(onnx.load(str(package / "model.onnx")), threads=2)}
     names = [i.name for i in sessions["fp32"].get_inputs()]
     texts = list(BUILTIN_TEXTS)
-    batches = [_feeds(package, names, texts[i:i + 16]) for i in range(0, len(texts), 16)]
-    refs = [sessions["fp32"].run(None, f)[0] for f in batches]
+    sets = {"the gate's sentences": texts}
+    if n_passages:
+        from bench.material import passages
+
+        more = passages(n_passages, 24)
+        sets[f"{n_passages} corpus passages, half plain"] = [_plain(t) if i % 2 else t for i, t in enumerate(more)]
+    batches = {k: [_feeds(package, names, v[i:i + 16]) for i in range(0, len(v), 16)] for k, v in sets.items()}
+    refs = {k: [sessions["fp32"].run(None, f)[0] for f in b] for k, b in batches.items()}
     calibration = int8.calibration_feeds(Tokenizer.from_file(str(package / "tokenizer.json")), 512)
-    print(f"{package}: top-1 agreement with the fp32 graph over the gate's {len(texts)} sentences")
+    print(f"{package}: top-1 agreement with the fp32 graph ({' / '.join(sets)})")
     for fmt in FORMATS:
         with tempfile.TemporaryDirectory() as tmp, weight_format(fmt):
             out = Path(tmp) / "model.int8.onnx"
             int8.build(package / "model.onnx", out, calibration)
             sessions[fmt] = sess = _session(onnx.load(str(out)), threads=2)
-        agree = total = 0
-        for f, ref in zip(batches, refs):
-            got = sess.run(None, f)[0]
-            sel = f["attention_mask"].astype(bool) if got.ndim == 3 else np.ones(len(got), bool)
-            agree += int((got.argmax(-1) == ref.argmax(-1))[sel].sum())
-            total += int(sel.sum())
-        print(f"  {fmt}: {agree}/{total} = {agree / total:.4f}")
+        print(f"  {fmt}: " + " / ".join(_agreement(sess, batches[k], refs[k]) for k in sets))
     # Time the graphs in alternating rounds (a shared machine's load falls on all of them alike); medians.
     timed = _feeds(package, names, texts[:8])
     times: dict[str, list[float]] = {k: [] for k in sessions}
@@ -182,6 +187,16 @@ def package_piece(package: Path, rounds: int = 7) -> None:
             times[k].append(_best_ms(lambda: sess.run(None, timed), repeat=3))
     print(f"  ms per batch of 8 (2 threads), median of {rounds} alternating rounds: "
           + ", ".join(f"{k} {np.median(v):.2f}" for k, v in times.items()))
+
+
+def _agreement(sess: ort.InferenceSession, batches: list[dict[str, np.ndarray]], refs: list[np.ndarray]) -> str:
+    agree = total = 0
+    for f, ref in zip(batches, refs):
+        got = sess.run(None, f)[0]
+        sel = f["attention_mask"].astype(bool) if got.ndim == 3 else np.ones(len(got), bool)
+        agree += int((got.argmax(-1) == ref.argmax(-1))[sel].sum())
+        total += int(sel.sum())
+    return f"{agree}/{total} = {agree / total:.4f}"
 
 
 def seq2seq_piece() -> None:
@@ -207,13 +222,14 @@ def seq2seq_piece() -> None:
 
 def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--package", type=Path, default=None, help="an encoder package dir (model.onnx, tokenizer.json)")
+    p.add_argument("--passages", type=int, default=0, help="with --package: also judge N corpus passages")
     p.add_argument("--seq2seq", action="store_true", help="also export the random Marian in each format")
 
 
 def cli(a: argparse.Namespace) -> None:
     exact_piece()
     if a.package is not None:
-        package_piece(a.package)
+        package_piece(a.package, a.passages)
     if a.seq2seq:
         seq2seq_piece()
 
