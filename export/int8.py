@@ -15,7 +15,7 @@ Each weight MatMul becomes
     Mul(row scale)
 and the bias Add stays where it was (MatMulIntegerToFloat's bias would be scaled by the row scale after it).
 
-The weights are 7-bit codes in [-64, 64] stored as int8 (WEIGHT_LEVELS), so that the answer does not depend on the
+The weights are 7-bit codes in [-64, 64] stored as int8 (WEIGHT_LEVELS), so that the integer sums do not depend on the
 CPU: onnxruntime's x86 kernels multiply the uint8 activations (0..255) by the int8 weights, and without VNNI or AMX
 (AVX2, AVX-512 without VNNI) they add each pair of adjacent products in 16 bits with saturation (vpmaddubsw). Full
 int8 codes overflow there (255 x 127 x 2 > 32767: a wrong sum, not a rounding); 255 x 64 x 2 does not, and VNNI, AMX
