@@ -1,4 +1,4 @@
-"""The int8 encoder variant: SmoothQuant-scaled, per-channel int8 weights times per-token int8 activations.
+"""The int8 encoder variant: SmoothQuant-scaled, per-channel 7-bit weights times per-token int8 activations.
 
 onnxruntime's quantize_dynamic gives a whole activation tensor one scale, so the batch's loudest token sets the
 step for every other one; on the trained punctuation tagger that kept too few top-1 predictions equal to fp32's
@@ -13,7 +13,15 @@ Each weight MatMul becomes
     QuantizeLinear(x, scale, 128), one block per row      -> uint8 (opset 21 blocked quantization)
     MatMulIntegerToFloat(xq, Wq, 1, w_scale, 128)         -> float, per-column weight scales applied
     Mul(row scale)
-and the bias Add stays where it was (MatMulIntegerToFloat's bias would be scaled by the row scale after it)."""
+and the bias Add stays where it was (MatMulIntegerToFloat's bias would be scaled by the row scale after it).
+
+The weights are 7-bit codes in [-64, 64] stored as int8 (WEIGHT_LEVELS), so that the integer sums do not depend on the
+CPU: onnxruntime's x86 kernels multiply the uint8 activations (0..255) by the int8 weights, and without VNNI or AMX
+(AVX2, AVX-512 without VNNI) they add each pair of adjacent products in 16 bits with saturation (vpmaddubsw). Full
+int8 codes overflow there (255 x 127 x 2 > 32767: a wrong sum, not a rounding); 255 x 64 x 2 does not, and VNNI, AMX
+and the U8U8 kernels are exact for any codes. Weights stored as uint8 around 128 (the U8U8 kernels, which widen to 16
+bits before multiplying) would keep the 8-bit codes but run slower; 7 bits keep the fast kernels for a little
+agreement (bench/FINDINGS.md, "int8 weights of 7 bits"; `python -m bench int8_formats`)."""
 from __future__ import annotations
 
 import logging
@@ -32,6 +40,7 @@ log = logging.getLogger(__name__)
 ALPHA = 0.5                  # SmoothQuant's migration strength: the best agreement of those tried (docs/MODELS.md)
 SCALE_RANGE = (1e-2, 1e2)    # smoothing factors are clipped: a dead channel must not blow a weight row up
 QUANT_OPSET = 21             # QuantizeLinear's block_size (per-row activation scales)
+WEIGHT_LEVELS = 64           # weight codes in [-64, 64]: exact integer products on every x86 kernel (module doc)
 Feeds = dict[str, np.ndarray]
 
 
@@ -86,8 +95,15 @@ def smooth(model: onnx.ModelProto, maxima: dict[str, np.ndarray], alpha: float =
     return len(placed)
 
 
+def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A [K, N] weight as int8 codes in [-WEIGHT_LEVELS, WEIGHT_LEVELS] (7 bits, module doc) and one float scale
+    per output column (max |w| of the column / WEIGHT_LEVELS)."""
+    scale = (np.maximum(np.abs(w).max(axis=0), 1e-12) / WEIGHT_LEVELS).astype(np.float32)
+    return np.clip(np.round(w / scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8), scale
+
+
 def per_token_int8(model: onnx.ModelProto) -> int:
-    """Rewrite every weight MatMul as per-token uint8 activations x per-channel int8 weights (module doc);
+    """Rewrite every weight MatMul as per-token uint8 activations x per-channel 7-bit weights (module doc);
     returns how many were rewritten."""
     g = model.graph
     inits = {i.name: i for i in g.initializer}
@@ -106,9 +122,8 @@ def per_token_int8(model: onnx.ModelProto) -> int:
         x, name = node.input[0], node.input[1]
         w = numpy_helper.to_array(inits[name]).astype(np.float32)
         if name not in weights:    # a weight two MatMuls share is quantized once
-            w_scale = (np.maximum(np.abs(w).max(axis=0), 1e-12) / 127).astype(np.float32)
-            g.initializer.extend([numpy_helper.from_array(np.clip(np.round(w / w_scale), -127, 127).astype(np.int8),
-                                                          name + "/int8"),
+            codes, w_scale = quantize_weight(w)
+            g.initializer.extend([numpy_helper.from_array(codes, name + "/int8"),
                                   numpy_helper.from_array(w_scale, name + "/scale")])
             weights.add(name)
         if x not in quantized:
@@ -165,7 +180,8 @@ def build(fp32: Path, out: Path, calibration: list[Feeds], alpha: float = ALPHA)
     log.info("int8: %d weight MatMuls, %d inputs smoothed (alpha %.2f, %d calibration texts)", n, smoothed, alpha,
              len(calibration))
     return [f"SmoothQuant alpha {alpha} over {len(calibration)} calibration texts ({smoothed} MatMul inputs)",
-            f"{n} weight MatMuls: per-channel int8 weights, per-token uint8 activations (MatMulIntegerToFloat)"]
+            f"{n} weight MatMuls: per-channel 7-bit weights (int8 codes in [-{WEIGHT_LEVELS}, {WEIGHT_LEVELS}]), "
+            "per-token uint8 activations (MatMulIntegerToFloat)"]
 
 
 def _uses(model: onnx.ModelProto) -> dict[str, int]:

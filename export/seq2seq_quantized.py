@@ -1,5 +1,5 @@
 """Quantized variants of an encoder-decoder package: w8 / w4 (both graphs' weight MatMuls as MatMulNBits) and int8
-(per-channel int8 weights times per-token uint8 activations, export/int8.py's rewrite).
+(per-channel 7-bit weights times per-token uint8 activations, export/int8.py's rewrite).
 
 Made by export/weights.py's quantize_graph, the decoders' quantizer: the encoder graph (its layers and the cross
 key/value projection of every decoder layer) and the decoder graph (its layers and the head, rewritten from the
@@ -33,7 +33,7 @@ import onnx
 import torch
 
 from .config import Tolerances, WeightQuantConfig
-from .int8 import per_token_int8
+from .int8 import WEIGHT_LEVELS, per_token_int8
 from .parity_results import Check, VariantResult
 from .parity_inplace import leading_equal
 from .speed import session
@@ -66,7 +66,8 @@ def build_variant(variant: str, staging: Path, encoder_file: str, decoder_file: 
                 raise ValueError("the decoder graph has no head (FusedMatMul over the target table) to quantize")
             return model, per_token_int8(model)
         n = _rewrite(staging, sources, files, int8)
-        notes = [f"per-channel int8 weights x per-token uint8 activations (MatMulIntegerToFloat); encoder "
+        notes = [f"per-channel 7-bit weights (int8 codes in [-{WEIGHT_LEVELS}, {WEIGHT_LEVELS}]) x per-token uint8 "
+                 f"activations (MatMulIntegerToFloat); encoder "
                  f"{n['encoder']} weight MatMuls, decoder {n['decoder']} (its head, {HEAD_WEIGHT}, included); "
                  f"no smoothing; with {files['encoder']}"]
         return VariantBuild(INT8, files["decoder"], fused_operators={"MatMulIntegerToFloat": sum(n.values())},
@@ -99,7 +100,8 @@ def _rewrite(staging: Path, sources: dict[str, str], files: dict[str, str],
 def describe(variant: str, quant: dict[int, WeightQuantConfig]) -> dict:
     """model.json `quantization[variant]` of an encoder-decoder package."""
     if variant == INT8:
-        return {"method": "MatMulIntegerToFloat", "weights": "int8, one scale per output channel",
+        return {"method": "MatMulIntegerToFloat",
+                "weights": f"int8 codes in [-{WEIGHT_LEVELS}, {WEIGHT_LEVELS}] (7 bits), one scale per output channel",
                 "activations": "uint8, one scale per row (token), computed in the graph", "head": "int8",
                 "smoothing": None, "kv_cache": "float32", "graphs": ["encoder", "decoder"]}
     bits = SEQ2SEQ_WEIGHT_VARIANTS[variant]

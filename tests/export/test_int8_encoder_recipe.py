@@ -32,11 +32,12 @@ def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 
 def _per_token_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Per-row symmetric activation scale max|x|/127 (stored as uint8 around 128), per-column weight scale."""
+    """Per-row symmetric activation scale max|x|/127 (stored as uint8 around 128), per-column weight scale
+    max|w|/64 (7-bit codes in [-64, 64]), products summed exactly (float64 holds these integer sums exactly)."""
     xs = np.maximum(np.abs(x).max(axis=-1, keepdims=True), 1e-8) / 127
     xq = np.clip(np.rint(x / xs), -128, 127)                  # QuantizeLinear rounds half to even, as rint
-    ws = np.abs(w).max(axis=0) / 127
-    wq = np.clip(np.rint(w / ws), -127, 127)
+    ws = np.abs(w).max(axis=0) / 64
+    wq = np.clip(np.rint(w / ws), -64, 64)
     return (xq @ wq) * xs * ws
 
 
@@ -51,6 +52,27 @@ def test_rewrite_computes_per_token_int8_as_numpy_does() -> None:
     want = _per_token_reference(h.astype(np.float32), w["W2"])
     got = _run(model, x)
     assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+
+
+def test_integer_products_are_exact_at_the_extremes_on_any_cpu() -> None:
+    """Loud activations (uint8 255) times full-scale weights of one sign: where onnxruntime's x86 kernel adds two
+    u8 x s8 products in 16 bits (AVX2, AVX-512 without VNNI), 8-bit weight codes (255 x 127 x 2) saturate it and the
+    answer drifts from numpy's; the 7-bit codes (255 x 64 x 2 <= 32767) give numpy's sums on every kernel."""
+    rng = np.random.default_rng(5)
+    w = np.full((K, N), 0.3, np.float32)
+    w[:, 1:] *= rng.uniform(0.5, 1, (K, N - 1)).astype(np.float32)   # column 0: every code at the top
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", N])],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert int8.per_token_int8(model) == 1
+    codes = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "W/int8"))
+    assert np.abs(codes).max() == int8.WEIGHT_LEVELS and 2 * 255 * int8.WEIGHT_LEVELS <= 32767
+    x = np.abs(rng.normal(0, 1, (6, K))).astype(np.float32)
+    x[:3] = 2.0                                                      # rows whose every code is 127 (uint8 255)
+    got, want = _run(model, x), _per_token_reference(x, w)
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max(), np.abs(got - want).max()
 
 
 def test_smoothing_keeps_the_fp32_function() -> None:

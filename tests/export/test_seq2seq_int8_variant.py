@@ -1,5 +1,5 @@
-"""The int8 encoder-decoder variant: per-channel int8 weights x per-token uint8 activations in both graphs
-(export/seq2seq_quantized.py, export/int8.py's rewrite), the head included.
+"""The int8 encoder-decoder variant: per-channel 7-bit weights (int8 codes) x per-token uint8 activations in both
+graphs (export/seq2seq_quantized.py, export/int8.py's rewrite), the head included.
 
 A random Hugging Face Marian exported with --variants int8: every fp32 weight product became a
 MatMulIntegerToFloat, the gate judged it on held-out sources with the 8-bit limits and timed it for the CPU
