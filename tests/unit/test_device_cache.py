@@ -128,35 +128,3 @@ def test_out_of_range_requests_are_refused() -> None:
     with pytest.raises(ValueError, match=r"slots \[1, 3\)"):
         cache.bind(_add_in_place_session().io_binding(), "past", "past", "present", 1, 3)
     assert cache.nbytes == 2 * 1 * 4 * 2 * 2 and cache.host_copy("past").dtype == np.float16
-
-
-def _thp_mode() -> str:
-    try:
-        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
-    except OSError:
-        return "absent"
-    return text.split("[", 1)[1].split("]", 1)[0]
-
-
-def _huge_kib_around(address: int) -> int:
-    """AnonHugePages of the mapping that holds `address` (/proc/self/smaps)."""
-    inside = False
-    for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1])
-    return 0
-
-
-@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"),
-                    reason="the kernel offers no transparent huge pages here (THP disabled or not Linux)")
-def test_host_buffers_get_huge_pages() -> None:
-    """onnxruntime's allocator does not ask for huge pages; where THP is "madvise" its buffers got 4 KiB pages
-    and a prefill of 31 prompts over a 2.4 GB cache ran 1.2x slower than over numpy's (which asks)."""
-    cache = CacheBuffers(["k"], slots=8, kv_heads=4, max_length=1024, head_dim=64, dtype=np.float32,
-                         device=Device("cpu", 0))
-    middle = cache.values["k"].data_ptr() + cache.nbytes // 2      # the advice splits off the buffer's first page
-    assert _huge_kib_around(middle) > 0    # how many depends on free 2 MiB blocks; without the advice, none
