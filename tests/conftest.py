@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.levels import can_select, level_of
+from tests.levels import level_of
 
 TINY_LABELS = ["alpha", "beta", "gamma"]
 # Each label owns a group of keywords; a sentence's label is the group its keywords come from.
@@ -181,16 +181,8 @@ def _build_tiny_repository(tiny_checkpoints: TinyCheckpoints, repo: Path) -> Non
 
 # ---------------------------------------------------------------- markers by folder
 # Every test gets the marker of its level, from its folder under tests/ (tests/levels.py; registered in
-# pyproject.toml): `pytest -m unit` runs the fast in-process tier alone, without importing the other folders;
-# `-m "not slow"` (scripts/test.sh) still runs everything.
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    markexpr = config.getoption("markexpr")
-    level = level_of(collection_path)
-    if markexpr and level and not can_select(markexpr, level):
-        return True
-    return None
+# pyproject.toml): `pytest -m unit` runs the fast in-process tier alone (`pytest tests/unit` also skips importing
+# the other folders); `-m "not slow"` (scripts/test.sh) still runs everything.
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -16,8 +16,8 @@ TRAIN_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
         "scratch": dict(steps=240, batch_size=32, lr=1e-3, warmup=24, schedule="linear", eval_every=120,
                         max_length=64, mlm_probability=0.15, softmax="full"),
         # Measured (docs/MODELS.md): MiniLM's bottom 3 of 6 layers, encoder lr 5e-4, fresh head 3e-3, 30% of the
-        # tokens predicted, the training softmax over the corpus' token types (a step 0.8x the cost of 4 layers at
-        # 15% over the full vocabulary, and more useful).
+        # tokens predicted, the training softmax over the corpus' token types (cheaper per step than 4 layers at
+        # 15% over the full vocabulary, and more useful: docs/MODELS.md has the figures).
         "pretrained": dict(steps=180, batch_size=32, lr=5e-4, head_lr=3e-3, warmup=10, schedule="linear",
                            eval_every=0, max_length=64, init_layers=3, mlm_probability=0.3, softmax="corpus"),
     },

@@ -29,8 +29,8 @@ from server.sessions import run_failure, warm_up_encoder
 from server.encoders.token_aggregation import DEFAULT_IGNORE, TokenEntity, TokenRow, aggregate, check_strategy
 from server.text.tokenizer import INLINE_TEXT_CHARS, EncodedText, TextEncoder, pad_batch
 from server.text.spans import TokenSpan, check_ids, check_text_bound, encode_spans, special_ids
-from server.protocol.types import (Classification, ClassifyResult, EmbedResult, FillMaskResult, LabelScore, MaskPrediction,
-                          TokenCandidate, TokenClassifyResult)
+from protos.results import Classification, LabelScore, MaskPrediction, TokenCandidate
+from server.protocol.types import ClassifyResult, EmbedResult, FillMaskResult, TokenClassifyResult
 
 DEFAULT_FILL_MASK_TOP_K = 5
 # Tokens of one token-classification answer above which its entities are built in a worker thread.

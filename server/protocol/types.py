@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 # The results the client holds the same, field for field (protos/results.py); the data plane's are below.
-from protos.results import Classification, LabelScore, MaskPrediction, TokenCandidate, TokenEntity
+from protos.results import Classification, MaskPrediction, TokenEntity
 
 if TYPE_CHECKING:
     import numpy as np

@@ -130,13 +130,16 @@ def test_shared_results_match_their_messages_and_need_only_the_standard_library(
         fields = [f.name for f in dataclasses.fields(cls)]
         assert fields == [f.name for f in getattr(pb, name).DESCRIPTOR.fields], name
     from clients import types as client_types
-    from server.encoders import token_aggregation
+    from server.encoders import encoder, token_aggregation
     from server.protocol import types as server_types
     from server.text import spans as tokens
     from server.generation import results as generation_results
-    for module in (client_types, server_types):
-        for name in ("Classification", "LabelScore", "MaskPrediction", "TokenCandidate", "TokenEntity"):
-            assert getattr(module, name) is getattr(results, name), (module.__name__, name)
+    for name in ("Classification", "LabelScore", "MaskPrediction", "TokenCandidate", "TokenEntity"):
+        assert getattr(client_types, name) is getattr(results, name), name
+    for name in ("Classification", "MaskPrediction", "TokenEntity"):   # the server's result types hold these
+        assert getattr(server_types, name) is getattr(results, name), name
+    for name in ("Classification", "LabelScore", "MaskPrediction", "TokenCandidate"):   # what encoders build
+        assert getattr(encoder, name) is getattr(results, name), name
     assert client_types.TokenLogprob is generation_results.TokenLogprob is results.TokenLogprob
     assert client_types.Usage is generation_results.Usage is results.Usage
     assert client_types.TokenSpan is tokens.TokenSpan is results.TokenSpan
