@@ -42,6 +42,18 @@ MAX_BEAMS = 8
 _NEG = np.float32(-1e9)    # transformers' "not a candidate" score
 
 
+def _normalised(scores: np.ndarray, length: int, penalty: float) -> np.ndarray:
+    """scores / length ** penalty in float32, as transformers divides its float32 scores by the Python power. Any
+    finite penalty is taken: the power may overflow to inf (a score of -0.0) or underflow to 0 (-inf) without
+    raising, where Python's float power raises OverflowError (transformers' own scorer does: there is no answer
+    of theirs to equal at such penalties)."""
+    scores = scores.astype(np.float32)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        out = scores / np.float32(np.power(np.float64(length), penalty))
+    # -inf / inf and 0 / 0 are NaN: a candidate ruled out (a forced step's -inf) stays out, a score of 0 stays 0.
+    return np.where(np.isnan(out), np.where(np.isneginf(scores), scores, np.float32(0)), out).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class BeamOptions:
     num_beams: int
@@ -131,7 +143,7 @@ class BeamSearch:
         running = (top_scores + hits.astype(np.float32) * _NEG).astype(np.float32)
         chosen = _top(running, k)
         # Finished hypotheses: candidates among the best k that ended, if they beat the worst kept one.
-        scored = (top_scores / np.float32(length ** opts.length_penalty)).astype(np.float32)
+        scored = _normalised(top_scores, length, opts.length_penalty)
         if self.finished_flags.all() and opts.early_stopping is True:
             scored = scored + _NEG
         if not self.improvable:
@@ -150,7 +162,7 @@ class BeamSearch:
         self.steps = length
         # Whether any running hypothesis may still beat the worst finished one.
         hypothetical = opts.max_new_tokens if (opts.early_stopping == "never" and opts.length_penalty > 0) else length
-        best_possible = self.scores[0] / np.float32(hypothetical ** opts.length_penalty)
+        best_possible = _normalised(self.scores[:1], hypothetical, opts.length_penalty)[0]
         worst = np.where(self.finished_flags, self.finished_scores.min(), _NEG)
         self.improvable = self.improvable and bool((best_possible > worst).any())
         full = bool(self.finished_flags.all()) and opts.early_stopping is True

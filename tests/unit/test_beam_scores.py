@@ -74,3 +74,26 @@ def test_a_search_stepped_with_the_graph_keeps_what_numpy_keeps() -> None:
                 assert a.stopped and b.stopped
                 break
         assert a.finished_tokens == b.finished_tokens
+
+
+def test_a_penalty_whose_power_leaves_the_floats_still_ranks_every_step() -> None:
+    """length ** penalty past float range: Python's power raises OverflowError (the search used to fail with it);
+    here a finished score is -0.0 (the power overflows) or -inf (it underflows) and the search goes on to its end,
+    also past a forced step (-inf for every other token: -inf / inf must not become NaN)."""
+    rng = np.random.default_rng(2)
+    for penalty in (1000.0, 1e300, 3.4e38, -1e300):
+        search = BeamSearch([BeamRequest()], BeamOptions(num_beams=4, length_penalty=penalty, early_stopping="never",
+                                                      max_new_tokens=10, eos_id=2, forced={0: 3, 5: 4}), 50,
+                            tokenizer=None)
+        for beam in search.beams:
+            beam.state = SeqState(1, slot=beam.index)
+        for step in range(10):
+            if search.stopped:
+                break
+            search.step({i: rng.standard_normal(50).astype(np.float32) * 3 for i in range(4)}, step + 1, numpy_top)
+        assert search.stopped
+        finished = search.finished_scores[search.finished_flags]
+        assert np.all((finished == 0.0) | np.isneginf(finished)), (penalty, finished)
+        # An overflowing power ranks every finished one at -0.0; at -inf none beats "not a candidate" and the
+        # answers are the running hypotheses (BeamSearch.finish).
+        assert finished.size if penalty > 0 else finished.size == 0, (penalty, finished)

@@ -284,3 +284,19 @@ def test_two_generation_instances_answer_greedy_and_beams_as_transformers(packag
                 got_beams = [[t.token_id for t in f.result().tokens] for f in beams]
             assert got == _hf_generate(name, packages[name], SOURCES, do_sample=False, num_beams=1), name
             assert got_beams == _hf_generate(name, packages[name], SOURCES, do_sample=False, num_beams=4), name
+
+
+@pytest.mark.parametrize("early_stopping", [True, "never"])
+def test_extreme_length_penalties_answer_instead_of_failing(client: OrtserveClient, server: ServerProcess,
+                                                            early_stopping) -> None:
+    """A length penalty whose power overflows (or underflows) a float ranks hypotheses at -0.0 (or -inf) instead of
+    failing the search; every finite value answers on both doors."""
+    for penalty in (1000.0, 1e10, 1e300, 3.4e38, -1e300):
+        answer = httpx.post(f"{server.http_url}/v1/completions", timeout=60, json={
+            "model": "marian", "prompt": SOURCES[0], "max_tokens": NEW, "num_beams": 4,
+            "length_penalty": penalty, "early_stopping": early_stopping})
+        assert answer.status_code == 200, (penalty, answer.text)
+        assert answer.json()["usage"]["completion_tokens"] >= 1
+    result = client.generate(SOURCES[1], "marian", max_new_tokens=NEW, num_beams=4, length_penalty=3.4e38,
+                             early_stopping=early_stopping if early_stopping is True else "never")
+    assert result.tokens
