@@ -48,6 +48,16 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str) and value != "" or isinstance(value, int) and not isinstance(value, bool)
 
 
+def _lone_surrogate(text: str) -> str | None:
+    """A JSON string may escape half of a UTF-16 pair ("\\ud800"); such a string has no UTF-8 form, so it can be
+    neither sent nor written back: the record fails naming it instead of the whole run."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"U+{ord(text[e.start]):04X} at character {e.start}"
+    return None
+
+
 def _from_fields(fields: dict[str, Any], line: int, task: str) -> Record:
     """A record from a JSON object or a CSV row; the first problem found becomes its error."""
     record_id = fields.get("id")
@@ -55,6 +65,8 @@ def _from_fields(fields: dict[str, Any], line: int, task: str) -> Record:
         record_id = line
     elif not _valid_id(record_id):
         return Record(line=line, id=line, error=f"id: must be a non-empty string or an integer, got {record_id!r}")
+    elif isinstance(record_id, str) and (where := _lone_surrogate(record_id)):
+        return Record(line=line, id=line, error=f"id: a lone UTF-16 surrogate ({where}) is not text")
     names = _TEXT_FIELDS[task]
     present = [n for n in names if fields.get(n) is not None]
     if not present:
@@ -62,6 +74,8 @@ def _from_fields(fields: dict[str, Any], line: int, task: str) -> Record:
     text = fields[present[0]]
     if not isinstance(text, str):
         return Record(line=line, id=record_id, error=f"{present[0]}: must be a string, got {type(text).__name__}")
+    if where := _lone_surrogate(text):
+        return Record(line=line, id=record_id, error=f"{present[0]}: a lone UTF-16 surrogate ({where}) is not text")
     pair = None
     if task == "classify":
         pair_names = [n for n in _PAIR_FIELDS if fields.get(n) not in (None, "")]
@@ -70,6 +84,9 @@ def _from_fields(fields: dict[str, Any], line: int, task: str) -> Record:
             if not isinstance(pair, str):
                 return Record(line=line, id=record_id,
                               error=f"{pair_names[0]}: must be a string, got {type(pair).__name__}")
+            if where := _lone_surrogate(pair):
+                return Record(line=line, id=record_id,
+                              error=f"{pair_names[0]}: a lone UTF-16 surrogate ({where}) is not text")
     return Record(line=line, id=record_id, text=text, text_pair=pair)
 
 
@@ -98,6 +115,9 @@ def _jsonl(path: Path, task: str) -> Iterator[Record]:
             value = json.loads(line)
         except ValueError as e:
             yield Record(line=line_no, id=line_no, error=f"input line {line_no}: not valid JSON ({e})")
+            continue
+        except RecursionError:     # the json module parses nesting by recursion
+            yield Record(line=line_no, id=line_no, error=f"input line {line_no}: not valid JSON (nested too deeply)")
             continue
         if not isinstance(value, dict):
             yield Record(line=line_no, id=line_no,

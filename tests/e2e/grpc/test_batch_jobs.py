@@ -69,6 +69,28 @@ def test_classify_jsonl_in_order_with_failed_records(server: ServerProcess, tmp_
     assert "0 records in" in again.stderr and "27 already in the output (3 of them failed)" in again.stderr
 
 
+def test_a_hostile_line_fails_alone_and_the_run_goes_on(server: ServerProcess, tmp_path: Path) -> None:
+    """A line nested 100,000 deep (the json module parses by recursion) and lone UTF-16 surrogates in a text, a pair
+    and an id (no UTF-8 form: they can be neither sent nor written) each fail their own record, named by line."""
+    good = [json.dumps({"id": f"g{i}", "text": f"Then the {KEYWORDS['alpha']} came back"}) for i in range(3)]
+    hostile = ["[" * 100_000 + "]" * 100_000,
+               '{"id": "s1", "text": "half a pair \\ud800 here"}',
+               '{"id": "s2", "text": "fine", "text_pair": "\\udfff"}',
+               '{"id": "\\ud83d", "text": "fine"}']
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join([good[0], *hostile, *good[1:]]) + "\n")
+    run = batch("classify", str(src), "-o", str(out), "--address", server.address, "--model", "tiny-classifier")
+    assert run.returncode == 1, run.stderr
+    assert "3 ok, 4 failed" in run.stderr.strip().splitlines()[-1], run.stderr
+    assert "Traceback" not in run.stderr
+    errors = {r["id"]: r["error"] for r in lines(out) if "error" in r}
+    assert errors[2] == "input line 2: not valid JSON (nested too deeply)"
+    assert errors["s1"] == "text: a lone UTF-16 surrogate (U+D800 at character 12) is not text"
+    assert errors["s2"] == "text_pair: a lone UTF-16 surrogate (U+DFFF at character 0) is not text"
+    assert errors[5].startswith("id: a lone UTF-16 surrogate (U+D83D")
+    assert [r["label"] for r in lines(out) if "error" not in r] == ["alpha"] * 3
+
+
 def test_resume_after_kill_9_equals_an_uninterrupted_run(server: ServerProcess, tmp_path: Path) -> None:
     src = prompts_file(tmp_path / "prompts.txt", 60)
     common = ["generate", str(src), "--address", server.address, "--model", "tiny-gpt", "--max-new-tokens", "48"]
