@@ -194,9 +194,12 @@ def test_cancelled_streams_free_their_slots_and_spare_the_others(two_slots: Serv
     # C started on A's freed slot, while B was still generating (not after B finished).
     order = [name for _, name in sorted(events)]
     assert order.index("C first") < order.index("B final"), order
-    # A stopped early: the engine produced far fewer than 3 x 100 tokens for the three streams.
+    # A stopped early: the engine counted its RPC cancelled and produced fewer than 3 x 100 tokens for the three
+    # streams. How many fewer depends on how fast the cancel arrives against the steps (other jobs on the cores
+    # slow the client's thread more than the engine's steps), so the bound is only that A did not run to its end.
     produced = metric(two_slots, "ortserve_generated_tokens_total", model=GPT) - tokens_before
-    assert 200 <= produced < 280, produced
+    assert 200 <= produced < 300, produced
+    assert metric(two_slots, "ortserve_requests_total", model=GPT, method="GenerateStream", code="CANCELLED") == 1
     wait_for(lambda: metric(two_slots, "ortserve_active_sequences", model=GPT) == 0, 10, "no active sequences")
 
 
