@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 
 from server.encoders.rerank import check_top_n, rank
 from server.generation import GenerationParams
-from server.leases import Lease, SharedLease, StreamParts, StreamSpans, prompt_text
+from server.leases import Lease, SharedLease, StreamParts, StreamSpans, check_echo, prompt_text
 from server.model import ServedModel
 from server.protocol.errors import Code, ServingError
 from server.protocol.kserve import TextRequest, infer_operation, select_outputs, text_outputs, text_request
@@ -212,6 +212,7 @@ class DataPlane:
                        deadline: float | None = None, echo: bool = False) -> GenerateResult:
         """echo: the result carries the prompt's text (what an echoing answer starts with)."""
         with self.lease(model, version, "generate") as served:
+            check_echo(served, echo)
             output = await served.generate(prompt, params, deadline)
             return GenerateResult(model=served.name, version=served.version, output=output,
                                   prompt_text=prompt_text(served, prompt) if echo else None)
@@ -239,6 +240,7 @@ class DataPlane:
         part carries the prompt's text."""
         lease = self.lease(model, version, "generate_stream")
         with lease as served:
+            check_echo(served, echo)
             chunks = served.stream(prompt, params, deadline)
             spans = StreamSpans(lease.span) if lease.span is not None else None
             first = echo
@@ -389,6 +391,7 @@ async def _inferred(served: ServedModel, inputs: dict[str, np.ndarray], outputs:
 
 async def _generated(served: ServedModel, jobs: Jobs, deadline: float | None, echo: bool,
                      field: str) -> list[GenerateResult]:
+    check_echo(served, echo)
     outputs = await served.generate_many(jobs, deadline, field)
     return [GenerateResult(model=served.name, version=served.version, output=output,
                            prompt_text=prompt_text(served, prompt) if echo else None)
@@ -423,6 +426,7 @@ async def _streams(lease: Lease, jobs_of: Callable[[ServedModel], Jobs], deadlin
     last one ends or is closed."""
     served = lease.__enter__()
     try:
+        check_echo(served, echo)
         jobs = jobs_of(served)
         streams = await served.stream_many(jobs, deadline, field)
     except BaseException as exc:

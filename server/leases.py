@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator, Callable
 
 from server.generation import StreamChunk
 from server.model import ServedModel
+from server.protocol.errors import ServingError
 from server.protocol.types import StreamPart
 from server.repository.version import ModelVersion
 from server.runtime import tracing
@@ -20,6 +21,15 @@ from server.runtime import tracing
 def prompt_text(served: ServedModel, prompt: str | list[int]) -> str:
     """A prompt as text: token ids decoded by the version that generates from them (checked by then)."""
     return prompt if isinstance(prompt, str) else served.prompt_text(prompt)
+
+
+def check_echo(served: ServedModel, echo: bool) -> None:
+    """An encoder-decoder's prompt is its source: not the start of the text it writes, and not scored by its decoder,
+    so an echo (the prompt before the answer, its tokens scored with logprobs) has nothing to mean there. Refused by
+    name before compute, on every door (docs/protocol.md)."""
+    if echo and served.manifest.encoder_decoder is not None:
+        raise ServingError.invalid("echo", f"{served.name!r} is an encoder-decoder: its prompt is the source, not the "
+                                           f"start of its output (echo is for decoder models)")
 
 
 class Lease:

@@ -170,6 +170,9 @@ class Admission:
         num_beams slots answering them all. ValueError naming parameters.num_beams where beams cannot be served."""
         groups: list[tuple[list[int], int]] = []
         for i, (prompt, params) in enumerate(jobs):
+            if self._source is not None and params.prompt_logprobs is not None:
+                raise ValueError("parameters.prompt_logprobs: an encoder-decoder's prompt is its source, which its "
+                                 f"decoder does not score ({self._label} scores only what it writes: logprobs)")
             k = params.num_beams
             if k == 1:
                 groups.append(([i], 1))

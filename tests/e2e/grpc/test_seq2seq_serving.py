@@ -300,3 +300,19 @@ def test_extreme_length_penalties_answer_instead_of_failing(client: OrtserveClie
     result = client.generate(SOURCES[1], "marian", max_new_tokens=NEW, num_beams=4, length_penalty=3.4e38,
                              early_stopping=early_stopping if early_stopping is True else "never")
     assert result.tokens
+
+
+def test_echo_and_prompt_scores_are_refused_by_name_before_compute(client: OrtserveClient,
+                                                                  server: ServerProcess) -> None:
+    """An encoder-decoder's prompt is its source: an echo of it before the answer, or its tokens scored, would mix
+    the source's text with the target's tokens (text != the joined tokens). Refused naming the field, on both doors
+    and in both modes, before any compute."""
+    for body, field in (({"echo": True}, "echo"), ({"echo": True, "logprobs": 2}, "echo"),
+                        ({"echo": True, "stream": True}, "echo"),
+                        ({"prompt_logprobs": 2}, "parameters.prompt_logprobs")):   # refused where jobs are admitted
+        answer = httpx.post(f"{server.http_url}/v1/completions", timeout=60,
+                            json={"model": "marian", "prompt": SOURCES[0], "max_tokens": 4, **body})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == field, answer.text
+    details = _grpc_refusal(lambda: client.generate(SOURCES[0], "marian", max_new_tokens=4, prompt_logprobs=2))
+    assert details.startswith("parameters.prompt_logprobs: an encoder-decoder's prompt is its source")
