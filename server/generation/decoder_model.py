@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Awaitable, Callable, Iterator, TypeVar
 
 import onnxruntime as ort
 
@@ -51,6 +51,9 @@ def engine_errors() -> Iterator[None]:
         raise ServingError(Code.INTERNAL, str(exc)) from None
 
 
+T = TypeVar("T")
+
+
 class DecoderModel(ServedModel):
     def __init__(self, parts: Loaded) -> None:
         super().__init__(parts)
@@ -70,11 +73,22 @@ class DecoderModel(ServedModel):
         return GenerationEngine(self.session(instance), self.manifest, self.tokenizer, self.runtime.generation,
                                 self.metrics, self.name, mixed_session=mixed, instance=instance)
 
-    def pick(self) -> GenerationEngine:
-        """The engine a new request goes to: the fewest sequences running, waiting or being admitted."""
-        if len(self.engines) == 1:
-            return self.engine
-        return min(self.engines, key=lambda e: e.active_sequences + e.waiting_requests + e.admitting)
+    def preferred(self) -> list[GenerationEngine]:
+        """The engines in the order a new request tries them: the fewest sequences running, waiting or being
+        admitted first."""
+        return sorted(self.engines, key=lambda e: e.active_sequences + e.waiting_requests + e.admitting)
+
+    async def first_fit(self, call: Callable[[GenerationEngine], Awaitable[T]]) -> T:
+        """call(engine) on the preferred engine, and on the next when that one is full (its queue, or its own
+        max_tokens_in_flight: the budget is per engine): a request goes where it fits. OverloadedError is raised at
+        admission, before anything of the request starts, so trying the next engine loses nothing."""
+        *others, last = self.preferred()
+        for engine in others:
+            try:
+                return await call(engine)
+            except OverloadedError:
+                continue
+        return await call(last)
 
     @property
     def max_batch_size(self) -> int:
@@ -144,21 +158,23 @@ class DecoderModel(ServedModel):
     async def generate(self, prompt: str | list[int], params: GenerationParams,
                        deadline: float | None) -> GenerationResult:
         with engine_errors():
-            return await self.pick().generate(prompt, params, deadline)
+            return await self.first_fit(lambda engine: engine.generate(prompt, params, deadline))
 
     async def generate_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[GenerationResult]:
         with engine_errors():
-            return await self.pick().generate_many(jobs, deadline, field)
+            return await self.first_fit(lambda engine: engine.generate_many(jobs, deadline, field))
 
     async def stream_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[AsyncIterator[StreamChunk]]:
         with engine_errors():
-            streams = await self.pick().stream_many(jobs, deadline, field)
+            streams = await self.first_fit(lambda engine: engine.stream_many(jobs, deadline, field))
         return [_Mapped(s) for s in streams]
 
     async def stream(self, prompt: str | list[int], params: GenerationParams,
                      deadline: float | None) -> AsyncIterator[StreamChunk]:
-        """Chunks of one sequence; closing the iterator cancels the sequence and frees its slot."""
-        chunks = self.pick().stream(prompt, params, deadline)
+        """Chunks of one sequence (admitted at the first, as the engine's own stream); closing the iterator cancels
+        the sequence and frees its slot."""
+        with engine_errors():
+            [chunks] = await self.first_fit(lambda engine: engine.stream_many([(prompt, params)], deadline))
         try:
             with engine_errors():
                 async for chunk in chunks:

@@ -242,6 +242,35 @@ def test_admission_control_answers_resource_exhausted(tiny_repository: Path, tmp
     asyncio.run(run())
 
 
+def test_a_request_goes_to_the_engine_where_its_tokens_fit(tiny_repository: Path, tmp_path: Path) -> None:
+    """max_tokens_in_flight is per engine (docs/configuration.md). With two engines, a request that does not fit the
+    preferred one (fewest sequences) but fits the other is admitted there instead of refused."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repository / GPT, repo / GPT)
+
+    async def run() -> None:
+        plane = await DataPlane.start(_settings(repo, generation_instances=2, max_tokens_in_flight=200))
+        held = []
+        try:
+            with plane.lease(GPT, 0, "test") as served:
+                first, second = served.engines
+                # One sequence of 1 + 112 tokens on the first engine, two of 1 + 30 on the second: the first has
+                # fewer sequences (preferred) but no room for 101 more tokens; the second has.
+                held += await first.admit([("x", GenerationParams.validate(max_new_tokens=112, ignore_eos=True))])
+                short = GenerationParams.validate(max_new_tokens=30, ignore_eos=True)
+                held += await second.admit([("x", short), ("x", short)])
+                assert served.preferred()[0] is first
+                result = await plane.generate(GPT, 0, "x", GenerationParams.validate(max_new_tokens=100,
+                                                                                     ignore_eos=True))
+                assert result.output.usage.completion_tokens == 100
+        finally:
+            for seq in held:
+                seq.fail(RuntimeError("test over"))
+            await plane.close()
+
+    asyncio.run(run())
+
+
 def test_failed_new_version_keeps_the_old_one_serving(tiny_repository: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repository / CLASSIFIER, repo / CLASSIFIER)
