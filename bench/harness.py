@@ -25,7 +25,7 @@ log = logging.getLogger("bench")
 # name -> module of bench/ (python -m bench NAME); `report` regenerates the suite's report from its result files.
 NAMES = ("suite", "report", "generation", "http", "llamacpp", "quantized", "seq2seq", "embeddings", "ray_proxy",
          "token_classify", "stream_ab", "engine_ab", "gpu_slots", "skip_norm", "g2p_variants", "lm_eval_check",
-         "int8_formats")
+         "int8_formats", "batch_rows")
 _MODULE = {"report": "suite"}
 _ATTRIBUTE = {"report": "REPORT"}
 
