@@ -10,7 +10,9 @@ descriptor of the process. `GuardedProtocol` (uvicorn's h11 protocol with timers
 
 `ConnectionGate` bounds the connections the two ports hold together: when a new one would exceed the cap, the
 connection that has waited longest for a request head is closed to make room (a flood of idle connections cannot
-lock real clients out); when every connection is busy with a request, the new one is closed instead.
+lock real clients out); with none idle, the one that has been sending its request body longest (a body trickled a
+byte at a time restarts the read timer forever, so the timer alone cannot free the door: nothing of such a request
+has started); when every connection is busy with a request the application holds, the new one is closed instead.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class ConnectionGate:
         self.cap = cap
         self._idle: OrderedDict[Any, None] = OrderedDict()   # waiting for a request head, longest first
         self._busy: set[Any] = set()
+        self._reading: OrderedDict[Any, None] = OrderedDict()   # busy, their body still arriving, longest first
         self.evicted = 0
         self.refused = 0
         self._warned = 0.0
@@ -54,13 +57,18 @@ class ConnectionGate:
     def admit(self, conn: Any) -> bool:
         """Counts a new connection in (idle); False when it must be closed (the door is full of busy ones)."""
         if self.open >= self.cap:
-            if not self._idle:
+            if self._idle:
+                victim, _ = self._idle.popitem(last=False)
+                self._warn("closed the one idle longest")
+            elif self._reading:
+                victim, _ = self._reading.popitem(last=False)
+                self._busy.discard(victim)
+                self._warn("closed the one sending its request body longest")
+            else:
                 self.refused += 1
                 self._warn("every one is busy: refused a new one")
                 return False
-            victim, _ = self._idle.popitem(last=False)
             self.evicted += 1
-            self._warn("closed the one idle longest")
             victim.close_idle()
         self._idle[conn] = None
         return True
@@ -69,13 +77,22 @@ class ConnectionGate:
         if self._idle.pop(conn, False) is None:
             self._busy.add(conn)
 
+    def reading(self, conn: Any, more_body: bool) -> None:
+        """A busy connection's request body is still arriving (more_body), or now complete."""
+        if not more_body:
+            self._reading.pop(conn, None)
+        elif conn in self._busy and conn not in self._reading:
+            self._reading[conn] = None
+
     def idle(self, conn: Any) -> None:
+        self._reading.pop(conn, None)
         if conn in self._busy:
             self._busy.discard(conn)
             self._idle[conn] = None
 
     def remove(self, conn: Any) -> None:
         self._idle.pop(conn, None)
+        self._reading.pop(conn, None)
         self._busy.discard(conn)
 
     def _warn(self, what: str) -> None:
@@ -116,6 +133,8 @@ class GuardedProtocol(H11Protocol):
             return                                  # still waiting for a head: the header timer runs on
         if cycle is not before and self._counted:
             self.gate.busy(self)                    # a head arrived
+        if self._counted:
+            self.gate.reading(self, cycle.more_body)
         if cycle.more_body:
             self._arm(self.limits.read_timeout)     # a body is arriving: each byte restarts the clock
         else:
@@ -139,7 +158,8 @@ class GuardedProtocol(H11Protocol):
     # ------------------------------------------------------------------ timers
 
     def close_idle(self) -> None:
-        """Closed by the gate, or by a timer: nothing of a response is pending on it."""
+        """Closed by the gate, or by a timer: nothing of a response is pending on it (a request whose body is
+        still arriving has not reached the application: its handler sees a disconnect)."""
         self._disarm()
         if self._counted:
             self.gate.remove(self)

@@ -169,3 +169,35 @@ def test_connections_that_never_handshake_on_the_grpc_port_are_closed(
             s.close()
     assert _classify(proc.address) == 1
     print(f"\nsilent gRPC connections closed within {closed_in:.2f}s")
+
+
+def test_bodies_trickled_a_byte_at_a_time_cannot_hold_the_door(tiny_repository: Path, tmp_path: Path) -> None:
+    """The probe's trickle: peers filling the cap with request bodies sent a byte every few seconds (each byte
+    restarts the read timer, so the timer never frees them). A new client is served at once: the connection that has
+    been sending its body longest is closed to make room, and its request never reached a handler's compute."""
+    repo = repository_with(tiny_repository, tmp_path / "repo", CLASSIFIER)
+    cap = 12
+    args = ["--http-port", "0", "--metrics-port", "0", "--max-connections", str(cap), "--read-timeout", "10"]
+    with ServerProcess(repo, args) as proc:
+        body = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x" * 64]}]})
+        trickling = []
+        try:
+            for _ in range(cap):
+                s = socket.create_connection(("127.0.0.1", proc.http_port), timeout=10)
+                s.sendall(f"POST /v2/models/{CLASSIFIER}/infer HTTP/1.1\r\nHost: probe\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body[:5]}".encode())
+                trickling.append(s)
+            time.sleep(0.5)
+            for s in trickling[:3]:
+                s.sendall(body[5:6].encode())            # a byte more: still sending, as the probe's did
+            started = time.monotonic()
+            for _ in range(3):
+                assert _http_classify(proc) == 200
+                assert _get(f"{proc.http_url}/v2/health/ready") == 200
+            served_in = time.monotonic() - started
+            assert served_in < 5, served_in
+        finally:
+            for s in trickling:
+                s.close()
+        assert any("closed the one sending its request body longest" in line for line in proc.lines)
+    print(f"\nsix new requests served in {served_in:.2f}s with the cap ({cap}) full of trickling bodies")
