@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from modelpkg import CacheSpec, Manifest, padded_head_dim
 
-from . import decoder_graph, decoder_weights, graphs, int8, package, speed, variants, weights
+from . import decoder_graph, decoder_weights, graphs, int8, package, probes, speed, variants, weights
 from .checkpoint_tokens import chat_template, special_tokens
 from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError
@@ -240,6 +240,7 @@ class ModelBuilder:
     def finish(self, staging: Path, manifest: Manifest, report: dict, gated: Gated) -> Manifest:
         manifest = drop_refused(staging, manifest, report, gated.results)
         speed.record(staging, manifest, report)
+        probes.record(staging, manifest, self.tokenizer, report)
         return replace(manifest, default_variant=package.default_variants(dict(manifest.variants),
                                                                           report["variants"]))
 

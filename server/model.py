@@ -55,6 +55,7 @@ class Loaded:
     runtime: RuntimeConfig
     metrics: Metrics
     stats: ModelStats
+    notes: tuple[str, ...] = ()     # why better variants were passed over here (the version's reason shows them)
 
     @property
     def manifest(self) -> Manifest:
@@ -69,6 +70,7 @@ class ServedModel(ABC):
         self.version = parts.package.version
         self.task = parts.package.task
         self.variant = parts.variant
+        self.notes = parts.notes
         self.runner = parts.runner
         self.runtime = parts.runtime
         self.metrics = parts.metrics

@@ -11,7 +11,7 @@ model.json (package.py), the variant's graph (sessions.py create_session), a dec
 (generation/decoder_model.py), an encoder-decoder's encoder graph and target tokenizer (generation/seq2seq_model.py),
 the external data any of those graphs names (onnxruntime, beside the graph: repository/external_data.py),
 tokenizer.json (text/tokenizer.py, via the typed models), tokenizer_config.json when the package has one
-(repository/consistency.py). The beam-score graph is built into the server (generation/beam_scores.py) and the
+(repository/consistency.py), the probe when parity.json names one (repository/probe.py). The beam-score graph is built into the server (generation/beam_scores.py) and the
 chat template is read from model.json: neither is a file of the package.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from modelpkg import MANIFEST_FILE, TOKENIZER_FILE
 
 from server.repository.external_data import external_data_files
 from server.repository.package import Package
+from server.repository.probe import probe_file
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
@@ -44,6 +45,9 @@ def served_files(package: Package, variant: str) -> list[str]:
     files.append(TOKENIZER_FILE)
     if package.file(TOKENIZER_CONFIG_FILE).exists():    # optional: read (and so verified) whenever it is there
         files.append(TOKENIZER_CONFIG_FILE)
+    probe = probe_file(package)
+    if probe is not None:                               # the variant is checked on this CPU (repository/probe.py)
+        files.append(probe)
     return list(dict.fromkeys(files))
 
 

@@ -77,6 +77,7 @@ class ModelVersion:
             return self._fail(f"load failed: {exc}")
         self._model = model
         self.state = ModelState.SERVING
+        self.reason = "; ".join(model.notes)   # a variant passed over on this CPU (repository/loading.py)
         self.metrics.model_state.labels(self.name, str(self.version)).set(1)
         log.info("model %s version %d SERVING (%s, variant %s, %s) in %.2fs", self.name, self.version, self.task,
                  model.variant, ",".join(model.providers), time.perf_counter() - started,

@@ -244,3 +244,62 @@ def test_external_data_of_a_file_that_is_not_a_graph_is_none(tiny_repository: Pa
         assert external_data_files(tmp_path / name) == [], name
     assert external_data_files(tiny_repository / GPT / "1" / "model.mixed.onnx") == []
     assert external_data_files(tmp_path / "missing.onnx") == []
+
+
+# ---------------------------------------------------------------------------- the probe: a variant checked where it serves
+
+
+def probe_answered_otherwise(variant: str) -> Callable[[Path], None]:
+    """The variant's recorded probe answer scaled by 1.5 and listed with its new sha256: to the server, exactly what a
+    CPU whose kernels compute that variant otherwise (the int8 saturation of issue 40 item 8) looks like."""
+    def apply(p: Path) -> None:
+        from modelpkg import sha256_file
+
+        with np.load(p / "probe.npz", allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        arrays[f"answer.{variant}"] = arrays[f"answer.{variant}"] * 1.5
+        with open(p / "probe.npz", "wb") as f:
+            np.savez(f, **arrays)
+        _edit_json(p / "parity.json", lambda r: r["files"].update({"probe.npz": sha256_file(p / "probe.npz")}))
+    return apply
+
+
+@pytest.mark.parametrize("model", [CLASSIFIER, "tiny-fill-mask", GPT])
+def test_every_cpu_variant_answers_its_probe_as_it_did_at_export(tiny_repository: Path, model: str) -> None:
+    """Export records each CPU variant's answer to the probe (an encoder's padded batch, a decoder's first prompt
+    with its cache zeroed); loaded here, each answers it within the tolerance, so none is passed over."""
+    from server.repository.probe import probe_mismatch
+    from server.sessions import create_session
+    from server.runtime.settings import ServerSettings
+    from server.runtime_config import runtime_config
+
+    package = _package(tiny_repository / model / "1")
+    probe = package.parity["probe"]
+    assert probe["file"] in package.parity["files"] and set(probe["variants"]) == set(package.manifest.variants)
+    session_config = runtime_config(ServerSettings(repository=tiny_repository)).session
+    for variant in probe["variants"]:
+        assert probe_mismatch(package, variant, create_session(package, variant, session_config)) is None, variant
+    assert _build(tiny_repository / model / "1").notes == ()
+
+
+def test_a_variant_answering_otherwise_here_is_passed_over_or_refused_by_name(tiny_repository: Path,
+                                                                            tmp_path: Path) -> None:
+    from server.repository.package import PackageError
+
+    path = tmp_path / CLASSIFIER / "2"
+    shutil.copytree(tiny_repository / CLASSIFIER / "1", path)
+    probe_answered_otherwise("int8")(path)
+    model = _build(path)
+    assert model.variant == "fp32" and len(model.notes) == 1
+    assert model.notes[0].startswith("variant int8 not served: its probe answers differently on this CPU")
+    with pytest.raises(PackageError) as info:
+        _build(path, "int8")
+    assert str(info.value).startswith("--variant int8: its probe answers differently on this CPU")
+
+
+def test_a_served_version_says_which_variant_it_passed_over(server: tuple[ServerProcess, Path, Status]) -> None:
+    proc, repo, status = server
+    publish(repo, CLASSIFIER, 2, probe_answered_otherwise("int8"))
+    state, reason, variant = status.settled(CLASSIFIER, 2)
+    assert (state, variant) == ("SERVING", "fp32") and reason.startswith("variant int8 not served: its probe"), reason
+    assert any("variant int8 not served" in line for line in proc.lines)
