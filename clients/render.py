@@ -75,6 +75,6 @@ def models(statuses: Sequence[ModelStatus]) -> str:
     if not statuses:
         return "no models"
     rows = [("NAME", "VERSION", "TASK", "STATE", "VARIANT", "REASON")]
-    rows += [(m.name, str(m.version), m.task, m.state, m.variant or "-", m.reason) for m in statuses]
+    rows += [(m.name, str(m.version) if m.version else "-", m.task, m.state, m.variant or "-", m.reason) for m in statuses]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -81,7 +81,7 @@ class ModelStatus:
     name: str
     version: int
     task: str   # "classify" | "fill-mask" | "generate"
-    state: str  # "LOADING" | "SERVING" | "NOT_SERVING" | "UNLOADED"
+    state: str  # "LOADING" | "SERVING" | "NOT_SERVING" | "UNLOADED" | "BUILDING" (version 0, its stage as reason)
     reason: str = ""
     variant: str = ""  # the ONNX variant a loaded version runs (fp32, kv8, w8, w4, ...); "" when none is loaded
 

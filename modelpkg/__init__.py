@@ -5,6 +5,7 @@ version rules of a repository, file hashing, the graph I/O names, and the typed 
 """
 from __future__ import annotations
 
+from .building import BUILDING_FILE, Building, clear_building, read_building, write_building
 from .hashing import file_hashes, sha256_file
 from .heads import HEAD_MULTIPLE, head_channels, padded_head_dim
 from .io_names import (CACHE_ELEMENT_TYPES, DECODER_INPUTS, ENCODER_INPUTS, KV_KINDS, MIXED_PREFIX, cross_name,
@@ -16,6 +17,7 @@ from .manifest import (CACHE_LAYOUTS, LAYOUT_CONCAT, LAYOUT_INPLACE, CacheSpec, 
                        TensorDecl)
 
 __all__ = [
+    "BUILDING_FILE", "Building", "clear_building", "read_building", "write_building",
     "CACHE_ELEMENT_TYPES", "CACHE_LAYOUTS", "CacheSpec", "DECODER_GRAPH", "DECODER_INPUTS", "ENCODER_GRAPH",
     "ENCODER_INPUTS", "FORMAT", "HEAD_MULTIPLE", "KV_KINDS", "LAYOUT_CONCAT", "LAYOUT_INPLACE", "MANIFEST_FILE",
     "MIXED_PREFIX", "Manifest", "ManifestError", "NAME_PATTERN", "PARITY_FILE", "SEQ2SEQ_FAMILIES", "Seq2SeqSpec",

@@ -31,9 +31,9 @@ def _latest(repository: Path, name: str) -> tuple[int, Manifest | None]:
 
 
 def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: str,
-            options: Sequence[str] = ()) -> int | None:
+            options: Sequence[str] = (), log_file: Path | None = None) -> int | None:
     """Exports (parity gate included) and publishes; the new version, or None when already published. `options`:
-    more `python -m export` flags (--matryoshka)."""
+    more `python -m export` flags (--matryoshka); `log_file`: the export's output goes there too."""
     latest, manifest = _latest(repository, name)
     source = None if manifest is None else manifest.source.get("checkpoint_sha256")
     # The same weights with another Matryoshka declaration than asked make a new version too.
@@ -43,7 +43,7 @@ def publish(repository: Path, name: str, task: str, checkpoint: Path, variants: 
         return None
     cmd = [sys.executable, "-m", "export", str(checkpoint), "--task", task, "--repository", str(repository),
            "--name", name, "--variants", variants, *options]
-    run_command(cmd, f"export+validate+publish {name}")
+    run_command(cmd, f"export+validate+publish {name}", log_file)
     new, _ = latest_source(repository, name)
     if new <= latest:
         raise PipelineError(f"export of {name} succeeded but published no new version")

@@ -6,6 +6,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from clients.cli_args import DEFAULT_MODELS
 from clients.config import ClientConfig
@@ -14,6 +15,7 @@ from training import recipes
 from .errors import PipelineError
 from .publish import publish
 from .server import load_into_server
+from .status import BuildBoard, training_progress
 from .steps import run_command, stamp, step_key, up_to_date
 
 log = logging.getLogger("ortserve.pipeline")
@@ -65,15 +67,24 @@ class Pipeline:
         self.ran: list[str] = []
         self.skipped: list[str] = []
         self.published: dict[str, int] = {}
+        self.board = BuildBoard(cfg.repository, cfg.workdir / "logs")
+        self._building: tuple[str, str] | None = None     # (name, task) of the model being built
 
     def step(self, name: str, cmd: list[str], out: Path, inputs: list[Path], salt: str = "") -> Path:
         """Run `cmd` unless `out` was made by the same command from the same inputs (and salt)."""
-        key = step_key(cmd, inputs, salt)
+        key = step_key(cmd, inputs, salt, self.cfg.workdir)
         if up_to_date(out, key):
             log.info("%s: up to date (%s)", name, out)
             self.skipped.append(name)
             return out
-        run_command(cmd, name)
+        building = self._building
+        if building is None:
+            run_command(cmd, name)
+        else:
+            model, task = building
+            self.board.set(model, task, "training")
+            run_command(cmd, name, self.board.log_of(model),
+                        lambda: self.board.set(model, task, "training", training_progress(out)))
         if not (out / "config.json").exists() and not (out / "tokenizer.json").exists():
             raise PipelineError(f"{name} reported success but wrote nothing usable in {out}")
         stamp(out, key, name)
@@ -107,50 +118,85 @@ class Pipeline:
         return ["--corpus", *map(str, self.cfg.corpus)] if self.cfg.corpus else []
 
     def run(self) -> dict[str, int]:
-        cfg, w = self.cfg, self.cfg.workdir
-        w.mkdir(parents=True, exist_ok=True)
-        corpus_inputs = list(cfg.corpus)
-        training_cli = [self.py, "-m", "training"]
+        """Every model, each published as soon as it passes its gate, in the order that answers each task soonest
+        (the embedding model first: nothing to train; then by training time). A model whose build fails is marked
+        failed (its stage, step and log, as the server lists it) and the others go on; PipelineError at the end
+        names each failure."""
+        self.cfg.workdir.mkdir(parents=True, exist_ok=True)
+        builds = self._builds()
+        for name, task, _ in builds:
+            self.board.set(name, task, "queued")
+        failures = []
+        for name, task, build in builds:
+            self._building = (name, task)
+            try:
+                build()
+            except PipelineError as exc:
+                failures.append(f"{name}: {exc}")
+                self.board.set(name, task, "failed", error=str(exc))
+                log.error("%s: build failed: %s", name, exc)
+            finally:
+                self._building = None
+        if self.cfg.server is not None and self.published:
+            load_into_server(self.cfg.server, self.published)
+        if failures:
+            raise PipelineError(f"{len(failures)} of {len(builds)} models failed (the others are published): "
+                                + "; ".join(failures))
+        return self.published
 
-        if cfg.encoder == "minilm":
-            if cfg.minilm is None:
+    def _builds(self) -> list[tuple[str, str, Callable[[], object]]]:
+        """(published name, task, build) in build order: embed, fill-mask, generate, punctuate, classify, g2p
+        (bench/FINDINGS.md, "First answers": their training times, shortest first)."""
+        cfg, names = self.cfg, self.cfg.names
+        builds: list[tuple[str, str, Callable[[], object]]] = []
+        if cfg.embed_checkpoint is not None:  # a pretrained encoder as it is: nothing to train
+            builds.append((names["embed"], "embed", lambda: self.publish("embed", cfg.embed_checkpoint)))
+        builds.append((names["fill-mask"], "fill-mask", lambda: self.publish("fill-mask", self._mlm())))
+        builds.append((names["generate"], "generate", lambda: self.publish("generate", self._lm())))
+        if cfg.punctuate:
+            builds.append((names["token-classify"], "token-classify", lambda: self.run_punctuate(self._init())))
+        builds.append((names["classify"], "classify", lambda: self.publish("classify", self._classifier())))
+        if cfg.g2p:
+            builds.append((names["g2p"], "generate", self.run_g2p))
+        return builds
+
+    def _init(self) -> Path:
+        """What the classifier and the punctuation restorer are fine-tuned from: MiniLM, or the scratch MLM."""
+        if self.cfg.encoder == "minilm":
+            if self.cfg.minilm is None:
                 raise PipelineError("encoder minilm: the MiniLM checkpoint directory is not known")
+            return self.cfg.minilm
+        return self._mlm()
+
+    def _mlm(self) -> Path:
+        cfg, w = self.cfg, self.cfg.workdir
+        if cfg.encoder == "minilm":
             # MLM continued from MiniLM with its own tokenizer: no WordPiece tokenizer to train.
-            mlm = self.train("mlm", ["--init", str(cfg.minilm), *self._corpus_args()], w / "checkpoints/mlm",
-                             [cfg.minilm, *corpus_inputs])
-            default_init = cfg.minilm
-        else:
-            wp = self.step("tokenizer-wordpiece",
-                           training_cli + ["tokenizer", "--kind", "wordpiece", *self._corpus_args(),
-                                           "--out", str(w / "tokenizers/wordpiece")],
-                           w / "tokenizers/wordpiece", corpus_inputs)
-            mlm = self.train("mlm", ["--tokenizer", str(wp), *self._corpus_args()], w / "checkpoints/mlm",
-                             [wp, *corpus_inputs])
-            default_init = mlm
+            minilm = self._init()
+            return self.train("mlm", ["--init", str(minilm), *self._corpus_args()], w / "checkpoints/mlm",
+                              [minilm, *cfg.corpus])
+        wp = self.step("tokenizer-wordpiece",
+                       [self.py, "-m", "training", "tokenizer", "--kind", "wordpiece", *self._corpus_args(),
+                        "--out", str(w / "tokenizers/wordpiece")], w / "tokenizers/wordpiece", list(cfg.corpus))
+        return self.train("mlm", ["--tokenizer", str(wp), *self._corpus_args()], w / "checkpoints/mlm",
+                          [wp, *cfg.corpus])
+
+    def _lm(self) -> Path:
+        cfg, w = self.cfg, self.cfg.workdir
         bpe = self.step("tokenizer-bpe",
-                        training_cli + ["tokenizer", "--kind", "bpe", *self._corpus_args(),
-                                        "--out", str(w / "tokenizers/bpe")],
-                        w / "tokenizers/bpe", corpus_inputs)
-        init = cfg.classify_init or default_init
+                        [self.py, "-m", "training", "tokenizer", "--kind", "bpe", *self._corpus_args(),
+                         "--out", str(w / "tokenizers/bpe")], w / "tokenizers/bpe", list(cfg.corpus))
+        return self.train("lm", ["--tokenizer", str(bpe), *self._corpus_args()], w / "checkpoints/lm",
+                          [bpe, *cfg.corpus])
+
+    def _classifier(self) -> Path:
+        cfg = self.cfg
+        init = cfg.classify_init or self._init()
         data_args: list[str] = []
         for flag, path in zip(("--train", "--validation", "--test"), cfg.classify_data):
             data_args += [flag, str(path)]
-        clf = self.train("classify", ["--init", str(init), *data_args], w / "checkpoints/classifier",
-                         [init, *cfg.classify_data])
-        lm = self.train("lm", ["--tokenizer", str(bpe), *self._corpus_args()], w / "checkpoints/lm",
-                        [bpe, *corpus_inputs])
-
-        for task, ckpt in (("classify", clf), ("fill-mask", mlm), ("generate", lm)):
-            self.publish(task, ckpt)
-        if cfg.g2p:
-            self.run_g2p()
-        if cfg.punctuate:
-            self.run_punctuate(default_init)
-        if cfg.embed_checkpoint is not None:  # a pretrained encoder as it is: nothing to train
-            self.publish("embed", cfg.embed_checkpoint)
-        if cfg.server is not None and self.published:
-            load_into_server(cfg.server, self.published)
-        return self.published
+        return self.train("classify", ["--init", str(init), *data_args], cfg.workdir / "checkpoints/classifier",
+                          [init, *cfg.classify_data])
 
     def run_g2p(self) -> Path:
         """Train the grapheme-to-phoneme encoder-decoder on CMUdict and publish it (an exported seq2seq package)."""
@@ -170,7 +216,10 @@ class Pipeline:
         (g2p is exported as a generation model)."""
         name = self.cfg.names[stage]
         options = ("--matryoshka",) if stage == "embed" and self.cfg.embed_matryoshka else ()
-        version = publish(self.cfg.repository, name, task or stage, ckpt, self.cfg.variants[stage], options)
+        self.board.set(name, task or stage, "exporting")
+        version = publish(self.cfg.repository, name, task or stage, ckpt, self.cfg.variants[stage], options,
+                          self.board.log_of(name))
+        self.board.done(name)
         if version is None:
             self.skipped.append(f"publish-{name}")
             return

@@ -319,6 +319,9 @@ class DataPlane:
         return self.repository.statuses()
 
     def model_info(self, model: str, version: int = 0) -> ModelInfo:
+        if not version and model in self.repository.building:    # nothing loaded yet: its stage is its status
+            return ModelInfo(status=self.repository.building_status(model), versions=[],
+                             max_batch_size=self.settings.max_batch_size)
         found = self._report(model, version, "model")
         versions = self.repository.versions(model)
         if not found.loaded:

@@ -19,6 +19,7 @@ class ModelState(str, enum.Enum):
     SERVING = "SERVING"
     NOT_SERVING = "NOT_SERVING"
     UNLOADED = "UNLOADED"
+    BUILDING = "BUILDING"    # not in the repository yet: the deploy pipeline is training / exporting it
 
 
 @dataclass(frozen=True)

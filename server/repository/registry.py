@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelpkg import MANIFEST_FILE, PARITY_FILE, parse_version, valid_name
+from modelpkg import MANIFEST_FILE, PARITY_FILE, Building, parse_version, read_building, valid_name
 from server.protocol.errors import Code, ServingError
 from server.runtime.metrics import Metrics
 from server.model import RuntimeConfig
@@ -43,6 +43,8 @@ class ModelRepository:
         self.metrics = metrics
         self.drain_timeout = drain_timeout
         self._slots: dict[str, _Slot] = {}
+        # Names the deploy pipeline is still building (modelpkg.building), with no version loaded yet.
+        self.building: dict[str, Building] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ paths and names
@@ -96,6 +98,9 @@ class ModelRepository:
         slot = self._slots.get(name)
         if slot is None or not slot.versions:
             self.model_dir(name, field_name)  # a name that was never loaded: say when it is not even a valid one
+            building = self.building.get(name)
+            if building is not None:
+                raise ServingError(Code.UNAVAILABLE, f"model {name!r} is being built: {building.describe()}")
             raise ServingError(Code.NOT_FOUND, f"{field_name}: unknown model {name!r}")
         if version < 0:
             raise ServingError.invalid("version", f"must be >= 0, got {version}")
@@ -129,7 +134,14 @@ class ModelRepository:
         return sorted(slot.versions) if slot else []
 
     def statuses(self) -> list[ModelStatus]:
-        return [m.status() for name in sorted(self._slots) for _, m in sorted(self._slots[name].versions.items())]
+        """Every version of every loaded name, and each name still being built (version 0, state BUILDING)."""
+        loaded = [m.status() for name in sorted(self._slots) for _, m in sorted(self._slots[name].versions.items())]
+        return sorted(loaded + [self.building_status(n) for n in self.building], key=lambda s: (s.name, s.version))
+
+    def building_status(self, name: str) -> ModelStatus:
+        building = self.building[name]
+        return ModelStatus(name=name, version=0, task=building.task, state=ModelState.BUILDING,
+                           reason=building.describe())
 
     def models(self) -> list[ModelVersion]:
         return [m for name in sorted(self._slots) for _, m in sorted(self._slots[name].versions.items())]
@@ -148,8 +160,9 @@ class ModelRepository:
         """Initial load: the latest version of every model, in parallel."""
         found = self.scan()
         await asyncio.gather(*(self.load(name, explicit=False) for name, versions in found.items() if versions))
+        self._read_building(found)
         for name, versions in found.items():
-            if not versions:
+            if not versions and name not in self.building:
                 log.warning("model directory %s holds no complete package", name)
 
     async def load(self, name: str, explicit: bool = True) -> ModelVersion:
@@ -253,6 +266,18 @@ class ModelRepository:
                 await self.load(name, explicit=False)  # the failed package was rewritten: retry
         for model in self.models():
             await model.check_files()  # a loaded version whose files changed on disk says so (its reason)
+        self._read_building(found)
+
+    def _read_building(self, found: dict[str, list[int]]) -> None:
+        """The build status of each name on disk that has no loaded version (a name is listed once it serves)."""
+        building = {}
+        for name in found:
+            slot = self._slots.get(name)
+            if slot is None or not slot.versions:
+                status = read_building(self.root / name)
+                if status is not None:
+                    building[name] = status
+        self.building = building
 
     async def poll_forever(self, interval: float) -> None:
         while True:

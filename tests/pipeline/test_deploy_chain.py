@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from pipeline import PipelineError
 from pipeline.server import load_into_server
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
+from testing.launch import wait_for
 from testing.tls import self_signed
 from tests.server_process import ROOT, ServerProcess
 
@@ -61,21 +63,50 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return files
 
 
-def deploy(workdir: Path, repo: Path, inputs: dict[str, Path], *extra: str) -> dict:
+def deploy(workdir: Path, repo: Path, inputs: dict[str, Path], *extra: str, train: Path | None = None,
+           fails: bool = False) -> dict | str:
+    """The pipeline's JSON summary; with `fails`, it must exit 1 and its stderr is returned."""
     cmd = [sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--repository", str(repo),
            "--corpus", str(inputs["corpus"]), "--encoder", "scratch", "--preset", "tiny",
-           "--classify-data", str(inputs["train"]), str(inputs["validation"]), str(inputs["test"]),
+           "--classify-data", str(train or inputs["train"]), str(inputs["validation"]), str(inputs["test"]),
            "--steps", "mlm=10", "--steps", "lm=10", "--quiet", *extra]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if fails:
+        assert run.returncode == 1, run.stderr[-3000:]
+        return run.stderr
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def _statuses(address: str) -> dict[str, pb.ModelStatus]:
+    with grpc.insecure_channel(address) as channel:
+        models = pb_grpc.TaskServiceStub(channel).ListModels(pb.ListModelsRequest(), timeout=10).models
+    return {m.name: m for m in models}
+
+
 def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[str, Path], tmp_path: Path) -> None:
     workdir, repo = tmp_path / "work", tmp_path / "repo"
+    repo.mkdir()
+
+    # The first run with a server already up on the empty repository (what scripts/serve.sh does): the classifier's
+    # data is broken, so its build fails; the two others are published and serve, and the server lists the failed
+    # one with the step that failed and its log.
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "a passage without its label"}\n')
+    with ServerProcess(repo, ["--poll-interval", "0.2"]) as server:
+        stderr = deploy(workdir, repo, inputs, "--steps", "classify=30", train=broken, fails=True)
+        assert "1 of 3 models failed (the others are published): genre: classify failed (exit" in stderr, stderr[-2000:]
+        wait_for(lambda: {n: s.state for n, s in _statuses(server.address).items()} ==
+                 {"fill-mask": "SERVING", "gpt": "SERVING", "genre": "BUILDING"}, 30, "the built models to serve")
+        failed = _statuses(server.address)["genre"]
+        log_file = workdir / "logs" / "genre.log"
+        assert failed.reason.startswith("failed: classify failed (exit") and f"log: {log_file}" in failed.reason
+        assert log_file.read_text().strip(), "the failed step's output is in its log"
 
     first = deploy(workdir, repo, inputs, "--steps", "classify=30")
-    assert first["published"] == {"genre": 1, "fill-mask": 1, "gpt": 1}
+    assert first["published"] == {"genre": 1}
+    assert set(first["ran"]) == {"classify", "publish-genre"}      # the MLM and the LM were built already
+    assert not (repo / "genre" / ".building.json").exists()
     for name in ("genre", "fill-mask", "gpt"):
         parity = json.loads((repo / name / "1" / "parity.json").read_text())
         assert parity["passed"] is True
@@ -86,9 +117,15 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
     assert set(gpt["variants"]) == {v for v, r in judged.items() if r["passed"]} and gpt["default_variant"]["cpu"] \
         in gpt["variants"]
 
-    # A re-run with nothing changed does no work.
+    # A re-run with nothing changed does no work, also from a copy of the checkout's work folder and repository
+    # elsewhere (the steps' keys hold no absolute path).
     again = deploy(workdir, repo, inputs, "--steps", "classify=30")
     assert again["published"] == {} and again["ran"] == []
+    moved = tmp_path / "moved"
+    shutil.copytree(workdir, moved / "work")
+    shutil.copytree(repo, moved / "repo")
+    elsewhere = deploy(moved / "work", moved / "repo", inputs, "--steps", "classify=30")
+    assert elsewhere["published"] == {} and elsewhere["ran"] == [], elsewhere
 
     cert, key = self_signed(tmp_path, "server")
     guarded = ["--tls-cert", str(cert), "--tls-key", str(key), "--auth-token", TOKEN]
@@ -146,7 +183,7 @@ def test_a_training_step_reruns_when_its_recipe_changes(tmp_path: Path, monkeypa
     from training.recipes import TRAIN_DEFAULTS
     ran: list[str] = []
 
-    def fake_run(cmd: list[str], what: str) -> None:
+    def fake_run(cmd: list[str], what: str, *rest: object) -> None:
         out = Path(cmd[-1])
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text("{}")

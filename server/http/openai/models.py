@@ -13,14 +13,20 @@ from server.protocol.types import ModelState, ModelStatus
 
 
 def _serving(door: Door) -> dict[str, ModelStatus]:
-    """name -> the status of its latest SERVING version (the one a request without a version reaches)."""
-    return {s.name: s for s in door.plane.list_models() if s.state is ModelState.SERVING}   # ascending versions
+    """name -> the status of its latest SERVING version (the one a request without a version reaches), and of each
+    name still being built (state BUILDING: its stage in `reason`)."""
+    return {s.name: s for s in door.plane.list_models()    # ascending versions
+            if s.state in (ModelState.SERVING, ModelState.BUILDING)}
 
 
 def _model_json(s: ModelStatus) -> dict[str, Any]:
-    # task, version and variant (fp32, w4, ...) are ortserve's additions to OpenAI's model object
-    return {"id": s.name, "object": "model", "created": 0, "owned_by": "ortserve", "task": s.task,
-            "version": s.version, "variant": s.variant}
+    # task, version, variant (fp32, w4, ...) and state are ortserve's additions to OpenAI's model object; a model
+    # being built has version 0 and its stage ("training 42% (log: ...)")
+    answer = {"id": s.name, "object": "model", "created": 0, "owned_by": "ortserve", "task": s.task,
+              "version": s.version, "variant": s.variant, "state": s.state.value}
+    if s.state is ModelState.BUILDING:
+        answer["stage"] = s.reason
+    return answer
 
 
 @route("ListModels", OPENAI)
