@@ -77,10 +77,13 @@ def test_manifest_records_pooling(embed_repository: Path) -> None:
     m = json.loads((embed_repository / MINILM / "1" / "model.json").read_text())
     assert m["task"] == "embed" and m["max_length"] == 256
     assert m["embedding"] == {"pooling": "mean", "normalize": True, "dimension": 384,
-                              "pooling_source": "sentence-transformers config", "matryoshka": False}
+                              "pooling_source": "sentence-transformers config", "matryoshka": False,
+                              "modules": ["Transformer", "Pooling", "Normalize"], "prompts": {},
+                              "default_prompt_name": None}
     assert m["outputs"] == [{"name": "embeddings", "dtype": "float32", "shape": ["batch", 384]}]
     parity = json.loads((embed_repository / MINILM / "1" / "parity.json").read_text())
     assert parity["passed"] and parity["variants"]["fp32"]["min_cosine"] >= 0.99999
+    assert parity["variants"]["fp32"]["reference"] == "sentence-transformers"
     tiny = json.loads((embed_repository / "tiny-embed" / "1" / "model.json").read_text())
     assert tiny["embedding"]["pooling"] == "cls" and tiny["embedding"]["normalize"] is False
 
