@@ -20,6 +20,7 @@ import torch
 from tokenizers import Tokenizer
 
 from export import ExportConfig, ExportError, ParityFailure, export_checkpoint
+from tests.st_models import PROMPTS, save_st
 
 st = pytest.importorskip("sentence_transformers")
 logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
@@ -27,23 +28,6 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 TEXTS = ["A man is eating food.", "Now is the winter of our discontent made glorious summer by this sun of York",
          "To be", "the king sat on his throne in the old castle"]   # different lengths: one padded batch
-PROMPTS = {"query": "query: ", "passage": "passage of text: "}
-
-
-def save_st(base: Path, dest: Path, modes, dense: bool = True, normalize: bool = True, **kwargs) -> Path:
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer import modules as models
-
-    torch.manual_seed(0)
-    modules = [models.Transformer(str(base))]
-    modules.append(models.Pooling(modules[0].get_embedding_dimension(), pooling_mode=modes))
-    if dense:
-        modules.append(models.Dense(len(modes if isinstance(modes, tuple) else (modes,)) * 64, 32,
-                                    activation_function=torch.nn.Tanh()))
-    if normalize:
-        modules.append(models.Normalize())
-    SentenceTransformer(modules=modules, device="cpu", **kwargs).save(str(dest))
-    return dest
 
 
 @pytest.fixture(scope="module")
