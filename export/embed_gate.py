@@ -45,16 +45,13 @@ class EmbedParity:
 
 def encode_batch(tok: Tokenizer, texts: list[str], pad_id: int, token_types: bool) -> dict[str, np.ndarray]:
     """Right-padded graph feeds, as the server builds them."""
-    encodings = [tok.encode(t) for t in texts]
-    width = max(len(e.ids) for e in encodings)
-    ids = np.full((len(texts), width), pad_id, dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for i, e in enumerate(encodings):
-        ids[i, :len(e.ids)] = e.ids
-        mask[i, :len(e.ids)] = 1
-    feeds = {"input_ids": ids, "attention_mask": mask}
+    rows = [e.ids for e in tok.encode_batch(texts)]
+    lengths = np.array([len(r) for r in rows])
+    width = int(lengths.max())
+    feeds = {"input_ids": np.array([r + [pad_id] * (width - len(r)) for r in rows], dtype=np.int64),
+             "attention_mask": (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)}
     if token_types:
-        feeds["token_type_ids"] = np.zeros_like(ids)
+        feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
     return feeds
 
 

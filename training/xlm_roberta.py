@@ -18,14 +18,16 @@ from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSeque
 MODEL_TYPE = "xlm-roberta"
 
 
+# XLMRobertaConfig's class defaults where they differ from our RobertaConfig's: what transformers assumes for a key
+# a config.json leaves out (save_pretrained writes every key; hand-written configs may not).
+_HF_DEFAULTS = {"vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12}
+
+
 @dataclass
 class XLMRobertaConfig(RobertaConfig):
-    """RoBERTa's fields with XLMRobertaConfig's class defaults (used only for keys a config.json leaves out)."""
-
-    vocab_size: int = 250002
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "XLMRobertaConfig":
+        return super().from_hf_dict({**_HF_DEFAULTS, **d})
 
     def to_hf_dict(self) -> dict[str, Any]:
         d = super().to_hf_dict()

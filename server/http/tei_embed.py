@@ -31,22 +31,25 @@ PATH = "/embed"
 class TeiEmbedRequest(msgspec.Struct, kw_only=True):
     model: str
     inputs: str | list[Any]
+    # what TEI's /embed takes besides (None: TEI's default)
     normalize: bool | None = None
     truncate: bool | None = None
+    truncation_direction: Any = msgspec.UNSET
+    # sentence-transformers' prompts and Matryoshka length
     prompt_name: str | None = None
     dimensions: int | None = None
-    truncation_direction: Any = msgspec.UNSET
 
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"truncation_direction": ("Right", "right")}
 
 
 def _texts(given: str | list[Any]) -> list[str]:
-    texts = [given] if isinstance(given, str) else given
+    """TEI's `inputs`: one string or a non-empty list of strings."""
+    texts = [given] if isinstance(given, str) else list(given)
+    wrong = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+    if wrong:
+        raise ServingError.invalid(f"inputs[{wrong[0]}]", "must be a string (token-id inputs are not supported)")
     if not texts:
         raise ServingError.invalid("inputs", "must not be an empty list")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise ServingError.invalid(f"inputs[{i}]", "must be a string (token-id inputs are not supported)")
     return texts
 
 
