@@ -231,8 +231,11 @@ def validate_embedding(pkg: Path, manifest: dict[str, Any], problems: list[str],
     if info.weights_sha256 != manifest["source"].get("checkpoint_sha256"):
         problems.append("source checkpoint weights changed since export (sha256 differs)")
     recorded = manifest.get("embedding") or {}
-    flag = str(recorded.get("pooling", "mean")) if recorded.get("pooling_source") == "--pooling" else "auto"
-    pooling = read_pooling(info.path, info.hidden_size, flag, "on" if recorded.get("normalize") else "off")
+    if recorded.get("modules"):   # the checkpoint's sentence-transformers modules, as they are
+        pooling = read_pooling(info.path, info.hidden_size)
+    else:
+        flag = str(recorded.get("pooling", "mean")) if recorded.get("pooling_source") == "--pooling" else "auto"
+        pooling = read_pooling(info.path, info.hidden_size, flag, "on" if recorded.get("normalize") else "off")
     adapter = EmbeddingAdapter(load_encoder(info), pooling, info.token_types).eval()
     tok_report = check_tokenizer(info.path, pkg, list(BUILTIN_TEXTS), None, manifest["max_length"], [])
     atol = ExportConfig(checkpoint=info.path, task="embed", repository=pkg.parent.parent, name="x").tolerances.fp32_atol

@@ -19,6 +19,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from .errors import ExportError
 from .heldout import BUILTIN_TEXTS
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,12 @@ def sentence_transformers_reference(checkpoint: Path) -> Reference | None:
         log.warning("sentence-transformers is not installed: the embedding gate compares with the PyTorch encoder "
                     "and our own pooling head (install the export extra for the library's own reference)")
         return None
-    model = SentenceTransformer(str(checkpoint), device="cpu")
+    try:
+        model = SentenceTransformer(str(checkpoint), device="cpu")
+    except Exception as exc:  # the library raises many types (OSError, ValueError, its own) for what it cannot load
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"checkpoint: sentence-transformers cannot load {checkpoint} for the gate's "
+                          f"reference: {first}") from None
 
     def encode(texts: list[str], name: str | None) -> np.ndarray:
         return model.encode(texts, prompt_name=name, batch_size=len(texts), convert_to_numpy=True,

@@ -10,7 +10,6 @@ or a list of names) and `include_prompt`.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,6 @@ from typing import Any
 import torch
 
 from .errors import ExportError
-
-log = logging.getLogger(__name__)
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # v2-5 boolean keys, in the order sentence-transformers concatenates the active modes.
@@ -35,7 +32,7 @@ MODULE_TYPES = ("Transformer", "Pooling", "Dense", "Normalize")
 FEATURE = "sentence_embedding"   # the feature every module after pooling reads and writes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # compared by identity: its tensors have no single truth value
 class DenseLayer:
     path: str
     weight: torch.Tensor            # [out_features, in_features]

@@ -185,3 +185,16 @@ def test_the_gate_fails_a_graph_that_misses_a_module(st6: Path, tmp_path: Path) 
         skeleton.run(builder.cfg, builder)
     assert "graph answers [1, 64], sentence-transformers [1, 32]" in str(caught.value)
     assert not (tmp_path / "nodense").exists()
+
+
+def test_without_sentence_transformers_the_gate_falls_back_and_says_so(st6: Path, tmp_path: Path, monkeypatch,
+                                                                      caplog) -> None:
+    """The library absent (its import fails): the gate compares with the PyTorch encoder and our head, logged,
+    and parity.json names that reference."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)   # `import sentence_transformers` fails
+    with caplog.at_level(logging.WARNING, logger="export.embed_gate"):
+        package = export(st6, tmp_path)
+    assert "sentence-transformers is not installed" in caplog.text
+    assert json.loads((package / "parity.json").read_text())["variants"]["fp32"]["reference"] == "torch"
