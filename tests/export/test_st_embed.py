@@ -91,6 +91,11 @@ def test_st6_dense_normalize_and_prompts_equal_sentence_transformers(st6: Path, 
     assert not np.allclose(default, named, atol=1e-3)                         # the prompt is in the vectors
     np.testing.assert_allclose(np.linalg.norm(default, axis=1), 1.0, atol=1e-5)
 
+    from export.validate import validate_package
+
+    passed, table = validate_package(package)                  # `python -m export validate`: the same gate again
+    assert passed and "prompt_passage" in table and "against sentence-transformers" in table, table
+
 
 @pytest.mark.parametrize("modes", [("mean", "max", "cls"), ("mean_sqrt_len_tokens", "weightedmean", "lasttoken")])
 def test_each_pooling_mode_equals_sentence_transformers(tiny_checkpoints, tmp_path: Path, modes) -> None:
