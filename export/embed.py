@@ -114,11 +114,17 @@ def embed_spec(token_types: bool) -> EmbedSpec:
 
 def max_length_of(info: CheckpointInfo) -> int:
     """The positions of the encoder, or sentence-transformers' max_seq_length when the checkpoint sets one
-    (texts beyond it are refused or, with truncate, cut: the length the model was trained to embed)."""
+    (texts beyond it are refused or, with truncate, cut: the length the model was trained to embed). Without
+    sentence_bert_config.json's key (version 6 no longer writes it) a sentence-transformers model's length is its
+    tokenizer's model_max_length, as the library reads it."""
     limit = info.max_positions
     st = optional_json(info.path / "sentence_bert_config.json")
     if isinstance(st.get("max_seq_length"), int) and 0 < st["max_seq_length"] < limit:
         limit = st["max_seq_length"]
+    elif (info.path / "modules.json").is_file():
+        mml = optional_json(info.path / "tokenizer_config.json").get("model_max_length")
+        if isinstance(mml, int) and 0 < mml < limit:
+            limit = mml
     return limit
 
 
@@ -159,10 +165,12 @@ def gate_package(adapter: EmbeddingAdapter, pooling: Pooling, info: CheckpointIn
                           modules.default_prompt_name, name)
 
 
-def serving_tokenizer(path: Path) -> Tokenizer:
+def serving_tokenizer(path: Path, max_length: int) -> Tokenizer:
+    """The packaged tokenizer as the server's truncating instance uses it (sentence-transformers cuts texts at
+    the same length)."""
     tok = Tokenizer.from_file(str(path))
     tok.no_padding()
-    tok.no_truncation()
+    tok.enable_truncation(max_length, strategy="longest_first")
     return tok
 
 
@@ -209,7 +217,8 @@ class EmbedBuilder:
     def gate(self, built: Built, staging: Path) -> Gated:
         t1 = time.perf_counter()
         result = gate_package(self.adapter, self.pooling, self.info, staging / built.manifest.variants["fp32"],
-                              serving_tokenizer(staging / "tokenizer.json"), built.manifest.special_token("pad") or 0,
+                              serving_tokenizer(staging / "tokenizer.json", built.manifest.max_length),
+                              built.manifest.special_token("pad") or 0,
                               self.cfg.tolerances.fp32_atol, self.cfg.threads)
         return Gated(result.passed, {"fp32": result}, time.perf_counter() - t1)
 
@@ -240,7 +249,7 @@ def validate_embedding(pkg: Path, manifest: dict[str, Any], problems: list[str],
     tok_report = check_tokenizer(info.path, pkg, list(BUILTIN_TEXTS), None, manifest["max_length"], [])
     atol = ExportConfig(checkpoint=info.path, task="embed", repository=pkg.parent.parent, name="x").tolerances.fp32_atol
     result = gate_package(adapter, pooling, info, pkg / manifest["variants"]["fp32"],
-                          serving_tokenizer(pkg / "tokenizer.json"),
+                          serving_tokenizer(pkg / "tokenizer.json", manifest["max_length"]),
                           manifest.get("special_tokens", {}).get("pad") or 0, atol, threads)
     lines = [f"fp32       {name:<14} max |diff| {diff:.2e}" for name, diff in result.max_abs_diff.items()]
     lines.append(f"fp32       min cosine {result.min_cosine:.7f} (>= {MIN_COSINE}, against {result.reference})")

@@ -203,3 +203,18 @@ def test_without_sentence_transformers_the_gate_falls_back_and_says_so(st6: Path
         package = export(st6, tmp_path)
     assert "sentence-transformers is not installed" in caplog.text
     assert json.loads((package / "parity.json").read_text())["variants"]["fp32"]["reference"] == "torch"
+
+
+def test_version_6_length_is_the_tokenizers_and_long_texts_are_cut_as_sentence_transformers_cuts(
+        st6: Path, tmp_path: Path) -> None:
+    """sentence-transformers 6 keeps max_seq_length on the tokenizer (model_max_length): the package's max_length;
+    the gate's texts longer than it are cut as the library (and the server's truncate) cut them."""
+    short = _edited(st6, tmp_path, lambda c: _edit_json(c / "tokenizer_config.json", model_max_length=12))
+    package = export(short, tmp_path / "repo")
+    assert json.loads((package / "model.json").read_text())["max_length"] == 12
+    model = st.SentenceTransformer(str(short), device="cpu")
+    assert model.max_seq_length == 12
+    tok = Tokenizer.from_file(str(package / "tokenizer.json"))
+    from export.heldout import BUILTIN_TEXTS
+
+    assert sum(len(tok.encode(t).ids) > 12 for t in list(BUILTIN_TEXTS)[:12]) >= 6   # the gate cut most texts
