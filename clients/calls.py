@@ -60,8 +60,9 @@ def fill_mask(texts: str | Sequence[str], model: str, version: int | None, top_k
 
 
 def embed(texts: str | Sequence[str], model: str, version: int | None, truncate: bool,
-          dimensions: int | None) -> Call[list[Embedding]]:
-    return Call("Embed", convert.embed_request(texts, model, version, truncate, dimensions), convert.embeddings)
+          dimensions: int | None, prompt_name: str | None = None) -> Call[list[Embedding]]:
+    return Call("Embed", convert.embed_request(texts, model, version, truncate, dimensions, prompt_name),
+                convert.embeddings)
 
 
 def tokenize(text: str, model: str, version: int | None) -> Call[Tokenization]:

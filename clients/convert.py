@@ -54,7 +54,7 @@ def fill_mask_request(texts: str | Sequence[str], model: str, version: int | Non
 
 
 def embed_request(texts: str | Sequence[str], model: str, version: int | None, truncate: bool,
-                  dimensions: int | None = None) -> pb.EmbedRequest:
+                  dimensions: int | None = None, prompt_name: str | None = None) -> pb.EmbedRequest:
     items = [texts] if isinstance(texts, str) else list(texts)
     for i, t in enumerate(items):
         if not isinstance(t, str):
@@ -62,6 +62,8 @@ def embed_request(texts: str | Sequence[str], model: str, version: int | None, t
     request = pb.EmbedRequest(model=model, version=version or 0, texts=items, truncate=truncate)
     if dimensions is not None:
         request.dimensions = dimensions
+    if prompt_name is not None:
+        request.prompt_name = prompt_name
     return request
 
 

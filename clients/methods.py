@@ -63,10 +63,12 @@ class TaskMethods(ABC):
         return self._unary(timeout, calls.fill_mask, texts, model, version, top_k, truncate)
 
     def embed(self, texts: str | Sequence[str], model: str, version: int | None = None, truncate: bool = False, *,
-              dimensions: int | None = None, timeout: float | None = _UNSET) -> list[Embedding]:
+              dimensions: int | None = None, prompt_name: str | None = None,
+              timeout: float | None = _UNSET) -> list[Embedding]:
         """One Embedding per text, in order (an embedding model: task "embed"). dimensions: Matryoshka
-        shortening, for models whose package declares it."""
-        return self._unary(timeout, calls.embed, texts, model, version, truncate, dimensions)
+        shortening, for models whose package declares it; prompt_name: one of the model's prompts (else its
+        default)."""
+        return self._unary(timeout, calls.embed, texts, model, version, truncate, dimensions, prompt_name)
 
     def tokenize(self, text: str, model: str, version: int | None = None, *,
                  timeout: float | None = _UNSET) -> Tokenization:

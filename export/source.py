@@ -43,6 +43,11 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "MarianMTModel": {"generate": "marian"},
     "BartForConditionalGeneration": {"generate": "bart"},
     "T5ForConditionalGeneration": {"generate": "t5"},
+    # XLM-RoBERTa (training/xlm_roberta.py): RoBERTa's graphs; a base model serves embed only.
+    "XLMRobertaForSequenceClassification": {"classify": "xlm-roberta-classifier"},
+    "XLMRobertaForMaskedLM": {"fill-mask": "xlm-roberta-mlm"},
+    "XLMRobertaForTokenClassification": {"token-classify": "xlm-roberta-token-classifier"},
+    "XLMRobertaModel": {},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -53,6 +58,9 @@ TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES
                                     if "generate" not in ARCHITECTURE_TASKS.get(a, {}))
 MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "llama", "qwen2", "mistral", "marian",
                "bart", "t5")
+MODEL_TYPES += ("xlm-roberta",)
+# Families with RoBERTa's positions (they start past the padding index).
+ROBERTA_POSITIONS = ("roberta", "xlm-roberta")
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")
@@ -114,7 +122,7 @@ class CheckpointInfo:
     def max_positions(self) -> int:
         """Longest sequence the model takes (RoBERTa's positions start after the padding index)."""
         n = self._size("n_positions", "max_position_embeddings", "max_position_embeddings")
-        if self.model_type == "roberta":
+        if self.model_type in ROBERTA_POSITIONS:
             n -= int(self.config.get("pad_token_id", 1)) + 1
         return n
 

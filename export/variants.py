@@ -31,6 +31,7 @@ class VariantBuild:
 
 
 ENCODER_FAMILIES = ("bert", "roberta", "albert", "distilbert", "electra")
+ENCODER_FAMILIES += ("xlm-roberta",)
 
 
 def expected_fusions(architecture: str, num_layers: int) -> dict[str, int]:

@@ -71,18 +71,20 @@ class ClassifyResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("model", "version", "texts", "truncate", "dimensions")
+    __slots__ = ("model", "version", "texts", "truncate", "dimensions", "prompt_name")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     texts: _containers.RepeatedScalarFieldContainer[str]
     truncate: bool
     dimensions: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., texts: _Optional[_Iterable[str]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ...) -> None: ...
+    prompt_name: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., texts: _Optional[_Iterable[str]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., prompt_name: _Optional[str] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values", "tokens")

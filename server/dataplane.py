@@ -178,10 +178,12 @@ class DataPlane:
             return await served.fill_mask(texts, top_k, truncate, deadline)
 
     async def embed(self, model: str, version: int, texts: list[str], truncate: bool = False,
-                    deadline: float | None = None, dimensions: int | None = None) -> EmbedResult:
-        """dimensions: the vector length the caller asks for (OpenAI's; server/encoders/matryoshka.py), checked up front."""
+                    deadline: float | None = None, dimensions: int | None = None,
+                    prompt_name: str | None = None) -> EmbedResult:
+        """dimensions: the vector length the caller asks for (OpenAI's; server/encoders/matryoshka.py), checked up front;
+        prompt_name: one of the model's prompts (server/encoders/prompts.py), else its default."""
         with self.lease(model, version, "embed") as served:
-            return await served.embed(texts, truncate, deadline, dimensions)
+            return await served.embed(texts, truncate, deadline, dimensions, prompt_name)
 
     async def score(self, model: str, version: int, pairs: Pairs, truncate: bool = False,
                     deadline: float | None = None) -> ScoreResult:

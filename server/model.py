@@ -119,7 +119,7 @@ class ServedModel(ABC):
         raise self._not("fill-mask")
 
     async def embed(self, texts: list[str], truncate: bool, deadline: float | None,
-                    dimensions: int | None = None) -> EmbedResult:
+                    dimensions: int | None = None, prompt_name: str | None = None) -> EmbedResult:
         raise self._not("embed")
 
     async def score(self, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:

@@ -39,6 +39,7 @@ from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSeque
 from training.bart import BartConfig, BartForConditionalGeneration
 from training.marian import MarianConfig, MarianMTModel
 from training.t5 import T5Config, T5ForConditionalGeneration
+from training import xlm_roberta as xlmr_mod
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "marian": (MarianMTModel, "MarianMTModel", "marian"),
     "bart": (BartForConditionalGeneration, "BartForConditionalGeneration", "bart"),
     "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
+    **xlmr_mod.KINDS,
 }
 # Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
 SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
@@ -111,6 +113,7 @@ _TIED = {
     "albert-pretraining": ("predictions.decoder.weight", "predictions.decoder.bias"),
     "distilbert-mlm": ("vocab_projector.weight",),
     "electra-mlm": ("generator_lm_head.weight",),  # its bias is its own
+    **xlmr_mod.TIED,
 }
 # Head weights per family: may be missing from a source (fresh init) or dropped when the target lacks them.
 _HEADS = {
@@ -168,6 +171,12 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
 _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
                  "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
                  "marian": "marian", "bart": "bart", "t5": "t5"}
+# XLM-RoBERTa (training/xlm_roberta.py): RoBERTa's model and key rules under its own model_type.
+FAMILY_CONFIG[xlmr_mod.MODEL_TYPE] = xlmr_mod.XLMRobertaConfig
+_PREFIX[xlmr_mod.MODEL_TYPE] = "roberta."
+_HEADS[xlmr_mod.MODEL_TYPE] = _HEADS["roberta"]
+_ARCH_ALIASES.update(xlmr_mod.ARCH_ALIASES)
+_DEFAULT_KIND[xlmr_mod.MODEL_TYPE] = "xlm-roberta-mlm"
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:

@@ -24,6 +24,7 @@ from server.encoders.matryoshka import check_dimensions, shorten
 from server.model import Feeds, Loaded, ServedModel
 from server.protocol.pairs import PairScores, Pairs
 from server.encoders.pieces import run_in_pieces
+from server.encoders.prompts import prompt_text, with_prompt
 from server.encoders.rerank import score_pairs
 from server.sessions import run_failure, warm_up_encoder
 from server.encoders.token_aggregation import DEFAULT_IGNORE, TokenEntity, TokenRow, aggregate, check_strategy
@@ -185,18 +186,20 @@ class EncoderModel(ServedModel):
         return last if isinstance(last, int) else None
 
     async def embed(self, texts: list[str], truncate: bool, deadline: float | None,
-                    dimensions: int | None = None) -> EmbedResult:
+                    dimensions: int | None = None, prompt_name: str | None = None) -> EmbedResult:
         """One vector per text: the graph pools (and normalizes) inside, so padding in a batch changes nothing.
-        dimensions: the length the caller asks for (server/encoders/matryoshka.py), checked before anything runs."""
+        dimensions: the length the caller asks for (server/encoders/matryoshka.py), checked before anything runs;
+        prompt_name: one of the model's prompts, prepended to every text (server/encoders/prompts.py)."""
         if self.task != "embed":
             raise self._not("embed")
         matryoshka = self.manifest.matryoshka
         check_dimensions(self.name, self.dimension, dimensions, matryoshka)
+        prefix = prompt_text(self.name, self.manifest.extra, prompt_name)
         if not texts:
             raise ServingError.invalid("texts", "at least one text is required")
         limits = self.runtime.admission
         check_rows("texts", len(texts), limits)
-        rows = await self._encode([(t, None) for t in texts], truncate, "texts", "")
+        rows = await self._encode([(t, None) for t in with_prompt(texts, prefix)], truncate, "texts", "")
         width = max(len(r.ids) for r in rows)
         check_response_bytes(tensor_bytes(self.outputs, {"batch": len(rows), "sequence": width}, width), limits, "texts")
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])

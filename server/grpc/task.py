@@ -130,7 +130,8 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         result = await self.plane.embed(request.model, request.version, list(request.texts), request.truncate,
                                         deadline_of(context),
-                                        request.dimensions if request.HasField("dimensions") else None)
+                                        request.dimensions if request.HasField("dimensions") else None,
+                                        request.prompt_name if request.HasField("prompt_name") else None)
         return pb.EmbedResponse(
             model=request.model, version=result.version, dimension=int(result.embeddings.shape[1]),
             normalized=result.normalized,

@@ -177,12 +177,20 @@ tei_bodies = st.fixed_dictionaries(
 embedding_bodies = st.fixed_dictionaries(
     {"model": st.sampled_from([EMBED, EMBED, CLASSIFIER]) | scalars},
     optional={"input": st.text(max_size=30) | texts_or_not, "dimensions": st.integers(-2, 70) | values,
-              "encoding_format": st.sampled_from(["float", "base64"]) | values})
+              "encoding_format": st.sampled_from(["float", "base64"]) | values,
+              "prompt_name": st.text(max_size=8) | values})
+tei_embed_bodies = st.fixed_dictionaries(     # TEI's POST /embed (server/http/tei_embed.py)
+    {"model": scoring_models},
+    optional={"inputs": st.text(max_size=30) | texts_or_not, "normalize": st.booleans() | values,
+              "truncate": st.booleans() | values, "prompt_name": st.text(max_size=8) | values,
+              "dimensions": st.integers(-2, 70) | values,
+              "truncation_direction": st.sampled_from(["Right", "Left"]) | values})
 
 
 @FUZZ
 @given(body=st.one_of(rerank_bodies.map(lambda b: ("/v1/rerank", b)), score_bodies.map(lambda b: ("/v1/score", b)),
-                      tei_bodies.map(lambda b: ("/rerank", b)), embedding_bodies.map(lambda b: ("/v1/embeddings", b))))
+                      tei_bodies.map(lambda b: ("/rerank", b)), embedding_bodies.map(lambda b: ("/v1/embeddings", b)),
+                      tei_embed_bodies.map(lambda b: ("/embed", b))))
 def test_fuzzed_rerank_score_and_embedding_bodies(server: ServerProcess, client: httpx.Client,
                                                   body: tuple[str, dict[str, Any]]) -> None:
     path, payload = body

@@ -35,7 +35,7 @@ async def embeddings(door: Door, request: Request) -> Response:
         raise ServingError.invalid("encoding_format", f"must be float or base64, got {encoding!r}")
     refuse_unsupported(body)
     result = await door.plane.embed(model, 0, texts, bool(body.truncate), deadline_from_headers(request),
-                                    body.dimensions)
+                                    body.dimensions, body.prompt_name)
     vectors = result.embeddings
     if encoding == "base64":
         rows: list[Any] = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vectors]

@@ -170,6 +170,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     encoding_format: str | None = None
     dimensions: int | None = None
     truncate: bool | None = None
+    prompt_name: str | None = None      # one of the model's prompts (server/encoders/prompts.py)
     truncate_prompt_tokens: Any = UNSET
     add_special_tokens: Any = UNSET
     normalize: Any = UNSET

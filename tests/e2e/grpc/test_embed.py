@@ -19,12 +19,14 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tests.hf_models import minilm_dir
 from tests.server_process import ROOT, ServerProcess, repository_with
+from tests.st_models import PROMPTS, save_st
 
 from clients import OrtserveClient
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 
 MINILM = "minilm"
+PROMPTED = "st-prompts"   # a sentence-transformers 6 model with prompts (tests/st_models.py)
 TEXTS = ["A man is eating food.",
          "Now is the winter of our discontent made glorious summer by this sun of York; and all the clouds that "
          "lour'd upon our house in the deep bosom of the ocean buried.",
@@ -49,7 +51,21 @@ def embed_repository(tiny_repository: Path, tiny_checkpoints, tmp_path_factory: 
     with one_torch_thread():
         export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.mlm, task="embed", repository=repo,
                                        name="tiny-embed", pooling="cls", normalize="off"))
+        export_checkpoint(ExportConfig(checkpoint=st_prompts_dir(tiny_checkpoints, tmp_path_factory),
+                                       task="embed", repository=repo, name=PROMPTED))
     return repo
+
+
+_ST_DIRS: dict[str, Path] = {}
+
+
+def st_prompts_dir(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sentence-transformers 6 model over the tiny BERT: mean pooling, Dense(64 -> 32, tanh), Normalize, prompts
+    "query" (the default) and "passage"."""
+    if "st" not in _ST_DIRS:
+        _ST_DIRS["st"] = save_st(tiny_checkpoints.mlm, tmp_path_factory.mktemp("st") / "st", "mean",
+                                 prompts=PROMPTS, default_prompt_name="query")
+    return _ST_DIRS["st"]
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +93,13 @@ def test_manifest_records_pooling(embed_repository: Path) -> None:
     m = json.loads((embed_repository / MINILM / "1" / "model.json").read_text())
     assert m["task"] == "embed" and m["max_length"] == 256
     assert m["embedding"] == {"pooling": "mean", "normalize": True, "dimension": 384,
-                              "pooling_source": "sentence-transformers config", "matryoshka": False}
+                              "pooling_source": "sentence-transformers config", "matryoshka": False,
+                              "modules": ["Transformer", "Pooling", "Normalize"], "prompts": {},
+                              "default_prompt_name": None}
     assert m["outputs"] == [{"name": "embeddings", "dtype": "float32", "shape": ["batch", 384]}]
     parity = json.loads((embed_repository / MINILM / "1" / "parity.json").read_text())
     assert parity["passed"] and parity["variants"]["fp32"]["min_cosine"] >= 0.99999
+    assert parity["variants"]["fp32"]["reference"] == "sentence-transformers"
     tiny = json.loads((embed_repository / "tiny-embed" / "1" / "model.json").read_text())
     assert tiny["embedding"]["pooling"] == "cls" and tiny["embedding"]["normalize"] is False
 
@@ -241,3 +260,64 @@ def test_embed_gate_breach_publishes_nothing(tiny_checkpoints, tmp_path: Path) -
     assert message.startswith("parity gate failed for tight; nothing published\n  batch1: max |onnx - torch|")
     assert caught.value.report["passed"] is False and caught.value.report["variants"]["fp32"]["status"] == "FAILED"
     assert not (tmp_path / "tight").exists()
+
+
+@pytest.fixture(scope="module")
+def prompted_reference(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(st_prompts_dir(tiny_checkpoints, tmp_path_factory)), device="cpu")
+    return {name: model.encode(TEXTS, prompt_name=name, batch_size=len(TEXTS)) for name in (None, "passage")}
+
+
+def _close(got, ref: np.ndarray) -> None:
+    got = np.asarray(got, dtype=np.float32)
+    assert got.shape == ref.shape == (len(TEXTS), 32)
+    assert (cosine(got, ref) >= 0.9999).all(), cosine(got, ref)
+    np.testing.assert_allclose(got, ref, atol=1e-4)
+
+
+def test_prompt_name_through_grpc_and_http(server: ServerProcess, prompted_reference) -> None:
+    """The named prompt (and, unnamed, the default one) prepended as SentenceTransformer.encode does, through gRPC
+    Embed, the client library, /v1/embeddings and TEI's /embed; an unknown name is refused naming prompt_name."""
+    import httpx2 as httpx
+
+    default, passage = prompted_reference[None], prompted_reference["passage"]
+    assert not np.allclose(default, passage, atol=1e-3)      # the two prompts give different vectors
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.TaskServiceStub(channel)
+        named = stub.Embed(pb.EmbedRequest(model=PROMPTED, texts=TEXTS, prompt_name="passage"))
+        unnamed = stub.Embed(pb.EmbedRequest(model=PROMPTED, texts=TEXTS))
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.Embed(pb.EmbedRequest(model=PROMPTED, texts=TEXTS, prompt_name="nope"))
+        with pytest.raises(grpc.RpcError) as none_known:
+            stub.Embed(pb.EmbedRequest(model=MINILM, texts=TEXTS, prompt_name="query"))
+    _close([e.values for e in named.embeddings], passage)
+    _close([e.values for e in unnamed.embeddings], default)
+    assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert unknown.value.details().startswith("prompt_name") and "passage, query" in unknown.value.details()
+    assert none_known.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "known: none" in none_known.value.details()
+    with OrtserveClient(server.address, timeout=30) as client:
+        _close([v.values for v in client.embed(TEXTS, PROMPTED, prompt_name="passage")], passage)
+
+    openai_client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="x", max_retries=0)
+    answer = openai_client.embeddings.create(model=PROMPTED, input=TEXTS, encoding_format="float",
+                                             extra_body={"prompt_name": "passage"})
+    _close([d.embedding for d in answer.data], passage)
+    _close([d.embedding for d in openai_client.embeddings.create(model=PROMPTED, input=TEXTS,
+                                                                 encoding_format="float").data], default)
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client.embeddings.create(model=PROMPTED, input=TEXTS, extra_body={"prompt_name": "nope"})
+    assert refused.value.body["param"] == "prompt_name" and "passage, query" in refused.value.body["message"]
+
+    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+        tei = http.post("/embed", json={"model": PROMPTED, "inputs": TEXTS, "prompt_name": "passage"})
+        assert tei.status_code == 200, tei.text
+        _close(tei.json(), passage)
+        bad = http.post("/embed", json={"model": PROMPTED, "inputs": TEXTS, "prompt_name": "nope"})
+        assert bad.status_code == 400 and bad.json()["error"].startswith("prompt_name")
+        # TEI normalizes by default: the tiny cls model's raw vectors come back with unit length
+        unit = http.post("/embed", json={"model": "tiny-embed", "inputs": ["the king sat"]})
+        assert unit.status_code == 200 and abs(np.linalg.norm(unit.json()[0]) - 1.0) < 1e-5
+        kept = http.post("/embed", json={"model": PROMPTED, "inputs": "x", "normalize": False})
+        assert kept.status_code == 400 and kept.json()["error"].startswith("normalize")
