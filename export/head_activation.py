@@ -62,6 +62,9 @@ def head_activation(checkpoint: Path, config: dict[str, Any]) -> dict[str, str]:
         return {"function_to_apply": _TORCH_ACTIVATIONS[path], "source": key, **extra}
     id2label = config.get("id2label") or {}
     labels = len(id2label) if id2label else int(config.get("num_labels", 2))
+    if problem == "single_label_classification" and labels == 1:   # transformers refuses this config too
+        raise ExportError("checkpoint: config.json problem_type 'single_label_classification' needs more than one "
+                          "label (id2label has 1)")
     if problem == "regression":
         function = "none"
     elif problem == "multi_label_classification" or labels == 1:
