@@ -31,20 +31,19 @@ from server.protocol.types import ClassifyResult
 PATH, TEI_PATH = "/v1/classify", "/predict"
 
 
-class ClassifyBody(msgspec.Struct, kw_only=True):
+class _Body(msgspec.Struct, kw_only=True):
     model: str
     inputs: str | list[Any]
+    truncate: bool | None = None
+    function_to_apply: str | None = None
+
+
+class ClassifyBody(_Body, kw_only=True):
     top_k: int | None = None
-    truncate: bool | None = None
-    function_to_apply: str | None = None
 
 
-class PredictBody(msgspec.Struct, kw_only=True):
-    model: str
-    inputs: str | list[Any]
+class PredictBody(_Body, kw_only=True):
     raw_scores: bool | None = None
-    truncate: bool | None = None
-    function_to_apply: str | None = None
 
 
 def _input(item: Any, field: str) -> tuple[str, str | None]:
