@@ -675,3 +675,15 @@ def test_client_library_zero_shot_and_function_to_apply(server: ServerProcess, h
             answer = await aclient.zero_shot_classify(HEAD_TEXTS, ", ".join(CANDIDATES), NLI_BERT, multi_label=True)
             assert_zero_shot([(r.sequence, r.labels, r.scores) for r in answer], want)
     asyncio.run(run())
+
+
+def test_cli_classify_function_to_apply(server: ServerProcess, heads: dict[str, Path],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from clients.__main__ import main
+
+    code = main(["--address", server.address, "--json", "classify", HEAD_TEXTS[0], "--model", MULTI,
+                 "--function-to-apply", "none"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    got = {s["label"]: s["score"] for s in json.loads(out)[0]["scores"]}
+    assert_scores([got], by_label(text_pipeline(heads[MULTI])(HEAD_TEXTS[:1], function_to_apply="none")), atol=1e-4)
