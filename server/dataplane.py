@@ -171,7 +171,6 @@ class DataPlane:
     async def classify(self, model: str, version: int, inputs: list[tuple[str, str | None]], top_k: int = 0,
                        truncate: bool = False, deadline: float | None = None,
                        function_to_apply: str | None = None) -> ClassifyResult:
-        """function_to_apply: softmax | sigmoid | none; None = the package's (server/encoders/activation.py)."""
         with self.lease(model, version, "classify") as served:
             return await served.classify(inputs, top_k, truncate, deadline, function_to_apply)
 

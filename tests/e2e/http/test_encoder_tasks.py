@@ -520,6 +520,9 @@ def test_function_to_apply_on_every_door(tasks: pb_grpc.TaskServiceStub, http: h
     assert_scores(by_label(batch.json()), want)
     one = http.post("/predict", json={"model": MULTI, "inputs": HEAD_TEXTS[0], "function_to_apply": function}).json()
     assert_scores(by_label([one]), want[:1])
+    pair = pipe({"text": HEAD_TEXTS[0], "text_pair": HEAD_TEXTS[1]}, function_to_apply=function)   # a text pair
+    got = http.post("/predict", json={"model": MULTI, "inputs": HEAD_TEXTS[:2], "function_to_apply": function}).json()
+    assert_scores(by_label([got]), by_label([pair]))
 
 
 def test_function_to_apply_refused_naming_it(tasks: pb_grpc.TaskServiceStub, http: httpx.Client,
