@@ -493,9 +493,9 @@ def kserve_classify(http: httpx.Client, model: str, parameters: dict[str, Any]) 
 
 @pytest.mark.parametrize("function", ["softmax", "sigmoid", "none"])
 def test_function_to_apply_on_every_door(tasks: pb_grpc.TaskServiceStub, http: httpx.Client, heads: dict[str, Path],
-                                         function: str) -> None:
+                                         server: ServerProcess, function: str) -> None:
     """A request's function_to_apply over the recorded one, equal to the pipeline's with the same argument: gRPC
-    Classify, KServe text mode (REST), /v1/classify and TEI's /predict (raw_scores = "none")."""
+    Classify, KServe text mode (REST and gRPC), /v1/classify and TEI's /predict (raw_scores = "none")."""
     pipe = text_pipeline(heads[MULTI])
     want = by_label(pipe(HEAD_TEXTS, function_to_apply=function))
     assert_scores(classify_grpc(tasks, MULTI, function), want)
@@ -505,6 +505,18 @@ def test_function_to_apply_on_every_door(tasks: pb_grpc.TaskServiceStub, http: h
     labels = list(pipe.model.config.id2label.values())
     probabilities = np.array(outputs["probabilities"]["data"]).reshape(len(HEAD_TEXTS), len(labels))
     assert_scores([dict(zip(labels, row)) for row in probabilities], want)
+    from protos import grpc_service_pb2 as kserve_pb
+    from protos import grpc_service_pb2_grpc as kserve_grpc
+
+    infer = kserve_pb.ModelInferRequest(model_name=MULTI)
+    infer.inputs.add(name="text", datatype="BYTES", shape=[len(HEAD_TEXTS)]).contents.bytes_contents.extend(
+        t.encode() for t in HEAD_TEXTS)
+    infer.parameters["function_to_apply"].string_param = function
+    with grpc.insecure_channel(server.address) as channel:     # KServe text mode on the gRPC door too
+        reply = kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(infer, timeout=60)
+    index = [o.name for o in reply.outputs].index("probabilities")
+    grpc_probabilities = np.frombuffer(reply.raw_output_contents[index], dtype="<f4").reshape(probabilities.shape)
+    assert_scores([dict(zip(labels, row)) for row in grpc_probabilities], want)
     body = http.post("/v1/classify", json={"model": MULTI, "inputs": HEAD_TEXTS, "function_to_apply": function,
                                            "top_k": 2})
     assert body.status_code == 200, body.text
