@@ -146,14 +146,15 @@ class EncoderModel(ServedModel):
         return {name: result[name] for name in wanted}
 
     async def _encode(self, inputs: list[tuple[str, str | None]], truncate: bool, field: str,
-                      text_attr: str) -> list[EncodedText]:
+                      text_attr: str, first_only: bool = False) -> list[EncodedText]:
         """TextEncoder.encode; a request with much text (1024 texts near the per-text bound are megabytes) is
         tokenized in a worker thread: encode_batch releases the GIL, so the event loop serves others meanwhile."""
         size = sum(len(text) + len(pair or "") for text, pair in inputs)
         if size <= INLINE_TEXT_CHARS:
-            return self.encoder.encode(inputs, truncate, field=field, text_attr=text_attr)
+            return self.encoder.encode(inputs, truncate, field=field, text_attr=text_attr, first_only=first_only)
         return await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self.encoder.encode, inputs, truncate, field=field, text_attr=text_attr))
+            None, functools.partial(self.encoder.encode, inputs, truncate, field=field, text_attr=text_attr,
+                                    first_only=first_only))
 
     async def _logits(self, rows: list, deadline: float | None) -> list[np.ndarray]:
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])

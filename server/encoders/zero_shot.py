@@ -12,6 +12,7 @@ where the pipeline's contradiction column is column 0, or the last one when enta
 so the answers are the same). Labels come back best first (the pipeline's order: argsort reversed).
 
 Cost: texts x candidate labels pairs are the request's rows (max_rows_per_request), bounded before tokenizing.
+Truncation (asked for) cuts a pair's text and keeps its hypothesis, the pipeline's "only_first".
 """
 from __future__ import annotations
 
@@ -89,12 +90,16 @@ async def zero_shot(model: ZeroShotEncoder, request: ZeroShotRequest, deadline: 
     n = len(hypotheses)
     pairs = [(text, hypothesis) for text in request.texts for hypothesis in hypotheses]
     try:
-        rows = await model._encode(pairs, request.truncate, "pairs", "")
-    except ServingError as exc:   # a pair too long in tokens: name its text (pairs[p] is text p // n)
+        # Truncation cuts the text only, never the hypothesis: the pipeline's "only_first".
+        rows = await model._encode(pairs, request.truncate, "pairs", "", first_only=True)
+    except ServingError as exc:   # name the pair's text (pairs[p] is text p // n) or its label (p % n)
         head, sep, rest = exc.message.partition("]")
         if not head.startswith("pairs[") or not sep:
             raise
-        raise ServingError(exc.code, f"{request.texts_field}[{int(head[6:]) // n}]{rest}") from None
+        p = int(head[6:])
+        if rest.startswith(".text_pair"):
+            raise ServingError(exc.code, f"candidate_labels[{p % n}]{rest[len('.text_pair'):]}") from None
+        raise ServingError(exc.code, f"{request.texts_field}[{p // n}]{rest}") from None
     logits = np.asarray(await model._logits(rows, deadline), dtype=np.float64)
     scores = scores_of(logits.reshape(len(request.texts), n, len(labels)), entail, contradiction, request.multi_label)
     results = []

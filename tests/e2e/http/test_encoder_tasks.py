@@ -628,6 +628,22 @@ def test_zero_shot_equals_the_transformers_pipeline(tasks: pb_grpc.TaskServiceSt
     assert 0 < single.results[0].scores[0] < 1
 
 
+def test_zero_shot_truncation_cuts_the_text_only(tasks: pb_grpc.TaskServiceStub, heads: dict[str, Path]) -> None:
+    """With truncate, a long text is cut and the hypothesis kept, as the pipeline's "only_first" truncation (RoBERTa:
+    its package and its tokenizer agree on the 62-token limit the pipeline truncates at); without, refused."""
+    long_text = "The king and his soldiers rode to the old castle by the river " * 6     # ~170 tokens
+    for multi_label in (False, True):
+        want = zero_shot_reference(heads[NLI_ROBERTA], [long_text], multi_label, None)
+        response = tasks.ZeroShotClassify(pb.ZeroShotClassifyRequest(
+            model=NLI_ROBERTA, texts=[long_text], candidate_labels=CANDIDATES, multi_label=multi_label, truncate=True))
+        assert_zero_shot([(r.sequence, list(r.labels), list(r.scores)) for r in response.results], want)
+        assert response.tokens == 62 * len(CANDIDATES)
+    assert grpc_refused(tasks.ZeroShotClassify, pb.ZeroShotClassifyRequest(
+        model=NLI_ROBERTA, texts=[long_text], candidate_labels=CANDIDATES)) == "texts[0]"
+    assert grpc_refused(tasks.ZeroShotClassify, pb.ZeroShotClassifyRequest(   # the hypothesis alone is too long
+        model=NLI_ROBERTA, texts=["a"], candidate_labels=["x", "castle " * 80], truncate=True)) == "candidate_labels[1]"
+
+
 def test_zero_shot_refusals_name_the_field(tasks: pb_grpc.TaskServiceStub, http: httpx.Client,
                                            server: ServerProcess) -> None:
     before = batches(server)
