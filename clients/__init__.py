@@ -21,11 +21,12 @@ from .types import (
     TokenSpan,
     TokenLogprob,
     Usage,
+    ZeroShotClassification,
 )
 
 __all__ = [
     "AsyncOrtserveClient", "Backoff", "Classification", "ClientConfig", "Embedding", "FillMaskResult", "GeneratedToken",
     "Generation", "GenerationParams", "LabelScore", "MaskPrediction", "ModelInfo", "ModelStatus",
     "OrtserveClient", "OrtserveError", "RankedDocument", "StreamChunk", "TLSConfig", "TokenCandidate", "TokenLogprob",
-    "Tokenization", "TokenSpan", "Usage",
+    "Tokenization", "TokenSpan", "Usage", "ZeroShotClassification",
 ]

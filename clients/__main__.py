@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", default=None, metavar="TEXT", help="second segment of a pair (with exactly one TEXT)")
     p.add_argument("--top-k", type=non_negative_int, default=0, help="labels to show per text (0 = all)")
     p.add_argument("--truncate", action="store_true", help="truncate texts longer than the model's max length")
+    p.add_argument("--function-to-apply", choices=("softmax", "sigmoid", "none"), default=None,
+                   help="scores from the logits (default: the activation the package records for its head)")
     model_args(p, "classify")
 
     p = commands.add_parser("fill-mask", help="predict the tokens behind the mask tokens of texts")
@@ -115,7 +117,7 @@ def run_command(client: OrtserveClient, args: argparse.Namespace) -> int:
     if args.command == "classify":
         inputs = [(args.texts[0], args.pair)] if args.pair is not None else list(args.texts)
         results = client.classify(inputs, args.model, version=args.version, top_k=args.top_k,
-                                  truncate=args.truncate)
+                                  truncate=args.truncate, function_to_apply=args.function_to_apply)
         _emit_json(results) if args.json else print(render.classifications(args.texts, results))
     elif args.command == "fill-mask":
         results = client.fill_mask(args.texts, args.model, version=args.version, top_k=args.top_k,

@@ -19,7 +19,7 @@ from protos import ortserve_pb2_grpc
 
 from . import convert
 from .types import (Classification, Embedding, FillMaskResult, Generation, GenerationParams, ModelInfo,
-                    ModelStatus, RankedDocument, StreamChunk, Tokenization, TokenEntity)
+                    ModelStatus, RankedDocument, StreamChunk, Tokenization, TokenEntity, ZeroShotClassification)
 
 T = TypeVar("T")
 
@@ -48,8 +48,8 @@ class Stubs:
 
 
 def classify(texts: convert.ClassifyInput | Sequence[convert.ClassifyInput], model: str, version: int | None,
-             top_k: int, truncate: bool) -> Call[list[Classification]]:
-    return Call("Classify", convert.classify_request(texts, model, version, top_k, truncate),
+             top_k: int, truncate: bool, function_to_apply: str | None = None) -> Call[list[Classification]]:
+    return Call("Classify", convert.classify_request(texts, model, version, top_k, truncate, function_to_apply),
                 convert.classifications)
 
 
@@ -84,6 +84,14 @@ def token_classify(texts: str | Sequence[str], model: str, version: int | None, 
                    ignore_labels: Sequence[str] | None, truncate: bool) -> Call[list[list[TokenEntity]]]:
     request = convert.token_classify_request(texts, model, version, aggregation_strategy, ignore_labels, truncate)
     return Call("TokenClassify", request, convert.token_entities)
+
+
+def zero_shot_classify(texts: str | Sequence[str], candidate_labels: Sequence[str], model: str, version: int | None,
+                       hypothesis_template: str | None, multi_label: bool,
+                       truncate: bool) -> Call[list[ZeroShotClassification]]:
+    request = convert.zero_shot_request(texts, candidate_labels, model, version, hypothesis_template, multi_label,
+                                        truncate)
+    return Call("ZeroShotClassify", request, convert.zero_shot_results)
 
 
 def generate(prompt: str | Sequence[int], model: str, version: int | None,

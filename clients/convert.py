@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2
 
 from protos import ortserve_pb2 as pb
 from protos.results import (Classification, LabelScore, MaskPrediction, TokenCandidate, TokenEntity, TokenLogprob,
-                            TokenSpan, Usage)
+                            TokenSpan, Usage, ZeroShotClassification)
 
 from .types import (Embedding, FillMaskResult, GeneratedToken, Generation, GenerationParams, ModelInfo, ModelStatus,
                     RankedDocument, StreamChunk, Tokenization)
@@ -38,10 +38,14 @@ def _text_input(item: ClassifyInput, index: int) -> pb.TextInput:
 
 
 def classify_request(texts: ClassifyInput | Sequence[ClassifyInput], model: str, version: int | None,
-                     top_k: int, truncate: bool) -> pb.ClassifyRequest:
+                     top_k: int, truncate: bool, function_to_apply: str | None = None) -> pb.ClassifyRequest:
+    """function_to_apply: "softmax" | "sigmoid" | "none"; None = the package's activation."""
     items = [texts] if isinstance(texts, str) else list(texts)
+    if function_to_apply is not None and not isinstance(function_to_apply, str):
+        raise TypeError(f"function_to_apply: expected a str, got {type(function_to_apply).__name__}")
     return pb.ClassifyRequest(model=model, version=version or 0, top_k=top_k, truncate=truncate,
-                              inputs=[_text_input(t, i) for i, t in enumerate(items)])
+                              inputs=[_text_input(t, i) for i, t in enumerate(items)],
+                              function_to_apply=function_to_apply or "")
 
 
 def fill_mask_request(texts: str | Sequence[str], model: str, version: int | None, top_k: int,
@@ -215,6 +219,27 @@ def token_classify_request(texts: str | Sequence[str], model: str, version: int 
     return pb.TokenClassifyRequest(model=model, version=version or 0, texts=items,
                                    aggregation_strategy=aggregation_strategy, ignore_labels=ignore,
                                    keep_all_labels=ignore_labels is not None and not ignore, truncate=truncate)
+
+
+def zero_shot_request(texts: str | Sequence[str], candidate_labels: str | Sequence[str], model: str,
+                      version: int | None, hypothesis_template: str | None, multi_label: bool,
+                      truncate: bool) -> pb.ZeroShotClassifyRequest:
+    """candidate_labels: a list, or one comma-separated string (split as transformers' pipeline splits it)."""
+    items = [texts] if isinstance(texts, str) else list(texts)
+    labels = ([label.strip() for label in candidate_labels.split(",") if label.strip()]
+              if isinstance(candidate_labels, str) else list(candidate_labels))
+    for name, values in (("texts", items), ("candidate_labels", labels)):
+        for i, t in enumerate(values):
+            if not isinstance(t, str):
+                raise TypeError(f"{name}[{i}]: expected a str, got {type(t).__name__}")
+    return pb.ZeroShotClassifyRequest(model=model, version=version or 0, texts=items, candidate_labels=labels,
+                                      hypothesis_template=hypothesis_template or "", multi_label=multi_label,
+                                      truncate=truncate)
+
+
+def zero_shot_results(response: pb.ZeroShotClassifyResponse) -> list[ZeroShotClassification]:
+    return [ZeroShotClassification(sequence=r.sequence, labels=list(r.labels), scores=list(r.scores))
+            for r in response.results]
 
 
 def token_entities(response: pb.TokenClassifyResponse) -> list[list[TokenEntity]]:

@@ -16,7 +16,7 @@ from .channel import call_metadata, channel_spec
 from .config import Backoff, ClientConfig, TLSConfig
 from .retry import Attempts
 from .types import (Classification, Embedding, FillMaskResult, Generation, ModelInfo, ModelStatus, RankedDocument,
-                    StreamChunk, Tokenization, TokenEntity)
+                    StreamChunk, Tokenization, TokenEntity, ZeroShotClassification)
 
 _UNSET: Any = object()   # timeout not given: the client's default
 
@@ -54,9 +54,10 @@ class TaskMethods(ABC):
 
     def classify(self, texts: convert.ClassifyInput | Sequence[convert.ClassifyInput], model: str,
                  version: int | None = None, top_k: int = 0, truncate: bool = False, *,
-                 timeout: float | None = _UNSET) -> list[Classification]:
-        """One Classification per text (or (text, pair) tuple), in order."""
-        return self._unary(timeout, calls.classify, texts, model, version, top_k, truncate)
+                 function_to_apply: str | None = None, timeout: float | None = _UNSET) -> list[Classification]:
+        """One Classification per text (or (text, pair) tuple), in order. function_to_apply: "softmax",
+        "sigmoid" or "none" (the logits); None = the activation the package records for its head."""
+        return self._unary(timeout, calls.classify, texts, model, version, top_k, truncate, function_to_apply)
 
     def fill_mask(self, texts: str | Sequence[str], model: str, version: int | None = None, top_k: int = 5,
                   truncate: bool = False, *, timeout: float | None = _UNSET) -> list[FillMaskResult]:
@@ -93,6 +94,15 @@ class TaskMethods(ABC):
         aggregation_strategy none | simple | first | average | max; ignore_labels None = ["O"], [] = keep all."""
         return self._unary(timeout, calls.token_classify, texts, model, version, aggregation_strategy,
                            ignore_labels, truncate)
+
+    def zero_shot_classify(self, texts: str | Sequence[str], candidate_labels: Sequence[str], model: str,
+                           version: int | None = None, *, hypothesis_template: str | None = None,
+                           multi_label: bool = False, truncate: bool = False,
+                           timeout: float | None = _UNSET) -> list[ZeroShotClassification]:
+        """Each text's candidate labels, best first with their scores, by an NLI model (as transformers'
+        zero-shot-classification pipeline answers); hypothesis_template None = "This example is {}."."""
+        return self._unary(timeout, calls.zero_shot_classify, texts, candidate_labels, model, version,
+                           hypothesis_template, multi_label, truncate)
 
     def generate(self, prompt: str | Sequence[int], model: str, version: int | None = None, *,
                  timeout: float | None = _UNSET, **params: Any) -> Generation:

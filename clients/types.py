@@ -7,11 +7,12 @@ from typing import Any
 
 # The results the server holds the same, field for field (protos/results.py); the client's own are below.
 from protos.results import (Classification, LabelScore, MaskPrediction, TokenCandidate, TokenEntity, TokenLogprob,
-                            TokenSpan, Usage)
+                            TokenSpan, Usage, ZeroShotClassification)
 
 __all__ = ["Classification", "Embedding", "FillMaskResult", "GeneratedToken", "Generation", "GenerationParams",
            "LabelScore", "MaskPrediction", "ModelInfo", "ModelStatus", "RankedDocument", "StreamChunk",
-           "TokenCandidate", "TokenEntity", "TokenLogprob", "Tokenization", "TokenSpan", "Usage", "to_jsonable"]
+           "TokenCandidate", "TokenEntity", "TokenLogprob", "Tokenization", "TokenSpan", "Usage", "ZeroShotClassification",
+           "to_jsonable"]
 
 
 @dataclass(frozen=True)

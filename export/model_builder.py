@@ -20,6 +20,7 @@ from . import decoder_graph, decoder_weights, graphs, int8, package, probes, spe
 from .checkpoint_tokens import chat_template, special_tokens
 from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError
+from .head_activation import head_activation
 from .heldout import BUILTIN_TEXTS, default_genre_split, kv8_texts, read_eval_data
 from .package_manifest import new_manifest, tensors
 from .parity import GateInputs, failure_table, refused, run_gate
@@ -135,6 +136,8 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     extra: dict[str, Any] = {}
     if wanted:   # how each weight-quantized variant was made (docs/model-package.md)
         extra["quantization"] = {v: weights.describe(v, cfg.weight_quant) for v in wanted}
+    if cfg.task == "classify":   # how the server turns the head's logits into scores (export/head_activation.py)
+        extra["head"] = head_activation(info.path, info.config)
     template = chat_template(info) if cfg.task == "generate" else None
     if template:
         extra["chat_template"] = template  # /v1/chat/completions renders it (docs/protocol.md)
@@ -220,6 +223,8 @@ class ModelBuilder:
         self.cfg = cfg
         self.info = inspect_checkpoint(cfg.checkpoint, cfg.task)
         self.checkpoint = self.info.path
+        if cfg.task == "classify":   # an activation we cannot serve is refused before any weight is loaded
+            head_activation(self.info.path, self.info.config)
 
     def load(self) -> None:
         self.labelled = _labelled(self.cfg, self.info)

@@ -29,18 +29,20 @@ class TextInput(_message.Message):
     def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
-    __slots__ = ("model", "version", "inputs", "top_k", "truncate")
+    __slots__ = ("model", "version", "inputs", "top_k", "truncate", "function_to_apply")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_TO_APPLY_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     inputs: _containers.RepeatedCompositeFieldContainer[TextInput]
     top_k: int
     truncate: bool
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TextInput, _Mapping]]] = ..., top_k: _Optional[int] = ..., truncate: _Optional[bool] = ...) -> None: ...
+    function_to_apply: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TextInput, _Mapping]]] = ..., top_k: _Optional[int] = ..., truncate: _Optional[bool] = ..., function_to_apply: _Optional[str] = ...) -> None: ...
 
 class LabelScore(_message.Message):
     __slots__ = ("label", "score")
@@ -502,3 +504,43 @@ class TokenClassifyResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[TokenClassification]
     labels: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[TokenClassification, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ZeroShotClassifyRequest(_message.Message):
+    __slots__ = ("model", "version", "texts", "candidate_labels", "hypothesis_template", "multi_label", "truncate")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_LABELS_FIELD_NUMBER: _ClassVar[int]
+    HYPOTHESIS_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_LABEL_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    candidate_labels: _containers.RepeatedScalarFieldContainer[str]
+    hypothesis_template: str
+    multi_label: bool
+    truncate: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., texts: _Optional[_Iterable[str]] = ..., candidate_labels: _Optional[_Iterable[str]] = ..., hypothesis_template: _Optional[str] = ..., multi_label: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class ZeroShotClassification(_message.Message):
+    __slots__ = ("sequence", "labels", "scores")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    sequence: str
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    scores: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sequence: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., scores: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ZeroShotClassifyResponse(_message.Message):
+    __slots__ = ("model", "version", "results", "tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    results: _containers.RepeatedCompositeFieldContainer[ZeroShotClassification]
+    tokens: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ZeroShotClassification, _Mapping]]] = ..., tokens: _Optional[int] = ...) -> None: ...

@@ -89,6 +89,11 @@ class TaskServiceStub:
                 request_serializer=protos_dot_ortserve__pb2.TokenClassifyRequest.SerializeToString,
                 response_deserializer=protos_dot_ortserve__pb2.TokenClassifyResponse.FromString,
                 _registered_method=True)
+        self.ZeroShotClassify = channel.unary_unary(
+                '/ortserve.v1.TaskService/ZeroShotClassify',
+                request_serializer=protos_dot_ortserve__pb2.ZeroShotClassifyRequest.SerializeToString,
+                response_deserializer=protos_dot_ortserve__pb2.ZeroShotClassifyResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -172,6 +177,15 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ZeroShotClassify(self, request, context):
+        """Zero-shot classification by an NLI model (a sequence classifier whose labels name entailment and
+        contradiction): each text against candidate labels given at request time, answered as transformers'
+        zero-shot-classification pipeline answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -229,6 +243,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.TokenClassify,
                     request_deserializer=protos_dot_ortserve__pb2.TokenClassifyRequest.FromString,
                     response_serializer=protos_dot_ortserve__pb2.TokenClassifyResponse.SerializeToString,
+            ),
+            'ZeroShotClassify': grpc.unary_unary_rpc_method_handler(
+                    servicer.ZeroShotClassify,
+                    request_deserializer=protos_dot_ortserve__pb2.ZeroShotClassifyRequest.FromString,
+                    response_serializer=protos_dot_ortserve__pb2.ZeroShotClassifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -528,6 +547,33 @@ class TaskService:
             '/ortserve.v1.TaskService/TokenClassify',
             protos_dot_ortserve__pb2.TokenClassifyRequest.SerializeToString,
             protos_dot_ortserve__pb2.TokenClassifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ZeroShotClassify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.TaskService/ZeroShotClassify',
+            protos_dot_ortserve__pb2.ZeroShotClassifyRequest.SerializeToString,
+            protos_dot_ortserve__pb2.ZeroShotClassifyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,5 +77,14 @@ class LabelScore:
     score: float
 
 
+@dataclass(frozen=True)
+class ZeroShotClassification:
+    """One text's zero-shot answer, as transformers' zero-shot-classification pipeline gives it."""
+
+    sequence: str
+    labels: list[str]     # the candidate labels, best first
+    scores: list[float]   # their scores, in the same order
+
+
 __all__ = ["Classification", "LabelScore", "MaskPrediction", "TokenCandidate", "TokenEntity", "TokenLogprob",
-           "TokenSpan", "Usage"]
+           "TokenSpan", "Usage", "ZeroShotClassification"]

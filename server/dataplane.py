@@ -30,6 +30,7 @@ from server.model import ServedModel
 from server.protocol.errors import Code, ServingError
 from server.protocol.kserve import TextRequest, infer_operation, select_outputs, text_outputs, text_request
 from server.protocol.pairs import Pairs, RerankResult, ScoreResult
+from server.protocol.zero_shot import ZeroShotRequest, ZeroShotResult
 from server.protocol.types import (ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo,
                                    ModelMetadata, ModelState, ModelStatistics, ModelStatus, RepositoryEntry,
                                    StreamPart, TensorMetadata, TokenClassifyResult)
@@ -168,9 +169,16 @@ class DataPlane:
     # ------------------------------------------------------------------ tasks
 
     async def classify(self, model: str, version: int, inputs: list[tuple[str, str | None]], top_k: int = 0,
-                       truncate: bool = False, deadline: float | None = None) -> ClassifyResult:
+                       truncate: bool = False, deadline: float | None = None,
+                       function_to_apply: str | None = None) -> ClassifyResult:
         with self.lease(model, version, "classify") as served:
-            return await served.classify(inputs, top_k, truncate, deadline)
+            return await served.classify(inputs, top_k, truncate, deadline, function_to_apply)
+
+    async def zero_shot_classify(self, model: str, version: int, request: ZeroShotRequest,
+                                 deadline: float | None = None) -> ZeroShotResult:
+        """Candidate labels scored by an NLI classifier as transformers' pipeline does (server/encoders/zero_shot.py)."""
+        with self.lease(model, version, "zero_shot_classify") as served:
+            return await served.zero_shot_classify(request, deadline)
 
     async def fill_mask(self, model: str, version: int, texts: list[str], top_k: int = 5, truncate: bool = False,
                         deadline: float | None = None) -> FillMaskResult:
@@ -410,7 +418,7 @@ async def _text_call(served: ServedModel, request: TextRequest, deadline: float 
         # One request: its prompts admitted together, and cancelled together when one fails or the caller leaves.
         return await served.generate_many([(p, request.params) for p in texts], deadline, "inputs['prompt']")
     if task == "classify":
-        return await served.classify(request.classify_inputs, 0, truncate, deadline)
+        return await served.classify(request.classify_inputs, 0, truncate, deadline, request.function_to_apply)
     if task == "embed":
         return await served.embed(texts, truncate, deadline)
     if task == "token-classify":

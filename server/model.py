@@ -30,6 +30,7 @@ from server.repository.signature import TensorSpec, check_inputs, specs_from_man
 from server.runtime.stats import ModelStats
 from server.text.spans import TokenSpan
 from server.protocol.types import ChatTemplate, ClassifyResult, EmbedResult, FillMaskResult, TokenClassifyResult
+from server.protocol.zero_shot import ZeroShotRequest, ZeroShotResult
 
 Feeds = dict[str, np.ndarray]
 
@@ -111,7 +112,11 @@ class ServedModel(ABC):
         """Raw graph tensors in, every (or the requested) graph output out."""
 
     async def classify(self, inputs: list[tuple[str, str | None]], top_k: int, truncate: bool,
-                       deadline: float | None) -> ClassifyResult:
+                       deadline: float | None, function_to_apply: str | None = None) -> ClassifyResult:
+        raise self._not("classify")
+
+    async def zero_shot_classify(self, request: ZeroShotRequest, deadline: float | None) -> ZeroShotResult:
+        """Candidate labels scored by an NLI classifier (server/encoders/zero_shot.py)."""
         raise self._not("classify")
 
     async def fill_mask(self, texts: list[str], top_k: int, truncate: bool,

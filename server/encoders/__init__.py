@@ -8,6 +8,10 @@
     rerank.py             rerank / score: a one-label cross-encoder, or an embedding model's cosine (the pairs and
                           results: server/protocol/pairs.py)
     matryoshka.py         `dimensions` of an embedding request
+    activation.py         a classifier's scores: the package's recorded head activation or the request's
+                          function_to_apply (softmax | sigmoid | none)
+    zero_shot.py          zero-shot classification on an NLI head, as transformers' pipeline answers (the request
+                          and result: server/protocol/zero_shot.py)
 
 May import: server.runtime, server.protocol, server.text, server.sessions, server.model, server.admission.
 """

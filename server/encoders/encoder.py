@@ -15,6 +15,7 @@ import numpy as np
 
 from modelpkg import TOKENIZER_FILE
 from server.runtime import tracing
+from server.encoders import activation
 from server.admission import check_candidates, check_response_bytes, check_rows, fill_mask_bytes, tensor_bytes
 from server.encoders.batching import DynamicBatcher
 from server.repository.consistency import check_tokenizer, probe_encoder
@@ -26,12 +27,14 @@ from server.protocol.pairs import PairScores, Pairs
 from server.encoders.pieces import run_in_pieces
 from server.encoders.prompts import prompt_text, with_prompt
 from server.encoders.rerank import score_pairs
+from server.encoders.zero_shot import zero_shot
 from server.sessions import run_failure, warm_up_encoder
 from server.encoders.token_aggregation import DEFAULT_IGNORE, TokenEntity, TokenRow, aggregate, check_strategy
 from server.text.tokenizer import INLINE_TEXT_CHARS, EncodedText, TextEncoder, pad_batch
 from server.text.spans import TokenSpan, check_ids, check_text_bound, encode_spans, special_ids
 from protos.results import Classification, LabelScore, MaskPrediction, TokenCandidate
 from server.protocol.types import ClassifyResult, EmbedResult, FillMaskResult, TokenClassifyResult
+from server.protocol.zero_shot import ZeroShotRequest, ZeroShotResult
 
 DEFAULT_FILL_MASK_TOP_K = 5
 # Tokens of one token-classification answer above which its entities are built in a worker thread.
@@ -70,6 +73,7 @@ class EncoderModel(ServedModel):
         self._special_ids = special_ids(dict(self.manifest.special_tokens))
         self._token_rules = _token_rules(self.encoder.tokenizer) if self.task == "token-classify" else None
         self._label_bytes = max((len(label.encode()) for label in self.manifest.labels), default=0)
+        activation.check_recorded(self.manifest)
 
     @property
     def max_batch_size(self) -> int:
@@ -143,14 +147,15 @@ class EncoderModel(ServedModel):
         return {name: result[name] for name in wanted}
 
     async def _encode(self, inputs: list[tuple[str, str | None]], truncate: bool, field: str,
-                      text_attr: str) -> list[EncodedText]:
+                      text_attr: str, first_only: bool = False) -> list[EncodedText]:
         """TextEncoder.encode; a request with much text (1024 texts near the per-text bound are megabytes) is
         tokenized in a worker thread: encode_batch releases the GIL, so the event loop serves others meanwhile."""
         size = sum(len(text) + len(pair or "") for text, pair in inputs)
         if size <= INLINE_TEXT_CHARS:
-            return self.encoder.encode(inputs, truncate, field=field, text_attr=text_attr)
+            return self.encoder.encode(inputs, truncate, field=field, text_attr=text_attr, first_only=first_only)
         return await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self.encoder.encode, inputs, truncate, field=field, text_attr=text_attr))
+            None, functools.partial(self.encoder.encode, inputs, truncate, field=field, text_attr=text_attr,
+                                    first_only=first_only))
 
     async def _logits(self, rows: list, deadline: float | None) -> list[np.ndarray]:
         feeds = pad_batch(rows, self.pad_id, [spec.name for spec in self.inputs])
@@ -159,11 +164,13 @@ class EncoderModel(ServedModel):
     # ------------------------------------------------------------------ tasks
 
     async def classify(self, inputs: list[tuple[str, str | None]], top_k: int, truncate: bool,
-                       deadline: float | None) -> ClassifyResult:
+                       deadline: float | None, function_to_apply: str | None = None) -> ClassifyResult:
+        """function_to_apply: softmax | sigmoid | none, None = the package's (server/encoders/activation.py)."""
         if self.task != "classify":
             raise self._not("classify")
         if top_k < 0:
             raise ServingError.invalid("top_k", f"must be >= 0, got {top_k}")
+        function = activation.check_function(function_to_apply) or activation.recorded(self.manifest, "softmax")
         limits = self.runtime.admission
         check_rows("inputs", len(inputs), limits)
         labels = list(self.manifest.labels)
@@ -171,7 +178,7 @@ class EncoderModel(ServedModel):
         rows = await self._encode(inputs, truncate, "inputs", ".text")
         results = []
         for logits in await self._logits(rows, deadline):
-            probs = softmax(logits)
+            probs = activation.apply(logits, function)
             order = np.argsort(-probs, kind="stable")
             keep = order if top_k == 0 else order[:top_k]
             scores = [LabelScore(labels[i], float(probs[i])) for i in keep]
@@ -212,6 +219,11 @@ class EncoderModel(ServedModel):
 
     async def score(self, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:
         return await score_pairs(self, pairs, truncate, deadline)
+
+    async def zero_shot_classify(self, request: ZeroShotRequest, deadline: float | None) -> ZeroShotResult:
+        if self.task != "classify":
+            raise self._not("classify")
+        return await zero_shot(self, request, deadline)
 
     async def tokenize(self, text: str) -> list[TokenSpan]:
         """The tokens the model would see for this text (special tokens included), with their offsets."""

@@ -2,8 +2,10 @@
 
 Two kinds of model score a pair (left, right):
     a cross-encoder      a pair classifier (task "classify") with ONE label: the pair encoded together as
-                         [CLS] left [SEP] right [SEP]; raw score = its logit, score = sigmoid(logit) (what
-                         sentence-transformers' CrossEncoder, TEI and vLLM answer for such a model)
+                         [CLS] left [SEP] right [SEP]; raw score = its logit, score = the package's recorded
+                         activation of it (model.json head.function_to_apply: sentence-transformers'
+                         CrossEncoder activation, else sigmoid, what CrossEncoder, TEI and vLLM answer by default;
+                         sigmoid for a package made before the field; server/encoders/activation.py)
     an embedding model   (task "embed"): cosine of the two texts' vectors; raw score = score
 A classifier of several labels has no single relevance score and is refused, naming `model`.
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from modelpkg import Manifest
 from server.admission import AdmissionLimits, check_rows
+from server.encoders import activation
 from server.protocol.errors import ServingError
 from server.model import RuntimeConfig
 from server.protocol.pairs import PairScores, Pairs, RankedDocument
@@ -40,7 +43,7 @@ class ScoringEncoder(Protocol):
     pad_id: int
 
     async def _encode(self, inputs: list[tuple[str, str | None]], truncate: bool, field: str,
-                      text_attr: str) -> list[EncodedText]: ...
+                      text_attr: str, first_only: bool = False) -> list[EncodedText]: ...
 
     async def _logits(self, rows: list[Any], deadline: float | None) -> list[np.ndarray]: ...
 
@@ -100,7 +103,9 @@ async def _cross_encoded(model: ScoringEncoder, pairs: Pairs, truncate: bool, de
     # Token overflow of a pair is named by its right text (`documents[i]`): the left one is shared or paired.
     rows = await model._encode(pairs.pairs(), truncate, pairs.right_field, "")
     logits = np.asarray(await model._logits(rows, deadline), dtype=np.float64).reshape(len(rows))
-    return PairScores(scores=(1.0 / (1.0 + np.exp(-logits))).tolist(), raw=logits.tolist(),
+    # [pairs, 1]: a softmax is over each pair's labels (its one logit), never across pairs
+    scores = activation.apply(logits[:, None], activation.recorded(model.manifest, "sigmoid"))[:, 0]
+    return PairScores(scores=scores.tolist(), raw=logits.tolist(),
                       tokens=sum(len(r.ids) for r in rows))
 
 

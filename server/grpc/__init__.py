@@ -2,7 +2,7 @@
 
     server.py    the grpc.aio server: services, reflection, the bearer-token interceptor, ports, TLS
     task.py      ortserve.v1.TaskService (protos/ortserve.proto)
-    task_messages.py  Tokenize / Detokenize / Rerank messages <-> data-plane arguments and results
+    task_messages.py  Tokenize / Detokenize / Rerank / ZeroShotClassify messages <-> data-plane arguments and results
     inference_service.py  inference.GRPCInferenceService (KServe v2; text mode in server/protocol/kserve.py, shared with HTTP)
     health.py    grpc.health.v1
     common.py    what every servicer shares: deadlines, the unary / streaming handler wrappers

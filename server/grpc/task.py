@@ -10,7 +10,8 @@ from protos import ortserve_pb2_grpc as pb_grpc
 from server.protocol.errors import Code, ServingError
 from server.generation import GeneratedToken, GenerationParams, Usage
 from server.grpc.common import Instrumented, deadline_of, streaming, unary
-from server.grpc.task_messages import rerank_pairs, rerank_to_proto, tokenized_to_proto, top_n
+from server.grpc.task_messages import (rerank_pairs, rerank_to_proto, tokenized_to_proto, top_n, zero_shot_request,
+                                       zero_shot_to_proto)
 from server.protocol.types import ModelStatus, StreamPart
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
@@ -84,7 +85,7 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
     async def Classify(self, request: pb.ClassifyRequest, context: grpc.aio.ServicerContext) -> pb.ClassifyResponse:
         inputs = [(i.text, i.text_pair or None) for i in request.inputs]
         result = await self.plane.classify(request.model, request.version, inputs, request.top_k, request.truncate,
-                                           deadline_of(context))
+                                           deadline_of(context), request.function_to_apply or None)
         response = pb.ClassifyResponse(model=result.model, version=result.version)
         for r in result.results:
             item = response.results.add(label=r.label, score=r.score)
@@ -182,3 +183,10 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
         result = await self.plane.rerank(request.model, request.version, rerank_pairs(request), top_n(request),
                                          request.truncate, request.raw_scores, deadline_of(context))
         return rerank_to_proto(request, result)
+
+    @unary("ZeroShotClassify")
+    async def ZeroShotClassify(self, request: pb.ZeroShotClassifyRequest,
+                               context: grpc.aio.ServicerContext) -> pb.ZeroShotClassifyResponse:
+        result = await self.plane.zero_shot_classify(request.model, request.version, zero_shot_request(request),
+                                                     deadline_of(context))
+        return zero_shot_to_proto(result)

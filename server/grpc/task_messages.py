@@ -1,9 +1,10 @@
 """The task API's encoder messages beyond classify / fill-mask / embed (protos/ortserve.proto): Tokenize,
-Detokenize and Rerank requests -> data-plane arguments, results -> protobuf."""
+Detokenize, Rerank and ZeroShotClassify requests -> data-plane arguments, results -> protobuf."""
 from __future__ import annotations
 
 from protos import ortserve_pb2 as pb
 from server.protocol.pairs import Pairs, RerankResult
+from server.protocol.zero_shot import ZeroShotRequest, ZeroShotResult
 from server.text.spans import Tokenized
 
 
@@ -30,4 +31,16 @@ def rerank_to_proto(request: pb.RerankRequest, result: RerankResult) -> pb.Reran
                  for r in result.results])
 
 
-__all__ = ["rerank_pairs", "rerank_to_proto", "tokenized_to_proto", "top_n"]
+def zero_shot_request(request: pb.ZeroShotClassifyRequest) -> ZeroShotRequest:
+    return ZeroShotRequest.build(list(request.texts), list(request.candidate_labels), request.hypothesis_template,
+                                 request.multi_label, request.truncate)
+
+
+def zero_shot_to_proto(result: ZeroShotResult) -> pb.ZeroShotClassifyResponse:
+    return pb.ZeroShotClassifyResponse(
+        model=result.model, version=result.version, tokens=result.tokens,
+        results=[pb.ZeroShotClassification(sequence=r.sequence, labels=r.labels, scores=r.scores)
+                 for r in result.results])
+
+
+__all__ = ["rerank_pairs", "rerank_to_proto", "tokenized_to_proto", "top_n", "zero_shot_request", "zero_shot_to_proto"]

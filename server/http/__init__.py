@@ -11,4 +11,7 @@
     inference_rest.py  KServe v2 REST: the /v2 routes
     openai/     /v1 routes, one module per resource (models, completions, chat, embeddings, tokenizer)
     ops.py      /health and /metrics, where vLLM serves them (/metrics is also the metrics port's one route)
+    token_classify.py  /v1/token-classify
+    classify.py  /v1/classify and TEI's /predict (function_to_apply)
+    zero_shot.py  /v1/zero-shot-classification
 """

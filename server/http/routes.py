@@ -12,8 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from server.dataplane import DataPlane
-from server.http import inference_rest as kserve, openai, ops, token_classify
-from server.http import tei_embed
+from server.http import classify, inference_rest as kserve, openai, ops, tei_embed, token_classify, zero_shot
 from server.http.guard import KSERVE, OPENAI, Door, error_response
 
 log = logging.getLogger(__name__)
@@ -41,8 +40,8 @@ async def _internal(request: Request, exc: Exception) -> Response:
 
 
 def build_app(plane: DataPlane, max_body_bytes: int, auth_token: str | None) -> Starlette:
-    routes: list[Route] = [*kserve.routes(), *openai.routes(), *ops.routes(), *token_classify.routes()]
-    routes += tei_embed.routes()
+    routes: list[Route] = [*kserve.routes(), *openai.routes(), *ops.routes(), *token_classify.routes(),
+                          *classify.routes(), *zero_shot.routes(), *tei_embed.routes()]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception, Exception: _internal})
     app.state.door = Door(plane, max_body_bytes, auth_token)
     return app

@@ -7,7 +7,9 @@ below (for that version's task) runs the task instead of the graph, the data pla
 goes to the graph. Request parameters: `truncate` (bool); for generate the GenerationParameters by name, and
 `stop` as a JSON list of strings.
 
-    classify   text [, text_pair]  ->  label (BYTES), score (FP32), probabilities (FP32 [n, labels])
+    classify   text [, text_pair]  ->  label (BYTES), score (FP32), probabilities (FP32 [n, labels]: every label's
+                                       score under the package's activation, or parameter function_to_apply:
+                                       "softmax" | "sigmoid" | "none")
     fill-mask  text                ->  sequence (BYTES: every mask filled with its best candidate)
     generate   prompt              ->  text, finish_reason (BYTES)
     embed      text                ->  embedding (FP32 [n, dimension])
@@ -27,6 +29,7 @@ import modelpkg
 from server.protocol import jsontext
 from server.protocol.errors import Code, ServingError
 from server.generation import GenerationParams
+from server.encoders.activation import check_function
 from server.encoders.token_aggregation import as_pipeline_dict
 from server.protocol.types import FillMaskResult, MaskPrediction
 
@@ -84,6 +87,7 @@ class TextRequest:
     aggregation_strategy: str = "none"        # token-classify
     ignore_labels: list[str] | None = None    # token-classify
     params: GenerationParams | None = None    # generate
+    function_to_apply: str | None = None      # classify: None = the package's activation
 
     @property
     def classify_inputs(self) -> list[tuple[str, str | None]]:
@@ -111,7 +115,11 @@ def text_request(task: str, inputs: dict[str, np.ndarray], parameters: dict[str,
     pairs: list[str | None] = list(_texts(inputs, "text_pair")) if "text_pair" in inputs else [None] * len(texts)
     if len(pairs) != len(texts):
         raise ServingError.invalid("inputs['text_pair'].shape", "must have as many elements as 'text'")
-    return TextRequest(task, texts, truncate, pairs=pairs)
+    function = parameters.get("function_to_apply")
+    if function is not None and not isinstance(function, str):
+        raise ServingError.invalid("parameters.function_to_apply", "must be a string")
+    return TextRequest(task, texts, truncate, pairs=pairs,
+                       function_to_apply=check_function(function, "parameters.function_to_apply"))
 
 
 def text_outputs(task: str, result: Any) -> dict[str, np.ndarray]:

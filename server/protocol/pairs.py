@@ -33,7 +33,7 @@ class Pairs:
 
 @dataclass(frozen=True)
 class PairScores:
-    scores: list[float]   # one per pair, in order: sigmoid of a cross-encoder's logit, or cosine
+    scores: list[float]   # one per pair, in order: a cross-encoder's logit under its activation, or cosine
     raw: list[float]      # a cross-encoder's logit, or cosine
     tokens: int           # tokens the model ran (special tokens included)
 

@@ -49,6 +49,8 @@ class TextEncoder:
         # plain instance is shared by concurrent requests.
         self._truncating = load_tokenizer(tokenizer_path)
         self._truncating.enable_truncation(max_length, strategy="longest_first")
+        self._path = tokenizer_path
+        self._first_only: Tokenizer | None = None   # made on first use: only zero-shot pairs cut the first text only
 
     @staticmethod
     def _encode_all(tokenizer: Tokenizer, batch: list[str | tuple[str, str]]) -> list[Encoding]:
@@ -61,9 +63,33 @@ class TextEncoder:
             return tokenizer.encode_batch(batch)
         return [tokenizer.encode(*b) if isinstance(b, tuple) else tokenizer.encode(b) for b in batch]
 
+    def _cutting_first(self) -> Tokenizer:
+        if self._first_only is None:
+            tokenizer = load_tokenizer(self._path)
+            tokenizer.enable_truncation(self.max_length, strategy="only_first")
+            self._first_only = tokenizer
+        return self._first_only
+
+    def _truncated(self, batch: list[str | tuple[str, str]], field: str, indices: list[int],
+                   first_only: bool) -> list[Encoding]:
+        """The inputs at `indices` cut to max_length: the longest side first, or (first_only, transformers'
+        "only_first") the first text alone; a pair whose second text alone is too long is refused naming it."""
+        if not first_only:
+            return self._encode_all(self._truncating, [batch[i] for i in indices])
+        out = []
+        for i in indices:
+            try:
+                out.append(self._cutting_first().encode(*batch[i]) if isinstance(batch[i], tuple)
+                           else self._cutting_first().encode(batch[i]))
+            except Exception:   # tokenizers: "Sequence to truncate too short to respect the provided max_length"
+                raise ServingError.invalid(f"{field}[{i}].text_pair", f"does not leave room for the text within the "
+                                                                      f"model's max_length {self.max_length}") from None
+        return out
+
     def encode(self, inputs: list[tuple[str, str | None]], truncate: bool = False,
-               field: str = "inputs", text_attr: str = ".text") -> list[EncodedText]:
-        """One EncodedText per input; INVALID_ARGUMENT naming `field[i]` on empty or too long texts."""
+               field: str = "inputs", text_attr: str = ".text", first_only: bool = False) -> list[EncodedText]:
+        """One EncodedText per input; INVALID_ARGUMENT naming `field[i]` on empty or too long texts. first_only:
+        truncation cuts a pair's first text only (transformers' "only_first"), else the longest side first."""
         if not inputs:
             raise ServingError.invalid(field, "at least one input is required")
         batch: list[str | tuple[str, str]] = []
@@ -91,7 +117,7 @@ class TextEncoder:
                 f"{len(encodings[i].ids)} tokens exceed the model's max_length {self.max_length} "
                 "(ask for truncation to cut it)")
         if too_long:
-            redone = self._encode_all(self._truncating, [batch[i] for i in too_long])
+            redone = self._truncated(batch, field, too_long, first_only)
             for i, e in zip(too_long, redone):
                 encodings[i] = e
         return [EncodedText(ids=list(e.ids), type_ids=list(e.type_ids), encoding=e) for e in encodings]

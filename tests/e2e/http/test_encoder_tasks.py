@@ -7,7 +7,12 @@ outside the server:
   sentence-transformers' full vector cut and renormalised; a package without the declaration refuses;
 - rerank and score (/v1/rerank, /v1/score, TEI's /rerank, the task API's Rerank) by a one-label cross-encoder
   (sentence-transformers' CrossEncoder on the same checkpoint) and by the MiniLM embedding model (cosine of
-  sentence-transformers' vectors); bad requests refused naming the field, before compute.
+  sentence-transformers' vectors); bad requests refused naming the field, before compute;
+- head activations (tests/head_models.py): a multi-label head scores sigmoid per label, a regression head its logit,
+  a CrossEncoder saved with Identity its logit, each as transformers' pipeline / sentence-transformers answer;
+  function_to_apply on Classify, KServe text mode, /v1/classify and TEI's /predict;
+- zero-shot classification (ZeroShotClassify, /v1/zero-shot-classification, the client library) on random NLI
+  BERT / RoBERTa heads equal to transformers' zero-shot-classification pipeline; refusals before compute.
 """
 from __future__ import annotations
 
@@ -45,10 +50,20 @@ def cross_encoder(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_repository: Path, tiny_checkpoints, cross_encoder: Path,
+def heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests.conftest import one_torch_thread
+    from tests.head_models import build_heads
+
+    with one_torch_thread():
+        return build_heads(tmp_path_factory.mktemp("heads"))
+
+
+@pytest.fixture(scope="module")
+def repository(tiny_repository: Path, tiny_checkpoints, cross_encoder: Path, heads: dict[str, Path],
                tmp_path_factory: pytest.TempPathFactory) -> Path:
     """minilm-m (MiniLM declared Matryoshka, through the CLI), tiny-embed (no declaration), tiny-cross (one-label
-    pair classifier), and the shared tiny classifier (3 labels) and GPT."""
+    pair classifier), the shared tiny classifier (3 labels) and GPT, and the heads of tests/head_models.py (under
+    their names there)."""
     from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
@@ -62,6 +77,8 @@ def repository(tiny_repository: Path, tiny_checkpoints, cross_encoder: Path,
         export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.mlm, task="embed", repository=repo, name=PLAIN,
                                        pooling="cls", normalize="off"))
         export_checkpoint(ExportConfig(checkpoint=cross_encoder, task="classify", repository=repo, name=CROSS))
+        for name, checkpoint in heads.items():
+            export_checkpoint(ExportConfig(checkpoint=checkpoint, task="classify", repository=repo, name=name))
     return repo
 
 
@@ -405,3 +422,299 @@ def test_client_library_tokenizes_embeds_shortened_and_reranks(server: ServerPro
             assert len(got) == len(DOCUMENTS) and got[0].document == ""
             assert len((await aclient.embed(QUERY, MINILM, dimensions=1))[0].values) == 1
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------- head activations (function_to_apply)
+
+MULTI, REGRESSION, CE_IDENTITY, NLI_BERT, NLI_ROBERTA = "multi-label", "regression", "ce-identity", "nli-bert", \
+    "nli-roberta"
+HEAD_TEXTS = ["The king and his soldiers held the castle.", "Roses in the quiet garden", "a boat at dawn"]
+
+
+def text_pipeline(checkpoint: Path):
+    from transformers import pipeline
+
+    return pipeline("text-classification", model=str(checkpoint), top_k=None, device="cpu")
+
+
+def by_label(rows: list[list[dict[str, Any]]]) -> list[dict[str, float]]:
+    return [{d["label"]: d["score"] for d in row} for row in rows]
+
+
+def assert_scores(got: list[dict[str, float]], want: list[dict[str, float]], atol: float = 1e-5) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys(), (g, w)
+        np.testing.assert_allclose([g[k] for k in w], [w[k] for k in w], atol=atol)
+
+
+def classify_grpc(tasks: pb_grpc.TaskServiceStub, model: str, function: str = "") -> list[dict[str, float]]:
+    response = tasks.Classify(pb.ClassifyRequest(model=model, inputs=[pb.TextInput(text=t) for t in HEAD_TEXTS],
+                                                 function_to_apply=function))
+    for r in response.results:   # best first, the label the best one
+        assert [s.score for s in r.scores] == sorted((s.score for s in r.scores), reverse=True)
+        assert r.label == r.scores[0].label
+    return [{s.label: s.score for s in r.scores} for r in response.results]
+
+
+def test_multi_label_and_regression_heads_score_as_transformers(tasks: pb_grpc.TaskServiceStub, http: httpx.Client,
+                                                                heads: dict[str, Path], repository: Path) -> None:
+    """The package records the head's activation; Classify answers sigmoid of transformers' logits per label for a
+    multi_label_classification head (not summing to 1) and the logit itself for a regression head."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    for name, function in ((MULTI, "sigmoid"), (REGRESSION, "none")):
+        head = json.loads((repository / name / "1" / "model.json").read_text())["head"]
+        assert head["function_to_apply"] == function and head["source"] == "config.json problem_type"
+        model = AutoModelForSequenceClassification.from_pretrained(str(heads[name])).eval()
+        tokens = AutoTokenizer.from_pretrained(str(heads[name]))(HEAD_TEXTS, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**tokens).logits.double().numpy()
+        scores = 1 / (1 + np.exp(-logits)) if function == "sigmoid" else logits
+        labels = [model.config.id2label[i] for i in range(logits.shape[1])]
+        want = [dict(zip(labels, row)) for row in scores]
+        got = classify_grpc(tasks, name)
+        assert_scores(got, want)
+        assert_scores(got, by_label(text_pipeline(heads[name])(HEAD_TEXTS)))   # the pipeline's own default
+        body = http.post("/v1/classify", json={"model": name, "inputs": HEAD_TEXTS}).json()
+        assert body["labels"] == labels and body["version"] == 1
+        assert_scores(by_label(body["results"]), want)
+    sums = [sum(row.values()) for row in classify_grpc(tasks, MULTI)]
+    assert all(abs(s - 1) > 0.1 for s in sums), sums
+    softmax = classify_grpc(tasks, MULTI, "softmax")   # what the server answered before: far from the sigmoid
+    assert max(abs(softmax[i][k] - v) for i, row in enumerate(classify_grpc(tasks, MULTI)) for k, v in row.items()) > 0.1
+
+
+def kserve_classify(http: httpx.Client, model: str, parameters: dict[str, Any]) -> httpx.Response:
+    return http.post(f"/v2/models/{model}/infer", json={
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(HEAD_TEXTS)], "data": HEAD_TEXTS}],
+        "parameters": parameters})
+
+
+@pytest.mark.parametrize("function", ["softmax", "sigmoid", "none"])
+def test_function_to_apply_on_every_door(tasks: pb_grpc.TaskServiceStub, http: httpx.Client, heads: dict[str, Path],
+                                         server: ServerProcess, function: str) -> None:
+    """A request's function_to_apply over the recorded one, equal to the pipeline's with the same argument: gRPC
+    Classify, KServe text mode (REST and gRPC), /v1/classify and TEI's /predict (raw_scores = "none")."""
+    pipe = text_pipeline(heads[MULTI])
+    want = by_label(pipe(HEAD_TEXTS, function_to_apply=function))
+    assert_scores(classify_grpc(tasks, MULTI, function), want)
+    answer = kserve_classify(http, MULTI, {"function_to_apply": function})
+    assert answer.status_code == 200, answer.text
+    outputs = {o["name"]: o for o in answer.json()["outputs"]}
+    labels = list(pipe.model.config.id2label.values())
+    probabilities = np.array(outputs["probabilities"]["data"]).reshape(len(HEAD_TEXTS), len(labels))
+    assert_scores([dict(zip(labels, row)) for row in probabilities], want)
+    from protos import grpc_service_pb2 as kserve_pb
+    from protos import grpc_service_pb2_grpc as kserve_grpc
+
+    infer = kserve_pb.ModelInferRequest(model_name=MULTI)
+    infer.inputs.add(name="text", datatype="BYTES", shape=[len(HEAD_TEXTS)]).contents.bytes_contents.extend(
+        t.encode() for t in HEAD_TEXTS)
+    infer.parameters["function_to_apply"].string_param = function
+    with grpc.insecure_channel(server.address) as channel:     # KServe text mode on the gRPC door too
+        reply = kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(infer, timeout=60)
+    index = [o.name for o in reply.outputs].index("probabilities")
+    grpc_probabilities = np.frombuffer(reply.raw_output_contents[index], dtype="<f4").reshape(probabilities.shape)
+    assert_scores([dict(zip(labels, row)) for row in grpc_probabilities], want)
+    body = http.post("/v1/classify", json={"model": MULTI, "inputs": HEAD_TEXTS, "function_to_apply": function,
+                                           "top_k": 2})
+    assert body.status_code == 200, body.text
+    top2 = body.json()["results"]
+    assert [len(r) for r in top2] == [2] * len(HEAD_TEXTS)
+    for row, w in zip(top2, want):
+        best = sorted(w.values(), reverse=True)[:2]
+        np.testing.assert_allclose([d["score"] for d in row], best, atol=1e-5)
+    predict = {"model": MULTI, "inputs": [[t] for t in HEAD_TEXTS]}
+    predict.update({"raw_scores": True} if function == "none" else {"function_to_apply": function})
+    batch = http.post("/predict", json=predict)
+    assert batch.status_code == 200, batch.text
+    assert_scores(by_label(batch.json()), want)
+    one = http.post("/predict", json={"model": MULTI, "inputs": HEAD_TEXTS[0], "function_to_apply": function}).json()
+    assert_scores(by_label([one]), want[:1])
+    pair = pipe({"text": HEAD_TEXTS[0], "text_pair": HEAD_TEXTS[1]}, function_to_apply=function)   # a text pair
+    got = http.post("/predict", json={"model": MULTI, "inputs": HEAD_TEXTS[:2], "function_to_apply": function}).json()
+    assert_scores(by_label([got]), by_label([pair]))
+
+
+def test_function_to_apply_refused_naming_it(tasks: pb_grpc.TaskServiceStub, http: httpx.Client,
+                                             server: ServerProcess) -> None:
+    before = batches(server)
+    for bad in ("tanh", "Softmax", "x" * 300):
+        assert grpc_refused(tasks.Classify, pb.ClassifyRequest(model=MULTI, inputs=[pb.TextInput(text="a")],
+                                                               function_to_apply=bad)) == "function_to_apply"
+        assert refused(http.post("/v1/classify", json={"model": MULTI, "inputs": "a", "function_to_apply": bad})) \
+            == "function_to_apply"
+        assert refused(http.post("/predict", json={"model": MULTI, "inputs": "a", "function_to_apply": bad})) \
+            == "function_to_apply"
+        assert refused(kserve_classify(http, MULTI, {"function_to_apply": bad})) == "parameters.function_to_apply"
+    assert refused(http.post("/predict", json={"model": MULTI, "inputs": "a", "raw_scores": True,
+                                               "function_to_apply": "sigmoid"})) == "raw_scores"
+    assert refused(http.post("/v1/classify", json={"model": MULTI, "inputs": [["a", "b", "c"]]})) == "inputs[0]"
+    assert refused(http.post("/v1/classify", json={"model": GPT, "inputs": "a"})) == "model"
+    assert batches(server) == before
+
+
+def test_cross_encoder_activation_recorded_and_served(http: httpx.Client, tasks: pb_grpc.TaskServiceStub,
+                                                      heads: dict[str, Path], repository: Path) -> None:
+    """A CrossEncoder saved with activation_fn Identity: the package records "none" and rerank / score answer
+    CrossEncoder.predict's raw logits; raw_scores still means the logits."""
+    from sentence_transformers import CrossEncoder
+
+    head = json.loads((repository / CE_IDENTITY / "1" / "model.json").read_text())["head"]
+    assert head == {"function_to_apply": "none", "source": "config_sentence_transformers.json activation_fn"}
+    want = np.asarray(CrossEncoder(str(heads[CE_IDENTITY]), device="cpu").predict([(QUERY, d) for d in DOCUMENTS]),
+                      dtype=np.float64)
+    assert (want < 0).any() or (want > 1).any(), want     # logits, not probabilities
+    score = http.post("/v1/score", json={"model": CE_IDENTITY, "text_1": QUERY, "text_2": DOCUMENTS}).json()
+    np.testing.assert_allclose([d["score"] for d in score["data"]], want, atol=1e-4)
+    for raw in (False, True):
+        response = tasks.Rerank(pb.RerankRequest(model=CE_IDENTITY, query=QUERY, documents=DOCUMENTS, raw_scores=raw))
+        np.testing.assert_allclose([r.score for r in response.results], want[[r.index for r in response.results]],
+                                   atol=1e-4)
+
+
+# ---------------------------------------------------------------- zero-shot classification
+
+CANDIDATES = ["royalty", "gardening", "sailing boats", "war"]
+
+
+def zero_shot_reference(checkpoint: Path, texts: list[str], multi_label: bool, template: str | None,
+                        candidates: list[str] = CANDIDATES) -> list[dict]:
+    from transformers import pipeline
+
+    pipe = pipeline("zero-shot-classification", model=str(checkpoint), device="cpu")
+    kwargs = {"hypothesis_template": template} if template else {}
+    answers = pipe(texts, candidate_labels=candidates, multi_label=multi_label, **kwargs)
+    return answers if isinstance(answers, list) else [answers]
+
+
+def assert_zero_shot(got: list[tuple[str, list[str], list[float]]], want: list[dict]) -> None:
+    """Same sequences, the same score per label, labels best first (labels within float noise of each other may
+    come in either order)."""
+    for (sequence, labels, scores), w in zip(got, want, strict=True):
+        assert sequence == w["sequence"] and sorted(labels) == sorted(w["labels"])
+        ref = dict(zip(w["labels"], w["scores"]))
+        np.testing.assert_allclose(scores, [ref[label] for label in labels], atol=1e-5)
+        assert all(a >= b - 1e-6 for a, b in zip(scores, scores[1:])), scores
+        exact = all(abs(a - b) > 1e-4 for a, b in zip(w["scores"], w["scores"][1:]))
+        assert labels == w["labels"] or not exact
+
+
+@pytest.mark.parametrize("name", [NLI_BERT, NLI_ROBERTA])
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_zero_shot_equals_the_transformers_pipeline(tasks: pb_grpc.TaskServiceStub, http: httpx.Client,
+                                                    heads: dict[str, Path], name: str, multi_label: bool) -> None:
+    texts = HEAD_TEXTS[:2]
+    for template in (None, "It is about {}!"):
+        want = zero_shot_reference(heads[name], texts, multi_label, template)
+        response = tasks.ZeroShotClassify(pb.ZeroShotClassifyRequest(
+            model=name, texts=texts, candidate_labels=CANDIDATES, hypothesis_template=template or "",
+            multi_label=multi_label))
+        assert response.model == name and response.version == 1 and response.tokens > len(texts) * len(CANDIDATES)
+        assert_zero_shot([(r.sequence, list(r.labels), list(r.scores)) for r in response.results], want)
+        if not multi_label:
+            assert all(abs(sum(r.scores) - 1) < 1e-5 for r in response.results)
+        body = http.post("/v1/zero-shot-classification", json={
+            "model": name, "inputs": texts, "candidate_labels": ", ".join(CANDIDATES), "multi_label": multi_label,
+            **({"hypothesis_template": template} if template else {})})
+        assert body.status_code == 200, body.text
+        assert_zero_shot([(r["sequence"], r["labels"], r["scores"]) for r in body.json()["results"]], want)
+    # One candidate: scored alone (entailment vs contradiction) even without multi_label, as the pipeline does.
+    single = tasks.ZeroShotClassify(pb.ZeroShotClassifyRequest(model=name, texts=texts[:1],
+                                                               candidate_labels=CANDIDATES[:1]))
+    one = zero_shot_reference(heads[name], texts[:1], False, None, CANDIDATES[:1])
+    np.testing.assert_allclose(single.results[0].scores, one[0]["scores"], atol=1e-5)
+    assert 0 < single.results[0].scores[0] < 1
+
+
+def test_zero_shot_truncation_cuts_the_text_only(tasks: pb_grpc.TaskServiceStub, heads: dict[str, Path]) -> None:
+    """With truncate, a long text is cut and the hypothesis kept, as the pipeline's "only_first" truncation (RoBERTa:
+    its package and its tokenizer agree on the 62-token limit the pipeline truncates at); without, refused."""
+    long_text = "The king and his soldiers rode to the old castle by the river " * 6     # ~170 tokens
+    for multi_label in (False, True):
+        want = zero_shot_reference(heads[NLI_ROBERTA], [long_text], multi_label, None)
+        response = tasks.ZeroShotClassify(pb.ZeroShotClassifyRequest(
+            model=NLI_ROBERTA, texts=[long_text], candidate_labels=CANDIDATES, multi_label=multi_label, truncate=True))
+        assert_zero_shot([(r.sequence, list(r.labels), list(r.scores)) for r in response.results], want)
+        assert response.tokens == 62 * len(CANDIDATES)
+    assert grpc_refused(tasks.ZeroShotClassify, pb.ZeroShotClassifyRequest(
+        model=NLI_ROBERTA, texts=[long_text], candidate_labels=CANDIDATES)) == "texts[0]"
+    assert grpc_refused(tasks.ZeroShotClassify, pb.ZeroShotClassifyRequest(   # the hypothesis alone is too long
+        model=NLI_ROBERTA, texts=["a"], candidate_labels=["x", "castle " * 80], truncate=True)) == "candidate_labels[1]"
+
+
+def test_zero_shot_refusals_name_the_field(tasks: pb_grpc.TaskServiceStub, http: httpx.Client,
+                                           server: ServerProcess) -> None:
+    before = batches(server)
+    ok = {"model": NLI_BERT, "inputs": ["a text"], "candidate_labels": CANDIDATES}
+    for change, field in (({"model": CLASSIFIER}, "model"), ({"model": MULTI}, "model"), ({"model": GPT}, "model"),
+                          ({"candidate_labels": []}, "candidate_labels"), ({"candidate_labels": ""}, "candidate_labels"),
+                          ({"candidate_labels": ["a", " "]}, "candidate_labels[1]"),
+                          ({"candidate_labels": ["a", 3]}, "candidate_labels[1]"),
+                          ({"candidate_labels": [f"l{i}" for i in range(2000)]}, "candidate_labels"),
+                          ({"inputs": ["a"] * 300}, "candidate_labels"),      # 300 x 4 pairs > 1024 rows
+                          ({"inputs": []}, "inputs"), ({"inputs": ["a", 5]}, "inputs[1]"),
+                          ({"inputs": ["a", "x" * 100_000]}, "inputs[1]"),
+                          ({"hypothesis_template": "no field"}, "hypothesis_template"),
+                          ({"hypothesis_template": "{0.__class__}"}, "hypothesis_template"),
+                          ({"hypothesis_template": "{} and {}"}, "hypothesis_template"),
+                          ({"hypothesis_template": "{:>40}"}, "hypothesis_template"),
+                          ({"hypothesis_template": "{"}, "hypothesis_template")):
+        assert refused(http.post("/v1/zero-shot-classification", json={**ok, **change})) == field, change
+    request = pb.ZeroShotClassifyRequest(model=NLI_BERT, texts=["a"], candidate_labels=CANDIDATES)
+    for change, field in (({"model": CLASSIFIER}, "model"), ({"texts": []}, "texts"),
+                          ({"candidate_labels": []}, "candidate_labels"),
+                          ({"hypothesis_template": "{x}"}, "hypothesis_template"),
+                          ({"texts": ["castle " * 300]}, "texts[0]")):   # fits the character bound, not 62 tokens
+        changed = pb.ZeroShotClassifyRequest()
+        changed.CopyFrom(request)
+        for key, value in change.items():
+            if isinstance(value, list):
+                del getattr(changed, key)[:]
+                getattr(changed, key).extend(value)
+            else:
+                setattr(changed, key, value)
+        assert grpc_refused(tasks.ZeroShotClassify, changed) == field, change
+    assert batches(server) == before      # every refusal came before compute
+    with grpc.insecure_channel(server.address) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.TaskServiceStub(channel).ZeroShotClassify(pb.ZeroShotClassifyRequest(model="nope", texts=["a"],
+                                                                                         candidate_labels=["b"]))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_client_library_zero_shot_and_function_to_apply(server: ServerProcess, heads: dict[str, Path]) -> None:
+    import asyncio
+
+    from clients import AsyncOrtserveClient, OrtserveClient, OrtserveError
+
+    want = zero_shot_reference(heads[NLI_BERT], HEAD_TEXTS, True, None)
+    with OrtserveClient(server.address, timeout=60) as client:
+        got = client.zero_shot_classify(HEAD_TEXTS, CANDIDATES, NLI_BERT, multi_label=True)
+        assert_zero_shot([(r.sequence, r.labels, r.scores) for r in got], want)
+        raw = client.classify(HEAD_TEXTS, MULTI, function_to_apply="none")
+        assert_scores([{s.label: s.score for s in r.scores} for r in raw],
+                      by_label(text_pipeline(heads[MULTI])(HEAD_TEXTS, function_to_apply="none")), atol=1e-4)
+        with pytest.raises(OrtserveError, match="function_to_apply"):
+            client.classify("a", MULTI, function_to_apply="tanh")
+        with pytest.raises(OrtserveError, match="model"):
+            client.zero_shot_classify("a", CANDIDATES, CLASSIFIER)
+
+    async def run() -> None:
+        async with AsyncOrtserveClient(server.address, timeout=60) as aclient:
+            answer = await aclient.zero_shot_classify(HEAD_TEXTS, ", ".join(CANDIDATES), NLI_BERT, multi_label=True)
+            assert_zero_shot([(r.sequence, r.labels, r.scores) for r in answer], want)
+    asyncio.run(run())
+
+
+def test_cli_classify_function_to_apply(server: ServerProcess, heads: dict[str, Path],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from clients.__main__ import main
+
+    code = main(["--address", server.address, "--json", "classify", HEAD_TEXTS[0], "--model", MULTI,
+                 "--function-to-apply", "none"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    got = {s["label"]: s["score"] for s in json.loads(out)[0]["scores"]}
+    assert_scores([got], by_label(text_pipeline(heads[MULTI])(HEAD_TEXTS[:1], function_to_apply="none")), atol=1e-4)
