@@ -39,6 +39,7 @@ from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSeque
 from training.bart import BartConfig, BartForConditionalGeneration
 from training.marian import MarianConfig, MarianMTModel
 from training.t5 import T5Config, T5ForConditionalGeneration
+from training import modernbert as modernbert_mod
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "marian": (MarianMTModel, "MarianMTModel", "marian"),
     "bart": (BartForConditionalGeneration, "BartForConditionalGeneration", "bart"),
     "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
+    **modernbert_mod.KINDS,   # modernbert-mlm, -classifier, -token-classifier
 }
 # Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
 SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
@@ -85,8 +87,10 @@ FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "robert
                                   "electra": ElectraConfig, "marian": MarianConfig, "bart": BartConfig,
                                   "t5": T5Config,
                                   **{t: LlamaConfig for t in LLAMA_FAMILIES}}
+FAMILY_CONFIG["modernbert"] = modernbert_mod.ModernBertConfig
 _PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
            "electra": "electra."}
+_PREFIX["modernbert"] = "model."
 _ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
 # Architectures whose weights are an encoder / decoder we can start from (heads get fresh init).
 _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "roberta-mlm",
@@ -96,6 +100,7 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
                  # Base seq2seq checkpoints (bart-base is one): a tied head needs nothing more.
                  "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5"}
+_ARCH_ALIASES["ModernBertModel"] = "modernbert-mlm"   # gte-/nomic-modernbert: the encoder; a fresh MLM head
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
 
@@ -119,6 +124,7 @@ _HEADS = {
     "albert": ("predictions.", "sop_classifier.", "classifier.", "albert.pooler.", "pooler."),
     "distilbert": ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier."),
     "electra": ("generator_predictions.", "generator_lm_head.", "discriminator_predictions.", "classifier."),
+    "modernbert": ("head.", "decoder.", "classifier."),
 }
 # Buffers old checkpoints carry that are not parameters.
 _BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$")
@@ -168,6 +174,7 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
 _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
                  "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
                  "marian": "marian", "bart": "bart", "t5": "t5"}
+_DEFAULT_KIND["modernbert"] = "modernbert-mlm"
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
@@ -257,6 +264,8 @@ def _tied_keys(model: nn.Module, kind: str) -> set[str]:
         return SEQ2SEQ[kind].tied_keys(model.config)
     if kind == "llama":
         return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    if hasattr(model, "tied_hf_keys"):   # a family whose tying follows its config (ModernBERT)
+        return model.tied_hf_keys()
     return set(_TIED.get(kind, ()))
 
 
