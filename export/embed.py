@@ -47,6 +47,7 @@ MIN_COSINE = 0.99999
 # The family's classifier kind builds the encoder with `encode()`; its (freshly initialised) head never runs.
 ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "albert": "albert-classifier",
                  "distilbert": "distilbert-classifier", "electra": "electra-classifier"}
+ENCODER_KINDS["modernbert"] = "modernbert-classifier"
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,7 @@ class ModelBuilder:
         validate_config(cfg)
         self.cfg = cfg
         self.info = inspect_checkpoint(cfg.checkpoint, cfg.task)
+        variants.refuse_unfused(self.info.model_type, cfg.variants)
         self.checkpoint = self.info.path
 
     def load(self) -> None:
