@@ -92,3 +92,13 @@ def hf_logits(ckpt: Path, task: str, feeds: dict[str, torch.Tensor]) -> torch.Te
     with torch.no_grad():
         out = model(**feeds)
     return out.last_hidden_state if task == "embed" else out.logits
+
+
+def st_embeddings(ckpt: Path, pooling: str, normalize: bool, texts: list[str]):
+    """sentence-transformers' vectors for `texts`: the checkpoint's encoder, `pooling` ("cls" / "mean"), Normalize."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    word = Transformer(str(ckpt))
+    modules = [word, Pooling(word.get_embedding_dimension(), pooling)] + ([Normalize()] if normalize else [])
+    return SentenceTransformer(modules=modules, device="cpu").encode(texts, convert_to_numpy=True)

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.modernbert_models import HF_CLASSES, LABELS, TAGS, TEXTS, WINDOW, build_checkpoints, hf_logits, padded_batch
+from tests.modernbert_models import (HF_CLASSES, LABELS, TAGS, TEXTS, WINDOW, build_checkpoints, hf_logits,
+                                     padded_batch, st_embeddings)
 
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -211,9 +212,6 @@ def test_int8_variant_agrees_where_the_gate_kept_it(packages, tmp_path: Path) ->
 def test_embed_export_equals_sentence_transformers(checkpoints, tmp_path: Path) -> None:
     """A ModernBertModel checkpoint (gte-modernbert's shape) as an embedding package, CLS-pooled and normalized as
     gte-modernbert is, and mean-pooled as nomic's: equal to sentence-transformers on the same directory."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
     from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
 
@@ -225,11 +223,7 @@ def test_embed_export_equals_sentence_transformers(checkpoints, tmp_path: Path) 
                                                pooling=pooling, normalize=normalize))
         assert r.parity["passed"]
         got = _session(r.package_dir / "model.onnx").run(["embeddings"], feeds)[0]
-        word = Transformer(str(ckpt))
-        modules = [word, Pooling(word.get_embedding_dimension(), pooling)]
-        if normalize == "on":
-            modules.append(Normalize())
-        want = SentenceTransformer(modules=modules, device="cpu").encode(TEXTS, convert_to_numpy=True)
+        want = st_embeddings(ckpt, pooling, normalize == "on", TEXTS)
         assert float(np.abs(got - want).max()) <= 1e-4
 
 
