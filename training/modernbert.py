@@ -280,11 +280,6 @@ class ModernBertModel(nn.Module):
             x = layer(x, rotary[layer.attention_type], masks[layer.attention_type])
         return self.final_norm(x)
 
-    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        """What every family's encoder answers (training/heads.py): no pooled vector."""
-        return self(input_ids, attention_mask), None
-
 
 class ModernBertPredictionHead(nn.Module):
     """dense -> classifier_activation -> norm: under the MLM decoder and under every classifier."""
@@ -315,7 +310,8 @@ class _Headed(nn.Module):
 
     def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        return self.model.states(input_ids, attention_mask)
+        """What every family's encoder answers (training/heads.py): no pooled vector."""
+        return self.encode(input_ids, attention_mask), None
 
 
 class ModernBertForMaskedLM(_Headed):

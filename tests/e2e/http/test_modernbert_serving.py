@@ -41,7 +41,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, grpc.Channel]]:
+    """The four packages exported, a server on them (HTTP door too) and a gRPC channel to it."""
     from tests.conftest import one_torch_thread
     from export import ExportConfig, export_checkpoint
 
@@ -51,21 +52,13 @@ def server(checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
             extra = {"pooling": "cls", "normalize": "on"} if task == "embed" else {}
             export_checkpoint(ExportConfig(checkpoint=checkpoints[task], task=task, repository=repo, name=name,
                                            **extra))
-    proc = ServerProcess(repo, ["--http-port", "0", "--max-queue-delay-ms", "2"])
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    with ServerProcess(repo, ["--http-port", "0", "--max-queue-delay-ms", "2"]) as proc:
+        with grpc.insecure_channel(proc.address) as channel:
+            yield proc, channel
 
 
-@pytest.fixture(scope="module")
-def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(server.address) as ch:
-        yield ch
-
-
-def test_task_api_answers_equal_transformers(channel, checkpoints) -> None:
-    stub = pb_grpc.TaskServiceStub(channel)
+def test_task_api_answers_equal_transformers(server, checkpoints) -> None:
+    stub = pb_grpc.TaskServiceStub(server[1])
     got = stub.Classify(pb.ClassifyRequest(model="mb-classify", inputs=[pb.TextInput(text=t) for t in TEXTS]))
     want = _softmax(hf_logits(checkpoints["classify"], "classify",
                               padded_batch(checkpoints["classify"], TEXTS)).numpy())
@@ -100,7 +93,7 @@ def test_task_api_answers_equal_transformers(channel, checkpoints) -> None:
     np.testing.assert_allclose(np.array([list(e.values) for e in emb.embeddings]), want, atol=1e-4)
 
 
-def test_kserve_raw_tensors_over_grpc_and_rest(channel, server: ServerProcess, checkpoints) -> None:
+def test_kserve_raw_tensors_over_grpc_and_rest(server, checkpoints) -> None:
     """A padded batch (pad rows beyond the window of every real token included) as raw tensors: the graph's logits
     at every position equal transformers'."""
     ckpt = checkpoints["fill-mask"]
@@ -110,7 +103,7 @@ def test_kserve_raw_tensors_over_grpc_and_rest(channel, server: ServerProcess, c
     for name, value in feeds.items():
         req.inputs.add(name=name, datatype="INT64", shape=list(value.shape))
         req.raw_input_contents.append(value.tobytes())
-    out = kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(req)
+    out = kserve_grpc.GRPCInferenceServiceStub(server[1]).ModelInfer(req)
     got = np.frombuffer(out.raw_output_contents[0], dtype=np.float32).reshape(out.outputs[0].shape)
     assert float(np.abs(got - want).max()) <= 1e-4
 
@@ -118,15 +111,15 @@ def test_kserve_raw_tensors_over_grpc_and_rest(channel, server: ServerProcess, c
     feeds = {k: v.numpy() for k, v in padded_batch(ckpt, TEXTS).items()}
     body = {"inputs": [{"name": n, "datatype": "INT64", "shape": list(v.shape), "data": v.ravel().tolist()}
                        for n, v in feeds.items()]}
-    answer = httpx.post(f"{server.http_url}/v2/models/mb-classify/infer", json=body, timeout=60)
+    answer = httpx.post(f"{server[0].http_url}/v2/models/mb-classify/infer", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
     [logits] = answer.json()["outputs"]
     got = np.array(logits["data"], dtype=np.float32).reshape(logits["shape"])
     assert float(np.abs(got - hf_logits(ckpt, "classify", padded_batch(ckpt, TEXTS)).numpy()).max()) <= 1e-4
 
 
-def test_http_routes_answer_as_the_references(server: ServerProcess, checkpoints) -> None:
-    with httpx.Client(base_url=server.http_url, timeout=60) as http:
+def test_http_routes_answer_as_the_references(server, checkpoints) -> None:
+    with httpx.Client(base_url=server[0].http_url, timeout=60) as http:
         answer = http.post("/v1/embeddings", json={"model": "mb-embed", "input": TEXTS})
         assert answer.status_code == 200, answer.text
         got = np.array([d["embedding"] for d in sorted(answer.json()["data"], key=lambda d: d["index"])])
