@@ -62,7 +62,7 @@ class ModernBertConfig:
     initializer_cutoff_factor: float = 2.0
     norm_eps: float = 1e-5
     norm_bias: bool = False
-    pad_token_id: int = 50283
+    pad_token_id: int | None = 50283
     eos_token_id: int | None = 50282
     bos_token_id: int | None = 50281
     cls_token_id: int | None = 50281
@@ -129,8 +129,9 @@ class ModernBertConfig:
         scaling is refused by name: the graph computes plain RoPE only."""
         if d.get("rope_scaling"):
             raise ValueError(f"rope_scaling: only plain rotary positions are supported, got {d['rope_scaling']!r}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names and v is not None}
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        # A null keeps its meaning where the field may be None (no eos token...); elsewhere it means the default.
+        kw = {k: v for k, v in d.items() if k in fields and (v is not None or fields[k] is None or k.endswith("_id"))}
         rope = d.get("rope_parameters") or {}
         for layer_type, key in _THETA_KEYS.items():
             params = rope.get(layer_type) or {}

@@ -185,6 +185,14 @@ def test_exported_graph_equals_transformers_on_a_padded_batch(packages, checkpoi
         assert m["mask_token"] == "[MASK]"
 
 
+def test_validate_reruns_the_gate(packages) -> None:
+    from export.validate import validate_package
+
+    repo, _ = packages
+    passed, table = validate_package(repo / "token-classify" / "1")
+    assert passed, table
+
+
 def test_int8_variant_agrees_where_the_gate_kept_it(packages, tmp_path: Path) -> None:
     """The trained classifier: int8 passed its top-1 agreement gate and is the CPU default; its answers agree with
     transformers on our checkpoint. The random MLM's near-tied logits may not keep 99% of their top-1: then the gate
