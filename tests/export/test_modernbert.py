@@ -98,6 +98,27 @@ def test_released_config_keys_load_as_transformers_reads_them(checkpoints, tmp_p
         assert float((ours(**feeds) - hf_logits(d, "classify", feeds)).abs().max()) <= 1e-5
 
 
+def test_a_file_with_the_tied_decoder_copy_loads(checkpoints, tmp_path: Path) -> None:
+    """transformers 5 leaves decoder.weight out when tied; files that carry the copy load to the same model."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from training.checkpoint import load_model
+
+    d = tmp_path / "with-copy"
+    shutil.copytree(checkpoints["fill-mask"], d)
+    weights = load_file(str(d / "model.safetensors"))
+    assert "decoder.weight" not in weights
+    weights["decoder.weight"] = weights["model.embeddings.tok_embeddings.weight"].clone()
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    ours, _ = load_model(d)
+    assert ours.decoder.weight is ours.model.embeddings.tok_embeddings.weight
+    feeds = padded_batch(d, TEXTS)
+    with torch.no_grad():
+        assert float((ours(**feeds) - hf_logits(d, "fill-mask", feeds)).abs().max()) <= 1e-5
+
+
 @pytest.mark.parametrize("task", ["fill-mask", "classify-mean", "token-classify"])
 def test_our_checkpoint_loads_in_transformers(checkpoints, tmp_path: Path, task: str) -> None:
     from training.checkpoint import load_model, save_model
