@@ -46,6 +46,7 @@ POOLINGS = ("mean", "cls")
 ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "albert": "albert-classifier",
                  "distilbert": "distilbert-classifier", "electra": "electra-classifier",
                  "xlm-roberta": "xlm-roberta-classifier"}
+ENCODER_KINDS["modernbert"] = "modernbert-classifier"
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,7 @@ class ModelBuilder:
         validate_config(cfg)
         self.cfg = cfg
         self.info = inspect_checkpoint(cfg.checkpoint, cfg.task)
+        variants.refuse_unfused(self.info.model_type, cfg.variants)
         self.checkpoint = self.info.path
         if cfg.task == "classify":   # an activation we cannot serve is refused before any weight is loaded
             head_activation(self.info.path, self.info.config)

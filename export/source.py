@@ -48,6 +48,11 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "XLMRobertaForMaskedLM": {"fill-mask": "xlm-roberta-mlm"},
     "XLMRobertaForTokenClassification": {"token-classify": "xlm-roberta-token-classifier"},
     "XLMRobertaModel": {},
+    # ModernBERT (training/modernbert.py): no token types; its encoder alone serves embed (export/embed.py).
+    "ModernBertForSequenceClassification": {"classify": "modernbert-classifier"},
+    "ModernBertForMaskedLM": {"fill-mask": "modernbert-mlm"},
+    "ModernBertForTokenClassification": {"token-classify": "modernbert-token-classifier"},
+    "ModernBertModel": {},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -61,6 +66,7 @@ MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "ll
 MODEL_TYPES += ("xlm-roberta",)
 # Families with RoBERTa's positions (they start past the padding index).
 ROBERTA_POSITIONS = ("roberta", "xlm-roberta")
+MODEL_TYPES += ("modernbert",)
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")

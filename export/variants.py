@@ -32,6 +32,20 @@ class VariantBuild:
 
 ENCODER_FAMILIES = ("bert", "roberta", "albert", "distilbert", "electra")
 ENCODER_FAMILIES += ("xlm-roberta",)
+# Encoder families without an optimized variant, and why (refused by name before anything is built).
+UNFUSED_FAMILIES = {
+    # Measured (bench/FINDINGS.md, "ModernBERT and onnxruntime's fusions"): optimize_model(model_type="bert") finds
+    # no Attention in a graph whose queries and keys are rotated, and fuses only Gelu, which onnxruntime's own
+    # session optimizations fuse at load anyway.
+    "modernbert": "ModernBERT's rotary attention matches none of onnxruntime's Attention fusions; its graph is "
+                  "exported unfused (fp32, int8)",
+}
+
+
+def refuse_unfused(architecture: str, wanted: tuple[str, ...]) -> None:
+    """ExportError for --variants optimized on a family that has none."""
+    if "optimized" in wanted and architecture in UNFUSED_FAMILIES:
+        raise ExportError(f"--variants: optimized: {UNFUSED_FAMILIES[architecture]}")
 
 
 def expected_fusions(architecture: str, num_layers: int) -> dict[str, int]:

@@ -40,6 +40,7 @@ from training.bart import BartConfig, BartForConditionalGeneration
 from training.marian import MarianConfig, MarianMTModel
 from training.t5 import T5Config, T5ForConditionalGeneration
 from training import xlm_roberta as xlmr_mod
+from training import modernbert as modernbert_mod
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "bart": (BartForConditionalGeneration, "BartForConditionalGeneration", "bart"),
     "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
     **xlmr_mod.KINDS,
+    **modernbert_mod.KINDS,   # modernbert-mlm, -classifier, -token-classifier
 }
 # Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
 SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
@@ -87,8 +89,10 @@ FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "robert
                                   "electra": ElectraConfig, "marian": MarianConfig, "bart": BartConfig,
                                   "t5": T5Config,
                                   **{t: LlamaConfig for t in LLAMA_FAMILIES}}
+FAMILY_CONFIG["modernbert"] = modernbert_mod.ModernBertConfig
 _PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
            "electra": "electra."}
+_PREFIX["modernbert"] = "model."
 _ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
 # Architectures whose weights are an encoder / decoder we can start from (heads get fresh init).
 _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "roberta-mlm",
@@ -98,6 +102,7 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
                  # Base seq2seq checkpoints (bart-base is one): a tied head needs nothing more.
                  "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5"}
+_ARCH_ALIASES["ModernBertModel"] = "modernbert-mlm"   # gte-/nomic-modernbert: the encoder; a fresh MLM head
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
 
@@ -122,6 +127,7 @@ _HEADS = {
     "albert": ("predictions.", "sop_classifier.", "classifier.", "albert.pooler.", "pooler."),
     "distilbert": ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier."),
     "electra": ("generator_predictions.", "generator_lm_head.", "discriminator_predictions.", "classifier."),
+    "modernbert": ("head.", "decoder.", "classifier."),
 }
 # Buffers old checkpoints carry that are not parameters.
 _BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$")
@@ -177,6 +183,7 @@ _PREFIX[xlmr_mod.MODEL_TYPE] = "roberta."
 _HEADS[xlmr_mod.MODEL_TYPE] = _HEADS["roberta"]
 _ARCH_ALIASES.update(xlmr_mod.ARCH_ALIASES)
 _DEFAULT_KIND[xlmr_mod.MODEL_TYPE] = "xlm-roberta-mlm"
+_DEFAULT_KIND["modernbert"] = "modernbert-mlm"
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
@@ -266,6 +273,8 @@ def _tied_keys(model: nn.Module, kind: str) -> set[str]:
         return SEQ2SEQ[kind].tied_keys(model.config)
     if kind == "llama":
         return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    if hasattr(model, "tied_hf_keys"):   # a family whose tying follows its config (ModernBERT)
+        return model.tied_hf_keys()
     return set(_TIED.get(kind, ()))
 
 
