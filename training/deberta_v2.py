@@ -1,0 +1,518 @@
+"""DeBERTa-v2 / v3 encoder and heads with Hugging Face parameter names (transformers' DebertaV2*).
+
+DeBERTa keeps BERT's post-LN layer (attention, residual + LayerNorm, FFN, residual + LayerNorm) and changes the
+attention: besides content-to-content (q . k) a layer adds, per `pos_att_type`,
+- c2p, content-to-position: the query against a projected relative-distance embedding, q_i . Pk[d(i, j)];
+- p2c, position-to-content: the key against a projected relative-distance embedding, k_j . Pq[d'(j, i)];
+all divided by sqrt(head_dim x (1 + number of those terms)). Distances are relative (i - j), mapped to
+`position_buckets` log-spaced buckets (exact within half the buckets, logarithmic beyond, up to
+`max_relative_positions`) and clipped into the table of 2 x buckets rows (`encoder.rel_embeddings`, LayerNormed
+when `norm_rel_ebd` says "layer_norm"). With `share_att_key` the content projections also project the distances;
+otherwise `pos_key_proj` / `pos_query_proj` do.
+- v3 (`position_biased_input` false): no absolute position table at all; v2: absolute positions added as BERT does.
+- `type_vocab_size` 0 (both released generations): no token-type table; the graph then takes no token_type_ids.
+- `conv_kernel_size` > 0 (v2-xlarge/xxlarge): a 1-D convolution over the embeddings joins the first layer's output.
+- the padding mask is applied to the embeddings and, as a [query x key] product, to every attention.
+
+Relative distances are looked up, not computed from a float log at run time: the bucket of every distance the
+model can meet (|i - j| < max_position_embeddings) is worked out once, in torch, with the maths transformers uses,
+and stored as two small index tables (c2p and p2c, already shifted and clipped). The graph gathers from them with
+indices built from the run's own sequence length, so an exported graph serves any length up to the model's, and
+no ceil(log(...)) can land on the other side of an integer in another runtime's log.
+
+Heads, under HF's names: DebertaV2ForSequenceClassification (`pooler.dense` on the first token + pooler_hidden_act,
+then `classifier`), DebertaV2ForTokenClassification (`classifier` at every position), DebertaV2ForMaskedLM in
+both of transformers' layouts, chosen by config `legacy` as transformers chooses: legacy (its default)
+`cls.predictions` (transform H -> E, LayerNorm, decoder tied to the word embeddings, bias), or the enhanced-mask
+decoder's `lm_predictions.lm_head` (dense H -> H, LayerNorm, product with the word embeddings, bias).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.bert import BertConfig, activation
+from training.heads import MaskedLM, SequenceClassifier, TokenClassifier
+from training.weight_init import init_weights
+
+POS_ATT_TYPES = ("c2p", "p2c")
+
+
+def _act(name: str):
+    """pooler_hidden_act / conv_act / hidden_act: BERT's activations plus the tanh DeBERTa's conv uses."""
+    return torch.tanh if name == "tanh" else activation(name)
+
+
+@dataclass
+class DebertaV2Config(BertConfig):
+    """HF's DebertaV2Config keys and defaults (microsoft/deberta-v2-xlarge's sizes), plus the keys transformers
+    reads with getattr (position_buckets, share_att_key, norm_rel_ebd, conv_*, embedding_size)."""
+
+    vocab_size: int = 128100
+    hidden_size: int = 1536
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 24
+    intermediate_size: int = 6144
+    type_vocab_size: int = 0
+    layer_norm_eps: float = 1e-7
+    relative_attention: bool = False
+    max_relative_positions: int = -1
+    position_buckets: int = -1
+    position_biased_input: bool = True
+    pos_att_type: list[str] | str | None = None
+    share_att_key: bool = False
+    norm_rel_ebd: str = "none"
+    pooler_dropout: float = 0.0
+    pooler_hidden_act: str = "gelu"
+    pooler_hidden_size: int | None = None
+    cls_dropout: float | None = None
+    legacy: bool = True
+    tie_word_embeddings: bool = True
+    conv_kernel_size: int = 0
+    conv_groups: int = 1
+    conv_act: str = "tanh"
+    embedding_size: int | None = None
+    attention_head_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pos_att_type, str):   # HF accepts "p2c|c2p"
+            self.pos_att_type = [x.strip() for x in self.pos_att_type.lower().split("|")]
+        self.pos_att_type = list(self.pos_att_type or [])
+        unknown = [t for t in self.pos_att_type if t not in POS_ATT_TYPES]
+        if unknown:
+            raise ValueError(f"pos_att_type: unsupported {unknown} (any of {list(POS_ATT_TYPES)})")
+        if self.attention_head_size is not None and self.attention_head_size * self.num_attention_heads \
+                != self.hidden_size:
+            raise ValueError(f"attention_head_size: {self.attention_head_size} x {self.num_attention_heads} heads "
+                             f"!= hidden_size {self.hidden_size} is not supported")
+        if self.pooler_hidden_size is None:
+            self.pooler_hidden_size = self.hidden_size
+        if self.pooler_hidden_size != self.hidden_size:
+            raise ValueError(f"pooler_hidden_size: {self.pooler_hidden_size} != hidden_size {self.hidden_size} "
+                             "is not supported")
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+        if self.relative_attention and 0 < self.position_buckets < 2:
+            raise ValueError(f"position_buckets: {self.position_buckets} is too few (at least 2)")
+        super().__post_init__()
+        _act(self.pooler_hidden_act)
+        _act(self.conv_act)
+
+    @property
+    def norm_rel(self) -> bool:
+        return "layer_norm" in [x.strip() for x in self.norm_rel_ebd.lower().split("|")]
+
+    @property
+    def max_relative(self) -> int:
+        """The distance bucketing saturates at (max_position_embeddings when the config leaves it unset)."""
+        return self.max_relative_positions if self.max_relative_positions >= 1 else self.max_position_embeddings
+
+    @property
+    def att_span(self) -> int:
+        """Half the relative-embedding rows: the buckets, or every distance up to max_relative."""
+        return self.position_buckets if self.position_buckets > 0 else self.max_relative
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["id2label"] = {str(k): v for k, v in self.id2label.items()}
+        for key in ("num_labels", "classifier_dropout", "cls_dropout", "attention_head_size"):
+            if d.get(key) is None or key == "num_labels":
+                d.pop(key, None)
+        d["model_type"] = "deberta-v2"
+        return d
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "DebertaV2Config":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        if kw.get("id2label") is not None and "num_labels" in kw and kw["num_labels"] != len(kw["id2label"]):
+            kw.pop("num_labels")
+        if kw.get("pad_token_id") is None:
+            kw.pop("pad_token_id", None)
+        return cls(**kw)
+
+
+def log_bucket(distance: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
+    """DeBERTa's bucket of each relative distance (int64 -> int64): exact while |d| < buckets / 2, then
+    ceil(log(|d| / mid) / log((max_position - 1) / mid) x (mid - 1)) + mid with d's sign (the float32 maths of
+    transformers' make_log_bucket_position, so the tables equal its buckets)."""
+    mid = buckets // 2
+    near = (distance < mid) & (distance > -mid)
+    magnitude = torch.where(near, torch.full_like(distance, mid - 1), distance.abs())
+    span = torch.log(torch.tensor((max_position - 1) / mid))
+    far = torch.ceil(torch.log(magnitude / mid) / span * (mid - 1)) + mid
+    return torch.where(magnitude <= mid, distance.to(far.dtype), far * torch.sign(distance)).long()
+
+
+def relative_index_tables(config: DebertaV2Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c2p, p2c) rows of the relative embedding for every distance d = i - j in [-(L - 1), L - 1] (entry d + L - 1),
+    L = max_position_embeddings: c2p's clip(bucket(d) + span), p2c's clip(span - bucket(d)), as transformers
+    clips them into [0, 2 x span)."""
+    n = config.max_position_embeddings
+    distance = torch.arange(-(n - 1), n, dtype=torch.long)
+    if config.position_buckets > 0:
+        distance = log_bucket(distance, config.position_buckets, config.max_relative)
+    span = config.att_span
+    return (torch.clamp(distance + span, 0, 2 * span - 1), torch.clamp(span - distance, 0, 2 * span - 1))
+
+
+class DebertaV2Embeddings(nn.Module):
+    """Word (+ absolute position when position_biased_input) (+ token type when type_vocab_size > 0), the E -> H
+    projection when embedding_size differs, LayerNorm, zeroed at padding."""
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        e = config.embedding_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
+        self.position_embeddings = (nn.Embedding(config.max_position_embeddings, e)
+                                    if config.position_biased_input else None)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, e) if config.type_vocab_size > 0 else None
+        self.embed_proj = nn.Linear(e, config.hidden_size, bias=False) if e != config.hidden_size else None
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings).unsqueeze(0),
+                             persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings(input_ids)
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(self.position_ids[:, :input_ids.size(1)])
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings(token_type_ids)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)
+        x = self.LayerNorm(x) * mask.unsqueeze(-1).to(x.dtype)
+        return self.dropout(x)
+
+
+class DisentangledSelfAttention(nn.Module):
+    """Content-to-content plus the c2p / p2c terms of pos_att_type (module docstring), on [B, heads, S, D]."""
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        h = config.hidden_size
+        self.query_proj = nn.Linear(h, h)
+        self.key_proj = nn.Linear(h, h)
+        self.value_proj = nn.Linear(h, h)
+        self.pos_att_type = tuple(config.pos_att_type)
+        self.relative_attention = config.relative_attention
+        self.share_att_key = config.share_att_key
+        if self.relative_attention and not self.share_att_key:
+            if "c2p" in self.pos_att_type:
+                self.pos_key_proj = nn.Linear(h, h)
+            if "p2c" in self.pos_att_type:
+                self.pos_query_proj = nn.Linear(h, h)
+        # transformers divides by sqrt(D x (1 + terms)) computed in float32, whether or not relative attention is on
+        self.register_buffer("scale", torch.sqrt(torch.tensor(float(self.head_dim * (1 + len(self.pos_att_type))))),
+                             persistent=False)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.pos_dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        # [..., S, hidden] -> [..., heads, S, D]
+        x = x.view(x.size()[:-1] + (self.num_heads, self.head_dim))
+        return x.transpose(-3, -2)
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, rel_embeddings: torch.Tensor | None,
+                c2p_index: torch.Tensor | None, p2c_index: torch.Tensor | None) -> torch.Tensor:
+        """mask: bool [B, 1, S, S]; c2p_index / p2c_index: int64 [S, S] rows of rel_embeddings per (i, j)."""
+        q = self._heads(self.query_proj(hidden))
+        k = self._heads(self.key_proj(hidden))
+        v = self._heads(self.value_proj(hidden))
+        scores = torch.matmul(q, k.transpose(-1, -2) / self.scale)
+        if self.relative_attention and self.pos_att_type:
+            scores = scores + self._position_scores(q, k, self.pos_dropout(rel_embeddings), c2p_index, p2c_index)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = self.dropout(torch.softmax(scores, dim=-1))
+        ctx = torch.matmul(probs, v).transpose(1, 2).contiguous()
+        return ctx.view(ctx.size()[:-2] + (self.num_heads * self.head_dim,))
+
+    def _position_scores(self, q: torch.Tensor, k: torch.Tensor, rel: torch.Tensor, c2p_index: torch.Tensor,
+                         p2c_index: torch.Tensor) -> torch.Tensor:
+        full = q.shape[:-1] + (q.size(-2),)   # [B, heads, S, S]
+        score = torch.zeros((), dtype=q.dtype)
+        if "c2p" in self.pos_att_type:
+            proj = self.key_proj if self.share_att_key else self.pos_key_proj
+            pos_key = self._heads(proj(rel))                                  # [heads, 2 span, D]
+            c2p = torch.matmul(q, pos_key.transpose(-1, -2))                  # [B, heads, S, 2 span]
+            score = score + torch.gather(c2p, -1, c2p_index.expand(full)) / self.scale
+        if "p2c" in self.pos_att_type:
+            proj = self.query_proj if self.share_att_key else self.pos_query_proj
+            pos_query = self._heads(proj(rel))
+            p2c = torch.matmul(k, pos_query.transpose(-1, -2))                # [B, heads, S (keys), 2 span]
+            # row j, column i: key j against the embedding of distance j - i's p2c entry; transposed to [i, j]
+            score = score + torch.gather(p2c, -1, p2c_index.expand(full)).transpose(-1, -2) / self.scale
+        return score
+
+
+class DebertaV2SelfOutput(nn.Module):
+    def __init__(self, config: DebertaV2Config, width: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(width, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class DebertaV2Attention(nn.Module):
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.self = DisentangledSelfAttention(config)
+        self.output = DebertaV2SelfOutput(config, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor, *relative: Any) -> torch.Tensor:
+        return self.output(self.self(hidden, *relative), hidden)
+
+
+class DebertaV2Intermediate(nn.Module):
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(hidden))
+
+
+class DebertaV2Layer(nn.Module):
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.attention = DebertaV2Attention(config)
+        self.intermediate = DebertaV2Intermediate(config)
+        self.output = DebertaV2SelfOutput(config, config.intermediate_size)   # HF's DebertaV2Output: same parts
+
+    def forward(self, hidden: torch.Tensor, *relative: Any) -> torch.Tensor:
+        attn = self.attention(hidden, *relative)
+        return self.output(self.intermediate(attn), attn)
+
+
+class ConvLayer(nn.Module):
+    """conv_kernel_size > 0: Conv1d over the embeddings (padding positions zeroed), conv_act, added to the first
+    layer's output, LayerNorm, zeroed at padding."""
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        size = config.conv_kernel_size
+        self.conv = nn.Conv1d(config.hidden_size, config.hidden_size, size, padding=(size - 1) // 2,
+                              groups=config.conv_groups)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.act = _act(config.conv_act)
+
+    def forward(self, embedded: torch.Tensor, layer_out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        keep = mask.unsqueeze(-1).to(embedded.dtype)
+        out = self.conv(embedded.transpose(1, 2)).transpose(1, 2) * keep
+        out = self.act(self.dropout(out))
+        return self.LayerNorm(layer_out + out) * keep
+
+
+class DebertaV2Encoder(nn.Module):
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.config = config
+        self.layer = nn.ModuleList(DebertaV2Layer(config) for _ in range(config.num_hidden_layers))
+        if config.relative_attention:
+            self.rel_embeddings = nn.Embedding(2 * config.att_span, config.hidden_size)
+            c2p, p2c = relative_index_tables(config)
+            self.register_buffer("c2p_table", c2p, persistent=False)
+            self.register_buffer("p2c_table", p2c, persistent=False)
+        if config.norm_rel:
+            self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.conv = ConvLayer(config) if config.conv_kernel_size > 0 else None
+
+    def _relative(self, seq: int) -> tuple[torch.Tensor | None, ...]:
+        if not self.config.relative_attention:
+            return None, None, None
+        rel = self.rel_embeddings.weight
+        if self.config.norm_rel:
+            rel = self.LayerNorm(rel)
+        pos = torch.arange(seq)
+        # entry (i - j) + L - 1 of the tables, built from this run's length: no length is fixed in an export
+        index = pos.unsqueeze(1) - pos.unsqueeze(0) + (self.config.max_position_embeddings - 1)
+        return rel, self.c2p_table[index], self.p2c_table[index]
+
+    def forward(self, embedded: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        seq = embedded.size(1)
+        if seq > self.config.max_position_embeddings:
+            raise ValueError(f"input_ids: {seq} tokens > max_position_embeddings {self.config.max_position_embeddings}")
+        keep = attention_mask.bool()
+        mask = (keep.unsqueeze(1) & keep.unsqueeze(2)).unsqueeze(1)    # [B, 1, S, S]: query and key both real
+        relative = self._relative(seq)
+        hidden = embedded
+        for i, layer in enumerate(self.layer):
+            hidden = layer(hidden, mask, *relative)
+            if i == 0 and self.conv is not None:
+                hidden = self.conv(embedded, hidden, attention_mask)
+        return hidden
+
+
+class DebertaV2Model(nn.Module):
+    """Embeddings + the disentangled-attention encoder; no pooler (the classifier's ContextPooler is its own)."""
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = DebertaV2Embeddings(config)
+        self.encoder = DebertaV2Encoder(config)
+        self.apply(lambda m: init_weights(m, config.initializer_range))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """-> last_hidden_state [B, S, H]."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        return self.encoder(self.embeddings(input_ids, token_type_ids, attention_mask), attention_mask)
+
+    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        """What every family's encoder answers (training/heads.py): no pooled vector."""
+        return self(input_ids, attention_mask, token_type_ids), None
+
+
+class ContextPooler(nn.Module):
+    """HF's ContextPooler on the first token's vector: dropout, dense, pooler_hidden_act."""
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.pooler_hidden_size, config.pooler_hidden_size)
+        self.dropout = nn.Dropout(config.pooler_dropout)
+        self.act = _act(config.pooler_hidden_act)
+
+    def forward(self, vec: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(self.dropout(vec)))
+
+
+class DebertaV2ForSequenceClassification(SequenceClassifier):
+    """`pooler` (ContextPooler) on the first token, dropout (cls_dropout, else hidden_dropout_prob), `classifier`."""
+
+    prefix = "deberta"
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__(config, DebertaV2Model(config))
+        self.pooler = ContextPooler(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if config.cls_dropout is None else config.cls_dropout)
+        for part in (self.pooler, self.classifier):
+            part.apply(lambda m: init_weights(m, config.initializer_range))
+
+    def head(self, vec: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(self.pooler(vec)))
+
+
+class DebertaV2ForTokenClassification(TokenClassifier):
+    """DeBERTa + dropout (hidden_dropout_prob) + a linear `classifier` at every position."""
+
+    prefix = "deberta"
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__(config, DebertaV2Model(config), config.hidden_dropout_prob)
+
+
+class LegacyPredictionHeadTransform(nn.Module):
+    """cls.predictions.transform: dense H -> E, hidden_act, LayerNorm on E."""
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.embedding_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(hidden)))
+
+
+class LegacyLMPredictionHead(nn.Module):
+    """cls.predictions: transform, then `decoder` E -> vocab (its weight the word embeddings, its bias `bias`)."""
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.transform = LegacyPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.embedding_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder.bias = self.bias
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden))
+
+
+class LegacyOnlyMLMHead(nn.Module):
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.predictions = LegacyLMPredictionHead(config)
+
+
+class EnhancedLMHead(nn.Module):
+    """lm_predictions.lm_head: dense H -> H, hidden_act, LayerNorm, product with the word embeddings, + bias."""
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(self.LayerNorm(self.act(self.dense(hidden))), word_embeddings.t()) + self.bias
+
+
+class EnhancedOnlyMLMHead(nn.Module):
+    def __init__(self, config: DebertaV2Config) -> None:
+        super().__init__()
+        self.lm_head = EnhancedLMHead(config)
+
+
+class DebertaV2ForMaskedLM(MaskedLM):
+    """The MLM head transformers builds for this config: `cls.predictions` when legacy, else `lm_predictions`."""
+
+    prefix = "deberta"
+    decoder_path = "cls.predictions.decoder"
+    bias_path = "cls.predictions.bias"
+
+    def __init__(self, config: DebertaV2Config) -> None:
+        if config.legacy and not config.tie_word_embeddings:
+            raise ValueError("tie_word_embeddings: false (an untied cls.predictions.decoder) is not supported")
+        if not config.legacy and config.embedding_size != config.hidden_size:
+            raise ValueError("embedding_size: the lm_predictions head (legacy false) needs embedding_size == "
+                             "hidden_size (transformers multiplies H-wide states by the E-wide word embeddings)")
+        super().__init__(config, DebertaV2Model(config))
+        if config.legacy:
+            self.cls = LegacyOnlyMLMHead(config)
+            self._init_head(self.cls)
+        else:
+            self.lm_predictions = EnhancedOnlyMLMHead(config)
+            self.lm_predictions.apply(lambda m: init_weights(m, config.initializer_range))
+
+    def tie_weights(self) -> None:
+        if self.config.legacy:
+            super().tie_weights()
+
+    def mlm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.config.legacy:
+            return self.cls.predictions(hidden)
+        return self.lm_predictions.lm_head(hidden, self.deberta.embeddings.word_embeddings.weight)
+
+
+def normalise_hf_keys(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """HF-named weights -> what `model` loads: the keys transformers ignores on load dropped (the absolute position
+    table of a model that does not add one, v3's replaced-token-detection head `mask_predictions.*`); a masked
+    LM whose file holds the other head layout than config `legacy` names is refused (it would load a fresh head)."""
+    config = model.config
+    out = {k: v for k, v in sd.items()
+           if not k.startswith("mask_predictions.")
+           and not (not config.position_biased_input and k.endswith("embeddings.position_embeddings.weight"))}
+    if isinstance(model, DebertaV2ForMaskedLM):
+        other = "lm_predictions." if config.legacy else "cls.predictions."
+        if any(k.startswith(other) for k in out):
+            raise ValueError(f"legacy: config says {str(config.legacy).lower()}, but the weights hold the "
+                             f"{other}* head (set legacy to {str(not config.legacy).lower()})")
+    return out
