@@ -46,7 +46,8 @@ POOLINGS = ("mean", "cls")
 MIN_COSINE = 0.99999
 # The family's classifier kind builds the encoder with `encode()`; its (freshly initialised) head never runs.
 ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "albert": "albert-classifier",
-                 "distilbert": "distilbert-classifier", "electra": "electra-classifier"}
+                 "distilbert": "distilbert-classifier", "electra": "electra-classifier",
+                 "deberta-v2": "deberta-v2-classifier"}
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "MarianMTModel": {"generate": "marian"},
     "BartForConditionalGeneration": {"generate": "bart"},
     "T5ForConditionalGeneration": {"generate": "t5"},
+    # DeBERTa-v2 / v3 (training/deberta_v2.py); DebertaV2Model serves embed only (export/embed.py).
+    "DebertaV2ForSequenceClassification": {"classify": "deberta-v2-classifier"},
+    "DebertaV2ForMaskedLM": {"fill-mask": "deberta-v2-mlm"},
+    "DebertaV2ForTokenClassification": {"token-classify": "deberta-v2-token-classifier"},
+    "DebertaV2Model": {},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -52,7 +57,8 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
 TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES
                                     if "generate" not in ARCHITECTURE_TASKS.get(a, {}))
 MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "llama", "qwen2", "mistral", "marian",
-               "bart", "t5")
+               "bart", "t5",
+               "deberta-v2")
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")
@@ -90,6 +96,8 @@ class CheckpointInfo:
     @property
     def token_types(self) -> bool:
         """Whether the exported encoder graph takes token_type_ids (the manifest's inputs say so)."""
+        if self.model_type == "deberta-v2":   # a table only when type_vocab_size > 0 (v2/v3 releases: none)
+            return int(self.config.get("type_vocab_size") or 0) > 0
         return self.model_type in TOKEN_TYPE_FAMILIES
 
     def kind(self, task: str) -> str:
