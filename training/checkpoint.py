@@ -39,7 +39,7 @@ from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSeque
 from training.bart import BartConfig, BartForConditionalGeneration
 from training.marian import MarianConfig, MarianMTModel
 from training.t5 import T5Config, T5ForConditionalGeneration
-from training import deberta_v2 as deberta_mod
+from training import deberta_v2_heads as deberta_mod
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "marian": (MarianMTModel, "MarianMTModel", "marian"),
     "bart": (BartForConditionalGeneration, "BartForConditionalGeneration", "bart"),
     "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
-    # DeBERTa-v2 / v3 (training/deberta_v2.py); its masked LM's head layout follows config `legacy`.
+    # DeBERTa-v2 / v3 (training/deberta_v2_heads.py); its masked LM's head layout follows config `legacy`.
     "deberta-v2-mlm": (deberta_mod.DebertaV2ForMaskedLM, "DebertaV2ForMaskedLM", "deberta-v2"),
     "deberta-v2-classifier": (deberta_mod.DebertaV2ForSequenceClassification, "DebertaV2ForSequenceClassification",
                               "deberta-v2"),
