@@ -219,6 +219,8 @@ class ModelBuilder:
         validate_config(cfg)
         self.cfg = cfg
         self.info = inspect_checkpoint(cfg.checkpoint, cfg.task)
+        if "optimized" in cfg.variants and self.info.model_type in variants.NO_OPTIMIZED:
+            raise ExportError(variants.NO_OPTIMIZED[self.info.model_type])
         self.checkpoint = self.info.path
 
     def load(self) -> None:
