@@ -62,27 +62,42 @@ V2_SHAPE = dict(position_biased_input=True, type_vocab_size=2, share_att_key=Fal
 
 
 def train_classifier(model: Any, tokenizer_dir: Path, steps: int = 60) -> None:
-    """A few AdamW steps of transformers' classifier on the tiny keyword task (tests/conftest.py), so its logits
-    have real margins: int8 top-1 agreement on a random head's near ties means nothing."""
+    """tests/conftest.py's few Adam steps on the tiny keyword task, on transformers' classifier, so its logits have
+    real margins: int8 top-1 agreement on a random head's near ties means nothing."""
     import torch
     from tokenizers import Tokenizer
 
-    from tests.conftest import synthetic_examples
+    from tests.conftest import _train_classifier
 
-    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    data = synthetic_examples(512, seed=2)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for step in range(steps):
-        batch = data[(step * 32) % len(data):][:32]
-        encs = [tok.encode(t) for t, _ in batch]
-        n = max(len(e.ids) for e in encs)
-        ids = torch.tensor([e.ids + [0] * (n - len(e.ids)) for e in encs])
-        loss = model(input_ids=ids, attention_mask=(ids != 0).long(), labels=torch.tensor([y for _, y in batch])).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hf = model
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+            return self.hf(input_ids=ids, attention_mask=mask).logits
+
+    _train_classifier(Logits(), Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")), steps)
+
+
+def pair_feeds(ckpt: Path, pairs: list[tuple[str, str | None]], mask_every: int = 0,
+               limit: int | None = None) -> dict[str, Any]:
+    """A right-padded batch (torch tensors) of texts or pairs from the checkpoint's tokenizer.json (type ids 0 / 1),
+    as the server builds it; mask_every=k puts [MASK] at every k-th inner position; limit cuts the columns."""
+    import torch
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    encs = [tok.encode(a, b) if b else tok.encode(a) for a, b in pairs]
+    n = max(len(e.ids) for e in encs)
+    ids = torch.zeros((len(encs), n), dtype=torch.long)
+    mask, types = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, e in enumerate(encs):
+        ids[i, :len(e.ids)], mask[i, :len(e.ids)], types[i, :len(e.ids)] = (
+            torch.tensor(e.ids), 1, torch.tensor(e.type_ids))
+        if mask_every:
+            ids[i, 1:len(e.ids) - 1:mask_every] = tok.token_to_id("[MASK]")
+    return {"input_ids": ids[:, :limit], "attention_mask": mask[:, :limit], "token_type_ids": types[:, :limit]}
 
 
 def save_checkpoint(out: Path, cls_name: str, tokenizer_dir: Path, seed: int = 0, train_steps: int = 0,

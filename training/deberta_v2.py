@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.bert import BertConfig, activation
+from training.bert import BertConfig, BertLayer, BertSelfOutput, activation
 from training.weight_init import init_weights
 
 POS_ATT_TYPES = ("c2p", "p2c")
@@ -112,23 +112,15 @@ class DebertaV2Config(BertConfig):
         return self.position_buckets if self.position_buckets > 0 else self.max_relative
 
     def to_hf_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["id2label"] = {str(k): v for k, v in self.id2label.items()}
-        for key in ("num_labels", "classifier_dropout", "cls_dropout", "attention_head_size"):
-            if d.get(key) is None or key == "num_labels":
+        """BERT's dict (from_hf_dict is BERT's too) with DeBERTa's model_type, its own tie_word_embeddings, and
+        the keys transformers reads with getattr left out when unset (a null would replace its default)."""
+        d = super().to_hf_dict()
+        del d["position_embedding_type"]
+        for key in ("classifier_dropout", "cls_dropout", "attention_head_size"):
+            if d.get(key) is None:
                 d.pop(key, None)
-        d["model_type"] = "deberta-v2"
+        d.update(model_type="deberta-v2", tie_word_embeddings=self.tie_word_embeddings)
         return d
-
-    @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "DebertaV2Config":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        if kw.get("id2label") is not None and "num_labels" in kw and kw["num_labels"] != len(kw["id2label"]):
-            kw.pop("num_labels")
-        if kw.get("pad_token_id") is None:
-            kw.pop("pad_token_id", None)
-        return cls(**kw)
 
 
 def log_bucket(distance: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
@@ -246,47 +238,23 @@ class DisentangledSelfAttention(nn.Module):
         return score
 
 
-class DebertaV2SelfOutput(nn.Module):
-    def __init__(self, config: DebertaV2Config, width: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(width, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
-
-
 class DebertaV2Attention(nn.Module):
     def __init__(self, config: DebertaV2Config) -> None:
         super().__init__()
         self.self = DisentangledSelfAttention(config)
-        self.output = DebertaV2SelfOutput(config, config.hidden_size)
+        self.output = BertSelfOutput(config)     # HF's DebertaV2SelfOutput: BERT's parts, names and order
 
-    def forward(self, hidden: torch.Tensor, *relative: Any) -> torch.Tensor:
-        return self.output(self.self(hidden, *relative), hidden)
+    def forward(self, hidden: torch.Tensor, context: tuple[Any, ...]) -> torch.Tensor:
+        """context: (mask, rel_embeddings, c2p_index, p2c_index), passed whole through BertLayer."""
+        return self.output(self.self(hidden, *context), hidden)
 
 
-class DebertaV2Intermediate(nn.Module):
+class DebertaV2Layer(BertLayer):
+    """BERT's post-LN layer (its intermediate and output modules, HF's names) around the disentangled attention."""
+
     def __init__(self, config: DebertaV2Config) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = activation(config.hidden_act)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(hidden))
-
-
-class DebertaV2Layer(nn.Module):
-    def __init__(self, config: DebertaV2Config) -> None:
-        super().__init__()
+        super().__init__(config)
         self.attention = DebertaV2Attention(config)
-        self.intermediate = DebertaV2Intermediate(config)
-        self.output = DebertaV2SelfOutput(config, config.intermediate_size)   # HF's DebertaV2Output: same parts
-
-    def forward(self, hidden: torch.Tensor, *relative: Any) -> torch.Tensor:
-        attn = self.attention(hidden, *relative)
-        return self.output(self.intermediate(attn), attn)
 
 
 class ConvLayer(nn.Module):
@@ -343,7 +311,7 @@ class DebertaV2Encoder(nn.Module):
         relative = self._relative(seq)
         hidden = embedded
         for i, layer in enumerate(self.layer):
-            hidden = layer(hidden, mask, *relative)
+            hidden = layer(hidden, (mask, *relative))
             if i == 0 and self.conv is not None:
                 hidden = self.conv(embedded, hidden, attention_mask)
         return hidden
@@ -354,21 +322,19 @@ class DebertaV2Model(nn.Module):
 
     def __init__(self, config: DebertaV2Config) -> None:
         super().__init__()
-        self.config = config
         self.embeddings = DebertaV2Embeddings(config)
         self.encoder = DebertaV2Encoder(config)
-        self.apply(lambda m: init_weights(m, config.initializer_range))
+        self.config = config
+        for module in self.modules():   # HF's init: normal(initializer_range), zero biases, unit LayerNorms
+            init_weights(module, config.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> last_hidden_state [B, S, H]."""
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        return self.encoder(self.embeddings(input_ids, token_type_ids, attention_mask), attention_mask)
+        """-> last_hidden_state [B, S, H] (no mask: every token real; no types: type 0, as transformers)."""
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        return self.encoder(self.embeddings(input_ids, types, mask), mask)
 
-    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        """What every family's encoder answers (training/heads.py): no pooled vector."""
-        return self(input_ids, attention_mask, token_type_ids), None
+    def states(self, *args: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """What every family's encoder answers (training/heads.py): (hidden states, no pooled vector)."""
+        return self(*args), None

@@ -91,18 +91,16 @@ class LegacyOnlyMLMHead(nn.Module):
         self.predictions = LegacyLMPredictionHead(config)
 
 
-class EnhancedLMHead(nn.Module):
-    """lm_predictions.lm_head: dense H -> H, hidden_act, LayerNorm, product with the word embeddings, + bias."""
+class EnhancedLMHead(LegacyPredictionHeadTransform):
+    """lm_predictions.lm_head: the same dense (H -> H here: E == H), hidden_act, LayerNorm, then the product with the
+    word embeddings, + bias."""
 
     def __init__(self, config: DebertaV2Config) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        super().__init__(config)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(self.LayerNorm(self.act(self.dense(hidden))), word_embeddings.t()) + self.bias
+        return torch.matmul(super().forward(hidden), word_embeddings.t()) + self.bias
 
 
 class EnhancedOnlyMLMHead(nn.Module):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.deberta_models import LABELS, MAX_POSITIONS, V2_SHAPE, save_checkpoint, unigram_tokenizer
+from tests.deberta_models import LABELS, MAX_POSITIONS, V2_SHAPE, pair_feeds, save_checkpoint, unigram_tokenizer
 
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -67,22 +67,8 @@ def _hf_class(task: str) -> Any:
 
 
 def _feeds(ckpt: Path, pairs: list[tuple[str, str]], mask_every: int = 0) -> dict[str, torch.Tensor]:
-    """A right-padded batch of pairs from the checkpoint's tokenizer.json (type ids 0 / 1), as the server builds it."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
-    encs = [tok.encode(a, b) for a, b in pairs]
-    n = max(len(e.ids) for e in encs)
-    ids = torch.zeros((len(encs), n), dtype=torch.long)
-    mask, types = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i, e in enumerate(encs):
-        ids[i, :len(e.ids)], mask[i, :len(e.ids)], types[i, :len(e.ids)] = (
-            torch.tensor(e.ids), 1, torch.tensor(e.type_ids))
-        if mask_every:
-            ids[i, 1:len(e.ids) - 1:mask_every] = tok.token_to_id("[MASK]")
     # longer pairs are cut to the model's positions (the same ids go to every side of a comparison)
-    return {"input_ids": ids[:, :MAX_POSITIONS], "attention_mask": mask[:, :MAX_POSITIONS],
-            "token_type_ids": types[:, :MAX_POSITIONS]}
+    return pair_feeds(ckpt, pairs, mask_every, limit=MAX_POSITIONS)
 
 
 def _close_on_real(got: torch.Tensor | np.ndarray, ref: torch.Tensor, mask: torch.Tensor, task: str) -> float:

@@ -21,7 +21,7 @@ import tritonclient.http as thttp
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
-from tests.deberta_models import LABELS, V2_SHAPE, save_checkpoint, unigram_tokenizer
+from tests.deberta_models import LABELS, V2_SHAPE, pair_feeds, save_checkpoint, unigram_tokenizer
 from tests.door_calls import triton_inputs
 from tests.server_process import ServerProcess
 
@@ -60,20 +60,6 @@ def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
         proc.stop()
 
 
-def _feeds(ckpt: Path, pairs: list[tuple[str, str | None]]) -> dict[str, torch.Tensor]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
-    encs = [tok.encode(a, b) if b else tok.encode(a) for a, b in pairs]
-    n = max(len(e.ids) for e in encs)
-    ids = torch.zeros((len(encs), n), dtype=torch.long)
-    mask, types = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i, e in enumerate(encs):
-        ids[i, :len(e.ids)], mask[i, :len(e.ids)], types[i, :len(e.ids)] = (
-            torch.tensor(e.ids), 1, torch.tensor(e.type_ids))
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-
-
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -89,10 +75,10 @@ def test_pair_classifier_through_grpc_kserve_and_http(server: ServerProcess, che
     want = []
     for pair in PAIRS:   # one pair at a time: the reference sees no padding at all
         with torch.no_grad():
-            want.append(_softmax(hf(**_feeds(ckpt, [pair])).logits[0].numpy()))
+            want.append(_softmax(hf(**pair_feeds(ckpt, [pair])).logits[0].numpy()))
     want = np.array(want)
     with torch.no_grad():  # a pair's token types matter to this model: the check below would see them dropped
-        untyped = hf(**{**_feeds(ckpt, PAIRS[:1]), "token_type_ids": None}).logits[0].numpy()
+        untyped = hf(**{**pair_feeds(ckpt, PAIRS[:1]), "token_type_ids": None}).logits[0].numpy()
     assert np.abs(_softmax(untyped) - want[0]).max() > 1e-4
 
     with grpc.insecure_channel(server.address) as ch:
@@ -113,7 +99,7 @@ def test_pair_classifier_through_grpc_kserve_and_http(server: ServerProcess, che
         np.testing.assert_allclose(kserve_http.as_numpy("probabilities"), want, atol=1e-4)
         assert [x.decode() for x in kserve_http.as_numpy("label")] == [LABELS[int(p.argmax())] for p in want]
         # raw tensors: the padded batch of pairs, the manifest's three inputs, logits equal transformers'
-        feeds = _feeds(ckpt, PAIRS)
+        feeds = pair_feeds(ckpt, PAIRS)
         raw = rest.infer("deberta-classify", triton_inputs(thttp, {k: v.numpy() for k, v in feeds.items()}))
         with torch.no_grad():
             ref = hf(**feeds).logits.numpy()
@@ -127,7 +113,7 @@ def test_fill_mask_token_classify_and_embed_served(server: ServerProcess, checkp
 
     ckpt = checkpoints["fill-mask"]
     hf = _hf(ckpt, "DebertaV2ForMaskedLM")
-    feeds = _feeds(ckpt, [(MASKED, None)])
+    feeds = pair_feeds(ckpt, [(MASKED, None)])
     mask_id = Tokenizer.from_file(str(ckpt / "tokenizer.json")).token_to_id("[MASK]")
     pos = int((feeds["input_ids"][0] == mask_id).nonzero()[0, 0])
     with torch.no_grad():
@@ -143,7 +129,7 @@ def test_fill_mask_token_classify_and_embed_served(server: ServerProcess, checkp
     text = PAIRS[0][0]
     ckpt = checkpoints["token-classify"]
     hf = _hf(ckpt, "DebertaV2ForTokenClassification")
-    feeds = _feeds(ckpt, [(text, None)])
+    feeds = pair_feeds(ckpt, [(text, None)])
     with torch.no_grad():
         probs = _softmax(hf(**feeds).logits[0].numpy())
     with httpx.Client(base_url=server.http_url, timeout=60) as client:
@@ -157,7 +143,7 @@ def test_fill_mask_token_classify_and_embed_served(server: ServerProcess, checkp
             assert abs(e["score"] - float(probs[e["index"]].max())) <= 1e-4
 
         ckpt = checkpoints["embed"]
-        feeds = _feeds(ckpt, [(t, None) for t, _ in PAIRS])
+        feeds = pair_feeds(ckpt, [(t, None) for t, _ in PAIRS])
         with torch.no_grad():
             hidden = _hf(ckpt, "DebertaV2Model")(**feeds).last_hidden_state
         keep = feeds["attention_mask"][..., None].float()
