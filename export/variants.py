@@ -34,7 +34,8 @@ ENCODER_FAMILIES = ("bert", "roberta", "albert", "distilbert", "electra")
 # Families whose `optimized` variant is refused up front, and why (measured: bench/FINDINGS.md).
 NO_OPTIMIZED = {
     "deberta-v2": "--variants optimized: DeBERTa's disentangled attention has no onnxruntime fusion (its BERT fusions "
-                  "leave Attention unfused and add only BiasGelu, no faster: bench/FINDINGS.md); export fp32 or int8",
+                  "leave Attention unfused and add only BiasGelu, no gain measured: bench/FINDINGS.md); export fp32 "
+                  "or int8",
 }
 
 
