@@ -61,23 +61,25 @@ V2_SHAPE = dict(position_biased_input=True, type_vocab_size=2, share_att_key=Fal
                 norm_rel_ebd="none", position_buckets=-1, max_relative_positions=16, conv_kernel_size=3)
 
 
-def train_classifier(model: Any, tokenizer_dir: Path, steps: int = 60) -> None:
-    """tests/conftest.py's few Adam steps on the tiny keyword task, on transformers' classifier, so its logits have
-    real margins: int8 top-1 agreement on a random head's near ties means nothing."""
+def train_classifier(model: Any, tokenizer_dir: Path, steps: int = 40) -> None:
+    """Full-batch AdamW steps of transformers' classifier on the export gate's own held-out texts with made-up labels
+    (text i -> label i mod 3), so the logits the int8 gate compares have real margins: top-1 agreement on a
+    random head's near ties is a coin toss."""
     import torch
-    from tokenizers import Tokenizer
 
-    from tests.conftest import _train_classifier
+    from export.heldout import BUILTIN_TEXTS
 
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hf = model
-
-        def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-            return self.hf(input_ids=ids, attention_mask=mask).logits
-
-    _train_classifier(Logits(), Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")), steps)
+    texts = list(BUILTIN_TEXTS)
+    feeds = pair_feeds(tokenizer_dir, [(t, None) for t in texts], limit=MAX_POSITIONS)
+    labels = torch.arange(len(texts)) % 3
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        model(input_ids=feeds["input_ids"], attention_mask=feeds["attention_mask"], labels=labels).loss.backward()
+        opt.step()
+    model.eval()
 
 
 def pair_feeds(ckpt: Path, pairs: list[tuple[str, str | None]], mask_every: int = 0,

@@ -48,7 +48,7 @@ class _Checkpoints(dict):
     def __missing__(self, key: tuple[str, str]) -> Path:
         shape, task = key
         if shape == "trained":
-            path = save_checkpoint(self.root / "trained", HEADS["classify"], self.tok_dir, train_steps=60)
+            path = save_checkpoint(self.root / "trained", HEADS["classify"], self.tok_dir, train_steps=40)
         else:
             extra = {"legacy": False} if task == "fill-mask-enhanced" else {}
             path = save_checkpoint(self.root / f"{shape}-{task}", _hf_class(task).__name__, self.tok_dir,
