@@ -1,4 +1,4 @@
-"""DeBERTa-v2 / v3 encoder and heads with Hugging Face parameter names (transformers' DebertaV2*).
+"""DeBERTa-v2 / v3 encoder with Hugging Face parameter names (transformers' DebertaV2Model and its parts).
 
 DeBERTa keeps BERT's post-LN layer (attention, residual + LayerNorm, FFN, residual + LayerNorm) and changes the
 attention: besides content-to-content (q . k) a layer adds, per `pos_att_type`,
@@ -24,7 +24,6 @@ The heads (classifier, token classifier, masked LM) are training/deberta_v2_head
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
