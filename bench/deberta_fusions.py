@@ -6,7 +6,7 @@ Builds a random transformers DebertaV2ForSequenceClassification of DeBERTa-v3-xs
 only, 256 buckets, shared keys; vocabulary cut to 8000 to keep the export small), exports it through the project's
 own path (`python -m export`, fp32), then runs onnxruntime's `optimize_model` over the graph with model_type "bert"
 (what export/variants.py's `optimized` variant does for the BERT family), with and without the residual-norm
-fusion, and times each graph on a padded batch of the given shape (medians of alternating rounds, the machine's
+fusion, builds the int8 variant (export/int8.py), and times each graph on a padded batch of the given shape (medians of alternating rounds, the machine's
 load varies). Prints the fused-operator counts, the milliseconds per batch and the largest logit difference.
 The findings go to bench/FINDINGS.md ("DeBERTa-v2/v3 graphs and onnxruntime's fusions").
 """
@@ -82,6 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, skip in (("bert-fusions", False), ("bert-fusions+skipnorm", True)):
         graphs[name] = root / f"{name}.onnx"
         fused[name] = _optimized(fp32, graphs[name], a, skip)
+    # the int8 variant as the export builds it (export/int8.py), calibrated on the gate's texts
+    from tokenizers import Tokenizer
+
+    from export import int8
+
+    graphs["int8"] = root / "int8.onnx"
+    int8.build(fp32, graphs["int8"], int8.calibration_feeds(Tokenizer.from_file(str(root / "tok" / "tokenizer.json")),
+                                                            512))
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 8000, (a.batch, a.seq)).astype(np.int64)
     mask = np.ones_like(ids)
