@@ -45,7 +45,7 @@ POOLINGS = ("mean", "cls")
 # The family's classifier kind builds the encoder with `encode()`; its (freshly initialised) head never runs.
 ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "albert": "albert-classifier",
                  "distilbert": "distilbert-classifier", "electra": "electra-classifier",
-                 "xlm-roberta": "xlm-roberta-classifier"}
+                 "xlm-roberta": "xlm-roberta-classifier", "deberta-v2": "deberta-v2-classifier"}
 ENCODER_KINDS["modernbert"] = "modernbert-classifier"
 
 

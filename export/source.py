@@ -53,6 +53,11 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "ModernBertForMaskedLM": {"fill-mask": "modernbert-mlm"},
     "ModernBertForTokenClassification": {"token-classify": "modernbert-token-classifier"},
     "ModernBertModel": {},
+    # DeBERTa-v2 / v3 (training/deberta_v2.py); DebertaV2Model serves embed only (export/embed.py).
+    "DebertaV2ForSequenceClassification": {"classify": "deberta-v2-classifier"},
+    "DebertaV2ForMaskedLM": {"fill-mask": "deberta-v2-mlm"},
+    "DebertaV2ForTokenClassification": {"token-classify": "deberta-v2-token-classifier"},
+    "DebertaV2Model": {},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -66,7 +71,7 @@ MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "ll
 MODEL_TYPES += ("xlm-roberta",)
 # Families with RoBERTa's positions (they start past the padding index).
 ROBERTA_POSITIONS = ("roberta", "xlm-roberta")
-MODEL_TYPES += ("modernbert",)
+MODEL_TYPES += ("modernbert", "deberta-v2")
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")
@@ -104,6 +109,8 @@ class CheckpointInfo:
     @property
     def token_types(self) -> bool:
         """Whether the exported encoder graph takes token_type_ids (the manifest's inputs say so)."""
+        if self.model_type == "deberta-v2":   # a table only when type_vocab_size > 0 (v2/v3 releases: none)
+            return int(self.config.get("type_vocab_size") or 0) > 0
         return self.model_type in TOKEN_TYPE_FAMILIES
 
     def kind(self, task: str) -> str:

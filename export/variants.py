@@ -32,20 +32,26 @@ class VariantBuild:
 
 ENCODER_FAMILIES = ("bert", "roberta", "albert", "distilbert", "electra")
 ENCODER_FAMILIES += ("xlm-roberta",)
-# Encoder families without an optimized variant, and why (refused by name before anything is built).
+# Encoder families without an optimized variant, and why (refused by name before anything is built; measured:
+# bench/FINDINGS.md).
 UNFUSED_FAMILIES = {
-    # Measured (bench/FINDINGS.md, "ModernBERT and onnxruntime's fusions"): optimize_model(model_type="bert") finds
-    # no Attention in a graph whose queries and keys are rotated, and fuses only Gelu, which onnxruntime's own
-    # session optimizations fuse at load anyway.
-    "modernbert": "ModernBERT's rotary attention matches none of onnxruntime's Attention fusions; its graph is "
-                  "exported unfused (fp32, int8)",
+    # optimize_model(model_type="bert") finds no Attention in a graph whose queries and keys are rotated, and fuses
+    # only Gelu, which onnxruntime's own session optimizations fuse at load anyway ("ModernBERT and onnxruntime's
+    # fusions").
+    "modernbert": "--variants: optimized: ModernBERT's rotary attention matches none of onnxruntime's Attention "
+                  "fusions; its graph is exported unfused (fp32, int8)",
+    # The BERT fusions leave Attention unfused (c2p / p2c gathers between the products) and add only BiasGelu, with
+    # no gain measured ("DeBERTa-v2/v3 graphs and onnxruntime's fusions").
+    "deberta-v2": "--variants optimized: DeBERTa's disentangled attention has no onnxruntime fusion (its BERT "
+                  "fusions leave Attention unfused and add only BiasGelu, no gain measured: bench/FINDINGS.md); "
+                  "export fp32 or int8",
 }
 
 
 def refuse_unfused(architecture: str, wanted: tuple[str, ...]) -> None:
     """ExportError for --variants optimized on a family that has none."""
     if "optimized" in wanted and architecture in UNFUSED_FAMILIES:
-        raise ExportError(f"--variants: optimized: {UNFUSED_FAMILIES[architecture]}")
+        raise ExportError(UNFUSED_FAMILIES[architecture])
 
 
 def expected_fusions(architecture: str, num_layers: int) -> dict[str, int]:

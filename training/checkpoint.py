@@ -41,6 +41,7 @@ from training.marian import MarianConfig, MarianMTModel
 from training.t5 import T5Config, T5ForConditionalGeneration
 from training import xlm_roberta as xlmr_mod
 from training import modernbert as modernbert_mod
+from training import deberta_v2_heads as deberta_mod
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,12 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
     **xlmr_mod.KINDS,
     **modernbert_mod.KINDS,   # modernbert-mlm, -classifier, -token-classifier
+    # DeBERTa-v2 / v3 (training/deberta_v2_heads.py); its masked LM's head layout follows config `legacy`.
+    "deberta-v2-mlm": (deberta_mod.DebertaV2ForMaskedLM, "DebertaV2ForMaskedLM", "deberta-v2"),
+    "deberta-v2-classifier": (deberta_mod.DebertaV2ForSequenceClassification, "DebertaV2ForSequenceClassification",
+                              "deberta-v2"),
+    "deberta-v2-token-classifier": (deberta_mod.DebertaV2ForTokenClassification, "DebertaV2ForTokenClassification",
+                                    "deberta-v2"),
 }
 # Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
 SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
@@ -88,11 +95,11 @@ FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "robert
                                   "albert": AlbertConfig, "distilbert": DistilBertConfig,
                                   "electra": ElectraConfig, "marian": MarianConfig, "bart": BartConfig,
                                   "t5": T5Config,
-                                  **{t: LlamaConfig for t in LLAMA_FAMILIES}}
+                                  **{t: LlamaConfig for t in LLAMA_FAMILIES},
+                                  "deberta-v2": deberta_mod.DebertaV2Config}
 FAMILY_CONFIG["modernbert"] = modernbert_mod.ModernBertConfig
 _PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
-           "electra": "electra."}
-_PREFIX["modernbert"] = "model."
+           "electra": "electra.", "deberta-v2": "deberta.", "modernbert": "model."}
 _ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
 # Architectures whose weights are an encoder / decoder we can start from (heads get fresh init).
 _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "roberta-mlm",
@@ -101,8 +108,9 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "ElectraModel": "electra-mlm", "ElectraForPreTraining": "electra-mlm",
                  "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
                  # Base seq2seq checkpoints (bart-base is one): a tied head needs nothing more.
-                 "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5"}
-_ARCH_ALIASES["ModernBertModel"] = "modernbert-mlm"   # gte-/nomic-modernbert: the encoder; a fresh MLM head
+                 "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5",
+                 "DebertaV2Model": "deberta-v2-mlm",
+                 "ModernBertModel": "modernbert-mlm"}   # gte-/nomic-modernbert: the encoder; a fresh MLM head
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
 
@@ -119,6 +127,7 @@ _TIED = {
     "distilbert-mlm": ("vocab_projector.weight",),
     "electra-mlm": ("generator_lm_head.weight",),  # its bias is its own
     **xlmr_mod.TIED,
+    "deberta-v2-mlm": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),  # legacy head only
 }
 # Head weights per family: may be missing from a source (fresh init) or dropped when the target lacks them.
 _HEADS = {
@@ -128,7 +137,10 @@ _HEADS = {
     "distilbert": ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier."),
     "electra": ("generator_predictions.", "generator_lm_head.", "discriminator_predictions.", "classifier."),
     "modernbert": ("head.", "decoder.", "classifier."),
+    "deberta-v2": ("cls.", "lm_predictions.", "pooler.", "classifier."),
 }
+# A family's own key rules, given the model (what transformers ignores on load; a head of the other layout).
+_KEY_RULES = {"deberta-v2": deberta_mod.normalise_hf_keys}
 # Buffers old checkpoints carry that are not parameters.
 _BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$")
 
@@ -176,14 +188,14 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
 
 _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
                  "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
-                 "marian": "marian", "bart": "bart", "t5": "t5"}
+                 "marian": "marian", "bart": "bart", "t5": "t5", "deberta-v2": "deberta-v2-mlm",
+                 "modernbert": "modernbert-mlm"}
 # XLM-RoBERTa (training/xlm_roberta.py): RoBERTa's model and key rules under its own model_type.
 FAMILY_CONFIG[xlmr_mod.MODEL_TYPE] = xlmr_mod.XLMRobertaConfig
 _PREFIX[xlmr_mod.MODEL_TYPE] = "roberta."
 _HEADS[xlmr_mod.MODEL_TYPE] = _HEADS["roberta"]
 _ARCH_ALIASES.update(xlmr_mod.ARCH_ALIASES)
 _DEFAULT_KIND[xlmr_mod.MODEL_TYPE] = "xlm-roberta-mlm"
-_DEFAULT_KIND["modernbert"] = "modernbert-mlm"
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
@@ -297,6 +309,11 @@ def load_hf_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: st
     their fresh init). Raises CheckpointError on a missing encoder weight, a foreign key or a shape mismatch."""
     kind = _kind_of(model)
     sd = _normalise_keys(sd, kind)
+    if family_of_kind(kind) in _KEY_RULES:
+        try:
+            sd = _KEY_RULES[family_of_kind(kind)](sd, model)
+        except ValueError as e:
+            raise CheckpointError(f"{source}: {e}") from None
     if kind == "gpt":
         sd = {k: (v.t() if _CONV1D.match(k) else v) for k, v in sd.items()}
     own = model.state_dict()

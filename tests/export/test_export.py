@@ -338,7 +338,7 @@ def _corrupt_weights(src: Path, dst: Path) -> Path:
 def _unsupported(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**cfg, "architectures": ["DebertaV2ForMaskedLM"]}))
+    (dst / "config.json").write_text(json.dumps({**cfg, "architectures": ["MPNetForMaskedLM"]}))
     return dst
 
 

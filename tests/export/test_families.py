@@ -296,15 +296,15 @@ def test_unsupported_family_is_refused_with_its_name(tmp_path: Path) -> None:
     from export import ExportConfig, export_checkpoint
     from export.errors import ExportError
 
-    # DeBERTa-v2 (disentangled relative-position attention) is a family we do not build; its config as
+    # MPNet (relative-position BERT with permuted pre-training) is a family we do not build; its config as
     # transformers writes it.
-    d = tmp_path / "deberta"
-    cfg = transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                       intermediate_size=64).to_dict()
-    cfg["architectures"] = ["DebertaV2ForSequenceClassification"]
+    d = tmp_path / "mpnet"
+    cfg = transformers.MPNetConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64).to_dict()
+    cfg["architectures"] = ["MPNetForSequenceClassification"]
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ExportError, match="unsupported architecture 'DebertaV2ForSequenceClassification'") as exc:
+    with pytest.raises(ExportError, match="unsupported architecture 'MPNetForSequenceClassification'") as exc:
         export_checkpoint(ExportConfig(checkpoint=d, task="classify", repository=tmp_path / "r", name="x"))
     assert "ElectraForSequenceClassification" in str(exc.value)  # the supported list names the families we have
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
