@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 
 from modelpkg import MIXED_PREFIX, past_name, present_name
 
+from .decoder_rope import rope_tables
 from .decoder_weights import DecoderWeights, KvScales, LayerWeights, calibrate_kv_scales, inplace_weights, spread
 from .graph_writer import MS, GraphWriter
 
@@ -53,15 +54,13 @@ FP16_MIXED_FILE = "model.fp16.mixed.onnx"  # the fp16 variant's mixed twin (for 
 
 
 def _rope_caches(w: DecoderWeights) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [max_length, head_dim / 2] for HF's rotate-half rotary (computed in float64, stored fp32). The
-    frequencies are the model's head size's; a padded head's extra pairs get the identity rotation (cos 1, sin 0):
-    they hold zeros either way."""
+    """cos/sin for HF's rotate-half rotary (export/decoder_rope.py): the model's frequencies (the rope type's, or
+    rope_theta's plain ones over the model's head size), a padded head's extra pairs left unrotated."""
     d = w.model_head_dim or w.head_dim
-    inv = 1.0 / (w.rope_theta ** (np.arange(0, d // 2, dtype=np.float64) * 2 / d))
-    angles = np.arange(w.max_length, dtype=np.float64)[:, None] * inv[None, :]
-    cos, sin = np.ones((w.max_length, w.head_dim // 2)), np.zeros((w.max_length, w.head_dim // 2))
-    cos[:, :d // 2], sin[:, :d // 2] = np.cos(angles), np.sin(angles)
-    return cos.astype(np.float32), sin.astype(np.float32)
+    inv = w.rope_inv_freq
+    if inv is None:
+        inv = 1.0 / (w.rope_theta ** (np.arange(0, d // 2, dtype=np.float64) * 2 / d))
+    return rope_tables(inv, w.rope_scale, w.max_length, w.head_dim, partial=2 * len(inv) < d)
 
 
 def _graph_io(w: DecoderWeights, groups: list[str], cache_type: int) -> tuple[list, list]:
@@ -195,6 +194,9 @@ class _DecoderBuilder:
         """Layer i's q|k|v projection, one attention call per group (each on its own cache), the rows joined."""
         g, w, p = self.g, self.w, f"layers.{i}"
         qkv = self.linear(h, lw.qkv_w, lw.qkv_b, f"{p}.qkv")
+        if lw.q_norm_w is not None:
+            qkv = self.qk_norm(qkv, lw, p)
+        attrs = self.layer_attrs(i)
         attended = []
         for pre, part in zip(self.groups, self.split_rows(qkv)):
             out = g.op("GroupQueryAttention",
@@ -202,10 +204,31 @@ class _DecoderBuilder:
                         pre + past_name(i, "value"), self.seqlens[pre], self.totals[pre], *self.attn_tail[i]],
                        domain=MS, name=f"{pre}{p}.attention",
                        outputs=[f"{pre}{p}.attn_out", pre + present_name(i, "key"), pre + present_name(i, "value")],
-                       num_heads=w.num_heads, kv_num_heads=w.num_kv_heads, **self.attn_attrs)[0]
+                       num_heads=w.num_heads, kv_num_heads=w.num_kv_heads, **attrs)[0]
             attended.append(g.one("Reshape", [out, self.flat_attn]))
         attn = attended[0] if len(attended) == 1 else g.one("Concat", attended, axis=0)
         return self.linear(attn, lw.out_w, lw.out_b, f"{p}.out")
+
+    def layer_attrs(self, i: int) -> dict:
+        """The attention op's attributes for layer i: a NoPE layer (SmolLM3) does not rotate."""
+        rotary = self.w.rotary_layers
+        if rotary is None or rotary[i]:
+            return self.attn_attrs
+        return {**self.attn_attrs, "do_rotary": 0}
+
+    def qk_norm(self, qkv: str, lw: LayerWeights, p: str) -> str:
+        """Qwen3's per-head RMSNorm of q and k, before the op rotates them: written here because onnxruntime's CPU
+        GroupQueryAttention refuses its own q_norm_weight / k_norm_weight inputs. [rows, q|k|v] -> the same shape."""
+        g, w = self.g, self.w
+        heads = w.num_heads + w.num_kv_heads
+        qk, v = g.op("Split", [qkv, g.const(f"{p}.qk_split", np.array([heads * w.head_dim,
+                                                                      w.num_kv_heads * w.head_dim], np.int64))],
+                     n_out=2, axis=-1)
+        per_head = g.one("Reshape", [qk, g.const(f"{p}.qk_heads", np.array([-1, heads, w.head_dim], np.int64))])
+        weight = np.concatenate([np.tile(lw.q_norm_w, (w.num_heads, 1)), np.tile(lw.k_norm_w, (w.num_kv_heads, 1))])
+        normed = self.norm(per_head, weight, None, f"{p}.qk_norm")
+        flat = g.one("Reshape", [normed, g.const(f"{p}.qk_flat", np.array([-1, heads * w.head_dim], np.int64))])
+        return g.one("Concat", [flat, v], axis=-1)
 
     def mlp_activation(self, p: str, h: str, lw: LayerWeights) -> str:
         """The MLP up to its down projection: GPT-2's gelu, Llama's SwiGLU."""

@@ -43,6 +43,10 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "MarianMTModel": {"generate": "marian"},
     "BartForConditionalGeneration": {"generate": "bart"},
     "T5ForConditionalGeneration": {"generate": "t5"},
+    # More of the Llama family (issue 39): the same in-place graph, training/llama.py's model.
+    "Qwen3ForCausalLM": {"generate": "llama"},
+    "SmolLM3ForCausalLM": {"generate": "llama"},
+    "Phi3ForCausalLM": {"generate": "llama"},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -53,6 +57,7 @@ TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES
                                     if "generate" not in ARCHITECTURE_TASKS.get(a, {}))
 MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "llama", "qwen2", "mistral", "marian",
                "bart", "t5")
+MODEL_TYPES += ("qwen3", "smollm3", "phi3")   # issue 39, the Llama family
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")

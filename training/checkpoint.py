@@ -96,6 +96,8 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
                  # Base seq2seq checkpoints (bart-base is one): a tied head needs nothing more.
                  "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5"}
+# Llama family, issue 39: Qwen3, SmolLM3, Phi-3 (training/llama.py).
+_ARCH_ALIASES.update({"Qwen3ForCausalLM": "llama", "SmolLM3ForCausalLM": "llama", "Phi3ForCausalLM": "llama"})
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
 
