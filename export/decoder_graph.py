@@ -151,6 +151,9 @@ class _DecoderBuilder:
             cos, sin = _rope_caches(w)
             extra_attn = [g.const("rope.cos", cos), g.const("rope.sin", sin)]
             attrs = {"do_rotary": 1, "rotary_interleaved": 0}
+        if w.sliding_window is not None and w.sliding_window < w.max_length:
+            # the op's window counts the query itself, as transformers' (q - window, q] (checked on CPU)
+            attrs["local_window_size"] = int(w.sliding_window)
         if w.model_head_dim:   # padded heads: the op would scale q.k by 1/sqrt(the padded size)
             attrs["scale"] = float(1.0 / np.sqrt(w.model_head_dim))
         if self.kv_scales is not None:

@@ -60,6 +60,7 @@ class DecoderWeights:
     rope_inv_freq: np.ndarray | None = None  # float64 [rotary_dim / 2] (export/decoder_rope.py); None: rope_theta's
     rope_scale: float = 1.0             # yarn / longrope attention factor on cos and sin
     rotary_layers: tuple[bool, ...] | None = None  # SmolLM3: False for a layer without rotary; None = all rotate
+    sliding_window: int | None = None   # Phi-3: a query sees this many keys, itself included (every layer)
 
     @property
     def num_layers(self) -> int:
@@ -175,7 +176,7 @@ def llama_weights(model, max_length: int | None = None) -> DecoderWeights:
                           embed=_np(m.embed_tokens.weight), lm_head=None if tied else _np(model.lm_head.weight),
                           final_norm_w=_np(m.norm.weight), final_norm_b=None, layers=layers,
                           rope_theta=float(c.rope_theta), rope_inv_freq=inv_freq, rope_scale=rope_scale,
-                          rotary_layers=rotary_layers)
+                          rotary_layers=rotary_layers, sliding_window=c.sliding_window)
 
 
 def inplace_weights(model, model_type: str, max_length: int) -> DecoderWeights:

@@ -23,7 +23,8 @@ softmax, @ v): this module is the PyTorch reference for the exported decoder gra
 Refused with a ValueError naming the field: a rope type training/rope.py does not compute, partial rotary outside
 Phi-3, positions past max_position_embeddings under dynamic rope (transformers then rescales with state), and a
 sliding window that would be active (sliding_window set and smaller than max_position_embeddings; Qwen2 / Qwen3 /
-SmolLM3 only when use_sliding_window is true). We do not honour sliding windows.
+SmolLM3 only when use_sliding_window is true) outside Phi-3. Phi-3's window is honoured as transformers' mask does:
+a query at cache column q sees columns (q - sliding_window, q] (so, under left padding, the pad columns count).
 """
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ class LlamaConfig:
     original_max_position_embeddings: int | None = None   # phi3 keeps it here (not in rope_parameters)
     no_rope_layers: list[int] | None = None  # smollm3: 1 = the layer rotates, 0 = no rotary (NoPE)
     no_rope_layer_interval: int = 4          # smollm3: without no_rope_layers, every n-th layer is NoPE
+    sliding_window: int | None = None        # phi3 only (others refuse an active window): keys a query sees
 
     def __post_init__(self) -> None:
         if self.model_type not in FAMILIES:
@@ -109,6 +111,8 @@ class LlamaConfig:
                                         "max_position_embeddings": self.max_position_embeddings,
                                         "original_max_position_embeddings": self.original_max_position_embeddings},
                                        self.model_type, self.head_dim)
+        if self.sliding_window is not None and self.model_type != "phi3":
+            raise ValueError(f"sliding_window: honoured for phi3 only, not {self.model_type!r}")
         if self.model_type == "smollm3" and self.no_rope_layers is None:
             n = self.no_rope_layer_interval
             self.no_rope_layers = [int((i + 1) % n != 0) for i in range(self.num_hidden_layers)]
@@ -156,7 +160,7 @@ class LlamaConfig:
         # transformers 5.x keeps rope settings in rope_parameters; rope_theta too for older readers.
         d["rope_parameters"] = self.rope.to_hf()
         d["rope_scaling"] = None
-        for key in ("original_max_position_embeddings", "no_rope_layers"):
+        for key in ("original_max_position_embeddings", "no_rope_layers", "sliding_window"):
             if d[key] is None:   # a None here would shadow the rope dict's value in transformers
                 d.pop(key)
         if self.model_type != "smollm3":
@@ -167,7 +171,7 @@ class LlamaConfig:
             d.pop("attention_bias")
         if self.model_type in ("qwen2", "mistral", "qwen3", "phi3"):
             d.pop("mlp_bias")
-        if self.model_type in ("mistral", "phi3"):
+        if self.model_type == "mistral":
             d["sliding_window"] = None
         return d
 
@@ -185,7 +189,7 @@ class LlamaConfig:
         active = window is not None and window < max_pos
         if model_type in _WINDOW_SWITCHED:
             active = active and bool(d.get("use_sliding_window", False))
-        if active:
+        if active and model_type != "phi3":
             raise ValueError(f"sliding_window: {window} < max_position_embeddings {max_pos} would restrict attention "
                              "(sliding-window attention is not supported; a checkpoint with sliding_window null loads)")
         if d.get("pretraining_tp", 1) not in (1, None):
@@ -193,6 +197,8 @@ class LlamaConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw.update(model_type=model_type, rope_theta=rope.theta, rope_parameters=rope.to_hf())
+        if model_type != "phi3":
+            kw.pop("sliding_window", None)   # inactive here (checked above)
         return cls(**kw)
 
 
@@ -402,6 +408,9 @@ class LlamaForCausalLM(nn.Module):
             past_key_values = self.empty_past(b, input_ids.device, m.embed_tokens.weight.dtype)
         p = past_key_values[0][0].shape[2]
         position_ids, allowed = cache_inputs(attention_mask, position_ids, b, s, p, input_ids.device)
+        if self.config.sliding_window is not None:   # Phi-3: by cache column, as transformers' sliding mask
+            cols = torch.arange(p + s, device=input_ids.device)
+            allowed = allowed & (cols[None, :] > cols[p:, None] - self.config.sliding_window)
 
         x = m.embed_tokens(input_ids)
         cos, sin = m.rotary_emb(position_ids, x.dtype)
