@@ -16,7 +16,9 @@ The I/O names are those of onnxruntime-genai's "decoder" model type, so its runt
 file (search.past_present_share_buffer = true).
 
 Families: GPT-2 (LayerNorm, learned positions through `position_ids`, gelu_new, fused c_attn) and the
-Llama family (RMSNorm, rotary inside the attention op, SwiGLU, grouped-query attention, optional q/k/v bias).
+Llama family (RMSNorm, rotary inside the attention op, SwiGLU, grouped-query attention, optional q/k/v bias; Qwen3's
+per-head q/k RMSNorm written before the op, SmolLM3's layers without rotary, Phi-3's sliding window as the op's
+local window; the rotary tables of every rope type and partial rotary: export/decoder_rope.py).
 
 The "kv8" variant keeps the cache in int8: the attention op quantizes each new key/value per channel with a
 fixed scale (calibrate_kv_scales) and reads the cache dequantized: a quarter of the fp32 cache's memory. No fp16
