@@ -7,8 +7,8 @@ decoder graph (export/decoder_graph.py) packs every family's into one MatMul eac
 times exactly that choice: a chain of layers whose projections are one MatMul + Split, against the same weights as
 separate MatMuls (the parts summed / gated and brought back to the hidden width by a shared down MatMul, identical
 in both), at the rows of a decode step (1, 8 sequences) and of a prompt chunk (64). onnxruntime's full
-optimization, 2 intra-op threads, the fastest of alternating rounds (and the medians). Prints one line per shape; figures go to
-bench/FINDINGS.md.
+optimization, 2 intra-op threads, the fastest of alternating rounds (and the medians). Prints one line per shape;
+figures go to bench/FINDINGS.md.
 """
 from __future__ import annotations
 

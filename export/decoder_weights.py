@@ -1,6 +1,7 @@
 """The in-place decoder graph's input: a checkpoint's weights as numpy arrays in MatMul orientation, read from our
-PyTorch models (GPT-2; the Llama family: Llama, Qwen2, Mistral, Qwen3, SmolLM3, Phi-3), heads zero-padded to a size the attention op takes,
-and the int8 cache's scales calibrated on the model's own keys and values. export/decoder_graph.py writes the graph.
+PyTorch models (GPT-2; the Llama family: Llama, Qwen2, Mistral, Qwen3, SmolLM3, Phi-3), heads zero-padded to a size
+the attention op takes, and the int8 cache's scales calibrated on the model's own keys and values.
+export/decoder_graph.py writes the graph.
 
 Head sizes that are not a multiple of 16 (which onnxruntime's CPU GroupQueryAttention refuses) are zero-padded
 (pad_heads): every head's q/k/v projection gains zero columns, the output projection zero rows, and the graph keeps

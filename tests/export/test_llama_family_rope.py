@@ -33,7 +33,8 @@ ROPE = dict(rope_theta=10000.0)
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3": ("Llama", dict(rope_parameters=dict(ROPE, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                   high_freq_factor=4.0, original_max_position_embeddings=16))),
-    "yarn": ("Llama", dict(rope_parameters=dict(ROPE, rope_type="yarn", factor=4.0, original_max_position_embeddings=16))),
+    "yarn": ("Llama", dict(rope_parameters=dict(ROPE, rope_type="yarn", factor=4.0,
+                                                original_max_position_embeddings=16))),
     "linear": ("Llama", dict(rope_parameters=dict(ROPE, rope_type="linear", factor=4.0))),
     "dynamic": ("Llama", dict(rope_parameters=dict(ROPE, rope_type="dynamic", factor=4.0))),
     "qwen3": ("Qwen3", dict(head_dim=32, tie_word_embeddings=True)),     # head_dim != hidden / heads
@@ -91,16 +92,14 @@ def test_pytorch_model_equals_transformers_left_padded_past_the_original_length(
     assert float((again - got).abs()[real].max()) <= 1e-5
 
 
-def test_longrope_switches_to_long_factors_per_call_as_transformers() -> None:
+def test_longrope_switches_to_long_factors_per_call_as_transformers(tmp_path: Path) -> None:
     """Past original_max_position_embeddings transformers rotates a whole call with the long factors: so does our
     model (the export refuses such lengths, test_what_a_static_table_cannot_serve_is_refused)."""
     from training.checkpoint import load_model
 
     hf = hf_model("phi3-partial-longrope", original_max_position_embeddings=16)
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        hf.save_pretrained(d)
-        ours, _ = load_model(d)
+    hf.save_pretrained(tmp_path)
+    ours, _ = load_model(tmp_path)
     ids = torch.tensor([_seq(30, 1)])
     with torch.no_grad():
         short, long_ = hf(input_ids=ids[:, :16]).logits, hf(input_ids=ids).logits
