@@ -16,7 +16,9 @@ The I/O names are those of onnxruntime-genai's "decoder" model type, so its runt
 file (search.past_present_share_buffer = true).
 
 Families: GPT-2 (LayerNorm, learned positions through `position_ids`, gelu_new, fused c_attn) and the
-Llama family (RMSNorm, rotary inside the attention op, SwiGLU, grouped-query attention, optional q/k/v bias).
+Llama family (RMSNorm, rotary inside the attention op, SwiGLU, grouped-query attention, optional q/k/v bias; Qwen3's
+per-head q/k RMSNorm written before the op, SmolLM3's layers without rotary, Phi-3's sliding window as the op's
+local window; the rotary tables of every rope type and partial rotary: export/decoder_rope.py).
 
 The "kv8" variant keeps the cache in int8: the attention op quantizes each new key/value per channel with a
 fixed scale (calibrate_kv_scales) and reads the cache dequantized: a quarter of the fp32 cache's memory. No fp16
@@ -35,6 +37,7 @@ from onnx import TensorProto, helper
 
 from modelpkg import MIXED_PREFIX, past_name, present_name
 
+from .decoder_rope import rope_tables
 from .decoder_weights import DecoderWeights, KvScales, LayerWeights, calibrate_kv_scales, inplace_weights, spread
 from .graph_writer import MS, GraphWriter
 
@@ -53,15 +56,13 @@ FP16_MIXED_FILE = "model.fp16.mixed.onnx"  # the fp16 variant's mixed twin (for 
 
 
 def _rope_caches(w: DecoderWeights) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [max_length, head_dim / 2] for HF's rotate-half rotary (computed in float64, stored fp32). The
-    frequencies are the model's head size's; a padded head's extra pairs get the identity rotation (cos 1, sin 0):
-    they hold zeros either way."""
+    """cos/sin for HF's rotate-half rotary (export/decoder_rope.py): the model's frequencies (the rope type's, or
+    rope_theta's plain ones over the model's head size), a padded head's extra pairs left unrotated."""
     d = w.model_head_dim or w.head_dim
-    inv = 1.0 / (w.rope_theta ** (np.arange(0, d // 2, dtype=np.float64) * 2 / d))
-    angles = np.arange(w.max_length, dtype=np.float64)[:, None] * inv[None, :]
-    cos, sin = np.ones((w.max_length, w.head_dim // 2)), np.zeros((w.max_length, w.head_dim // 2))
-    cos[:, :d // 2], sin[:, :d // 2] = np.cos(angles), np.sin(angles)
-    return cos.astype(np.float32), sin.astype(np.float32)
+    inv = w.rope_inv_freq
+    if inv is None:
+        inv = 1.0 / (w.rope_theta ** (np.arange(0, d // 2, dtype=np.float64) * 2 / d))
+    return rope_tables(inv, w.rope_scale, w.max_length, w.head_dim, partial=2 * len(inv) < d)
 
 
 def _graph_io(w: DecoderWeights, groups: list[str], cache_type: int) -> tuple[list, list]:
@@ -152,6 +153,9 @@ class _DecoderBuilder:
             cos, sin = _rope_caches(w)
             extra_attn = [g.const("rope.cos", cos), g.const("rope.sin", sin)]
             attrs = {"do_rotary": 1, "rotary_interleaved": 0}
+        if w.sliding_window is not None and w.sliding_window < w.max_length:
+            # the op's window counts the query itself, as transformers' (q - window, q] (checked on CPU)
+            attrs["local_window_size"] = int(w.sliding_window)
         if w.model_head_dim:   # padded heads: the op would scale q.k by 1/sqrt(the padded size)
             attrs["scale"] = float(1.0 / np.sqrt(w.model_head_dim))
         if self.kv_scales is not None:
@@ -195,6 +199,9 @@ class _DecoderBuilder:
         """Layer i's q|k|v projection, one attention call per group (each on its own cache), the rows joined."""
         g, w, p = self.g, self.w, f"layers.{i}"
         qkv = self.linear(h, lw.qkv_w, lw.qkv_b, f"{p}.qkv")
+        if lw.q_norm_w is not None:
+            qkv = self.qk_norm(qkv, lw, p)
+        attrs = self.layer_attrs(i)
         attended = []
         for pre, part in zip(self.groups, self.split_rows(qkv)):
             out = g.op("GroupQueryAttention",
@@ -202,10 +209,31 @@ class _DecoderBuilder:
                         pre + past_name(i, "value"), self.seqlens[pre], self.totals[pre], *self.attn_tail[i]],
                        domain=MS, name=f"{pre}{p}.attention",
                        outputs=[f"{pre}{p}.attn_out", pre + present_name(i, "key"), pre + present_name(i, "value")],
-                       num_heads=w.num_heads, kv_num_heads=w.num_kv_heads, **self.attn_attrs)[0]
+                       num_heads=w.num_heads, kv_num_heads=w.num_kv_heads, **attrs)[0]
             attended.append(g.one("Reshape", [out, self.flat_attn]))
         attn = attended[0] if len(attended) == 1 else g.one("Concat", attended, axis=0)
         return self.linear(attn, lw.out_w, lw.out_b, f"{p}.out")
+
+    def layer_attrs(self, i: int) -> dict:
+        """The attention op's attributes for layer i: a NoPE layer (SmolLM3) does not rotate."""
+        rotary = self.w.rotary_layers
+        if rotary is None or rotary[i]:
+            return self.attn_attrs
+        return {**self.attn_attrs, "do_rotary": 0}
+
+    def qk_norm(self, qkv: str, lw: LayerWeights, p: str) -> str:
+        """Qwen3's per-head RMSNorm of q and k, before the op rotates them: written here because onnxruntime's CPU
+        GroupQueryAttention refuses its own q_norm_weight / k_norm_weight inputs. [rows, q|k|v] -> the same shape."""
+        g, w = self.g, self.w
+        heads = w.num_heads + w.num_kv_heads
+        qk, v = g.op("Split", [qkv, g.const(f"{p}.qk_split", np.array([heads * w.head_dim,
+                                                                      w.num_kv_heads * w.head_dim], np.int64))],
+                     n_out=2, axis=-1)
+        per_head = g.one("Reshape", [qk, g.const(f"{p}.qk_heads", np.array([-1, heads, w.head_dim], np.int64))])
+        weight = np.concatenate([np.tile(lw.q_norm_w, (w.num_heads, 1)), np.tile(lw.k_norm_w, (w.num_kv_heads, 1))])
+        normed = self.norm(per_head, weight, None, f"{p}.qk_norm")
+        flat = g.one("Reshape", [normed, g.const(f"{p}.qk_flat", np.array([-1, heads * w.head_dim], np.int64))])
+        return g.one("Concat", [flat, v], axis=-1)
 
     def mlp_activation(self, p: str, h: str, lw: LayerWeights) -> str:
         """The MLP up to its down projection: GPT-2's gelu, Llama's SwiGLU."""

@@ -1,6 +1,7 @@
 """The in-place decoder graph's input: a checkpoint's weights as numpy arrays in MatMul orientation, read from our
-PyTorch models (GPT-2; the Llama family: Llama, Qwen2, Mistral), heads zero-padded to a size the attention op takes,
-and the int8 cache's scales calibrated on the model's own keys and values. export/decoder_graph.py writes the graph.
+PyTorch models (GPT-2; the Llama family: Llama, Qwen2, Mistral, Qwen3, SmolLM3, Phi-3), heads zero-padded to a size
+the attention op takes, and the int8 cache's scales calibrated on the model's own keys and values.
+export/decoder_graph.py writes the graph.
 
 Head sizes that are not a multiple of 16 (which onnxruntime's CPU GroupQueryAttention refuses) are zero-padded
 (pad_heads): every head's q/k/v projection gains zero columns, the output projection zero rows, and the graph keeps
@@ -34,6 +35,8 @@ class LayerWeights:
     up_b: np.ndarray | None
     down_w: np.ndarray                  # [inner, hidden]
     down_b: np.ndarray | None
+    q_norm_w: np.ndarray | None = None  # Qwen3: per-head RMSNorm weights [head_dim] on q and k before rotary
+    k_norm_w: np.ndarray | None = None
 
 
 @dataclass
@@ -55,6 +58,10 @@ class DecoderWeights:
     activation: str = "gelu_tanh"       # GPT-2 MLP: "gelu_tanh" (gelu_new) or "gelu" (exact erf form)
     rope_theta: float = 10000.0
     model_head_dim: int | None = None   # the model's head size when head_dim is padded (pad_heads); None = head_dim
+    rope_inv_freq: np.ndarray | None = None  # float64 [rotary_dim / 2] (export/decoder_rope.py); None: rope_theta's
+    rope_scale: float = 1.0             # yarn / longrope attention factor on cos and sin
+    rotary_layers: tuple[bool, ...] | None = None  # SmolLM3: False for a layer without rotary; None = all rotate
+    sliding_window: int | None = None   # Phi-3: a query sees this many keys, itself included (every layer)
 
     @property
     def num_layers(self) -> int:
@@ -64,7 +71,7 @@ class DecoderWeights:
 # per layer: (key scale, value scale), each [kv_heads * the model's head size] (head-major)
 KvScales = list[tuple[np.ndarray, np.ndarray]]
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+LLAMA_FAMILY = ("llama", "qwen2", "mistral", "qwen3", "smollm3", "phi3")
 
 
 def spread(a: np.ndarray, heads: int, d: int, padded: int, fill: float = 0.0) -> np.ndarray:
@@ -127,37 +134,50 @@ def gpt2_weights(model, max_length: int | None = None) -> DecoderWeights:
                           activation=acts[c.activation_function])
 
 
+def _packed(at, mlp) -> tuple[np.ndarray, np.ndarray]:
+    """q|k|v and gate|up [in, out], packed for one MatMul each (Phi-3 stores them so already)."""
+    if hasattr(at, "qkv_proj"):
+        return _np(at.qkv_proj.weight).T, _np(mlp.gate_up_proj.weight).T
+    return (np.concatenate([_np(at.q_proj.weight).T, _np(at.k_proj.weight).T, _np(at.v_proj.weight).T], axis=1),
+            np.concatenate([_np(mlp.gate_proj.weight).T, _np(mlp.up_proj.weight).T], axis=1))
+
+
 def llama_weights(model, max_length: int | None = None) -> DecoderWeights:
-    """training.llama.LlamaForCausalLM (Llama / Qwen2 / Mistral): q|k|v and gate|up packed for one MatMul each."""
+    """training.llama.LlamaForCausalLM (the Llama family): q|k|v and gate|up packed for one MatMul each."""
+    from .decoder_rope import rope_settings
+
     c = model.config
     m = model.model
     if c.hidden_act != "silu":
         raise ValueError(f"hidden_act: only silu (SwiGLU) has a graph here, got {c.hidden_act!r}")
+    inv_freq, rope_scale, rotary_layers = rope_settings(c, max_length or c.max_position_embeddings)
 
     def bias(*linears) -> np.ndarray | None:
-        if all(lin.bias is None for lin in linears):
+        if all(getattr(lin, "bias", None) is None for lin in linears):
             return None
         return np.concatenate([_np(lin.bias) for lin in linears])
 
     layers = []
     for blk in m.layers:
         at, mlp = blk.self_attn, blk.mlp
+        qkv_w, up_w = _packed(at, mlp)
+        qk_norm = hasattr(at, "q_norm")
         layers.append(LayerWeights(
             norm1_w=_np(blk.input_layernorm.weight), norm1_b=None,
-            qkv_w=np.concatenate([_np(at.q_proj.weight).T, _np(at.k_proj.weight).T, _np(at.v_proj.weight).T], axis=1),
-            qkv_b=bias(at.q_proj, at.k_proj, at.v_proj),
+            qkv_w=qkv_w, qkv_b=None if c.fused else bias(at.q_proj, at.k_proj, at.v_proj),
             out_w=_np(at.o_proj.weight).T, out_b=bias(at.o_proj),
             norm2_w=_np(blk.post_attention_layernorm.weight), norm2_b=None,
-            up_w=np.concatenate([_np(mlp.gate_proj.weight).T, _np(mlp.up_proj.weight).T], axis=1),
-            up_b=bias(mlp.gate_proj, mlp.up_proj),
-            down_w=_np(mlp.down_proj.weight).T, down_b=bias(mlp.down_proj)))
+            up_w=up_w, up_b=None if c.fused else bias(mlp.gate_proj, mlp.up_proj),
+            down_w=_np(mlp.down_proj.weight).T, down_b=bias(mlp.down_proj),
+            q_norm_w=_np(at.q_norm.weight) if qk_norm else None, k_norm_w=_np(at.k_norm.weight) if qk_norm else None))
     tied = model.lm_head.weight.data_ptr() == m.embed_tokens.weight.data_ptr()
     return DecoderWeights(family="llama", num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
                           head_dim=c.head_dim, hidden=c.hidden_size, vocab_size=c.vocab_size,
                           max_length=max_length or c.max_position_embeddings, norm_eps=c.rms_norm_eps,
                           embed=_np(m.embed_tokens.weight), lm_head=None if tied else _np(model.lm_head.weight),
                           final_norm_w=_np(m.norm.weight), final_norm_b=None, layers=layers,
-                          rope_theta=float(c.rope_theta))
+                          rope_theta=float(c.rope_theta), rope_inv_freq=inv_freq, rope_scale=rope_scale,
+                          rotary_layers=rotary_layers, sliding_window=c.sliding_window)
 
 
 def inplace_weights(model, model_type: str, max_length: int) -> DecoderWeights:

@@ -58,6 +58,10 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "DebertaV2ForMaskedLM": {"fill-mask": "deberta-v2-mlm"},
     "DebertaV2ForTokenClassification": {"token-classify": "deberta-v2-token-classifier"},
     "DebertaV2Model": {},
+    # More of the Llama family (issue 39): the same in-place graph, training/llama.py's model.
+    "Qwen3ForCausalLM": {"generate": "llama"},
+    "SmolLM3ForCausalLM": {"generate": "llama"},
+    "Phi3ForCausalLM": {"generate": "llama"},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -72,6 +76,7 @@ MODEL_TYPES += ("xlm-roberta",)
 # Families with RoBERTa's positions (they start past the padding index).
 ROBERTA_POSITIONS = ("roberta", "xlm-roberta")
 MODEL_TYPES += ("modernbert", "deberta-v2")
+MODEL_TYPES += ("qwen3", "smollm3", "phi3")   # issue 39, the Llama family
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")

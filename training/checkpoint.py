@@ -111,6 +111,8 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5",
                  "DebertaV2Model": "deberta-v2-mlm",
                  "ModernBertModel": "modernbert-mlm"}   # gte-/nomic-modernbert: the encoder; a fresh MLM head
+# Llama family, issue 39: Qwen3, SmolLM3, Phi-3 (training/llama.py).
+_ARCH_ALIASES.update({"Qwen3ForCausalLM": "llama", "SmolLM3ForCausalLM": "llama", "Phi3ForCausalLM": "llama"})
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
 

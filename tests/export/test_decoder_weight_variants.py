@@ -35,7 +35,7 @@ PROMPTS = ["ROMEO.", "Once more unto the breach, dear friends, once more; or clo
 NEW_TOKENS = [12, 6, 20, 9, 4]
 
 
-def _tiny_llama(tiny_checkpoints, out: Path) -> Path:
+def _tiny_llama(tiny_checkpoints, out: Path, **config) -> Path:
     """Our Llama (grouped-query attention, untied head, SwiGLU 176 wide: not a multiple of the block size), given
     100 Adam steps on the synthetic corpus: a random Llama's next-token distributions are so flat that even 8-bit
     weights flip its greedy ids (22 of 32 identical on average, measured), a trained one's are not."""
@@ -51,7 +51,7 @@ def _tiny_llama(tiny_checkpoints, out: Path) -> Path:
     data = torch.tensor(stream)
     torch.manual_seed(3)
     model = LlamaForCausalLM(LlamaConfig.preset("tiny", vocab_size=tok.get_vocab_size(), tie_word_embeddings=False,
-                                                bos_token_id=eot, eos_token_id=eot))
+                                                bos_token_id=eot, eos_token_id=eot, **config))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(100):

@@ -530,8 +530,9 @@ def test_decoder_greedy_equals_transformers_generate(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind,change,field", [
-    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "rope_type"),
-    ("llama", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling"),
+    ("llama", {"rope_parameters": {"rope_type": "proportional", "factor": 2.0, "rope_theta": 10000.0}}, "rope_type"),
+    ("llama", {"rope_scaling": {"type": "linear"}}, "rope_scaling.factor"),
+    ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ("mistral", {"sliding_window": 16}, "sliding_window"),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 16}, "sliding_window"),
 ])

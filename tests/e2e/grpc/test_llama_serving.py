@@ -1,6 +1,7 @@
 """Llama-family decoders end to end: a checkpoint saved by `transformers` → `python -m export` (in-place graph,
 grouped-query attention with rotary inside the op, through the parity gate) → a real server → Generate greedy
-equal to `transformers`' own generate on the same prompt ids, for Llama, Qwen2 and Mistral."""
+equal to `transformers`' own generate on the same prompt ids, for Llama, Qwen2, Mistral and Qwen3 (q/k norm, a
+head_dim of its own, yarn rope scaling past an original context of 16 positions)."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 PROMPTS = ["ROMEO. What light through yonder window breaks", "To be", "Once more unto the breach, dear friends"]
 NEW = 12
-KINDS = ("llama", "qwen2", "mistral")
+KINDS = ("llama", "qwen2", "mistral", "qwen3")
 
 
 def _hf(kind: str, vocab: int, eot: int):
@@ -34,6 +35,10 @@ def _hf(kind: str, vocab: int, eot: int):
     elif kind == "mistral":   # its sliding window at the context length: not active (training/llama.py)
         cfg, cls = (transformers.MistralConfig(tie_word_embeddings=False, sliding_window=128, **sizes),
                     transformers.MistralForCausalLM)
+    elif kind == "qwen3":
+        yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16)
+        cfg, cls = (transformers.Qwen3Config(tie_word_embeddings=True, head_dim=32, rope_parameters=yarn, **sizes),
+                    transformers.Qwen3ForCausalLM)
     else:
         cfg, cls = transformers.LlamaConfig(tie_word_embeddings=False, **sizes), transformers.LlamaForCausalLM
     cfg._attn_implementation = "eager"
