@@ -32,6 +32,8 @@ from training.distilbert import (DistilBertConfig, DistilBertForMaskedLM, Distil
 from training.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForSequenceClassification,
                               ElectraForTokenClassification)
 from training.gpt import GPT2LMHeadModel, GPTConfig
+from training.gemma import FAMILIES as GEMMA_FAMILIES
+from training.gemma import GemmaConfig, GemmaForCausalLM
 from training.llama import FAMILIES as LLAMA_FAMILIES
 from training.llama import LlamaConfig, LlamaForCausalLM
 from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification,
@@ -76,6 +78,8 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "marian": (MarianMTModel, "MarianMTModel", "marian"),
     "bart": (BartForConditionalGeneration, "BartForConditionalGeneration", "bart"),
     "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
+    # Gemma 2 and Gemma 3 text: one class; the architecture written follows config.model_type.
+    "gemma": (GemmaForCausalLM, "Gemma3ForCausalLM", "gemma3_text"),
 }
 # Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
 SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
@@ -85,6 +89,7 @@ FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "robert
                                   "electra": ElectraConfig, "marian": MarianConfig, "bart": BartConfig,
                                   "t5": T5Config,
                                   **{t: LlamaConfig for t in LLAMA_FAMILIES}}
+FAMILY_CONFIG.update({t: GemmaConfig for t in GEMMA_FAMILIES})
 _PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
            "electra": "electra."}
 _ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
@@ -98,6 +103,10 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5"}
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
+_KIND_TYPES["gemma"] = tuple(GEMMA_FAMILIES)
+_ARCH_ALIASES["Gemma2ForCausalLM"] = "gemma"
+# Decoder kinds with one class for several model_types (architecture by config, `model.` prefix, tied lm_head).
+_DECODER_KINDS = ("llama", "gemma")
 
 # nn.Linear inside, Conv1D ([in, out]) in HF's GPT-2 files.
 _CONV1D = re.compile(r"^transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
@@ -132,7 +141,7 @@ def kind_model_types(kind: str) -> tuple[str, ...]:
 def architecture_of(model: nn.Module) -> str:
     """The HF architecture name to write for our model (Llama family: by its model_type)."""
     kind = _kind_of(model)
-    if kind == "llama":
+    if kind in _DECODER_KINDS:
         return model.config.architecture
     return KINDS[kind][1]
 
@@ -168,6 +177,7 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
 _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
                  "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
                  "marian": "marian", "bart": "bart", "t5": "t5"}
+_DEFAULT_KIND.update({t: "gemma" for t in GEMMA_FAMILIES})
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
@@ -238,7 +248,7 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
     if kind == "gpt":
         if not any(k.startswith("transformer.") for k in out):  # a GPT2Model checkpoint
             out = {(k if k.startswith("lm_head.") else "transformer." + k): v for k, v in out.items()}
-    elif kind == "llama":
+    elif kind in _DECODER_KINDS:
         if not any(k.startswith("model.") for k in out):  # a LlamaModel checkpoint
             out = {(k if k.startswith("lm_head.") else "model." + k): v for k, v in out.items()}
     elif kind == "bert":
@@ -255,7 +265,7 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
 def _tied_keys(model: nn.Module, kind: str) -> set[str]:
     if kind in SEQ2SEQ:
         return SEQ2SEQ[kind].tied_keys(model.config)
-    if kind == "llama":
+    if kind in _DECODER_KINDS:
         return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     return set(_TIED.get(kind, ()))
 
@@ -292,7 +302,7 @@ def load_hf_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: st
         sd = SEQ2SEQ[kind].normalise_hf_keys(sd, model.config)
         sd = {k: v for k, v in sd.items() if k not in tied}
         fresh_ok = ("final_logits_bias",)
-    if kind == "llama" and tied and "lm_head.weight" in sd:
+    if kind in _DECODER_KINDS and tied and "lm_head.weight" in sd:
         sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}  # a file that also carries the tied copy
     unexpected = [k for k in sd if k not in own]
     foreign = [k for k in unexpected if not k.startswith(drop_ok)]
