@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.gpt import cache_inputs, generate_greedy  # noqa: F401  (generate_greedy: model-agnostic)
-from training.llama import apply_rotary
+from training.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, apply_rotary
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,9 @@ class GemmaConfig:
     @property
     def architecture(self) -> str:
         return FAMILIES[self.model_type]
+
+    # Gemma has no biases (attention_bias true is refused); Llama's attention and MLP modules read these.
+    qkv_bias = o_bias = mlp_bias = False
 
     @property
     def qk_norm(self) -> bool:
@@ -231,60 +234,47 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return x if cap is None else torch.tanh(x / cap) * cap
 
 
-class GemmaAttention(nn.Module):
+class GemmaAttention(LlamaAttention):
+    """Llama's projections (no biases) with Gemma's q/k norms, scale, soft-capping and sliding window."""
+
     def __init__(self, config: GemmaConfig, layer: int) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
-                                                            config.head_dim)
-        self.groups = self.num_heads // self.num_kv_heads
+        super().__init__(config)
         self.scale = config.query_pre_attn_scalar ** -0.5
         self.cap = config.attention_softcap
         self.window = config.window(layer)
-        h, d = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
         if config.qk_norm:
-            self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps)
-            self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps)
-        self.attn_dropout = nn.Dropout(config.attention_dropout)
+            self.q_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps)
+
+    def _heads(self, proj: nn.Linear, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """[B, S, hidden] -> [B, heads, S, head_dim]."""
+        return proj(x).unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor,
                 past: KV) -> tuple[torch.Tensor, KV]:
         """x [B, S, hidden]; allowed bool [B, 1, S, P+S] (causal and padding); past (k, v) [B, kv_heads, P, D]."""
-        b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self._heads(self.q_proj, x, self.num_heads)
+        k = self._heads(self.k_proj, x, self.num_kv_heads)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k = torch.cat([past[0], k], dim=2)
-        v = torch.cat([past[1], v], dim=2)
+        v = torch.cat([past[1], self._heads(self.v_proj, x, self.num_kv_heads)], dim=2)
         if self.window is not None:
             # Key index > query index - window (transformers' sliding_window_overlay), over cache indices.
-            p = k.shape[2] - s
-            qi = torch.arange(p, p + s, device=x.device)[:, None]
-            allowed = allowed & (torch.arange(p + s, device=x.device)[None, :] > qi - self.window)
-        kr = k.repeat_interleave(self.groups, dim=1) if self.groups > 1 else k
-        vr = v.repeat_interleave(self.groups, dim=1) if self.groups > 1 else v
-        scores = softcap(torch.matmul(q, kr.transpose(-1, -2)) * self.scale, self.cap)
-        scores = torch.where(allowed, scores, torch.finfo(scores.dtype).min)
-        probs = self.attn_dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype))
-        y = torch.matmul(probs, vr).transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
+            qpos = torch.arange(k.shape[2] - x.shape[1], k.shape[2], device=x.device)[:, None]
+            allowed = allowed & (torch.arange(k.shape[2], device=x.device) > qpos - self.window)
+        # Each kv head serves `groups` consecutive query heads (HF's repeat_kv layout).
+        kr, vr = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
+        scores = softcap(q @ kr.transpose(-1, -2) * self.scale, self.cap)
+        # finfo.min, not -inf: a left-pad query that sees nothing gets a finite row, not NaN.
+        probs = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).float(), dim=-1)
+        y = (self.attn_dropout(probs.to(q.dtype)) @ vr).transpose(1, 2).flatten(2)
         return self.o_proj(y), (k, v)
 
 
-class GemmaMLP(nn.Module):
-    """down(gelu_tanh(gate(x)) * up(x))."""
-
-    def __init__(self, config: GemmaConfig) -> None:
-        super().__init__()
-        h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+class GemmaMLP(LlamaMLP):
+    """down(gelu_tanh(gate(x)) * up(x)): Llama's three projections, another activation."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
@@ -333,35 +323,26 @@ class GemmaForCausalLM(nn.Module):
         self.config = config
         self.model = GemmaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, mean=0.0, std=config.initializer_range)
+        # Linear and embedding weights ~ N(0, initializer_range); the norms stay at 0, i.e. a scale of 1.
+        for weight in (mod.weight for mod in self.modules() if isinstance(mod, (nn.Linear, nn.Embedding))):
+            nn.init.normal_(weight, mean=0.0, std=config.initializer_range)
         self.tie_weights()
 
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def empty_past(self, batch: int, device: torch.device | None = None,
-                   dtype: torch.dtype = torch.float32) -> list[KV]:
-        """A past of length 0 for every layer ([B, kv_heads, 0, D])."""
-        c = self.config
-        z = torch.zeros(batch, c.num_key_value_heads, 0, c.head_dim, device=device, dtype=dtype)
-        return [(z, z) for _ in range(c.num_hidden_layers)]
+    # The same attributes under the same names as the Llama model's: its helpers serve as they are.
+    tie_weights = LlamaForCausalLM.tie_weights
+    empty_past = LlamaForCausalLM.empty_past
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None,
                 past_key_values: list[KV] | None = None) -> tuple[torch.Tensor, list[KV]]:
         """training/llama.py's convention: input_ids [B, S]; attention_mask [B, P+S]; position_ids [B, S];
         past_key_values per layer (k, v) [B, kv_heads, P, head_dim] -> (logits [B, S, V], presents [.., P+S, ..])."""
-        b, s = input_ids.shape
-        m = self.model
-        if past_key_values is None:
-            past_key_values = self.empty_past(b, input_ids.device, m.embed_tokens.weight.dtype)
-        p = past_key_values[0][0].shape[2]
-        position_ids, allowed = cache_inputs(attention_mask, position_ids, b, s, p, input_ids.device)
+        m, dev = self.model, input_ids.device
+        past_key_values = past_key_values or self.empty_past(len(input_ids), dev, m.embed_tokens.weight.dtype)
+        position_ids, allowed = cache_inputs(attention_mask, position_ids, *input_ids.shape,
+                                             past_key_values[0][0].shape[2], dev)
         x = m.embed_tokens(input_ids)
-        x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
+        x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)   # the factor in the model's dtype first
         ropes = {kind: m.rotary(kind, position_ids, x.dtype) for kind in set(self.config.layer_types)}
         presents: list[KV] = []
         for layer, past in zip(m.layers, past_key_values):

@@ -304,7 +304,7 @@ def _trained(kind: str, tok, out: Path) -> Path:
     for 4-bit weights to keep its greedy ids (the Llama variants' test says the same). With Gemma's released caps
     (final 30, attention 50): the tests above use caps of 4 / 1.5 to make them bite, and a trained model under a
     final cap of 4 pushes its top logits against the cap into near-ties that any quantization reorders."""
-    from tests.conftest import synthetic_examples
+    from tests.lm_training import train_next_token
     from training.checkpoint import save_model
     from training.gemma import GemmaConfig, GemmaForCausalLM
 
@@ -317,20 +317,7 @@ def _trained(kind: str, tok, out: Path) -> Path:
         sliding_window_pattern=2, query_pre_attn_scalar=16, final_logit_softcapping=30.0,
         attn_logit_softcapping=50.0 if kind == "gemma2" else None, bos_token_id=eot, eos_token_id=eot,
         pad_token_id=eot))
-    stream: list[int] = []
-    for text, _ in synthetic_examples(600, seed=1):
-        stream += tok.encode(text).ids + [eot]
-    data = torch.tensor(stream)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(100):
-        starts = torch.randint(0, len(data) - 33, (16,))
-        batch = torch.stack([data[i:i + 33] for i in starts])
-        logits = model(batch[:, :-1])[0]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train_next_token(model, tok, eot)
     return save_model(model.eval(), out / kind, tokenizer_files={
         name: out / "tok" / name for name in ("tokenizer.json",)})
 
