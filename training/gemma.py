@@ -210,13 +210,6 @@ def inv_freq(config: GemmaConfig, layer_type: str) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)) / factor
 
 
-def rope_tables(config: GemmaConfig, layer_type: str, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [max_positions, head_dim / 2] (fp32) of a layer type: the half-width tables onnxruntime's
-    GroupQueryAttention takes as cos_cache / sin_cache."""
-    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq(config, layer_type)
-    return freqs.cos(), freqs.sin()
-
-
 class GemmaRMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
