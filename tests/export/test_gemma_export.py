@@ -379,3 +379,32 @@ def test_gemma3_head_size_the_op_cannot_take_is_refused(tmp_path: Path) -> None:
     ours, _ = load_model(tmp_path)
     with pytest.raises(ExportError, match="head_dim"):
         gemma_graph.inplace_gemma_weights(ours, MAX)
+
+
+def test_gemma3_1b_layout_in_the_graph_equals_transformers(tmp_path: Path) -> None:
+    """Gemma-3-1B's attention layout at a tiny width: 4 query heads over 1 kv head of 256 channels, scale
+    256^-0.5, no caps, the default pattern (config without layer_types: five sliding layers, then a full one),
+    bases 10k / 1M; a ragged prefill past the window, then decoding."""
+    from training.checkpoint import load_model
+
+    hf = hf_gemma("gemma3", num_hidden_layers=6, head_dim=256, query_pre_attn_scalar=256, sliding_window_pattern=6,
+                  final_logit_softcapping=None, rope_theta=1e6, rope_local_base_freq=1e4)
+    hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["layer_types"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ours, config = load_model(tmp_path)
+    assert config.layer_types == ["sliding_attention"] * 5 + ["full_attention"] == hf.config.layer_types
+    drv = SlotDriver(_graph(ours), 6, 1, 256, MAX, 2)
+    seqs = _prompts(7, (6, 21))
+    logits = drv.first_prompt(0, seqs, 0)
+    got = [(seqs[r], t, logits[r, t]) for r in range(2) for t in range(len(seqs[r]))]
+    last = [logits[r, len(s) - 1] for r, s in enumerate(seqs)]
+    for _ in range(6):
+        positions = [len(s) for s in seqs]
+        for s, x in zip(seqs, last):
+            s.append(int(np.argmax(x)))
+        last = list(drv.decode([s[-1] for s in seqs], positions))
+        got += [(seqs[r], positions[r], last[r]) for r in range(2)]
+    refs = {id(s): hf_logits(hf, s) for s in seqs}
+    assert max(float(np.abs(x - refs[id(s)][t]).max()) for s, t, x in got) <= 1e-4
