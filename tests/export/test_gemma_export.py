@@ -408,3 +408,19 @@ def test_gemma3_1b_layout_in_the_graph_equals_transformers(tmp_path: Path) -> No
         got += [(seqs[r], positions[r], last[r]) for r in range(2)]
     refs = {id(s): hf_logits(hf, s) for s in seqs}
     assert max(float(np.abs(x - refs[id(s)][t]).max()) for s, t, x in got) <= 1e-4
+
+
+def test_gemma2_head_size_24_is_padded_exactly(tmp_path: Path) -> None:
+    """Gemma 2 has no q/k norms, so a head size the op refuses is zero-padded like the Llama family's (scale and
+    rotary of the model's 24 channels kept): logits equal transformers' past the window."""
+    from training.checkpoint import load_model
+
+    hf = hf_gemma("gemma2", head_dim=24)
+    hf.save_pretrained(tmp_path)
+    ours, _ = load_model(tmp_path)
+    w = gemma_graph.inplace_gemma_weights(ours, MAX)
+    assert (w.head_dim, w.model_head_dim) == (32, 24)
+    drv = SlotDriver(_graph(ours), 4, 2, 24, MAX, 2)
+    prompts = _prompts(8, (7, 20))
+    logits = drv.first_prompt(0, prompts, 0)
+    assert max(float(np.abs(logits[r, :len(p)] - hf_logits(hf, p)).max()) for r, p in enumerate(prompts)) <= 1e-4
