@@ -277,6 +277,10 @@ class _DecoderBuilder:
             self.g.op("Identity", [self.as_3d(part, pre, self.w.vocab_size)], outputs=[f"{pre}logits"])
 
 
+# family -> a _DecoderBuilder subclass, for families whose graph module registers itself (export/gemma_graph.py).
+BUILDERS: dict[str, type[_DecoderBuilder]] = {}
+
+
 def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False,
                         kv_scales: KvScales | None = None) -> onnx.ModelProto:
     """The in-place decoder. mixed=True adds a second group of rows (inputs and outputs prefixed "chunk.")
@@ -290,7 +294,7 @@ def build_decoder_graph(w: DecoderWeights, opset: int = 18, mixed: bool = False,
         # Scales come per model channel; a padded channel only ever holds 0, any positive scale quantizes it to 0.
         kv_scales = [tuple(spread(t, w.num_kv_heads, w.model_head_dim, w.head_dim, fill=1.0) for t in pair)
                      for pair in kv_scales]
-    b = _DecoderBuilder(w, mixed, kv_scales)
+    b = BUILDERS.get(w.family, _DecoderBuilder)(w, mixed, kv_scales)
     inputs, outputs = _graph_io(w, b.groups, TensorProto.INT8 if kv_scales is not None else TensorProto.FLOAT)
     x = b.embed_rows()
     b.attention_settings()

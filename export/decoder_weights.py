@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
@@ -180,8 +181,15 @@ def llama_weights(model, max_length: int | None = None) -> DecoderWeights:
                           rotary_layers=rotary_layers, sliding_window=c.sliding_window)
 
 
+# model_type -> reader (model, max_length) -> weights, for families whose graph module registers itself
+# (export/gemma_graph.py).
+READERS: dict[str, Callable[[Any, int], DecoderWeights]] = {}
+
+
 def inplace_weights(model, model_type: str, max_length: int) -> DecoderWeights:
     """The model's weights, heads zero-padded to a size the attention op takes."""
+    if model_type in READERS:
+        return READERS[model_type](model, max_length)
     if model_type == "gpt2":
         return pad_heads(gpt2_weights(model, max_length))
     if model_type in LLAMA_FAMILY:

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from modelpkg import CacheSpec, Manifest, padded_head_dim
 
 from . import decoder_graph, decoder_weights, graphs, int8, package, probes, speed, variants, weights
+from . import gemma_graph  # noqa: F401  (registers the Gemma family's weights and graph builder)
 from .checkpoint_tokens import chat_template, special_tokens
 from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError

@@ -62,6 +62,9 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "Qwen3ForCausalLM": {"generate": "llama"},
     "SmolLM3ForCausalLM": {"generate": "llama"},
     "Phi3ForCausalLM": {"generate": "llama"},
+    # Gemma 2 / Gemma 3 text: the in-place graph (export/gemma_graph.py).
+    "Gemma2ForCausalLM": {"generate": "gemma"},
+    "Gemma3ForCausalLM": {"generate": "gemma"},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -77,6 +80,7 @@ MODEL_TYPES += ("xlm-roberta",)
 ROBERTA_POSITIONS = ("roberta", "xlm-roberta")
 MODEL_TYPES += ("modernbert", "deberta-v2")
 MODEL_TYPES += ("qwen3", "smollm3", "phi3")   # issue 39, the Llama family
+MODEL_TYPES += ("gemma2", "gemma3_text")
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")

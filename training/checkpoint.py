@@ -32,6 +32,8 @@ from training.distilbert import (DistilBertConfig, DistilBertForMaskedLM, Distil
 from training.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForSequenceClassification,
                               ElectraForTokenClassification)
 from training.gpt import GPT2LMHeadModel, GPTConfig
+from training.gemma import FAMILIES as GEMMA_FAMILIES
+from training.gemma import GemmaConfig, GemmaForCausalLM
 from training.llama import FAMILIES as LLAMA_FAMILIES
 from training.llama import LlamaConfig, LlamaForCausalLM
 from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification,
@@ -87,6 +89,8 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
                               "deberta-v2"),
     "deberta-v2-token-classifier": (deberta_mod.DebertaV2ForTokenClassification, "DebertaV2ForTokenClassification",
                                     "deberta-v2"),
+    # Gemma 2 and Gemma 3 text: one class; the architecture written follows config.model_type.
+    "gemma": (GemmaForCausalLM, "Gemma3ForCausalLM", "gemma3_text"),
 }
 # Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
 SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
@@ -98,6 +102,7 @@ FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "robert
                                   **{t: LlamaConfig for t in LLAMA_FAMILIES},
                                   "deberta-v2": deberta_mod.DebertaV2Config}
 FAMILY_CONFIG["modernbert"] = modernbert_mod.ModernBertConfig
+FAMILY_CONFIG.update({t: GemmaConfig for t in GEMMA_FAMILIES})
 _PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
            "electra": "electra.", "deberta-v2": "deberta.", "modernbert": "model."}
 _ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
@@ -115,6 +120,10 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
 _ARCH_ALIASES.update({"Qwen3ForCausalLM": "llama", "SmolLM3ForCausalLM": "llama", "Phi3ForCausalLM": "llama"})
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
+_KIND_TYPES["gemma"] = tuple(GEMMA_FAMILIES)
+_ARCH_ALIASES["Gemma2ForCausalLM"] = "gemma"
+# Decoder kinds with one class for several model_types (architecture by config, `model.` prefix, tied lm_head).
+_DECODER_KINDS = ("llama", "gemma")
 
 # nn.Linear inside, Conv1D ([in, out]) in HF's GPT-2 files.
 _CONV1D = re.compile(r"^transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
@@ -155,7 +164,7 @@ def kind_model_types(kind: str) -> tuple[str, ...]:
 def architecture_of(model: nn.Module) -> str:
     """The HF architecture name to write for our model (Llama family: by its model_type)."""
     kind = _kind_of(model)
-    if kind == "llama":
+    if kind in _DECODER_KINDS:
         return model.config.architecture
     return KINDS[kind][1]
 
@@ -192,6 +201,7 @@ _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "alber
                  "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
                  "marian": "marian", "bart": "bart", "t5": "t5", "deberta-v2": "deberta-v2-mlm",
                  "modernbert": "modernbert-mlm"}
+_DEFAULT_KIND.update({t: "gemma" for t in GEMMA_FAMILIES})
 # XLM-RoBERTa (training/xlm_roberta.py): RoBERTa's model and key rules under its own model_type.
 FAMILY_CONFIG[xlmr_mod.MODEL_TYPE] = xlmr_mod.XLMRobertaConfig
 _PREFIX[xlmr_mod.MODEL_TYPE] = "roberta."
@@ -268,7 +278,7 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
     if kind == "gpt":
         if not any(k.startswith("transformer.") for k in out):  # a GPT2Model checkpoint
             out = {(k if k.startswith("lm_head.") else "transformer." + k): v for k, v in out.items()}
-    elif kind == "llama":
+    elif kind in _DECODER_KINDS:
         if not any(k.startswith("model.") for k in out):  # a LlamaModel checkpoint
             out = {(k if k.startswith("lm_head.") else "model." + k): v for k, v in out.items()}
     elif kind == "bert":
@@ -285,7 +295,7 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
 def _tied_keys(model: nn.Module, kind: str) -> set[str]:
     if kind in SEQ2SEQ:
         return SEQ2SEQ[kind].tied_keys(model.config)
-    if kind == "llama":
+    if kind in _DECODER_KINDS:
         return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if hasattr(model, "tied_hf_keys"):   # a family whose tying follows its config (ModernBERT)
         return model.tied_hf_keys()
@@ -329,7 +339,7 @@ def load_hf_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: st
         sd = SEQ2SEQ[kind].normalise_hf_keys(sd, model.config)
         sd = {k: v for k, v in sd.items() if k not in tied}
         fresh_ok = ("final_logits_bias",)
-    if kind == "llama" and tied and "lm_head.weight" in sd:
+    if kind in _DECODER_KINDS and tied and "lm_head.weight" in sd:
         sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}  # a file that also carries the tied copy
     unexpected = [k for k in sd if k not in own]
     foreign = [k for k in unexpected if not k.startswith(drop_ok)]

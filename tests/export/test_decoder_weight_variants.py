@@ -39,29 +39,16 @@ def _tiny_llama(tiny_checkpoints, out: Path, **config) -> Path:
     """Our Llama (grouped-query attention, untied head, SwiGLU 176 wide: not a multiple of the block size), given
     100 Adam steps on the synthetic corpus: a random Llama's next-token distributions are so flat that even 8-bit
     weights flip its greedy ids (22 of 32 identical on average, measured), a trained one's are not."""
-    from tests.conftest import synthetic_examples
+    from tests.lm_training import train_next_token
     from training.checkpoint import save_model
     from training.llama import LlamaConfig, LlamaForCausalLM
 
     tok = Tokenizer.from_file(str(tiny_checkpoints.gpt / "tokenizer.json"))
     eot = tok.token_to_id("<|endoftext|>")
-    stream: list[int] = []
-    for text, _ in synthetic_examples(600, seed=1):    # not the gate's held-out sentences
-        stream += tok.encode(text).ids + [eot]
-    data = torch.tensor(stream)
     torch.manual_seed(3)
     model = LlamaForCausalLM(LlamaConfig.preset("tiny", vocab_size=tok.get_vocab_size(), tie_word_embeddings=False,
                                                 bos_token_id=eot, eos_token_id=eot, **config))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(100):
-        starts = torch.randint(0, len(data) - 33, (16,))
-        batch = torch.stack([data[i:i + 33] for i in starts])
-        logits = model(batch[:, :-1])[0]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train_next_token(model, tok, eot)
     files = {p.name: p for p in tiny_checkpoints.gpt.iterdir() if p.name.startswith(("tokenizer", "special"))}
     return save_model(model.eval(), out, tokenizer_files=files)
 

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
 
 from clients import OrtserveClient
-from testing.launch import ROOT
-from tests.server_process import ServerProcess
+from tests.hf_decoder_export import serve_hf_decoders
 
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -48,24 +44,11 @@ def _hf(kind: str, vocab: int, eot: int):
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("llama-serving")
-    tok_files = [p for p in tiny_checkpoints.gpt.iterdir() if p.name.startswith(("tokenizer", "special_tokens"))]
-    tok = Tokenizer.from_file(str(tiny_checkpoints.gpt / "tokenizer.json"))
-    eot = tok.token_to_id("<|endoftext|>")
-    models = {}
-    for kind in KINDS:
-        hf = _hf(kind, tok.get_vocab_size(), eot)
-        ckpt = root / kind
-        hf.save_pretrained(ckpt)
-        for f in tok_files:
-            (ckpt / f.name).write_bytes(f.read_bytes())
-        proc = subprocess.run([sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository",
-                               str(root / "repo"), "--name", kind], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        models[kind] = hf
-    with ServerProcess(root / "repo", ["--max-sequences", "4", "--prefill-chunk-tokens", "4"]) as server:
-        yield server, root / "repo", models, tok
+    def build(vocab: int, eot: int) -> dict:
+        return {k: _hf(k, vocab, eot) for k in KINDS}
+
+    with serve_hf_decoders(build, tiny_checkpoints.gpt, tmp_path_factory.mktemp("llama-serving")) as served:
+        yield served
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -1,0 +1,43 @@
+"""The served decoder tests' setup: `transformers` models saved with the tiny GPT-2 checkpoint's tokenizer, exported by
+the command line (`python -m export --task generate`) as a user would, and a real server on the repository."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from tokenizers import Tokenizer
+
+from testing.launch import ROOT
+from tests.server_process import ServerProcess
+
+SERVER_ARGS = ("--max-sequences", "4", "--prefill-chunk-tokens", "4")
+
+
+def export_hf_decoder(hf, name: str, tokenizer_dir: Path, root: Path) -> Path:
+    """Save `hf` to root/name with tokenizer_dir's tokenizer*/special_tokens* files and export it into root/"repo"
+    under `name`; returns the repository. Fails the test with the exporter's stderr."""
+    ckpt = root / name
+    hf.save_pretrained(ckpt)
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            (ckpt / f.name).write_bytes(f.read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--repository",
+                           str(root / "repo"), "--name", name], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return root / "repo"
+
+
+@contextmanager
+def serve_hf_decoders(build: Callable[[int, int], dict[str, Any]], tokenizer_dir: Path, root: Path
+                      ) -> Iterator[tuple[ServerProcess, Path, dict[str, Any], Tokenizer]]:
+    """build(vocab_size, end-of-text id) -> {package name: transformers model}; each is exported, then one server
+    (4 sequences, prompts prefilled in chunks of 4) serves them all. Yields (server, repository, models, tokenizer)."""
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    models = build(tok.get_vocab_size(), tok.token_to_id("<|endoftext|>"))
+    for name, hf in models.items():
+        export_hf_decoder(hf, name, tokenizer_dir, root)
+    with ServerProcess(root / "repo", list(SERVER_ARGS)) as server:
+        yield server, root / "repo", models, tok
