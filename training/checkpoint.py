@@ -1,6 +1,6 @@
 """Read and write checkpoints in the Hugging Face directory layout (docs/checkpoint-format.md).
 
-Real HF BERT / GPT-2 / Llama / Marian / BART / T5 ... checkpoints load into our models and ours load into
+Real HF BERT / GPT-2 / Llama / Marian / BART / T5 / M2M100 / mBART ... checkpoints load into our models and ours load into
 `transformers`.
 Weights are read from model.safetensors, or from pytorch_model.bin only through
 `torch.load(weights_only=True)`: nothing is ever unpickled.
@@ -39,6 +39,10 @@ from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSeque
 from training.bart import BartConfig, BartForConditionalGeneration
 from training.marian import MarianConfig, MarianMTModel
 from training.t5 import T5Config, T5ForConditionalGeneration
+from training import m2m100 as m2m100_mod
+from training import mbart as mbart_mod
+from training.m2m100 import M2M100Config, M2M100ForConditionalGeneration
+from training.mbart import MBartConfig, MBartForConditionalGeneration
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +80,18 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "marian": (MarianMTModel, "MarianMTModel", "marian"),
     "bart": (BartForConditionalGeneration, "BartForConditionalGeneration", "bart"),
     "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
+    # Translation families (pre-norm): M2M100 / NLLB-200 and mBART.
+    "m2m100": (M2M100ForConditionalGeneration, "M2M100ForConditionalGeneration", "m2m_100"),
+    "mbart": (MBartForConditionalGeneration, "MBartForConditionalGeneration", "mbart"),
 }
 # Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
-SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
+SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod, "m2m100": m2m100_mod, "mbart": mbart_mod}
 # model_type -> the config dataclass and the prefix HF puts the encoder/decoder under in headed models.
 FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "roberta": RobertaConfig,
                                   "albert": AlbertConfig, "distilbert": DistilBertConfig,
                                   "electra": ElectraConfig, "marian": MarianConfig, "bart": BartConfig,
                                   "t5": T5Config,
+                                  "m2m_100": M2M100Config, "mbart": MBartConfig,
                                   **{t: LlamaConfig for t in LLAMA_FAMILIES}}
 _PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
            "electra": "electra."}
@@ -95,7 +103,8 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "ElectraModel": "electra-mlm", "ElectraForPreTraining": "electra-mlm",
                  "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
                  # Base seq2seq checkpoints (bart-base is one): a tied head needs nothing more.
-                 "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5"}
+                 "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5",
+                 "M2M100Model": "m2m100", "MBartModel": "mbart"}
 # kinds whose model_type may be any of several (Llama family).
 _KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
 
@@ -167,7 +176,8 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
 
 _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
                  "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
-                 "marian": "marian", "bart": "bart", "t5": "t5"}
+                 "marian": "marian", "bart": "bart", "t5": "t5",
+                 "m2m_100": "m2m100", "mbart": "mbart"}
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
