@@ -128,6 +128,9 @@ class GenerationParams:
     num_beams: int | None = None
     length_penalty: float | None = None
     early_stopping: bool | str | None = None
+    # Translation models: the language token to translate into ("fra_Latn", "__fr__", "fr_XX"); sent as
+    # GenerateRequest.target_language. None: the model's default.
+    target_language: str | None = None
 
     @property
     def wants_logprobs(self) -> bool:

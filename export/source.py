@@ -43,6 +43,9 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     "MarianMTModel": {"generate": "marian"},
     "BartForConditionalGeneration": {"generate": "bart"},
     "T5ForConditionalGeneration": {"generate": "t5"},
+    # Translation families (pre-norm blocks; a target language forced per request: docs/checkpoint-format.md).
+    "M2M100ForConditionalGeneration": {"generate": "m2m100"},
+    "MBartForConditionalGeneration": {"generate": "mbart"},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -52,7 +55,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
 TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES
                                     if "generate" not in ARCHITECTURE_TASKS.get(a, {}))
 MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "llama", "qwen2", "mistral", "marian",
-               "bart", "t5")
+               "bart", "t5", "m2m_100", "mbart")
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")

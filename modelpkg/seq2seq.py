@@ -1,4 +1,4 @@
-"""model.json's `encoder_decoder` block: what a server needs to run an encoder-decoder package (Marian, BART, T5)
+"""model.json's `encoder_decoder` block: what a server needs to run an encoder-decoder package (Marian, BART, T5, M2M100 / NLLB, mBART)
 without torch (docs/model-package.md, "Encoder-decoder packages").
 
 Two graphs per variant: the encoder (input_ids, attention_mask [B, S] -> cross.{i}.key/value [B, heads, S,
@@ -14,17 +14,28 @@ from typing import Any, Mapping
 from .io_names import cross_names
 from .manifest_types import ManifestError, TensorDecl, is_int, positive
 
-SEQ2SEQ_FAMILIES = ("marian", "bart", "t5")
+SEQ2SEQ_FAMILIES = ("marian", "bart", "t5", "m2m_100", "mbart")
 ENCODER_GRAPH, DECODER_GRAPH = "encoder", "decoder"
 _KEYS = ("family", "num_layers", "num_heads", "head_dim", "model_head_dim", "max_source_length", "max_target_length",
          "decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
-         "source_vocab_size", "target_vocab_size", "graphs", "target_tokenizer", "encoder_inputs", "encoder_outputs")
+         "source_vocab_size", "target_vocab_size", "graphs", "target_tokenizer", "encoder_inputs", "encoder_outputs",
+         "languages")
 
 
 def _file_name(where: str, value: Any) -> str:
     if not (isinstance(value, str) and value and "/" not in value and "\\" not in value and value not in (".", "..")):
         raise ManifestError(f"model.json: {where} must be a file name in the package")
     return value
+
+
+def _languages(value: Any, target_vocab: int) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k and is_int(v) and 0 <= v < target_vocab
+                                              for k, v in value.items()):
+        raise ManifestError("model.json: encoder_decoder.languages must map language tokens to token ids below "
+                            f"target_vocab_size ({target_vocab})")
+    return {k: int(v) for k, v in value.items()}
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,9 @@ class Seq2SeqSpec:
     forced_bos_token_id: int | None = None    # transformers' generate: forced as the first new token
     forced_eos_token_id: int | None = None    # ... and as the last one when max_new_tokens is reached
     target_tokenizer: str | None = None       # None: tokenizer.json decodes the target too (shared vocabulary)
+    # Translation models: language token ("fra_Latn", "__fr__", "fr_XX") -> its id, what a request's
+    # target_language may name (the token forced as the first generated one). Empty: the model takes none.
+    languages: Mapping[str, int] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -122,7 +136,8 @@ class Seq2SeqSpec:
                 raise ManifestError(f"model.json: encoder_decoder.{key} must be a list of {{name, dtype, shape}}") \
                     from None
         return cls(family=family, **sizes, **tokens, graphs=parsed, model_head_dim=model_head_dim,
-                   target_tokenizer=target_tokenizer, **decls, extra={k: v for k, v in d.items() if k not in _KEYS})
+                   target_tokenizer=target_tokenizer, **decls,
+                   languages=_languages(d.get("languages"), sizes["target_vocab_size"]), extra={k: v for k, v in d.items() if k not in _KEYS})
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -137,4 +152,6 @@ class Seq2SeqSpec:
             "encoder_inputs": [t.to_dict() for t in self.encoder_inputs],
             "encoder_outputs": [t.to_dict() for t in self.encoder_outputs],
         }
+        if self.languages:
+            out["languages"] = dict(self.languages)
         return {**out, **self.extra}

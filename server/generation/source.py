@@ -89,6 +89,8 @@ class SourceProcessor:
             raise ValueError(f"prompt: {len(ids)} tokens exceed the model's max_source_length of {limit} "
                              "(shorten it, or set truncate_prompt)")
         check_params_vocab(params, self.spec.vocab_size)
+        if params.target_language is not None:
+            self.source.language_id(params.target_language)
         return ids
 
     def tokenize(self, text: str, truncate: bool = False, batched: bool = False) -> list[int]:
