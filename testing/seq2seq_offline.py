@@ -87,9 +87,9 @@ def stepped_logits(pkg: Seq2SeqPackage, source_ids: Sequence[int], target_ids: S
 
 
 def greedy(pkg: Seq2SeqPackage, source_ids: Sequence[int], max_new_tokens: int,
-           forced: bool = True) -> list[int]:
+           forced: bool = True, forced_bos: int | None = None) -> list[int]:
     """Greedy new ids (the eos id included when decoding ended on it). forced=False ignores the package's
-    forced_bos / forced_eos."""
+    forced_bos / forced_eos; forced_bos replaces the package's first forced token (a request's target language)."""
     spec = pkg.spec
     cross = encode(pkg, source_ids)
     max_new_tokens = min(max_new_tokens, spec.max_target_length - 1)
@@ -103,8 +103,9 @@ def greedy(pkg: Seq2SeqPackage, source_ids: Sequence[int], max_new_tokens: int,
                  "encoder_attention_mask": enc_mask, **cross, **past}
         results = pkg.decoder.run(["logits", *presents], feeds)
         token = int(np.argmax(results[0][0, -1]))
-        if forced and step == 0 and spec.forced_bos_token_id is not None:
-            token = spec.forced_bos_token_id
+        first = spec.forced_bos_token_id if forced_bos is None else forced_bos
+        if forced and step == 0 and first is not None:
+            token = first
         if forced and step == max_new_tokens - 1 and spec.forced_eos_token_id is not None:
             token = spec.forced_eos_token_id
         out.append(token)

@@ -167,7 +167,7 @@ def resolve_sharing(config: BartConfig, sd: dict[str, torch.Tensor]) -> str | No
         own = sd.get(f"model.{side}.embed_tokens.weight")
         if shared is not None and own is not None and not torch.equal(own, shared):
             raise ValueError(f"tie_word_embeddings: model.{side}.embed_tokens differs from model.shared "
-                             "(separate BART tables are not supported)")
+                             f"(separate {config.model_type} encoder and decoder tables are not supported)")
     return None
 
 
