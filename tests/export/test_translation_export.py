@@ -92,11 +92,11 @@ def test_greedy_per_target_language_equals_transformers_forced_bos(packages: dic
     tok = tokenizer(name)
     sources = [tok.encode(w).ids for w in WORDS]
     src, mask = _padded(sources, pkg.spec.pad_token_id)
-    answers = []
+    answers, model = [], hf_model(name)
     for language in MODELS[name][3][1:]:
         first = language_id(name, language)
         with torch.no_grad():
-            want = hf_model(name).generate(input_ids=src, attention_mask=mask, max_new_tokens=10, do_sample=False,
+            want = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=10, do_sample=False,
                                            num_beams=1, forced_bos_token_id=first)[:, 1:].tolist()
         got = [offline.greedy(pkg, s, 10, forced_bos=first) for s in sources]
         for row, w in zip(got, want):
