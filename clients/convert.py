@@ -125,11 +125,13 @@ def generate_request(prompt: str | Sequence[int], model: str, version: int | Non
     language = params.target_language or ""
     if isinstance(prompt, str):
         return pb.GenerateRequest(model=model, version=version or 0, prompt=prompt,
-                                  parameters=generation_parameters(params), target_language=language)
+                                  parameters=generation_parameters(params), target_language=language,
+                                  source_language=params.source_language or "")
     if not isinstance(prompt, Sequence) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise TypeError(f"prompt: expected a str or a sequence of token ids, got {type(prompt).__name__}")
     return pb.GenerateRequest(model=model, version=version or 0, prompt_ids=list(prompt),
-                              parameters=generation_parameters(params), target_language=language)
+                              parameters=generation_parameters(params), target_language=language,
+                              source_language=params.source_language or "")
 
 
 # ---------------------------------------------------------------- responses

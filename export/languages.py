@@ -12,6 +12,7 @@ else is. Other families (Marian, BART, T5) have no languages: a request naming o
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -33,3 +34,21 @@ def language_tokens(tokenizer: Tokenizer, family: str, target_vocab: int) -> dic
         log.warning("tokenizer: no language tokens (special added tokens like __fr__, fra_Latn or fr_XX) in this "
                     "%s tokenizer: the package will refuse target_language", family)
     return found
+
+
+def source_language(tokenizer: Tokenizer, languages: dict[str, int]) -> tuple[str, int] | None:
+    """(the language token the tokenizer's post-processor puts around every source, its index in the encoded ids:
+    from the start when it comes before the text, negative from the end after it), or None when the post-processor
+    is not one TemplateProcessing with exactly one language token (then a request cannot name its source's
+    language). NLLB-200, M2M100 and mBART-50 put it first (`eng_Latn text </s>`), mbart-large-cc25 last
+    (`text </s> en_XX`)."""
+    processor = json.loads(tokenizer.to_str()).get("post_processor") or {}
+    if processor.get("type") != "TemplateProcessing":
+        return None
+    single = processor.get("single") or []
+    names = [next(iter(piece.values())).get("id") for piece in single]
+    found = [i for i, name in enumerate(names) if name in languages]
+    if len(found) != 1 or "A" not in names:
+        return None
+    at, text = found[0], names.index("A")
+    return names[at], (at if at < text else at - len(names))

@@ -19,7 +19,7 @@ ENCODER_GRAPH, DECODER_GRAPH = "encoder", "decoder"
 _KEYS = ("family", "num_layers", "num_heads", "head_dim", "model_head_dim", "max_source_length", "max_target_length",
          "decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
          "source_vocab_size", "target_vocab_size", "graphs", "target_tokenizer", "encoder_inputs", "encoder_outputs",
-         "languages")
+         "languages", "source_language", "source_language_index")
 
 
 def _file_name(where: str, value: Any) -> str:
@@ -36,6 +36,16 @@ def _languages(value: Any, target_vocab: int) -> dict[str, int]:
         raise ManifestError("model.json: encoder_decoder.languages must map language tokens to token ids below "
                             f"target_vocab_size ({target_vocab})")
     return {k: int(v) for k, v in value.items()}
+
+
+def _source_language(d: dict, languages: dict[str, int]) -> dict[str, Any]:
+    token, index = d.get("source_language"), d.get("source_language_index", 0)
+    if token is None:
+        return {}
+    if token not in languages or not is_int(index):
+        raise ManifestError("model.json: encoder_decoder.source_language must be one of encoder_decoder.languages, "
+                            "with an integer source_language_index")
+    return {"source_language": token, "source_language_index": int(index)}
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,10 @@ class Seq2SeqSpec:
     # Translation models: language token ("fra_Latn", "__fr__", "fr_XX") -> its id, what a request's
     # target_language may name (the token forced as the first generated one). Empty: the model takes none.
     languages: Mapping[str, int] = field(default_factory=dict)
+    # The language token the tokenizer puts around every source (one of `languages`) and its index in the source
+    # ids (negative: from the end), which a request's source_language replaces. None: sources carry no language.
+    source_language: str | None = None
+    source_language_index: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -128,6 +142,7 @@ class Seq2SeqSpec:
         target_tokenizer = d.get("target_tokenizer")
         if target_tokenizer is not None:
             target_tokenizer = _file_name("encoder_decoder.target_tokenizer", target_tokenizer)
+        languages = _languages(d.get("languages"), sizes["target_vocab_size"])
         decls = {}
         for key in ("encoder_inputs", "encoder_outputs"):
             try:
@@ -137,7 +152,7 @@ class Seq2SeqSpec:
                     from None
         return cls(family=family, **sizes, **tokens, graphs=parsed, model_head_dim=model_head_dim,
                    target_tokenizer=target_tokenizer, **decls,
-                   languages=_languages(d.get("languages"), sizes["target_vocab_size"]), extra={k: v for k, v in d.items() if k not in _KEYS})
+                   languages=languages, **_source_language(d, languages), extra={k: v for k, v in d.items() if k not in _KEYS})
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -154,4 +169,6 @@ class Seq2SeqSpec:
         }
         if self.languages:
             out["languages"] = dict(self.languages)
+        if self.source_language is not None:
+            out.update(source_language=self.source_language, source_language_index=self.source_language_index)
         return {**out, **self.extra}

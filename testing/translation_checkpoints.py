@@ -51,14 +51,15 @@ def hf_model(name: str, seed: int = 1):
     return model
 
 
-def tokenizer(name: str):
-    """The characters' tokenizer with the family's language tokens; a source is `<source language> text </s>`."""
+def tokenizer(name: str, source: str | None = None):
+    """The characters' tokenizer with the family's language tokens; a source is `<source language> text </s>`,
+    the source language the family's first unless `source` names another (as NllbTokenizer(src_lang=...))."""
     from tokenizers import AddedToken, processors
 
     _, _, kw, languages = MODELS[name]
     tok = char_tokenizer(SPECIALS, kw["vocab_size"])
     tok.add_special_tokens([AddedToken(lang, special=True, normalized=False) for lang in languages])
-    src = languages[0]
+    src = source or languages[0]
     tok.post_processor = processors.TemplateProcessing(
         single=f"{src} $A </s>", special_tokens=[(src, tok.token_to_id(src)), ("</s>", 2)])
     return tok

@@ -95,6 +95,8 @@ class GenerationParams:
     # Translation models: the language token forced as the first generated token (None: the model's default);
     # checked against the model's languages by its input processing (source.SourceProcessor).
     target_language: str | None = None
+    # ... and the language token of the source text (None: the tokenizer's default), put where the tokenizer puts it.
+    source_language: str | None = None
     # max_new_tokens was not asked for: an encoder-decoder whose target length is shorter than the default
     # generates what its target length holds instead of refusing (source.SourceProcessor.fit).
     default_max_new_tokens: bool = False
@@ -111,7 +113,7 @@ class GenerationParams:
                  prompt_logprobs: int | None = None, truncate_prompt: bool | None = None,
                  ignore_eos: bool | None = None, num_beams: int | None = None, length_penalty: float | None = None,
                  early_stopping: bool | str | None = None, beam_rank: int | None = None,
-                 target_language: str | None = None) -> "GenerationParams":
+                 target_language: str | None = None, source_language: str | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
         temp = _float("temperature", temperature, 0.0)
         if temp < 0:
@@ -160,7 +162,8 @@ class GenerationParams:
             early_stopping=False if early_stopping is None else early_stopping,
             default_max_new_tokens=max_new_tokens is None,
             beam_rank=_int("beam_rank", beam_rank, 0, 0),
-            target_language=_language(target_language),
+            target_language=_language("target_language", target_language),
+            source_language=_language("source_language", source_language),
         )
         if params.beam_rank >= params.num_beams:
             raise ValueError(f"parameters.beam_rank: a search of {params.num_beams} beams has hypotheses 0.."
@@ -190,15 +193,15 @@ def _check_beam_params(params: "GenerationParams") -> None:
                              f"hypotheses; it samples nothing), got {getattr(params, name)!r}")
 
 
-def _language(value: Any) -> str | None:
+def _language(name: str, value: Any) -> str | None:
     """A language token's spelling; "" (proto3's unset string) is no language."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise ValueError(f"target_language: must be a string (a language token such as \"fra_Latn\"), "
+        raise ValueError(f"{name}: must be a string (a language token such as \"fra_Latn\"), "
                          f"got {type(value).__name__}")
     if len(value) > MAX_LANGUAGE_LENGTH:
-        raise ValueError(f"target_language: at most {MAX_LANGUAGE_LENGTH} characters, got {len(value)}")
+        raise ValueError(f"{name}: at most {MAX_LANGUAGE_LENGTH} characters, got {len(value)}")
     return value
 
 

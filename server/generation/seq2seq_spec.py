@@ -39,17 +39,36 @@ class SourceSpec:
     forced_eos_id: int | None = None
     # Translation models: language token -> id, what a request's target_language may name (forced first).
     languages: Mapping[str, int] = field(default_factory=dict)
+    # The language token the tokenizer puts around every source and its index in the source ids (negative: from
+    # the end); a request's source_language replaces it there. None: sources carry no language to replace.
+    source_language: str | None = None
+    source_language_index: int = 0
 
-    def language_id(self, language: str) -> int:
-        """The id of a target language token, or ValueError naming target_language."""
+    def language_id(self, language: str, name: str = "target_language") -> int:
+        """The id of a language token, or ValueError naming the field (`name`)."""
         if not self.languages:
-            raise ValueError(f"target_language: this {self.family or 'encoder-decoder'} model has no target "
-                             f"languages (model.json encoder_decoder.languages is empty), got {language[:64]!r}")
+            raise ValueError(f"{name}: this {self.family or 'encoder-decoder'} model has no languages "
+                             f"(model.json encoder_decoder.languages is empty), got {language[:64]!r}")
         if language not in self.languages:
             known = sorted(self.languages)
             listed = ", ".join(known[:20]) + (f", ... ({len(known)} in all)" if len(known) > 20 else "")
-            raise ValueError(f"target_language: unknown language {language[:64]!r} (this model's: {listed})")
+            raise ValueError(f"{name}: unknown language {language[:64]!r} (this model's: {listed})")
         return self.languages[language]
+
+    def with_source_language(self, ids: list[int], language: str) -> list[int]:
+        """Text source ids with their language token replaced by `language`'s, or ValueError naming
+        source_language."""
+        wanted = self.language_id(language, "source_language")
+        if self.source_language is None:
+            raise ValueError("source_language: this model's tokenizer puts no language token around a source "
+                             "(model.json encoder_decoder.source_language is unset)")
+        at = self.source_language_index
+        if not -len(ids) <= at < len(ids) or ids[at] != self.languages[self.source_language]:
+            raise ValueError(f"source_language: the source ids do not hold the tokenizer's {self.source_language} "
+                             f"at index {at}")
+        out = list(ids)
+        out[at] = wanted
+        return out
 
     def forced(self, max_new_tokens: int, target_language: str | None = None) -> dict[int, int]:
         """Generated index -> the token forced there: the target language's token (else the config's forced bos)
@@ -120,5 +139,6 @@ def seq2seq_specs(manifest: Manifest, decoder: ort.InferenceSession, encoder: or
                         num_heads=cache.kv_heads, head_dim=cache.head_dim,
                         dtype=np.dtype(CACHE_ELEMENT_TYPES[cross_type]).type, family=block.family,
                         forced_bos_id=block.forced_bos_token_id, forced_eos_id=block.forced_eos_token_id,
-                        languages=dict(block.languages))
+                        languages=dict(block.languages), source_language=block.source_language,
+                        source_language_index=block.source_language_index)
     return decoder_spec, source

@@ -110,6 +110,8 @@ def test_manifest_lists_the_language_tokens(packages: dict[str, Path]) -> None:
     for name, spec in found.items():
         assert spec.languages == {lang: language_id(name, lang) for lang in MODELS[name][3]}
     assert list(found["nllb"].languages) == ["eng_Latn", "fra_Latn", "deu_Latn"]
+    assert [(found[n].source_language, found[n].source_language_index) for n in NAMES] == [
+        ("__en__", 0), ("eng_Latn", 0), ("en_XX", 0)]
     m2m, mbart = found["m2m100"], found["mbart"]
     assert (m2m.family, m2m.max_source_length, m2m.decoder_start_token_id, m2m.forced_eos_token_id) == ("m2m_100", 40, 2, None)
     assert (mbart.family, mbart.forced_eos_token_id, mbart.decoder_start_token_id) == ("mbart", 2, 2)
@@ -146,3 +148,20 @@ def test_a_checkpoint_without_language_tokens_exports_with_no_languages(tmp_path
                                          name="plain")).package_dir
     spec = Manifest.from_json((pkg / "model.json").read_text()).encoder_decoder
     assert spec.languages == {} and "languages" not in json.loads((pkg / "model.json").read_text())["encoder_decoder"]
+
+
+def test_the_source_language_is_found_where_the_post_processor_puts_it() -> None:
+    """mbart-large-cc25 puts the source language after the text (`text </s> en_XX`), mBART-50 before it; a
+    template without exactly one language token names none."""
+    from tokenizers import processors
+
+    from export.languages import language_tokens, source_language
+
+    tok = tokenizer("mbart")
+    languages = language_tokens(tok, "mbart", 96)
+    assert source_language(tok, languages) == ("en_XX", 0)
+    for single, want in (("$A </s> fr_XX", ("fr_XX", -1)), ("$A </s>", None), ("en_XX $A fr_XX", None)):
+        specials = [(t, tok.token_to_id(t)) for t in single.split() if t != "$A"]
+        tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
+        assert source_language(tok, languages) == want, single
+    assert language_tokens(tok, "bart", 96) == {}

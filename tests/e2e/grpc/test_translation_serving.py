@@ -113,7 +113,7 @@ def test_completions_take_target_language_in_the_body(server: ServerProcess, pac
 @pytest.mark.parametrize("model,language,message", [
     ("m2m100", "fr_XX", "target_language: unknown language 'fr_XX' (this model's: __de__, __en__, __fr__)"),
     ("mbart", "__fr__", "target_language: unknown language '__fr__' (this model's: de_DE, en_XX, fr_XX)"),
-    ("bart", "fr_XX", "target_language: this bart model has no target languages"),
+    ("bart", "fr_XX", "target_language: this bart model has no languages"),
 ])
 def test_an_unknown_or_unsupported_language_is_refused_naming_the_field(client: OrtserveClient, server: ServerProcess,
                                                                          model: str, language: str,
@@ -137,3 +137,39 @@ def test_a_target_language_of_the_wrong_type_is_refused_naming_the_field(server:
                             json={"model": "m2m100", "max_tokens": 4, "target_language": 5, **body})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == "target_language", answer.text
+
+
+def test_source_language_replaces_the_tokenizers_default(client: OrtserveClient, server: ServerProcess,
+                                                         packages: dict[str, Path]) -> None:
+    """source_language "__de__" gives the answer of the source the tokenizer writes with src_lang __de__ (its ids
+    sent as prompt_ids), equal to transformers' generate on them."""
+    from testing.translation_checkpoints import hf_model, language_id, tokenizer
+
+    ids = tokenizer("m2m100", source="__de__").encode(SOURCES[2]).ids
+    assert ids[0] == language_id("m2m100", "__de__")
+    with torch.no_grad():
+        want = hf_model("m2m100").generate(input_ids=torch.tensor([ids]), max_new_tokens=NEW, do_sample=False,
+                                           forced_bos_token_id=language_id("m2m100", "__fr__"))[0, 1:].tolist()
+    want = want[:want.index(2) + 1] if 2 in want else want
+    got = client.generate(SOURCES[2], "m2m100", max_new_tokens=NEW, target_language="__fr__", source_language="__de__",
+                          logprobs=True)
+    by_ids = client.generate(ids, "m2m100", max_new_tokens=NEW, target_language="__fr__", logprobs=True)
+    assert [t.token_id for t in got.tokens] == [t.token_id for t in by_ids.tokens] == want
+    assert [t.logprob for t in got.tokens] == [t.logprob for t in by_ids.tokens]
+    assert got.usage.prompt_tokens == len(ids)
+    # The source language changes the answer's scores (random weights repeat tokens, so ids alone may not differ).
+    default = client.generate(SOURCES[2], "m2m100", max_new_tokens=NEW, target_language="__fr__", logprobs=True)
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(default.tokens[1:], got.tokens[1:])) > 1e-3
+    answer = httpx.post(f"{server.http_url}/v1/completions", timeout=60, json={
+        "model": "m2m100", "prompt": SOURCES[2], "max_tokens": NEW, "temperature": 0, "target_language": "__fr__",
+        "source_language": "__de__"})
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == got.text, answer.text
+    for model, prompt, message in (
+            ("m2m100", SOURCES[2], "source_language: unknown language 'xx'"),
+            ("m2m100", [5, 6, 2], "source_language: only with a text prompt"),
+            ("bart", "ok", "source_language: this bart model has no languages")):
+        language = "xx" if message.endswith("'xx'") else "__de__"
+        with pytest.raises(OrtserveError) as refused:
+            client.generate(prompt, model, max_new_tokens=4, source_language=language)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.message.startswith(message), refused.value.message
