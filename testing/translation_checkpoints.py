@@ -87,16 +87,6 @@ def write_checkpoint(name: str, out: Path, seed: int = 1) -> Path:
 def export_repository(root: Path, names: tuple[str, ...] = tuple(MODELS), seed: int = 1) -> dict[str, Path]:
     """Checkpoints of `names` written under root/checkpoints and exported (parity gate included) into the model
     repository root/repo, version 1 each: name -> package directory."""
-    import torch
+    from testing import seq2seq_checkpoints
 
-    from export import ExportConfig, export_checkpoint
-
-    root = Path(root)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return {name: export_checkpoint(ExportConfig(
-            checkpoint=write_checkpoint(name, root / "checkpoints" / name, seed), task="generate",
-            repository=root / "repo", name=name)).package_dir for name in names}
-    finally:
-        torch.set_num_threads(before)
+    return seq2seq_checkpoints.export_repository(root, names, seed, write=write_checkpoint)

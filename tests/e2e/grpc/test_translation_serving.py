@@ -34,16 +34,22 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(packages: dict[str, Path]):
-    repository = packages["m2m100"].parent.parent
-    with ServerProcess(repository, ["--max-sequences", "8", "--http-port", "0", "--metrics-port", "0"]) as proc:
-        yield proc
+def served(packages: dict[str, Path]):
+    """The server process on the repository of the three packages, and a client of its gRPC door."""
+    args = ["--max-sequences", "8", "--http-port", "0", "--metrics-port", "0"]
+    with ServerProcess(packages["m2m100"].parent.parent, args) as proc, \
+            OrtserveClient(proc.address, timeout=60) as grpc_client:
+        yield proc, grpc_client
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerProcess):
-    with OrtserveClient(server.address, timeout=60) as c:
-        yield c
+def server(served) -> ServerProcess:
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def client(served) -> OrtserveClient:
+    return served[1]
 
 
 def _hf_generate(name: str, package: Path, sources: list[str], language: str, **kwargs) -> list[list[int]]:
