@@ -116,6 +116,16 @@ def test_completions_take_target_language_in_the_body(server: ServerProcess, pac
                     skip_special_tokens=True)
 
 
+def test_kserve_text_mode_takes_the_languages_as_parameters(client: OrtserveClient, server: ServerProcess) -> None:
+    want = client.generate(SOURCES[0], "m2m100", max_new_tokens=NEW, target_language="__de__",
+                           source_language="__fr__").text
+    answer = httpx.post(f"{server.http_url}/v2/models/m2m100/infer", timeout=60, json={
+        "inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": [SOURCES[0]]}],
+        "parameters": {"max_new_tokens": NEW, "target_language": "__de__", "source_language": "__fr__"}})
+    assert answer.status_code == 200, answer.text
+    assert {o["name"]: o["data"] for o in answer.json()["outputs"]}["text"] == [want]
+
+
 @pytest.mark.parametrize("model,language,message", [
     ("m2m100", "fr_XX", "target_language: unknown language 'fr_XX' (this model's: __de__, __en__, __fr__)"),
     ("mbart", "__fr__", "target_language: unknown language '__fr__' (this model's: de_DE, en_XX, fr_XX)"),
