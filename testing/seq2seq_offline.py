@@ -59,6 +59,18 @@ def encode(pkg: Seq2SeqPackage, source_ids: Sequence[int]) -> dict[str, np.ndarr
     return dict(zip(pkg.spec.cross_names, outs))
 
 
+def padded_batch_logits(pkg: Seq2SeqPackage, src: np.ndarray, src_mask: np.ndarray, tgt: np.ndarray,
+                        tgt_mask: np.ndarray) -> np.ndarray:
+    """Teacher-forced logits [B, T, target_vocab] of a right-padded batch: the encoder on the sources, the decoder's
+    first call (empty self cache) on the targets with both masks."""
+    spec = pkg.spec
+    cross = dict(zip(spec.cross_names, pkg.encoder.run(spec.cross_names, {"input_ids": src,
+                                                                          "attention_mask": src_mask})))
+    empty = np.zeros((len(tgt), spec.num_heads, 0, spec.head_dim), np.float32)
+    return pkg.decoder.run(["logits"], {"input_ids": tgt, "attention_mask": tgt_mask, "encoder_attention_mask": src_mask,
+                                        **cross, **{n: empty for n in past_names(spec.num_layers)}})[0]
+
+
 def step_logits(pkg: Seq2SeqPackage, cross: dict[str, np.ndarray], target_ids: Sequence[int]) -> np.ndarray:
     """Teacher-forced logits [len(target_ids), target_vocab] of one target (decoder start included), one call."""
     spec = pkg.spec

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.bart import BartConfig, head_source_key, resolve_sharing, tied_keys  # noqa: F401 (the kind's key rules)
+from training.bart import BartConfig, BartModel, head_source_key, resolve_sharing, tied_keys  # noqa: F401 (the kind's key rules)
 from training.bart import normalise_hf_keys as _bart_keys
 from training.marian import EncoderDecoderLM, MarianDecoder, MarianEncoder, init_encoder_decoder
 from training.prenorm import PreNormDecoderStack, PreNormEncoderStack
@@ -106,12 +106,9 @@ class M2M100Decoder(PreNormDecoderStack, MarianDecoder):
         return self.embed_tokens(ids) * self.embed_scale + self.embed_positions(ids, past)
 
 
-class M2M100Model(nn.Module):
-    def __init__(self, config: M2M100Config) -> None:
-        super().__init__()
-        self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-        self.encoder = M2M100Encoder(config, self.shared)
-        self.decoder = M2M100Decoder(config, self.shared)
+class M2M100Model(BartModel):
+    encoder_class = M2M100Encoder
+    decoder_class = M2M100Decoder
 
 
 class M2M100ForConditionalGeneration(EncoderDecoderLM):

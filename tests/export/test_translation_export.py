@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from export import ExportConfig, ExportError, export_checkpoint
-from modelpkg import Manifest, ManifestError, past_names
+from modelpkg import Manifest, ManifestError
 from testing import seq2seq_offline as offline
 from testing.translation_checkpoints import MODELS, export_repository, hf_model, language_id, tokenizer, \
     write_checkpoint
@@ -59,12 +59,7 @@ def test_logits_of_a_padded_batch_equal_transformers(packages: dict[str, Path], 
     with torch.no_grad():
         want = hf_model(name)(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt,
                               decoder_attention_mask=tgt_mask).logits.numpy()
-    cross = dict(zip(spec.cross_names, pkg.encoder.run(spec.cross_names, {"input_ids": src.numpy(),
-                                                                          "attention_mask": src_mask.numpy()})))
-    empty = np.zeros((len(targets), spec.num_heads, 0, spec.head_dim), np.float32)
-    got = pkg.decoder.run(["logits"], {"input_ids": tgt.numpy(), "attention_mask": tgt_mask.numpy(),
-                                       "encoder_attention_mask": src_mask.numpy(), **cross,
-                                       **{n: empty for n in past_names(spec.num_layers)}})[0]
+    got = offline.padded_batch_logits(pkg, src.numpy(), src_mask.numpy(), tgt.numpy(), tgt_mask.numpy())
     for r, t in enumerate(targets):
         np.testing.assert_allclose(got[r, :len(t)], want[r, :len(t)], atol=1e-4, rtol=1e-4)
     assert np.abs(want).max() > 0.5   # logits of a real size: a 1e-4 match means something
