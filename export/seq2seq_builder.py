@@ -1,4 +1,5 @@
-"""`--task generate` for an encoder-decoder checkpoint (Marian, BART, T5, M2M100 / NLLB, mBART), plugged into export/skeleton.py:
+"""`--task generate` for an encoder-decoder checkpoint (Marian, BART, T5, M2M100 / NLLB, mBART), plugged into
+export/skeleton.py:
 encoder.onnx + decoder.onnx (export/seq2seq_graph.py), the tokenizers, a model.json with its `encoder_decoder`
 block (modelpkg.Seq2SeqSpec), checked by export/seq2seq_parity.py; with `--variants w8` / `w4` / `int8` quantized
 twins of both graphs (export/seq2seq_quantized.py), judged on held-out sources, refused alone when they breach

@@ -1,5 +1,6 @@
 """An encoder-decoder checkpoint's weights as numpy arrays in MatMul orientation ([in, out]), one layout for the
-families (training/marian.py, bart.py, t5.py, m2m100.py, mbart.py), so export/seq2seq_graph.py writes one graph per side.
+families (training/marian.py, bart.py, t5.py, m2m100.py, mbart.py), so export/seq2seq_graph.py writes one graph per
+side.
 
 What differs between the families is carried as data, not as code paths in the graph:
   - Marian: post-LayerNorm blocks, fixed sinusoidal positions, embeddings scaled by sqrt(d_model) when the config

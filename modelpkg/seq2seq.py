@@ -1,5 +1,5 @@
-"""model.json's `encoder_decoder` block: what a server needs to run an encoder-decoder package (Marian, BART, T5, M2M100 / NLLB, mBART)
-without torch (docs/model-package.md, "Encoder-decoder packages").
+"""model.json's `encoder_decoder` block: what a server needs to run an encoder-decoder package (Marian, BART, T5,
+M2M100 / NLLB, mBART) without torch (docs/model-package.md, "Encoder-decoder packages").
 
 Two graphs per variant: the encoder (input_ids, attention_mask [B, S] -> cross.{i}.key/value [B, heads, S,
 head_dim]) runs once per request; the decoder runs every step over the in-place self cache (`cache` block,
@@ -152,7 +152,8 @@ class Seq2SeqSpec:
                     from None
         return cls(family=family, **sizes, **tokens, graphs=parsed, model_head_dim=model_head_dim,
                    target_tokenizer=target_tokenizer, **decls,
-                   languages=languages, **_source_language(d, languages), extra={k: v for k, v in d.items() if k not in _KEYS})
+                   languages=languages, **_source_language(d, languages),
+                   extra={k: v for k, v in d.items() if k not in _KEYS})
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -59,6 +59,15 @@ def encode(pkg: Seq2SeqPackage, source_ids: Sequence[int]) -> dict[str, np.ndarr
     return dict(zip(pkg.spec.cross_names, outs))
 
 
+def right_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows as one right-padded int64 batch and its mask (by length: a decoder start token may be the pad id)."""
+    ids = np.full((len(rows), max(map(len, rows))), pad, np.int64)
+    mask = np.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, :len(row)], mask[r, :len(row)] = row, 1
+    return ids, mask
+
+
 def padded_batch_logits(pkg: Seq2SeqPackage, src: np.ndarray, src_mask: np.ndarray, tgt: np.ndarray,
                         tgt_mask: np.ndarray) -> np.ndarray:
     """Teacher-forced logits [B, T, target_vocab] of a right-padded batch: the encoder on the sources, the decoder's
@@ -67,8 +76,9 @@ def padded_batch_logits(pkg: Seq2SeqPackage, src: np.ndarray, src_mask: np.ndarr
     cross = dict(zip(spec.cross_names, pkg.encoder.run(spec.cross_names, {"input_ids": src,
                                                                           "attention_mask": src_mask})))
     empty = np.zeros((len(tgt), spec.num_heads, 0, spec.head_dim), np.float32)
-    return pkg.decoder.run(["logits"], {"input_ids": tgt, "attention_mask": tgt_mask, "encoder_attention_mask": src_mask,
-                                        **cross, **{n: empty for n in past_names(spec.num_layers)}})[0]
+    feeds = {"input_ids": tgt, "attention_mask": tgt_mask, "encoder_attention_mask": src_mask, **cross,
+             **{n: empty for n in past_names(spec.num_layers)}}
+    return pkg.decoder.run(["logits"], feeds)[0]
 
 
 def step_logits(pkg: Seq2SeqPackage, cross: dict[str, np.ndarray], target_ids: Sequence[int]) -> np.ndarray:

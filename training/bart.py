@@ -125,13 +125,15 @@ class BartModel(nn.Module):
 
 class BartForConditionalGeneration(EncoderDecoderLM):
     model_class: type[nn.Module] = BartModel
+    has_logits_bias = True    # M2M100 (training/m2m100.py) has no final_logits_bias
 
     def __init__(self, config: BartConfig) -> None:
         super().__init__()
         self.config = config
         self.model = self.model_class(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        if self.has_logits_bias:
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         init_encoder_decoder(self, config.init_std, config.d_model, config.scale_embedding)
         self.tie_weights()
 

@@ -1,7 +1,7 @@
 """Read and write checkpoints in the Hugging Face directory layout (docs/checkpoint-format.md).
 
-Real HF BERT / GPT-2 / Llama / Marian / BART / T5 / M2M100 / mBART ... checkpoints load into our models and ours load into
-`transformers`.
+Real HF BERT / GPT-2 / Llama / Marian / BART / T5 / M2M100 / mBART ... checkpoints load into our models and ours load
+into `transformers`.
 Weights are read from model.safetensors, or from pytorch_model.bin only through
 `torch.load(weights_only=True)`: nothing is ever unpickled.
 """

@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.bart import BartConfig, BartModel, head_source_key, resolve_sharing, tied_keys  # noqa: F401 (the kind's key rules)
+# The kind's checkpoint-key rules are BART's (training/checkpoint.py reads them from this module).
+from training.bart import (BartConfig, BartForConditionalGeneration, BartModel, head_source_key,  # noqa: F401
+                           resolve_sharing, tied_keys)
 from training.bart import normalise_hf_keys as _bart_keys
-from training.marian import EncoderDecoderLM, MarianDecoder, MarianEncoder, init_encoder_decoder
+from training.marian import MarianDecoder, MarianEncoder
 from training.prenorm import PreNormDecoderStack, PreNormEncoderStack
 
 ARCHITECTURE = "M2M100ForConditionalGeneration"
@@ -111,21 +113,12 @@ class M2M100Model(BartModel):
     decoder_class = M2M100Decoder
 
 
-class M2M100ForConditionalGeneration(EncoderDecoderLM):
-    def __init__(self, config: M2M100Config) -> None:
-        super().__init__()
-        self.config = config
-        self.model = M2M100Model(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        init_encoder_decoder(self, config.init_std, config.d_model, config.scale_embedding)
-        self.tie_weights()
+class M2M100ForConditionalGeneration(BartForConditionalGeneration):
+    model_class = M2M100Model
+    has_logits_bias = False
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(x)     # no final_logits_bias in this family
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.shared.weight
+        return self.lm_head(x)
 
 
 def normalise_hf_keys(sd: dict[str, torch.Tensor], config: M2M100Config) -> dict[str, torch.Tensor]:

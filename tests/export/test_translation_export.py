@@ -35,13 +35,6 @@ def packages(tmp_path_factory) -> dict[str, Path]:
     return export_repository(tmp_path_factory.mktemp("translation-export"), tuple(NAMES))
 
 
-def _padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.full((len(rows), max(map(len, rows))), pad)
-    for r, row in enumerate(rows):
-        ids[r, :len(row)] = torch.tensor(row)
-    return ids, (torch.arange(ids.shape[1])[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_logits_of_a_padded_batch_equal_transformers(packages: dict[str, Path], name: str) -> None:
     """Sources of different lengths (one holding a pad id among its real tokens: M2M100 counts positions from the
@@ -54,12 +47,12 @@ def test_logits_of_a_padded_batch_equal_transformers(packages: dict[str, Path], 
     g = np.random.default_rng(7)
     targets = [[spec.decoder_start_token_id] + g.integers(3, spec.target_vocab_size, n - 1).tolist()
                for n in (5, 2, 7, 3)]
-    src, src_mask = _padded(sources, spec.pad_token_id)
-    tgt, tgt_mask = _padded(targets, spec.pad_token_id)
+    (src, src_mask), (tgt, tgt_mask) = (offline.right_padded(rows, spec.pad_token_id) for rows in (sources, targets))
     with torch.no_grad():
-        want = hf_model(name)(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt,
-                              decoder_attention_mask=tgt_mask).logits.numpy()
-    got = offline.padded_batch_logits(pkg, src.numpy(), src_mask.numpy(), tgt.numpy(), tgt_mask.numpy())
+        want = hf_model(name)(**{k: torch.from_numpy(v) for k, v in (
+            ("input_ids", src), ("attention_mask", src_mask), ("decoder_input_ids", tgt),
+            ("decoder_attention_mask", tgt_mask))}).logits.numpy()
+    got = offline.padded_batch_logits(pkg, src, src_mask, tgt, tgt_mask)
     for r, t in enumerate(targets):
         np.testing.assert_allclose(got[r, :len(t)], want[r, :len(t)], atol=1e-4, rtol=1e-4)
     assert np.abs(want).max() > 0.5   # logits of a real size: a 1e-4 match means something
@@ -86,7 +79,7 @@ def test_greedy_per_target_language_equals_transformers_forced_bos(packages: dic
     pkg = offline.load_package(packages[name])
     tok = tokenizer(name)
     sources = [tok.encode(w).ids for w in WORDS]
-    src, mask = _padded(sources, pkg.spec.pad_token_id)
+    src, mask = (torch.from_numpy(a) for a in offline.right_padded(sources, pkg.spec.pad_token_id))
     answers, model = [], hf_model(name)
     for language in MODELS[name][3][1:]:
         first = language_id(name, language)
@@ -108,7 +101,8 @@ def test_manifest_lists_the_language_tokens(packages: dict[str, Path]) -> None:
     assert [(found[n].source_language, found[n].source_language_index) for n in NAMES] == [
         ("__en__", 0), ("eng_Latn", 0), ("en_XX", 0)]
     m2m, mbart = found["m2m100"], found["mbart"]
-    assert (m2m.family, m2m.max_source_length, m2m.decoder_start_token_id, m2m.forced_eos_token_id) == ("m2m_100", 40, 2, None)
+    assert (m2m.family, m2m.max_source_length, m2m.decoder_start_token_id, m2m.forced_eos_token_id) == \
+        ("m2m_100", 40, 2, None)
     assert (mbart.family, mbart.forced_eos_token_id, mbart.decoder_start_token_id) == ("mbart", 2, 2)
     good = json.loads((packages["mbart"] / "model.json").read_text())
     assert Manifest.from_dict(good).to_dict() == good   # round trip, languages included
