@@ -60,16 +60,17 @@ def test_logits_of_a_padded_batch_equal_transformers(packages: dict[str, Path], 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_decoding_through_the_cache_equals_transformers(packages: dict[str, Path], name: str) -> None:
-    """A target fed one token per call through the growing self cache (positions from the cache length): every
-    step's logits equal transformers' full forward over the target."""
-    pkg = offline.load_package(packages[name])
-    source = tokenizer(name).encode(WORDS[2]).ids
-    target = [pkg.spec.decoder_start_token_id, language_id(name, MODELS[name][3][1])] + \
-        np.random.default_rng(3).integers(3, pkg.spec.target_vocab_size, 12).tolist()
-    with torch.no_grad():
-        want = hf_model(name)(input_ids=torch.tensor([source]),
-                              decoder_input_ids=torch.tensor([target])).logits[0].numpy()
-    np.testing.assert_allclose(offline.stepped_logits(pkg, source, target), want, atol=1e-4, rtol=1e-4)
+    """Targets starting with each target language, fed one token per call through the growing self cache (positions
+    from the cache length): every step's logits equal transformers' full forward over the target."""
+    pkg, model = offline.load_package(packages[name]), hf_model(name)
+    source = torch.tensor([tokenizer(name).encode(WORDS[2]).ids])
+    tail = np.random.default_rng(3).integers(3, pkg.spec.target_vocab_size, 12).tolist()
+    for language in MODELS[name][3][1:]:
+        target = [pkg.spec.decoder_start_token_id, language_id(name, language), *tail]
+        with torch.no_grad():
+            want = model(input_ids=source, decoder_input_ids=torch.tensor([target])).logits[0].numpy()
+        got = offline.stepped_logits(pkg, source[0].tolist(), target)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=language)
 
 
 @pytest.mark.parametrize("name", NAMES)
