@@ -128,13 +128,16 @@ def generation_parameters(params: GenerationParams) -> pb.GenerationParameters:
 def generate_request(prompt: str | Sequence[int], model: str, version: int | None,
                      params: GenerationParams) -> pb.GenerateRequest:
     """A text prompt, or a sequence of token ids (sent as prompt_ids)."""
+    language = params.target_language or ""
     if isinstance(prompt, str):
         return pb.GenerateRequest(model=model, version=version or 0, prompt=prompt,
-                                  parameters=generation_parameters(params))
+                                  parameters=generation_parameters(params), target_language=language,
+                                  source_language=params.source_language or "")
     if not isinstance(prompt, Sequence) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise TypeError(f"prompt: expected a str or a sequence of token ids, got {type(prompt).__name__}")
     return pb.GenerateRequest(model=model, version=version or 0, prompt_ids=list(prompt),
-                              parameters=generation_parameters(params))
+                              parameters=generation_parameters(params), target_language=language,
+                              source_language=params.source_language or "")
 
 
 # ---------------------------------------------------------------- responses

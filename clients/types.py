@@ -129,6 +129,10 @@ class GenerationParams:
     num_beams: int | None = None
     length_penalty: float | None = None
     early_stopping: bool | str | None = None
+    # Translation models: the language token to translate into ("fra_Latn", "__fr__", "fr_XX"); sent as
+    # GenerateRequest.target_language. None: the model's default.
+    target_language: str | None = None
+    source_language: str | None = None    # the source text's language token (GenerateRequest.source_language)
 
     @property
     def wants_logprobs(self) -> bool:

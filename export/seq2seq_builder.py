@@ -1,4 +1,5 @@
-"""`--task generate` for an encoder-decoder checkpoint (Marian, BART, T5), plugged into export/skeleton.py:
+"""`--task generate` for an encoder-decoder checkpoint (Marian, BART, T5, M2M100 / NLLB, mBART), plugged into
+export/skeleton.py:
 encoder.onnx + decoder.onnx (export/seq2seq_graph.py), the tokenizers, a model.json with its `encoder_decoder`
 block (modelpkg.Seq2SeqSpec), checked by export/seq2seq_parity.py; with `--variants w8` / `w4` / `int8` quantized
 twins of both graphs (export/seq2seq_quantized.py), judged on held-out sources, refused alone when they breach
@@ -23,6 +24,7 @@ from .checkpoint_tokens import special_tokens
 from .config import ExportConfig
 from .errors import ExportError
 from .heldout import BUILTIN_TEXTS, seq2seq_sources
+from .languages import language_tokens, source_language
 from .package_manifest import new_manifest, tensors
 from .parity_results import failure_table
 from .seq2seq_quantized import SEQ2SEQ_QUANTIZED, WeightVariantGate, build_variant, describe
@@ -54,8 +56,10 @@ def _perturb(path: Path) -> None:
 
 
 def _spec(w: Seq2SeqWeights, config, graphs: dict[str, dict[str, str]], target_tokenizer: str | None,
-          encoder_io) -> Seq2SeqSpec:
+          encoder_io, tokenizer: Tokenizer) -> Seq2SeqSpec:
     padded = padded_head_dim(w.head_dim)
+    languages = language_tokens(tokenizer, w.family, w.target_vocab)
+    source = source_language(tokenizer, languages)
     return Seq2SeqSpec(
         family=w.family, num_layers=len(w.decoder_layers), num_heads=w.decoder_heads, head_dim=padded,
         model_head_dim=w.head_dim if padded != w.head_dim else None, max_source_length=w.max_source_length,
@@ -65,7 +69,8 @@ def _spec(w: Seq2SeqWeights, config, graphs: dict[str, dict[str, str]], target_t
         forced_eos_token_id=getattr(config, "forced_eos_token_id", None),
         source_vocab_size=w.source_vocab, target_vocab_size=w.target_vocab, graphs=graphs,
         target_tokenizer=target_tokenizer, encoder_inputs=tensors(encoder_io.inputs),
-        encoder_outputs=tensors(encoder_io.outputs))
+        encoder_outputs=tensors(encoder_io.outputs), languages=languages,
+        source_language=source[0] if source else None, source_language_index=source[1] if source else 0)
 
 
 class Seq2SeqBuilder:
@@ -123,7 +128,7 @@ class Seq2SeqBuilder:
             target_tokenizer = TARGET_TOKENIZER
         self.tokenizer = Tokenizer.from_file(str(staging / "tokenizer.json"))
         ids, _ = special_tokens(info, self.tokenizer)
-        self.spec = _spec(w, model.config, graphs, target_tokenizer, enc_io)
+        self.spec = _spec(w, model.config, graphs, target_tokenizer, enc_io, self.tokenizer)
         cache = CacheSpec(self.spec.num_layers, self.spec.num_heads, self.spec.head_dim, LAYOUT_INPLACE,
                           model_head_dim=self.spec.model_head_dim, has_layout=True)
         manifest = new_manifest(cfg.name, cfg.task, info, max_length=w.max_source_length, special_tokens=ids,

@@ -17,7 +17,8 @@ Self-attention is com.microsoft.GroupQueryAttention over a buffer shared by past
 export/decoder_graph.py: row b's new tokens are written at [len_b - sequence, len_b), len_b = sum(mask[b]);
 a call whose mask is exactly `sequence` wide is every row's first (past 0, right padding allowed). Positions
 (Marian's sinusoids, BART's learned table, T5's relative offsets) come from the same lengths:
-position of new token t = max(len_b - sequence, 0) + t. Cross-attention is com.microsoft.MultiHeadAttention
+position of new token t = max(len_b - sequence, 0) + t; M2M100 counts the real (non-pad) tokens instead, as
+transformers does, from the same past length. Cross-attention is com.microsoft.MultiHeadAttention
 with the precomputed keys/values (BNSH) and an additive bias from encoder_attention_mask, so rows with sources
 of different lengths share one call. T5's decoder self-attention bias goes into GroupQueryAttention's
 `attention_bias` input (onnxruntime 1.32's CPU kernel applies it: checked against numpy to 3e-7, scale=1.0).
@@ -193,6 +194,19 @@ def _relative_bias(g: _Builder, table: np.ndarray, name: str, keys: str, queries
     return g.one("Gather", [tab, idx], axis=0)
 
 
+def _pad_positions(g: _Builder, ids: str, table: np.ndarray, name: str, past: str | None) -> str:
+    """M2M100's position embeddings [B, T, d] of int64 ids [B, T]: row (past + real tokens up to t) + pad for a real
+    token, row pad (zeros) for a pad token, as transformers counts them (training/m2m100.py); clipped to the table."""
+    pad = g.w.position_pad
+    real = g.one("Cast", [g.one("Not", [g.one("Equal", [ids, g.scalar(f"{name}.pad_id", pad, np.int64)])])], to=I64)
+    count = g.one("CumSum", [real, g.scalar("axis_1", 1, np.int64)])
+    if past is not None:   # [B] tokens already in the cache
+        count = g.one("Add", [count, g.one("Unsqueeze", [past, "idx_1"])])
+    rows = g.one("Add", [g.one("Mul", [count, real]), g.scalar(f"{name}.pad_id", pad, np.int64)])
+    rows = g.one("Min", [rows, g.scalar(f"{name}.last_row", table.shape[0] - 1, np.int64)])
+    return g.one("Gather", [g.const(f"{name}.positions", table.astype(np.float32)), rows], axis=0)
+
+
 def _ffn_block(g: _Builder, h: str, residual: str, ff: FeedForward, next_norm: Norm, next_name: str,
                own_norm: Norm, name: str) -> tuple[str, str]:
     """The feed-forward sublayer and the norm after it (post-norm: its own; pre-norm: the next sublayer's)."""
@@ -218,7 +232,9 @@ def build_encoder_graph(w: Seq2SeqWeights, opset: int = 18) -> onnx.ModelProto:
 
     bs, batch, length = _shape_bs(g, "input_ids", "source")
     x = _embed(g, "input_ids", w.source_embed, "source")
-    if w.source_positions is not None:   # rows 0 .. S-1 of the table (every row's source starts at 0)
+    if w.position_pad is not None:       # M2M100: rows counted from the source's real tokens
+        x = g.one("Add", [x, _pad_positions(g, "input_ids", w.source_positions, "source", None)])
+    elif w.source_positions is not None:   # rows 0 .. S-1 of the table (every row's source starts at 0)
         x = g.one("Add", [x, g.one("Slice", [g.const("source.positions", w.source_positions), "idx_0", length])])
     if w.source_embed_norm is not None:
         x = g.norm(x, w.source_embed_norm, "source.embed_norm")
@@ -308,7 +324,9 @@ def build_decoder_graph(w: Seq2SeqWeights, opset: int = 18) -> onnx.ModelProto:
     positions = g.one("Add", [g.one("Unsqueeze", [first, "idx_1"]), steps])                      # [B, T]
 
     x = _embed(g, "input_ids", w.target_embed, "target")
-    if w.target_positions is not None:
+    if w.position_pad is not None:
+        x = g.one("Add", [x, _pad_positions(g, "input_ids", w.target_positions, "target", first)])
+    elif w.target_positions is not None:
         clipped = g.one("Min", [positions, g.scalar("target.last_position", w.max_target_length - 1, np.int64)])
         x = g.one("Add", [x, g.one("Gather", [g.const("target.positions", w.target_positions), clipped], axis=0)])
     if w.target_embed_norm is not None:

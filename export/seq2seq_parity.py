@@ -139,7 +139,14 @@ class Seq2SeqGate:
 
     def _target(self, length: int) -> list[int]:
         """Decoder start, then random target ids (teacher forcing needs no meaning)."""
-        return [self.inp.decoder_start] + [int(t) for t in self.rng.integers(0, self.inp.target_vocab, length - 1)]
+        return [self.inp.decoder_start] + self._random_ids(length - 1)
+
+    def _random_ids(self, n: int) -> list[int]:
+        """Random target ids, the pad id replaced by the next: a pad fed mid-target has no defined position in
+        M2M100 (transformers counts positions from the non-pad tokens without a cache, from the cache length with
+        one), and a served target never holds one before its end."""
+        pad, vocab = self.inp.pad, self.inp.target_vocab
+        return [(t + 1) % vocab if t == pad else t for t in map(int, self.rng.integers(0, vocab, n))]
 
     def _cross(self, source: list[int]) -> list:
         key = tuple(source)
@@ -198,7 +205,7 @@ class Seq2SeqGate:
         pairs = [(f"logits[first call row {r}]", logits[r, :len(t)], self._logits(s, t))
                  for r, (s, t) in enumerate(zip(sources, targets))]
         for step in range(STEPS):
-            nxt = [int(t) for t in self.rng.integers(0, self.inp.target_vocab, len(targets))]
+            nxt = self._random_ids(len(targets))
             for t, tok in zip(targets, nxt):
                 t.append(tok)
             got = drv.step(nxt, [len(t) for t in targets])
@@ -214,7 +221,7 @@ class Seq2SeqGate:
         got = drv.run(1, np.array([targets[1]]), np.array([REUSE_PREFIX]))[0]
         pairs = [("logits[reused slot first call]", got, self._logits(new_source, targets[1]))]
         for step in range(3):
-            nxt = [int(t) for t in self.rng.integers(0, self.inp.target_vocab, len(targets))]
+            nxt = self._random_ids(len(targets))
             for t, tok in zip(targets, nxt):
                 t.append(tok)
             got = drv.step(nxt, [len(t) for t in targets])

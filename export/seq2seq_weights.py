@@ -1,5 +1,6 @@
 """An encoder-decoder checkpoint's weights as numpy arrays in MatMul orientation ([in, out]), one layout for the
-three families (training/marian.py, bart.py, t5.py), so export/seq2seq_graph.py writes one graph per side.
+families (training/marian.py, bart.py, t5.py, m2m100.py, mbart.py), so export/seq2seq_graph.py writes one graph per
+side.
 
 What differs between the families is carried as data, not as code paths in the graph:
   - Marian: post-LayerNorm blocks, fixed sinusoidal positions, embeddings scaled by sqrt(d_model) when the config
@@ -9,7 +10,10 @@ What differs between the families is carried as data, not as code paths in the g
   - T5: pre-norm RMS blocks, a final norm per stack, no biases, no absolute positions but a learned bias per head
     and relative position added to the self-attention scores (kept here per relative offset, so the graph only
     gathers: the bucket arithmetic stays torch's), scores not scaled, decoder output scaled by d_model^-0.5 when
-    the head is tied.
+    the head is tied;
+  - mBART: BART's embeddings with pre-LayerNorm blocks and a final LayerNorm per stack;
+  - M2M100 / NLLB: pre-norm blocks and final norms, fairseq's sinusoidal positions counted from the non-pad tokens
+    (`position_pad`), no embedding norm, no logits bias.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-SEQ2SEQ_FAMILIES = ("marian", "bart", "t5")
+SEQ2SEQ_FAMILIES = ("marian", "bart", "t5", "m2m_100", "mbart")
 # T5 has no position table: the longest source / target a package takes unless the config names one (n_positions).
 T5_DEFAULT_MAX_LENGTH = 512
 
@@ -73,7 +77,7 @@ class DecoderLayer:
 
 @dataclass
 class Seq2SeqWeights:
-    family: str                       # marian | bart | t5
+    family: str                       # marian | bart | t5 | m2m_100 | mbart
     d_model: int
     encoder_heads: int
     decoder_heads: int
@@ -97,7 +101,10 @@ class Seq2SeqWeights:
     target_positions: np.ndarray | None = None
     source_embed_norm: Norm | None = None         # BART layernorm_embedding
     target_embed_norm: Norm | None = None
-    source_final_norm: Norm | None = None         # T5
+    # M2M100: positions counted from the non-pad tokens; the tables then hold every row from 0 (row pad is zeros) and
+    # a token reads row (past + real tokens up to it) + pad, a pad token row pad (training/m2m100.py)
+    position_pad: int | None = None
+    source_final_norm: Norm | None = None         # T5, M2M100, mBART
     target_final_norm: Norm | None = None
     # T5: bias per relative offset (key - query) + span - 1 and head: [2 span - 1, heads]
     source_relative_bias: np.ndarray | None = None
@@ -139,18 +146,29 @@ def _bart_like_attention(at) -> Attention:
     return Attention(qw, qb, kw, kb, vw, vb, ow, ob)
 
 
-def _marian_or_bart(model, family: str) -> Seq2SeqWeights:
+def _positions(model, family: str, max_len: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """(source table, target table, position_pad): row = position for Marian / BART / mBART; M2M100's tables keep
+    every row from 0 (the pad row zeros) and are read at (past + real tokens so far) + pad."""
+    enc, dec = model.model.encoder, model.model.decoder
+    if family == "m2m_100":
+        from training.m2m100 import sinusoidal_table
+
+        pad = int(model.config.pad_token_id)
+        table = sinusoidal_table(pad + 1 + max_len, model.config.d_model, pad).numpy()
+        return table, table, pad
+    offset = 2 if family in ("bart", "mbart") else 0   # BART's rows 0 and 1 are fairseq's padding rows
+    return (_np(enc.embed_positions.weight)[offset:offset + max_len],
+            _np(dec.embed_positions.weight)[offset:offset + max_len], None)
+
+
+def _bart_like(model, family: str) -> Seq2SeqWeights:
+    """Marian, BART and the pre-norm mBART / M2M100: the same layer parameters under the same names."""
     c = model.config
     enc, dec = model.model.encoder, model.model.decoder
     heads = c.decoder_attention_heads
     max_len = int(c.max_position_embeddings)
-    if family == "bart":   # rows 0 and 1 are fairseq's padding rows: position p reads row p + 2
-        offset = 2
-        src_pos = _np(enc.embed_positions.weight)[offset:offset + max_len]
-        tgt_pos = _np(dec.embed_positions.weight)[offset:offset + max_len]
-    else:
-        src_pos = _np(enc.embed_positions.weight)[:max_len]
-        tgt_pos = _np(dec.embed_positions.weight)[:max_len]
+    pre_norm = family in ("m2m_100", "mbart")
+    src_pos, tgt_pos, position_pad = _positions(model, family, max_len)
     enc_layers = [EncoderLayer(_bart_like_attention(l.self_attn), _norm(l.self_attn_layer_norm),
                                FeedForward(*_linear_t(l.fc1), *_linear_t(l.fc2)), _norm(l.final_layer_norm))
                   for l in enc.layers]
@@ -159,10 +177,11 @@ def _marian_or_bart(model, family: str) -> Seq2SeqWeights:
                                FeedForward(*_linear_t(l.fc1), *_linear_t(l.fc2)), _norm(l.final_layer_norm))
                   for l in dec.layers]
     head_dim = c.d_model // heads
-    bias = _np(model.final_logits_bias).reshape(-1)
+    bias = _np(getattr(model, "final_logits_bias", torch.zeros(1))).reshape(-1)
+    embed_norm = family in ("bart", "mbart")
     return Seq2SeqWeights(
         family=family, d_model=c.d_model, encoder_heads=c.encoder_attention_heads, decoder_heads=heads,
-        head_dim=head_dim, encoder_head_dim=c.d_model // c.encoder_attention_heads, pre_norm=False,
+        head_dim=head_dim, encoder_head_dim=c.d_model // c.encoder_attention_heads, pre_norm=pre_norm,
         norm_eps=float(enc.layers[0].self_attn_layer_norm.eps) if enc.layers else 1e-5,
         activation=_activation(c.activation_function), gated=False, attention_scale=float(head_dim ** -0.5),
         encoder_attention_scale=float((c.d_model // c.encoder_attention_heads) ** -0.5),
@@ -170,8 +189,11 @@ def _marian_or_bart(model, family: str) -> Seq2SeqWeights:
         target_embed=_np(dec.embed_tokens.weight), lm_head=_np(model.lm_head.weight),
         logits_bias=bias if np.any(bias) else None, output_scale=1.0,
         max_source_length=max_len, max_target_length=max_len, source_positions=src_pos, target_positions=tgt_pos,
-        source_embed_norm=_norm(enc.layernorm_embedding) if family == "bart" else None,
-        target_embed_norm=_norm(dec.layernorm_embedding) if family == "bart" else None,
+        position_pad=position_pad,
+        source_embed_norm=_norm(enc.layernorm_embedding) if embed_norm else None,
+        target_embed_norm=_norm(dec.layernorm_embedding) if embed_norm else None,
+        source_final_norm=_norm(enc.layer_norm) if pre_norm else None,
+        target_final_norm=_norm(dec.layer_norm) if pre_norm else None,
         encoder_layers=enc_layers, decoder_layers=dec_layers)
 
 
@@ -232,8 +254,8 @@ def seq2seq_weights(model, family: str, max_source: int | None = None,
                     max_target: int | None = None) -> Seq2SeqWeights:
     """Our PyTorch seq2seq model (training/marian.py, bart.py, t5.py) as arrays. max_source / max_target: T5's
     limits (its positions are relative); Marian and BART take their position tables' length."""
-    if family in ("marian", "bart"):
-        return _marian_or_bart(model, family)
+    if family in ("marian", "bart", "m2m_100", "mbart"):
+        return _bart_like(model, family)
     if family == "t5":
         return _t5(model, max_source, max_target)
     raise ValueError(f"model_type: no encoder-decoder graph for {family!r} (one of {', '.join(SEQ2SEQ_FAMILIES)})")

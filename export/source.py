@@ -65,6 +65,9 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     # Gemma 2 / Gemma 3 text: the in-place graph (export/gemma_graph.py).
     "Gemma2ForCausalLM": {"generate": "gemma"},
     "Gemma3ForCausalLM": {"generate": "gemma"},
+    # Translation families (pre-norm blocks; a target language forced per request: docs/checkpoint-format.md).
+    "M2M100ForConditionalGeneration": {"generate": "m2m100"},
+    "MBartForConditionalGeneration": {"generate": "mbart"},
 }
 # Which architectures carry the head each task needs.
 TASK_ARCHITECTURES = {task: tuple(a for a, tasks in ARCHITECTURE_TASKS.items() if task in tasks)
@@ -74,7 +77,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TASKS) + ("BertModel",)
 TASK_ARCHITECTURES["embed"] = tuple(a for a in SUPPORTED_ARCHITECTURES
                                     if "generate" not in ARCHITECTURE_TASKS.get(a, {}))
 MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "llama", "qwen2", "mistral", "marian",
-               "bart", "t5")
+               "bart", "t5", "m2m_100", "mbart")
 MODEL_TYPES += ("xlm-roberta",)
 # Families with RoBERTa's positions (they start past the padding index).
 ROBERTA_POSITIONS = ("roberta", "xlm-roberta")

@@ -1,5 +1,5 @@
-"""model.json's `encoder_decoder` block: what a server needs to run an encoder-decoder package (Marian, BART, T5)
-without torch (docs/model-package.md, "Encoder-decoder packages").
+"""model.json's `encoder_decoder` block: what a server needs to run an encoder-decoder package (Marian, BART, T5,
+M2M100 / NLLB, mBART) without torch (docs/model-package.md, "Encoder-decoder packages").
 
 Two graphs per variant: the encoder (input_ids, attention_mask [B, S] -> cross.{i}.key/value [B, heads, S,
 head_dim]) runs once per request; the decoder runs every step over the in-place self cache (`cache` block,
@@ -14,17 +14,38 @@ from typing import Any, Mapping
 from .io_names import cross_names
 from .manifest_types import ManifestError, TensorDecl, is_int, positive
 
-SEQ2SEQ_FAMILIES = ("marian", "bart", "t5")
+SEQ2SEQ_FAMILIES = ("marian", "bart", "t5", "m2m_100", "mbart")
 ENCODER_GRAPH, DECODER_GRAPH = "encoder", "decoder"
 _KEYS = ("family", "num_layers", "num_heads", "head_dim", "model_head_dim", "max_source_length", "max_target_length",
          "decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
-         "source_vocab_size", "target_vocab_size", "graphs", "target_tokenizer", "encoder_inputs", "encoder_outputs")
+         "source_vocab_size", "target_vocab_size", "graphs", "target_tokenizer", "encoder_inputs", "encoder_outputs",
+         "languages", "source_language", "source_language_index")
 
 
 def _file_name(where: str, value: Any) -> str:
     if not (isinstance(value, str) and value and "/" not in value and "\\" not in value and value not in (".", "..")):
         raise ManifestError(f"model.json: {where} must be a file name in the package")
     return value
+
+
+def _languages(value: Any, target_vocab: int) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k and is_int(v) and 0 <= v < target_vocab
+                                              for k, v in value.items()):
+        raise ManifestError("model.json: encoder_decoder.languages must map language tokens to token ids below "
+                            f"target_vocab_size ({target_vocab})")
+    return {k: int(v) for k, v in value.items()}
+
+
+def _source_language(d: dict, languages: dict[str, int]) -> dict[str, Any]:
+    token, index = d.get("source_language"), d.get("source_language_index", 0)
+    if token is None:
+        return {}
+    if token not in languages or not is_int(index):
+        raise ManifestError("model.json: encoder_decoder.source_language must be one of encoder_decoder.languages, "
+                            "with an integer source_language_index")
+    return {"source_language": token, "source_language_index": int(index)}
 
 
 @dataclass(frozen=True)
@@ -51,6 +72,13 @@ class Seq2SeqSpec:
     forced_bos_token_id: int | None = None    # transformers' generate: forced as the first new token
     forced_eos_token_id: int | None = None    # ... and as the last one when max_new_tokens is reached
     target_tokenizer: str | None = None       # None: tokenizer.json decodes the target too (shared vocabulary)
+    # Translation models: language token ("fra_Latn", "__fr__", "fr_XX") -> its id, what a request's
+    # target_language may name (the token forced as the first generated one). Empty: the model takes none.
+    languages: Mapping[str, int] = field(default_factory=dict)
+    # The language token the tokenizer puts around every source (one of `languages`) and its index in the source
+    # ids (negative: from the end), which a request's source_language replaces. None: sources carry no language.
+    source_language: str | None = None
+    source_language_index: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -114,6 +142,7 @@ class Seq2SeqSpec:
         target_tokenizer = d.get("target_tokenizer")
         if target_tokenizer is not None:
             target_tokenizer = _file_name("encoder_decoder.target_tokenizer", target_tokenizer)
+        languages = _languages(d.get("languages"), sizes["target_vocab_size"])
         decls = {}
         for key in ("encoder_inputs", "encoder_outputs"):
             try:
@@ -122,7 +151,9 @@ class Seq2SeqSpec:
                 raise ManifestError(f"model.json: encoder_decoder.{key} must be a list of {{name, dtype, shape}}") \
                     from None
         return cls(family=family, **sizes, **tokens, graphs=parsed, model_head_dim=model_head_dim,
-                   target_tokenizer=target_tokenizer, **decls, extra={k: v for k, v in d.items() if k not in _KEYS})
+                   target_tokenizer=target_tokenizer, **decls,
+                   languages=languages, **_source_language(d, languages),
+                   extra={k: v for k, v in d.items() if k not in _KEYS})
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -137,4 +168,8 @@ class Seq2SeqSpec:
             "encoder_inputs": [t.to_dict() for t in self.encoder_inputs],
             "encoder_outputs": [t.to_dict() for t in self.encoder_outputs],
         }
+        if self.languages:
+            out["languages"] = dict(self.languages)
+        if self.source_language is not None:
+            out.update(source_language=self.source_language, source_language_index=self.source_language_index)
         return {**out, **self.extra}

@@ -117,9 +117,11 @@ def write_checkpoint(name: str, out: Path, seed: int = 1) -> Path:
     return out
 
 
-def export_repository(root: Path, names: list[str] | tuple[str, ...] = tuple(MODELS), seed: int = 1) -> dict[str, Path]:
-    """Checkpoints of `names` written under root/checkpoints and exported (parity gate included) into the model
-    repository root/repo, version 1 each: name -> package directory. ~1-3 s per model on 2 cores."""
+def export_repository(root: Path, names: list[str] | tuple[str, ...] = tuple(MODELS), seed: int = 1,
+                      write=None) -> dict[str, Path]:
+    """Checkpoints of `names` written under root/checkpoints (by `write`, this module's write_checkpoint unless
+    another's) and exported (parity gate included) into the model repository root/repo, version 1 each: name ->
+    package directory. ~1-3 s per model on 2 cores."""
     import torch
 
     from export import ExportConfig, export_checkpoint
@@ -129,7 +131,7 @@ def export_repository(root: Path, names: list[str] | tuple[str, ...] = tuple(MOD
     torch.set_num_threads(1)
     try:
         return {name: export_checkpoint(ExportConfig(
-            checkpoint=write_checkpoint(name, root / "checkpoints" / name, seed), task="generate",
+            checkpoint=(write or write_checkpoint)(name, root / "checkpoints" / name, seed), task="generate",
             repository=root / "repo", name=name)).package_dir for name in names}
     finally:
         torch.set_num_threads(before)

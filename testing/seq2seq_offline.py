@@ -59,6 +59,28 @@ def encode(pkg: Seq2SeqPackage, source_ids: Sequence[int]) -> dict[str, np.ndarr
     return dict(zip(pkg.spec.cross_names, outs))
 
 
+def right_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows as one right-padded int64 batch and its mask (by length: a decoder start token may be the pad id)."""
+    ids = np.full((len(rows), max(map(len, rows))), pad, np.int64)
+    mask = np.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, :len(row)], mask[r, :len(row)] = row, 1
+    return ids, mask
+
+
+def padded_batch_logits(pkg: Seq2SeqPackage, src: np.ndarray, src_mask: np.ndarray, tgt: np.ndarray,
+                        tgt_mask: np.ndarray) -> np.ndarray:
+    """Teacher-forced logits [B, T, target_vocab] of a right-padded batch: the encoder on the sources, the decoder's
+    first call (empty self cache) on the targets with both masks."""
+    spec = pkg.spec
+    cross = dict(zip(spec.cross_names, pkg.encoder.run(spec.cross_names, {"input_ids": src,
+                                                                          "attention_mask": src_mask})))
+    empty = np.zeros((len(tgt), spec.num_heads, 0, spec.head_dim), np.float32)
+    feeds = {"input_ids": tgt, "attention_mask": tgt_mask, "encoder_attention_mask": src_mask, **cross,
+             **{n: empty for n in past_names(spec.num_layers)}}
+    return pkg.decoder.run(["logits"], feeds)[0]
+
+
 def step_logits(pkg: Seq2SeqPackage, cross: dict[str, np.ndarray], target_ids: Sequence[int]) -> np.ndarray:
     """Teacher-forced logits [len(target_ids), target_vocab] of one target (decoder start included), one call."""
     spec = pkg.spec
@@ -87,9 +109,9 @@ def stepped_logits(pkg: Seq2SeqPackage, source_ids: Sequence[int], target_ids: S
 
 
 def greedy(pkg: Seq2SeqPackage, source_ids: Sequence[int], max_new_tokens: int,
-           forced: bool = True) -> list[int]:
+           forced: bool = True, forced_bos: int | None = None) -> list[int]:
     """Greedy new ids (the eos id included when decoding ended on it). forced=False ignores the package's
-    forced_bos / forced_eos."""
+    forced_bos / forced_eos; forced_bos replaces the package's first forced token (a request's target language)."""
     spec = pkg.spec
     cross = encode(pkg, source_ids)
     max_new_tokens = min(max_new_tokens, spec.max_target_length - 1)
@@ -103,8 +125,9 @@ def greedy(pkg: Seq2SeqPackage, source_ids: Sequence[int], max_new_tokens: int,
                  "encoder_attention_mask": enc_mask, **cross, **past}
         results = pkg.decoder.run(["logits", *presents], feeds)
         token = int(np.argmax(results[0][0, -1]))
-        if forced and step == 0 and spec.forced_bos_token_id is not None:
-            token = spec.forced_bos_token_id
+        first = spec.forced_bos_token_id if forced_bos is None else forced_bos
+        if forced and step == 0 and first is not None:
+            token = first
         if forced and step == max_new_tokens - 1 and spec.forced_eos_token_id is not None:
             token = spec.forced_eos_token_id
         out.append(token)

@@ -113,20 +113,27 @@ class BartDecoder(MarianDecoder):
 
 
 class BartModel(nn.Module):
+    encoder_class: type[nn.Module] = BartEncoder    # mBART (training/mbart.py) swaps in its pre-norm stacks
+    decoder_class: type[nn.Module] = BartDecoder
+
     def __init__(self, config: BartConfig) -> None:
         super().__init__()
         self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-        self.encoder = BartEncoder(config, self.shared)
-        self.decoder = BartDecoder(config, self.shared)
+        self.encoder = self.encoder_class(config, self.shared)
+        self.decoder = self.decoder_class(config, self.shared)
 
 
 class BartForConditionalGeneration(EncoderDecoderLM):
+    model_class: type[nn.Module] = BartModel
+    has_logits_bias = True    # M2M100 (training/m2m100.py) has no final_logits_bias
+
     def __init__(self, config: BartConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = BartModel(config)
+        self.model = self.model_class(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        if self.has_logits_bias:
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         init_encoder_decoder(self, config.init_std, config.d_model, config.scale_embedding)
         self.tie_weights()
 
@@ -162,7 +169,7 @@ def resolve_sharing(config: BartConfig, sd: dict[str, torch.Tensor]) -> str | No
         own = sd.get(f"model.{side}.embed_tokens.weight")
         if shared is not None and own is not None and not torch.equal(own, shared):
             raise ValueError(f"tie_word_embeddings: model.{side}.embed_tokens differs from model.shared "
-                             "(separate BART tables are not supported)")
+                             f"(separate {config.model_type} encoder and decoder tables are not supported)")
     return None
 
 

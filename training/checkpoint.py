@@ -1,7 +1,7 @@
 """Read and write checkpoints in the Hugging Face directory layout (docs/checkpoint-format.md).
 
-Real HF BERT / GPT-2 / Llama / Marian / BART / T5 ... checkpoints load into our models and ours load into
-`transformers`.
+Real HF BERT / GPT-2 / Llama / Marian / BART / T5 / M2M100 / mBART ... checkpoints load into our models and ours load
+into `transformers`.
 Weights are read from model.safetensors, or from pytorch_model.bin only through
 `torch.load(weights_only=True)`: nothing is ever unpickled.
 """
@@ -44,6 +44,10 @@ from training.t5 import T5Config, T5ForConditionalGeneration
 from training import xlm_roberta as xlmr_mod
 from training import modernbert as modernbert_mod
 from training import deberta_v2_heads as deberta_mod
+from training import m2m100 as m2m100_mod
+from training import mbart as mbart_mod
+from training.m2m100 import M2M100Config, M2M100ForConditionalGeneration
+from training.mbart import MBartConfig, MBartForConditionalGeneration
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +95,18 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
                                     "deberta-v2"),
     # Gemma 2 and Gemma 3 text: one class; the architecture written follows config.model_type.
     "gemma": (GemmaForCausalLM, "Gemma3ForCausalLM", "gemma3_text"),
+    # Translation families (pre-norm): M2M100 / NLLB-200 and mBART.
+    "m2m100": (M2M100ForConditionalGeneration, "M2M100ForConditionalGeneration", "m2m_100"),
+    "mbart": (MBartForConditionalGeneration, "MBartForConditionalGeneration", "mbart"),
 }
 # Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
-SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod}
+SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod, "m2m100": m2m100_mod, "mbart": mbart_mod}
 # model_type -> the config dataclass and the prefix HF puts the encoder/decoder under in headed models.
 FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "roberta": RobertaConfig,
                                   "albert": AlbertConfig, "distilbert": DistilBertConfig,
                                   "electra": ElectraConfig, "marian": MarianConfig, "bart": BartConfig,
                                   "t5": T5Config,
+                                  "m2m_100": M2M100Config, "mbart": MBartConfig,
                                   **{t: LlamaConfig for t in LLAMA_FAMILIES},
                                   "deberta-v2": deberta_mod.DebertaV2Config}
 FAMILY_CONFIG["modernbert"] = modernbert_mod.ModernBertConfig
@@ -114,7 +122,7 @@ _ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "
                  "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
                  # Base seq2seq checkpoints (bart-base is one): a tied head needs nothing more.
                  "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5",
-                 "DebertaV2Model": "deberta-v2-mlm",
+                 "DebertaV2Model": "deberta-v2-mlm", "M2M100Model": "m2m100", "MBartModel": "mbart",
                  "ModernBertModel": "modernbert-mlm"}   # gte-/nomic-modernbert: the encoder; a fresh MLM head
 # Llama family, issue 39: Qwen3, SmolLM3, Phi-3 (training/llama.py).
 _ARCH_ALIASES.update({"Qwen3ForCausalLM": "llama", "SmolLM3ForCausalLM": "llama", "Phi3ForCausalLM": "llama"})
@@ -200,7 +208,7 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
 _DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
                  "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
                  "marian": "marian", "bart": "bart", "t5": "t5", "deberta-v2": "deberta-v2-mlm",
-                 "modernbert": "modernbert-mlm"}
+                 "modernbert": "modernbert-mlm", "m2m_100": "m2m100", "mbart": "mbart"}
 _DEFAULT_KIND.update({t: "gemma" for t in GEMMA_FAMILIES})
 # XLM-RoBERTa (training/xlm_roberta.py): RoBERTa's model and key rules under its own model_type.
 FAMILY_CONFIG[xlmr_mod.MODEL_TYPE] = xlmr_mod.XLMRobertaConfig

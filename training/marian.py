@@ -202,12 +202,14 @@ class MarianDecoderLayer(nn.Module):
 
 
 class MarianEncoder(nn.Module):
+    layer_class: type[nn.Module] = MarianEncoderLayer   # pre-norm families swap their blocks in (training/prenorm.py)
+
     def __init__(self, config: MarianConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = MarianSinusoidalPositionalEmbedding(config.max_position_embeddings, config.d_model)
-        self.layers = nn.ModuleList(MarianEncoderLayer(config) for _ in range(config.encoder_layers))
+        self.layers = nn.ModuleList(self.layer_class(config) for _ in range(config.encoder_layers))
         self.dropout = nn.Dropout(config.dropout)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -224,12 +226,14 @@ class MarianEncoder(nn.Module):
 
 
 class MarianDecoder(nn.Module):
+    layer_class: type[nn.Module] = MarianDecoderLayer
+
     def __init__(self, config: MarianConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = MarianSinusoidalPositionalEmbedding(config.max_position_embeddings, config.d_model)
-        self.layers = nn.ModuleList(MarianDecoderLayer(config) for _ in range(config.decoder_layers))
+        self.layers = nn.ModuleList(self.layer_class(config) for _ in range(config.decoder_layers))
         self.dropout = nn.Dropout(config.dropout)
 
     def embed(self, ids: torch.Tensor, past: int) -> torch.Tensor:

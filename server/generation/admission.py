@@ -139,7 +139,8 @@ class Admission:
             return seq
         prompt = [self._source.start_id]
         seq = Sequence.create(prompt, params, self._tokenizer, spec.vocab_size, deadline, spec.eos_id,
-                              source_ids=ids, forced=self._source.forced(params.max_new_tokens),
+                              source_ids=ids,
+                              forced=self._source.forced(params.max_new_tokens, params.target_language),
                               stream_interval=self._config.stream_interval)
         # Its keys/values depend on its source: no tokens tracked, nothing reused or remembered of its slot.
         seq.state = SeqState(len(prompt), owner=seq, source=len(ids), reserve=seq.budget)
@@ -153,7 +154,8 @@ class Admission:
                                                   early_stopping=params.early_stopping,
                                                   max_new_tokens=params.max_new_tokens,
                                                   eos_id=None if params.ignore_eos else self._spec.eos_id,
-                                                  forced=self._source.forced(params.max_new_tokens)),
+                                                  forced=self._source.forced(params.max_new_tokens,
+                                                                             params.target_language)),
                             self._spec.vocab_size, self._tokenizer)
         for request in requests:
             request.search, request.state = search, None

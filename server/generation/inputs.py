@@ -43,6 +43,10 @@ class PromptProcessor:
         prompt's ids, when already tokenized."""
         if not isinstance(params, GenerationParams):
             raise TypeError("params must be a GenerationParams (use GenerationParams.validate)")
+        for name in ("target_language", "source_language"):
+            if getattr(params, name) is not None:
+                raise ValueError(f"{name}: this decoder-only model has no languages (only translation "
+                                 "encoder-decoders such as M2M100, NLLB or mBART take one)")
         spec = self.spec
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, params.truncate_prompt) if text_ids is None else text_ids

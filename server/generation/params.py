@@ -21,6 +21,7 @@ BIAS_RANGE = 100.0          # a logit bias lies in [-100, 100], as OpenAI's
 _UINT64_LIMIT = 2 ** 64
 MAX_BEAMS = 8
 EARLY_STOPPING_NEVER = "never"
+MAX_LANGUAGE_LENGTH = 64
 
 
 def _is_int(value: Any) -> bool:
@@ -91,6 +92,11 @@ class GenerationParams:
     # Which hypothesis of the search answers (0 = the best): jobs of one request that differ only in it are ONE
     # search (OpenAI's n asks ranks 0..n-1 of a prompt: its n best hypotheses).
     beam_rank: int = 0
+    # Translation models: the language token forced as the first generated token (None: the model's default);
+    # checked against the model's languages by its input processing (source.SourceProcessor).
+    target_language: str | None = None
+    # ... and the language token of the source text (None: the tokenizer's default), put where the tokenizer puts it.
+    source_language: str | None = None
     # max_new_tokens was not asked for: an encoder-decoder whose target length is shorter than the default
     # generates what its target length holds instead of refusing (source.SourceProcessor.fit).
     default_max_new_tokens: bool = False
@@ -106,7 +112,8 @@ class GenerationParams:
                  logprobs: bool | None = None, top_logprobs: int | None = None,
                  prompt_logprobs: int | None = None, truncate_prompt: bool | None = None,
                  ignore_eos: bool | None = None, num_beams: int | None = None, length_penalty: float | None = None,
-                 early_stopping: bool | str | None = None, beam_rank: int | None = None) -> "GenerationParams":
+                 early_stopping: bool | str | None = None, beam_rank: int | None = None,
+                 target_language: str | None = None, source_language: str | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
         temp = _float("temperature", temperature, 0.0)
         if temp < 0:
@@ -155,6 +162,8 @@ class GenerationParams:
             early_stopping=False if early_stopping is None else early_stopping,
             default_max_new_tokens=max_new_tokens is None,
             beam_rank=_int("beam_rank", beam_rank, 0, 0),
+            target_language=_language("target_language", target_language),
+            source_language=_language("source_language", source_language),
         )
         if params.beam_rank >= params.num_beams:
             raise ValueError(f"parameters.beam_rank: a search of {params.num_beams} beams has hypotheses 0.."
@@ -182,6 +191,18 @@ def _check_beam_params(params: "GenerationParams") -> None:
         if getattr(params, name) != off:
             raise ValueError(f"parameters.{name}: not served with num_beams > 1 (beam search keeps the likeliest "
                              f"hypotheses; it samples nothing), got {getattr(params, name)!r}")
+
+
+def _language(name: str, value: Any) -> str | None:
+    """A language token's spelling; "" (proto3's unset string) is no language."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: must be a string (a language token such as \"fra_Latn\"), "
+                         f"got {type(value).__name__}")
+    if len(value) > MAX_LANGUAGE_LENGTH:
+        raise ValueError(f"{name}: at most {MAX_LANGUAGE_LENGTH} characters, got {len(value)}")
+    return value
 
 
 def _penalty(name: str, value: Any) -> float:

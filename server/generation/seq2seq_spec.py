@@ -8,7 +8,9 @@ names and width (max_source_length), the source vocabulary, and the decoder's st
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
+
 import numpy as np
 import onnxruntime as ort
 
@@ -35,12 +37,46 @@ class SourceSpec:
     # and the last one a request may generate (its max_new_tokens-th). None: nothing forced.
     forced_bos_id: int | None = None
     forced_eos_id: int | None = None
+    # Translation models: language token -> id, what a request's target_language may name (forced first).
+    languages: Mapping[str, int] = field(default_factory=dict)
+    # The language token the tokenizer puts around every source and its index in the source ids (negative: from
+    # the end); a request's source_language replaces it there. None: sources carry no language to replace.
+    source_language: str | None = None
+    source_language_index: int = 0
 
-    def forced(self, max_new_tokens: int) -> dict[int, int]:
-        """Generated index -> the token forced there (the eos wins where both fall, as transformers applies it
-        last)."""
+    def language_id(self, language: str, name: str = "target_language") -> int:
+        """The id of a language token, or ValueError naming the field (`name`)."""
+        if not self.languages:
+            raise ValueError(f"{name}: this {self.family or 'encoder-decoder'} model has no languages "
+                             f"(model.json encoder_decoder.languages is empty), got {language[:64]!r}")
+        if language not in self.languages:
+            known = sorted(self.languages)
+            listed = ", ".join(known[:20]) + (f", ... ({len(known)} in all)" if len(known) > 20 else "")
+            raise ValueError(f"{name}: unknown language {language[:64]!r} (this model's: {listed})")
+        return self.languages[language]
+
+    def with_source_language(self, ids: list[int], language: str) -> list[int]:
+        """Text source ids with their language token replaced by `language`'s, or ValueError naming
+        source_language."""
+        wanted = self.language_id(language, "source_language")
+        if self.source_language is None:
+            raise ValueError("source_language: this model's tokenizer puts no language token around a source "
+                             "(model.json encoder_decoder.source_language is unset)")
+        at = self.source_language_index
+        if not -len(ids) <= at < len(ids) or ids[at] != self.languages[self.source_language]:
+            raise ValueError(f"source_language: the source ids do not hold the tokenizer's {self.source_language} "
+                             f"at index {at}")
+        out = list(ids)
+        out[at] = wanted
+        return out
+
+    def forced(self, max_new_tokens: int, target_language: str | None = None) -> dict[int, int]:
+        """Generated index -> the token forced there: the target language's token (else the config's forced bos)
+        first, the forced eos last (the eos wins where both fall, as transformers applies it last)."""
         out = {}
-        if self.forced_bos_id is not None:
+        if target_language is not None:
+            out[0] = self.language_id(target_language)
+        elif self.forced_bos_id is not None:
             out[0] = self.forced_bos_id
         if self.forced_eos_id is not None:
             out[max_new_tokens - 1] = self.forced_eos_id
@@ -102,5 +138,7 @@ def seq2seq_specs(manifest: Manifest, decoder: ort.InferenceSession, encoder: or
                         pad_id=pad if pad < source_vocab else 0, num_layers=cache.num_layers,
                         num_heads=cache.kv_heads, head_dim=cache.head_dim,
                         dtype=np.dtype(CACHE_ELEMENT_TYPES[cross_type]).type, family=block.family,
-                        forced_bos_id=block.forced_bos_token_id, forced_eos_id=block.forced_eos_token_id)
+                        forced_bos_id=block.forced_bos_token_id, forced_eos_id=block.forced_eos_token_id,
+                        languages=dict(block.languages), source_language=block.source_language,
+                        source_language_index=block.source_language_index)
     return decoder_spec, source

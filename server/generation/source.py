@@ -89,6 +89,12 @@ class SourceProcessor:
             raise ValueError(f"prompt: {len(ids)} tokens exceed the model's max_source_length of {limit} "
                              "(shorten it, or set truncate_prompt)")
         check_params_vocab(params, self.spec.vocab_size)
+        if params.target_language is not None:
+            self.source.language_id(params.target_language)
+        if params.source_language is not None:
+            if not isinstance(prompt, str):
+                raise ValueError("source_language: only with a text prompt (token ids already hold their language)")
+            ids = self.source.with_source_language(ids, params.source_language)
         return ids
 
     def tokenize(self, text: str, truncate: bool = False, batched: bool = False) -> list[int]:

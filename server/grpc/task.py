@@ -33,6 +33,7 @@ def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
         raise ServingError.invalid("parameters.early_stopping", f"must be \"\", \"true\", \"false\" or \"never\", got "
                                                                 f"{p.early_stopping[:40]!r}")
     fields["early_stopping"] = _EARLY_STOPPING[p.early_stopping]
+    fields.update(target_language=request.target_language, source_language=request.source_language)
     try:
         return GenerationParams.validate(**fields)
     except ValueError as exc:

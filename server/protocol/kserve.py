@@ -41,7 +41,7 @@ _OPERATIONS = {"classify": "classify", "fill-mask": "fill_mask", "generate": "ge
                "token-classify": "token_classify"}
 _PARAM_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "min_tokens", "repetition_penalty",
                "presence_penalty", "frequency_penalty", "seed", "truncate_prompt", "ignore_eos", "num_beams",
-               "length_penalty", "early_stopping")
+               "length_penalty", "early_stopping", "target_language", "source_language")
 
 
 def parse_version(text: str, field: str = "version") -> int:

@@ -39,7 +39,8 @@ def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens
             logit_bias=request.logit_bias, min_p=request.min_p, min_tokens=request.min_tokens,
             stop_token_ids=request.stop_token_ids, stop=stop, seed=request.seed, logprobs=logprobs is not None,
             top_logprobs=logprobs or 0, ignore_eos=request.ignore_eos, num_beams=request.num_beams,
-            length_penalty=request.length_penalty, early_stopping=request.early_stopping)
+            length_penalty=request.length_penalty, early_stopping=request.early_stopping,
+            target_language=request.target_language, source_language=request.source_language)
     except ValueError as exc:
         raise _invalid(exc, max_tokens_field) from None
 

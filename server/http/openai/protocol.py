@@ -91,6 +91,10 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     num_beams: int | None = None
     length_penalty: float | None = None
     early_stopping: bool | str | None = None
+    # Translation models (M2M100 / NLLB, mBART): the language token to translate into, forced first (an extension,
+    # as gRPC GenerateRequest.target_language); a model without languages refuses it by name.
+    target_language: str | None = None
+    source_language: str | None = None     # the source text's language token (default: the tokenizer's)
     # Refused unless off (UNSUPPORTED); typed loosely so that any value reaches the refusal naming the field.
     use_beam_search: Any = UNSET
     do_sample: Any = UNSET
