@@ -145,3 +145,6 @@ class ExportConfig:
     # the position table's length (Marian, BART), 512 for T5 (relative positions, no table) unless n_positions.
     max_source_length: int | None = None
     max_target_length: int | None = None
+    # The package's context (cache length, rope / position tables, model.json max_length), at most the model's
+    # positions; None: the model's positions. Encoder-decoders: the default of both lengths above.
+    max_length: int | None = None
