@@ -276,7 +276,7 @@ class DataPlane:
         served = self.repository.resolve(model, version).model
         tokens = await served.tokenize(text)
         return Tokenized(model=served.name, version=served.version, tokens=tokens,
-                         max_length=served.manifest.max_length)
+                         max_length=served.max_length)
 
     async def detokenize(self, model: str, version: int, token_ids: list[int]) -> str:
         """The text of at most a context of token ids (INVALID_ARGUMENT naming `tokens` beyond it)."""

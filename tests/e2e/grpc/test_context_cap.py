@@ -116,6 +116,7 @@ def test_serve_time_cap_below_the_package(capped) -> None:
             OrtserveClient(server.address, timeout=60) as client:
         info = client.model_info("qwen")
         assert info.max_length == SERVE_CAP
+        assert client.tokenize(PROMPT, "qwen").max_length == SERVE_CAP
         assert (info.cache_bytes_per_slot, info.cache_bytes) == (_slot_bytes(SERVE_CAP),
                                                                  _slot_bytes(SERVE_CAP) * _slots(manifest))
         assert [t.token_id for t in client.generate(ids, "qwen", max_new_tokens=new, ignore_eos=True).tokens] == want

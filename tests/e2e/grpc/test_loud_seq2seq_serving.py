@@ -75,3 +75,23 @@ def test_greedy_answers_equal_transformers(packages: dict[str, Path]) -> None:
             with ThreadPoolExecutor(len(SOURCES)) as pool:    # sent together: decoded as one batch
                 results = list(pool.map(lambda s: client.generate(s, name, max_new_tokens=NEW), SOURCES))
             assert [[t.token_id for t in r.tokens] for r in results] == _hf_greedy(name, package), name
+
+
+def test_serve_time_cap_on_the_self_cache(packages: dict[str, Path]) -> None:
+    """--max-model-len caps an encoder-decoder's self cache (the target's length): ModelInfo's bytes are the slots'
+    at the cap (computed from the package's shapes), a longer answer is refused naming max_new_tokens."""
+    from clients.errors import OrtserveError
+
+    cap, slots = 16, 3
+    repository = next(iter(packages.values())).parent.parent
+    with ServerProcess(repository, ["--max-sequences", str(slots), "--max-model-len", str(cap)]) as server, \
+            OrtserveClient(server.address, timeout=60) as client:
+        for name, package in packages.items():
+            block = json.loads((package / "model.json").read_text())["encoder_decoder"]
+            per_slot = block["num_layers"] * 2 * block["num_heads"] * cap * block["head_dim"] * 4
+            info = client.model_info(name)
+            assert (info.cache_bytes_per_slot, info.cache_bytes) == (per_slot, per_slot * slots)
+            assert len(client.generate(SOURCES[0], name, max_new_tokens=cap - 1, ignore_eos=True).tokens) == cap - 1
+            with pytest.raises(OrtserveError) as err:
+                client.generate(SOURCES[0], name, max_new_tokens=cap)
+            assert err.value.message.startswith("parameters.max_new_tokens:") and str(cap) in err.value.message
