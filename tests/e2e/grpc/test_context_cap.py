@@ -71,6 +71,8 @@ def test_export_past_the_positions_is_refused_by_name(capped) -> None:
     assert proc.returncode == 2
     assert "--max-length" in proc.stderr and "max_position_embeddings" in proc.stderr, proc.stderr
     assert not (root / "refused" / "qwen").exists()
+    proc = _export(ckpt, root / "refused", "--max-length", "8")     # no room for the gate's sequences
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --max-length: 8 tokens"), proc.stderr
 
 
 def test_package_context_is_the_cap(capped) -> None:
