@@ -35,7 +35,7 @@ from .config import ExportConfig
 from .errors import ExportError
 from .heldout import BUILTIN_TEXTS
 from .package_manifest import new_manifest, tensors
-from .parity_noise import NoiseScale, float64_twin
+from .parity_noise import NOISE_FACTOR, NoiseScale, float64_twin
 from .result import ExportResult
 from .skeleton import Built, Gated
 from .source import CheckpointInfo, inspect_checkpoint, optional_json
@@ -193,7 +193,7 @@ def _batch(tok: Tokenizer, texts: list[str], pad_id: int, token_types: bool) -> 
 
 
 def run_embed_gate(adapter: EmbeddingAdapter, graph: Path, tok: Tokenizer, pad_id: int, token_types: bool,
-                   atol: float, threads: int) -> EmbedParity:
+                   atol: float, threads: int, noise_factor: float = NOISE_FACTOR) -> EmbedParity:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
@@ -202,7 +202,7 @@ def run_embed_gate(adapter: EmbeddingAdapter, graph: Path, tok: Tokenizer, pad_i
     failures: list[str] = []
     min_cos = 1.0
     # the atol follows PyTorch's own fp32-vs-fp64 gap on each case's inputs, `atol` its floor (parity_noise.py)
-    noise, twin = NoiseScale(atol, 0.0), float64_twin(adapter)
+    noise, twin = NoiseScale(atol, 0.0, noise_factor), float64_twin(adapter)
     for name, batches in (("batch1", [[t] for t in texts[:4]]), ("batch3_padded", [texts[i:i + 3]
                                                                                    for i in range(0, 12, 3)])):
         worst = 0.0
@@ -268,7 +268,8 @@ class EmbedBuilder:
         t1 = time.perf_counter()
         result = run_embed_gate(self.adapter, staging / built.manifest.variants["fp32"], serving_tok,
                                 built.manifest.special_token("pad") or 0, self.info.token_types,
-                                self.cfg.tolerances.fp32_atol, self.cfg.threads)
+                                self.cfg.tolerances.fp32_atol, self.cfg.threads,
+                                self.cfg.tolerances.fp32_noise_factor)
         return Gated(result.passed, {"fp32": result}, time.perf_counter() - t1)
 
     def failure_text(self, gated: Gated, tok_report: TokenizerReport, report: dict[str, Any]) -> str:

@@ -49,7 +49,7 @@ class Gate:
         if self.decoder is not None:
             self.decoder.exact(sess, path, atol, rtol, res)
         else:   # fp32: its tolerance follows PyTorch's own float noise (export/parity_noise.py)
-            res.noise = NoiseScale(atol, rtol) if variant == "fp32" else None
+            res.noise = NoiseScale(atol, rtol, self.inp.tolerances.fp32_noise_factor) if variant == "fp32" else None
             self.encoder.grid(sess, atol, rtol, res, res.noise)
         return res
 

@@ -41,7 +41,8 @@ class DecoderChecks:
         inp = self.inp
         checks = self._checks(atol, rtol, inp.grid.greedy_new_tokens)
         if res.variant == "fp32":    # its tolerance follows PyTorch's own float noise (export/parity_noise.py)
-            checks.noise, checks.model64 = NoiseScale(atol, rtol), float64_twin(inp.model)
+            checks.noise = NoiseScale(atol, rtol, inp.tolerances.fp32_noise_factor)
+            checks.model64 = float64_twin(inp.model)
             res.noise = checks.noise
         mixed_path = path.parent / MIXED_FILE
         mixed = session(mixed_path, inp.threads) if res.variant == "fp32" and mixed_path.is_file() else None

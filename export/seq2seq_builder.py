@@ -152,6 +152,7 @@ class Seq2SeqBuilder:
             forced_bos=spec.forced_bos_token_id, forced_eos=spec.forced_eos_token_id,
             stream=[t for t in stream if t < spec.source_vocab_size], atol=self.cfg.tolerances.fp32_atol,
             rtol=self.cfg.tolerances.fp32_rtol, threads=self.cfg.threads, checkpoint=self.info.path,
+            noise_factor=self.cfg.tolerances.fp32_noise_factor,
             held_out=seq2seq_sources(self.tokenizer, spec.max_source_length))
 
     def gate(self, built: Built, staging: Path) -> Gated:

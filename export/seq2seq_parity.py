@@ -27,7 +27,7 @@ import torch
 from modelpkg import cross_name, head_channels, past_name, present_name
 
 from .parity_inputs import session
-from .parity_noise import NoiseScale, float64_twin
+from .parity_noise import NOISE_FACTOR, NoiseScale, float64_twin
 from .parity_results import Check, VariantResult
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class Seq2SeqGateInputs:
     atol: float
     rtol: float
     threads: int = 1
+    noise_factor: float = NOISE_FACTOR   # the fp32 atol's float-noise rule (export/parity_noise.py)
     checkpoint: Path | None = None   # compared with transformers' model too when set and transformers imports
     held_out: list[list[int]] = field(default_factory=list)   # weight-quantized variants' sources (heldout.py)
 
@@ -132,7 +133,7 @@ class Seq2SeqGate:
         self.rng = np.random.default_rng(1234)
         self._cross_cache: dict[tuple[int, ...], tuple[list, list]] = {}   # source -> (fp32, fp64) cross k/v
         # The fp32 tolerance follows the reference's own float noise (export/parity_noise.py).
-        self.noise = NoiseScale(inp.atol, inp.rtol)
+        self.noise = NoiseScale(inp.atol, inp.rtol, inp.noise_factor)
         self.model64 = float64_twin(inp.model)
 
     # -- inputs and PyTorch references
