@@ -208,7 +208,8 @@ def model_info(response: pb.ModelInfoResponse) -> ModelInfo:
     return ModelInfo(
         status=model_status(response.status), labels=list(response.labels), max_length=response.max_length,
         mask_token=response.mask_token, variant=response.variant, providers=list(response.providers),
-        versions=list(response.versions), max_batch_size=response.max_batch_size, manifest=manifest)
+        versions=list(response.versions), max_batch_size=response.max_batch_size, manifest=manifest,
+        cache_bytes_per_slot=response.cache_bytes_per_slot, cache_bytes=response.cache_bytes)
 
 
 def token_classify_request(texts: str | Sequence[str], model: str, version: int | None, aggregation_strategy: str,

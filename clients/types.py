@@ -98,6 +98,8 @@ class ModelInfo:
     versions: list[int]
     max_batch_size: int
     manifest: dict[str, Any]  # the package's model.json
+    cache_bytes_per_slot: int = 0   # a generation model's KV cache: one slot's bytes, every slot's together
+    cache_bytes: int = 0
 
 
 @dataclass(frozen=True)

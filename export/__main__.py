@@ -43,6 +43,10 @@ def _export_parser() -> argparse.ArgumentParser:
                    help="encoder-decoder: longest source in tokens (default: the position table; T5 512)")
     p.add_argument("--max-target-length", type=int, default=None,
                    help="encoder-decoder: self-cache length in tokens (default: the position table; T5 512)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="the package's context in tokens: cache length, position tables and model.json max_length "
+                        "(at most the model's positions, the default); encoder-decoder: the default of both "
+                        "lengths above")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -78,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                            version=args.version, variants=variants, eval_data=args.eval_data, threads=args.threads,
                            pooling=args.pooling, normalize=args.normalize,
                            matryoshka=args.matryoshka,
-                           max_source_length=args.max_source_length, max_target_length=args.max_target_length)
+                           max_source_length=args.max_source_length, max_target_length=args.max_target_length,
+                           max_length=args.max_length)
         result = export_checkpoint(cfg)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)

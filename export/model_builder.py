@@ -16,9 +16,10 @@ from tokenizers import Tokenizer
 
 from modelpkg import CacheSpec, Manifest, padded_head_dim
 
-from . import decoder_graph, decoder_weights, graphs, int8, package, probes, speed, variants, weights
+from . import decoder_graph, decoder_weights, graphs, int8, package, probes, speed, variants, weights, wiring_fault
 from . import gemma_graph  # noqa: F401  (registers the Gemma family's weights and graph builder)
 from .checkpoint_tokens import chat_template, special_tokens
+from .context_cap import capped_length, position_key
 from .config import TASKS, VARIANTS, WEIGHT_VARIANTS, ExportConfig
 from .errors import ExportError
 from .head_activation import head_activation
@@ -38,6 +39,9 @@ PERTURB_ENV = "ORTSERVE_EXPORT_PERTURB"
 
 
 def _perturb(path: Path) -> None:
+    if os.environ.get(wiring_fault.FAULT_ENV) == "wiring":   # a connection broken instead of a weight
+        wiring_fault.drop_first_residual(path)
+        return
     model = onnx.load(str(path))
     biggest = max((t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT),
                   key=lambda t: int(np.prod(t.dims)))
@@ -66,13 +70,14 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     """Write graphs, variants, tokenizer into `out`; return them with a version-less manifest, and the packaged
     tokenizer (the gate encodes with it)."""
     t0 = time.perf_counter()
+    length = capped_length(cfg.max_length, info.max_positions, position_key(info.config))   # --max-length
     head_dim = info.head_dim
     vocab = int(info.config["vocab_size"])
     fp32 = out / variants.FILES["fp32"]
     inplace = cfg.task == "generate"   # a decoder: the in-place graph (export/decoder_graph.py)
     padded = {}
     if inplace:
-        spec = decoder_graph.export_inplace(model, info.model_type, info.max_positions, fp32)
+        spec = decoder_graph.export_inplace(model, info.model_type, length, fp32)
         # The attention op takes head sizes in multiples of 16: other heads are zero-padded (exact); the cache
         # tensor then has the padded size, and the model's own is recorded beside it.
         head_dim = padded_head_dim(info.head_dim)
@@ -96,16 +101,16 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
             builds[v] = variants.VariantBuild("fp16", path.name, notes=["fp16 weights, compute and cache; fp32 logits"])
         elif v == "fp16":
             builds[v] = variants.build_fp16(fp32, path)
-    removed = package_tokenizer(info.path, out, info.max_positions)
+    removed = package_tokenizer(info.path, out, length)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     if "int8" in cfg.variants:   # its smoothing factors are calibrated on text, through the packaged tokenizer
         builds["int8"] = variants.build_int8(fp32, out / variants.FILES["int8"],
-                                             int8.calibration_feeds(tok, info.max_positions))
+                                             int8.calibration_feeds(tok, length))
     # The int8 cache's scales are calibrated on text (kv8 and the weight-quantized variants over it).
-    calibration = tok.encode(kv8_texts()[0]).ids[:info.max_positions] if inplace else []
+    calibration = tok.encode(kv8_texts()[0]).ids[:length] if inplace else []
     kv_scales = None
     if "kv8" in cfg.variants:
-        kv_scales = decoder_graph.export_inplace_kv8(model, info.model_type, info.max_positions,
+        kv_scales = decoder_graph.export_inplace_kv8(model, info.model_type, length,
                                                      out / variants.FILES["kv8"], [calibration])
         builds["kv8"] = variants.VariantBuild("kv8", variants.FILES["kv8"],
                                               notes=[f"int8 cache scales calibrated on {len(calibration)} tokens"])
@@ -113,7 +118,7 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
                     **({"fp16": decoder_graph.FP16_MIXED_FILE} if "fp16" in builds else {})}
     wanted = [v for v in cfg.variants if v in weights.WEIGHT_VARIANTS]
     if wanted:
-        w = decoder_weights.inplace_weights(model, info.model_type, info.max_positions)
+        w = decoder_weights.inplace_weights(model, info.model_type, length)
         if kv_scales is None and any(weights.WEIGHT_VARIANTS[v][1] for v in wanted):
             kv_scales = decoder_weights.calibrate_kv_scales(model, [calibration])
         for v in wanted:
@@ -142,7 +147,7 @@ def build_package(cfg: ExportConfig, info: CheckpointInfo, model: torch.nn.Modul
     template = chat_template(info) if cfg.task == "generate" else None
     if template:
         extra["chat_template"] = template  # /v1/chat/completions renders it (docs/protocol.md)
-    manifest = new_manifest(cfg.name, cfg.task, info, max_length=info.max_positions, special_tokens=ids,
+    manifest = new_manifest(cfg.name, cfg.task, info, max_length=length, special_tokens=ids,
                             labels=info.labels if cfg.task in ("classify", "token-classify") else (),
                             mask_token=mask_token if cfg.task == "fill-mask" else None,
                             inputs=tensors(spec.inputs), outputs=tensors(spec.outputs), cache=cache,
@@ -224,6 +229,7 @@ class ModelBuilder:
         self.cfg = cfg
         self.info = inspect_checkpoint(cfg.checkpoint, cfg.task)
         variants.refuse_unfused(self.info.model_type, cfg.variants)
+        capped_length(cfg.max_length, self.info.max_positions, position_key(self.info.config))  # refused up front
         self.checkpoint = self.info.path
         if cfg.task == "classify":   # an activation we cannot serve is refused before any weight is loaded
             head_activation(self.info.path, self.info.config)

@@ -19,6 +19,7 @@ import torch
 from .parity_decoder import DecoderChecks
 from .parity_encoder import EncoderChecks
 from .parity_inputs import GateInputs, session
+from .parity_noise import NoiseScale
 from .parity_results import REFUSED_ALONE, VariantResult, failure_table, refused
 from .weights import WEIGHT_VARIANTS
 
@@ -47,8 +48,9 @@ class Gate:
         sess = session(path, self.inp.threads)
         if self.decoder is not None:
             self.decoder.exact(sess, path, atol, rtol, res)
-        else:
-            self.encoder.grid(sess, atol, rtol, res)
+        else:   # fp32: its tolerance follows PyTorch's own float noise (export/parity_noise.py)
+            res.noise = NoiseScale(atol, rtol, self.inp.tolerances.fp32_noise_factor) if variant == "fp32" else None
+            self.encoder.grid(sess, atol, rtol, res, res.noise)
         return res
 
     def _int8(self, path: Path) -> VariantResult:

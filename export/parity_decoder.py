@@ -13,6 +13,7 @@ from .decoder_graph import FP16_MIXED_FILE, KV8_MIXED_FILE, MIXED_FILE
 from .heldout import greedy_prompts, kv8_texts
 from .parity_inplace import InplaceChecks
 from .parity_inputs import GateInputs, pad_id, session, token_stream
+from .parity_noise import NoiseScale, float64_twin
 from .parity_results import Check, VariantResult
 from .weights import variant_files
 
@@ -39,12 +40,19 @@ class DecoderChecks:
         """fp32 / optimized: every in-place check against PyTorch (fp32's mixed twin too)."""
         inp = self.inp
         checks = self._checks(atol, rtol, inp.grid.greedy_new_tokens)
+        if res.variant == "fp32":    # its tolerance follows PyTorch's own float noise (export/parity_noise.py)
+            checks.noise = NoiseScale(atol, rtol, inp.tolerances.fp32_noise_factor)
+            checks.model64 = float64_twin(inp.model)
+            res.noise = checks.noise
         mixed_path = path.parent / MIXED_FILE
         mixed = session(mixed_path, inp.threads) if res.variant == "fp32" and mixed_path.is_file() else None
+        judged = iter(checks.judgements)
         for name, passed, diff, worst, detail in checks.run_all(sess, mixed):
+            # the checks that compared values judged one _compare each, in order
+            atols, noise = next(judged, (None, None)) if worst and checks.noise is not None else (None, None)
             res.checks.append(Check(name, passed, max_abs_diff=diff if worst else None, worst_output=worst or None,
                                     value=None if worst else float(passed), threshold=None if worst else 1.0,
-                                    detail=detail))
+                                    detail=detail, tolerance=atols or None, noise=noise or None))
             if worst:
                 res.max_abs_diff[name] = diff
         log.info("parity %s (in-place cache): %s", res.variant,

@@ -3,10 +3,13 @@ PyTorch over a few batches (single, padded, pairs); int8 and fp16 by top-1 agree
 classifier with labelled data, by task accuracy."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnxruntime as ort
 
 from .parity_inputs import Feeds, GateInputs, diff, encode_batch, torch_encoder
+from .parity_noise import NoiseScale, float64_twin
 from .parity_results import Check, VariantResult
 
 
@@ -64,18 +67,27 @@ class EncoderChecks:
         return out
 
     # -- checks
-    def grid(self, sess: ort.InferenceSession, atol: float, rtol: float, res: VariantResult) -> None:
+    def grid(self, sess: ort.InferenceSession, atol: float, rtol: float, res: VariantResult,
+             noise: NoiseScale | None = None) -> None:
+        """Every case's outputs elementwise; with `noise` (fp32) each case's atol per output follows PyTorch's own
+        fp32-vs-fp64 gap on the case's inputs (export/parity_noise.py), `atol` its floor."""
         names = [o.name for o in sess.get_outputs()]
+        twin = replace(self.inp, model=float64_twin(self.inp.model)) if noise is not None else None
         for case, feeds, refs in self._cases:
             outs = sess.run(names, feeds)
             worst, worst_name, ok_all = 0.0, names[0], True
+            if noise is not None:
+                for name, ref, ref64 in zip(names, refs, [torch_encoder(twin, feeds)]):
+                    noise.record(name, ref, ref64)
+            atols = noise.atols() if noise is not None else {}
             for name, out, ref in zip(names, outs, refs):
-                d, ok = diff(out, ref, atol, rtol)
+                d, ok = diff(out, ref, atols.get(name, atol), rtol)
                 res.max_abs_diff[name] = max(res.max_abs_diff.get(name, 0.0), d) if d == d else float("nan")
                 ok_all &= ok
                 if not ok or d > worst:
                     worst, worst_name = d, name
-            res.checks.append(Check(f"grid {case}", ok_all, max_abs_diff=worst, worst_output=worst_name))
+            res.checks.append(Check(f"grid {case}", ok_all, max_abs_diff=worst, worst_output=worst_name,
+                                    tolerance=atols or None, noise=dict(noise.last) if noise is not None else None))
 
     def agreement(self, sess: ort.InferenceSession, threshold: float, res: VariantResult) -> None:
         agree = total = 0

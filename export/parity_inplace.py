@@ -17,6 +17,8 @@ import torch
 
 from modelpkg import CACHE_ELEMENT_TYPES, MIXED_PREFIX, head_channels, past_name, present_name
 
+from .parity_noise import NoiseScale
+
 Check = tuple[str, bool, float, str, str]   # name, passed, max_abs_diff, worst output, detail
 
 
@@ -100,12 +102,23 @@ class InplaceChecks:
         self.cache_atol = cache_atol
         self.cache_worst = 0.0     # the largest cache difference of the last _compare that had cache_atol
         self._greedy_refs: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        # fp32: the tolerance follows PyTorch's own float noise (export/parity_noise.py: noise, and model64 the
+        # model's float64 twin, set by the caller); judgements: per _compare, the (atols, noise) it judged by
+        self.noise: NoiseScale | None = None
+        self.model64: torch.nn.Module | None = None
+        self.judgements: list[tuple[dict[str, float], dict[str, float]]] = []
 
     # -- references
 
     def _torch(self, ids: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
         with torch.no_grad():
             logits, presents = self.model(torch.tensor([ids], dtype=torch.long))
+            if self.noise is not None and self.model64 is not None:
+                logits64, presents64 = self.model64(torch.tensor([ids], dtype=torch.long))
+                self.noise.record("logits", logits[0], logits64[0])
+                for pair, pair64 in zip(presents, presents64):
+                    for t, t64 in zip(pair, pair64):
+                        self.noise.record("cache", t[0], t64[0])
         flat = []
         for k, v in presents:
             flat += [k[0].numpy(), v[0].numpy()]
@@ -125,6 +138,8 @@ class InplaceChecks:
         and their largest difference goes to cache_worst instead (other units than the logits')."""
         ok_all, worst, worst_name = True, 0.0, pairs[0][0]
         self.cache_worst = 0.0
+        atols = self.noise.atols() if self.noise is not None else {}
+        self.judgements += [(atols, dict(self.noise.last))] if self.noise is not None else []
         for name, got, want in pairs:
             if self.cache_atol is not None and "cache" in name:
                 d, ok = self._diff(got, want, self.cache_atol, 0.0)
@@ -133,7 +148,8 @@ class InplaceChecks:
                 if not ok:
                     worst_name = name
                 continue
-            d, ok = self._diff(got, want)
+            output = "padding" if "padded" in name else "cache" if "cache" in name else "logits"   # (padding: floor)
+            d, ok = self._diff(got, want, atols.get(output) if atols else None)
             ok_all &= ok
             if d > worst or not ok:
                 worst, worst_name = max(worst, d), name

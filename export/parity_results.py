@@ -22,6 +22,8 @@ class Check:
     threshold: float | None = None
     detail: str = ""
     upper: bool | None = None       # True: the value must stay at or below the threshold (else at or above)
+    tolerance: dict[str, float] | None = None   # fp32: per output, the atol this check's noise gave (parity_noise.py)
+    noise: dict[str, float] | None = None       # ... and that noise: |PyTorch fp32 - fp64| on the check's inputs
 
     def as_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != ""}
@@ -34,14 +36,18 @@ class VariantResult:
     tolerance: dict[str, float]
     checks: list[Check] = field(default_factory=list)
     max_abs_diff: dict[str, float] = field(default_factory=dict)  # per output, over the whole grid
+    noise: Any = None   # fp32: the NoiseScale its checks judged by (export/parity_noise.py): noise and atols used
 
     @property
     def passed(self) -> bool | None:
         return None if self.status.startswith("not run") else self.status == "passed"
 
     def as_json(self) -> dict:
-        return {"passed": self.passed, "status": self.status, "tolerance": self.tolerance,
-                "max_abs_diff": self.max_abs_diff, "checks": [c.as_json() for c in self.checks]}
+        out = {"passed": self.passed, "status": self.status, "tolerance": self.tolerance,
+               "max_abs_diff": self.max_abs_diff, "checks": [c.as_json() for c in self.checks]}
+        if self.noise is not None:
+            out["float_noise"] = self.noise.as_json()
+        return out
 
 
 def refused(results: dict[str, VariantResult]) -> list[str]:
@@ -57,11 +63,14 @@ def failure_table(results: dict[str, VariantResult], tokenizer: dict[str, Any] |
             rows.append(f"{v:<10} {'-':<44} {'-':>12}  {'-':<22} {r.status}")
             continue
         if "atol" in r.tolerance:
-            limit = f"atol {r.tolerance['atol']:g} rtol {r.tolerance['rtol']:g}"
-            # A row is an output (the grid's) or a check (the in-place checks key their differences by name).
+            # A row is an output (the grid's) or a check (the in-place checks key their differences by name); its
+            # atol the largest the noise rule gave that output or check, else the fixed one.
+            atols = dict(r.noise.used) if r.noise is not None else {}
+            atols.update({c.name: max(c.tolerance.values()) for c in r.checks if c.tolerance})
             bad = {c.worst_output for c in r.checks if not c.passed and c.worst_output} | \
                   {c.name for c in r.checks if not c.passed}
             for name, d in r.max_abs_diff.items():
+                limit = f"atol {atols.get(name, r.tolerance['atol']):.2g} rtol {r.tolerance['rtol']:g}"
                 rows.append(f"{v:<10} {name:<44} {d:>12.3e}  {limit:<22} {'FAIL' if name in bad else 'ok'}")
         for c in r.checks:
             if c.value is not None or not c.passed and not c.worst_output:

@@ -93,15 +93,19 @@ class Seq2SeqBuilder:
             w = seq2seq_weights(model, info.model_type, cfg.max_source_length, cfg.max_target_length)
         except ValueError as exc:
             raise ExportError(f"checkpoint: {exc}") from None
-        for name, wanted, have in (("--max-source-length", cfg.max_source_length, w.max_source_length),
-                                   ("--max-target-length", cfg.max_target_length, w.max_target_length)):
+        # --max-length: the default of both lengths (the context cap, export/context_cap.py)
+        source = ("--max-source-length", cfg.max_source_length) if cfg.max_source_length is not None \
+            else ("--max-length", cfg.max_length)
+        target = ("--max-target-length", cfg.max_target_length) if cfg.max_target_length is not None \
+            else ("--max-length", cfg.max_length)
+        for (name, wanted), have in ((source, w.max_source_length), (target, w.max_target_length)):
             if wanted is not None and wanted > have:
                 raise ExportError(f"{name}: {wanted} is past the model's {have} positions")
-        if cfg.max_source_length is not None:
-            w.max_source_length = cfg.max_source_length
-        if cfg.max_target_length is not None:
-            w.max_target_length = cfg.max_target_length
-        for name, length in (("--max-source-length", w.max_source_length), ("--max-target-length", w.max_target_length)):
+        if source[1] is not None:
+            w.max_source_length = source[1]
+        if target[1] is not None:
+            w.max_target_length = target[1]
+        for (name, _), length in ((source, w.max_source_length), (target, w.max_target_length)):
             if length < MIN_LENGTH:   # the gate's ragged batch needs that much room
                 raise ExportError(f"{name}: {length} tokens is below the {MIN_LENGTH} an encoder-decoder package takes")
         seq2seq_graph.write_graphs(w, staging)
@@ -153,6 +157,7 @@ class Seq2SeqBuilder:
             forced_bos=spec.forced_bos_token_id, forced_eos=spec.forced_eos_token_id,
             stream=[t for t in stream if t < spec.source_vocab_size], atol=self.cfg.tolerances.fp32_atol,
             rtol=self.cfg.tolerances.fp32_rtol, threads=self.cfg.threads, checkpoint=self.info.path,
+            noise_factor=self.cfg.tolerances.fp32_noise_factor,
             held_out=seq2seq_sources(self.tokenizer, spec.max_source_length))
 
     def gate(self, built: Built, staging: Path) -> Gated:

@@ -27,6 +27,7 @@ import torch
 from modelpkg import cross_name, head_channels, past_name, present_name
 
 from .parity_inputs import session
+from .parity_noise import NOISE_FACTOR, NoiseScale, float64_twin
 from .parity_results import Check, VariantResult
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Seq2SeqGateInputs:
     atol: float
     rtol: float
     threads: int = 1
+    noise_factor: float = NOISE_FACTOR   # the fp32 atol's float-noise rule (export/parity_noise.py)
     checkpoint: Path | None = None   # compared with transformers' model too when set and transformers imports
     held_out: list[list[int]] = field(default_factory=list)   # weight-quantized variants' sources (heldout.py)
 
@@ -129,7 +131,10 @@ class Seq2SeqGate:
         self.channels = head_channels(inp.head_dim, inp.padded_head_dim)
         self.padding = sorted(set(range(inp.padded_head_dim)) - set(self.channels))
         self.rng = np.random.default_rng(1234)
-        self._cross_cache: dict[tuple[int, ...], list] = {}
+        self._cross_cache: dict[tuple[int, ...], tuple[list, list]] = {}   # source -> (fp32, fp64) cross k/v
+        # The fp32 tolerance follows the reference's own float noise (export/parity_noise.py).
+        self.noise = NoiseScale(inp.atol, inp.rtol, inp.noise_factor)
+        self.model64 = float64_twin(inp.model)
 
     # -- inputs and PyTorch references
     def _source(self, length: int, offset: int) -> list[int]:
@@ -148,39 +153,61 @@ class Seq2SeqGate:
         pad, vocab = self.inp.pad, self.inp.target_vocab
         return [(t + 1) % vocab if t == pad else t for t in map(int, self.rng.integers(0, vocab, n))]
 
-    def _cross(self, source: list[int]) -> list:
+    def _cross(self, source: list[int], fp64: bool = False) -> list:
+        """PyTorch's cross keys/values of a source (fp64: its float64 twin's); the noise between the two is
+        recorded when a source is first seen."""
         key = tuple(source)
         if key not in self._cross_cache:
+            ids = torch.tensor([source])
             with torch.no_grad():
-                m = self.inp.model
-                self._cross_cache[key] = m.cross_key_values(m.encode(torch.tensor([source])))
-        return self._cross_cache[key]
+                m, m64 = self.inp.model, self.model64
+                pair = (m.cross_key_values(m.encode(ids)), m64.cross_key_values(m64.encode(ids)))
+            self._cross_cache[key] = pair
+            for i, ((k, v), (k64, v64)) in enumerate(zip(*pair)):
+                self.noise.record(cross_name(i, "key"), k, k64)
+                self.noise.record(cross_name(i, "value"), v, v64)
+        return self._cross_cache[key][1 if fp64 else 0]
+
+    def _decode(self, source: list[int], target: list[int]) -> tuple:
+        """(logits, presents) of PyTorch fp32; the noise against its float64 twin recorded."""
+        ids = torch.tensor([target])
+        with torch.no_grad():
+            logits, presents = self.inp.model.decode(ids, self._cross(source))
+            logits64, presents64 = self.model64.decode(ids, self._cross(source, fp64=True))
+        self.noise.record("logits", logits[0], logits64[0])
+        for (k, v), (k64, v64) in zip(presents, presents64):
+            self.noise.record("present", k, k64)
+            self.noise.record("present", v, v64)
+        return logits, presents
 
     def _logits(self, source: list[int], target: list[int]) -> np.ndarray:
-        with torch.no_grad():
-            return self.inp.model.decode(torch.tensor([target]), self._cross(source))[0][0].float().numpy()
+        return self._decode(source, target)[0][0].float().numpy()
 
-    def _diff(self, got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
+    def _diff(self, got: np.ndarray, want: np.ndarray, atol: float) -> tuple[float, bool]:
         if got.shape != want.shape:
             return float("inf"), False
         if not (np.isfinite(got).all() and np.isfinite(want).all()):
             return float("nan"), False
         d = np.abs(got.astype(np.float64) - want.astype(np.float64))
-        return float(d.max()) if d.size else 0.0, bool((d <= self.inp.atol + self.inp.rtol * np.abs(want)).all())
+        return float(d.max()) if d.size else 0.0, bool((d <= atol + self.inp.rtol * np.abs(want)).all())
 
     def _check(self, name: str, pairs: list[tuple[str, np.ndarray, np.ndarray]], res: VariantResult,
                detail: str = "") -> None:
+        """Judges the pairs (label "output[where]", graph, PyTorch), each output within the atol its noise on
+        this check's inputs gives (export/parity_noise.py)."""
         worst, worst_label, ok = 0.0, "", True
+        atols = self.noise.atols()
         for label, got, want in pairs:
-            d, good = self._diff(got, want)
             output = label.split("[")[0]
+            d, good = self._diff(got, want, self.noise.atol(atols, output))
             res.max_abs_diff[output] = max(res.max_abs_diff.get(output, 0.0), d)
             if not good and ok or (good == ok and not d <= worst):   # the first breach, else the largest
                 worst, worst_label = d, label
             ok &= good
         # worst_output names the output (the failure table marks that row); detail says where exactly.
         res.checks.append(Check(name, ok, max_abs_diff=worst, worst_output=worst_label.split("[")[0] or None,
-                                detail=f"worst: {worst_label}" + (f"; {detail}" if detail else "")))
+                                detail=f"worst: {worst_label}" + (f"; {detail}" if detail else ""),
+                                tolerance=atols or None, noise=dict(self.noise.last) or None))
 
     # -- the checks
     def encoder(self, drv: SlotDriver, res: VariantResult) -> None:
@@ -233,8 +260,7 @@ class Seq2SeqGate:
         self._check("slot reused by a new source while the others decode", pairs + cache, res)
 
     def _self_cache(self, source: list[int], target: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        with torch.no_grad():
-            _, presents = self.inp.model.decode(torch.tensor([target]), self._cross(source))
+        _, presents = self._decode(source, target)
         return [(k[0].numpy(), v[0].numpy()) for k, v in presents]
 
     def greedy(self, enc: ort.InferenceSession, dec: ort.InferenceSession, res: VariantResult) -> None:
@@ -273,17 +299,23 @@ class Seq2SeqGate:
         tgt = torch.full((len(targets), max(map(len, targets))), self.inp.pad)
         for r, (s, t) in enumerate(zip(sources, targets)):
             src[r, :len(s)], tgt[r, :len(t)] = torch.tensor(s), torch.tensor(t)
+        feeds = dict(input_ids=src, attention_mask=(torch.arange(src.shape[1])[None] < torch.tensor(
+            [len(s) for s in sources])[:, None]).long(), decoder_input_ids=tgt,
+            decoder_attention_mask=(torch.arange(tgt.shape[1])[None] < torch.tensor(
+                [len(t) for t in targets])[:, None]).long())
         with torch.no_grad():
-            want = hf(input_ids=src, attention_mask=(torch.arange(src.shape[1])[None] < torch.tensor(
-                [len(s) for s in sources])[:, None]).long(), decoder_input_ids=tgt,
-                decoder_attention_mask=(torch.arange(tgt.shape[1])[None] < torch.tensor(
-                    [len(t) for t in targets])[:, None]).long()).logits.float().numpy()
+            want = hf(**feeds).logits.float().numpy()
+            # this check's reference is transformers' model: its own float64 twin gives the noise
+            want64 = float64_twin(hf)(**feeds).logits.numpy()
+        for r, t in enumerate(targets):
+            self.noise.record("logits", want[r, :len(t)], want64[r, :len(t)])
         pairs = [(f"logits[transformers row {r}]", got[r, :len(t)], want[r, :len(t)]) for r, t in enumerate(targets)]
         self._check(f"transformers {type(hf).__name__}: the ragged batch's logits", pairs, res)
 
     def check(self, encoder_path: Path, decoder_path: Path) -> VariantResult:
         inp = self.inp
         res = VariantResult("fp32", "", {"atol": inp.atol, "rtol": inp.rtol})
+        res.noise = self.noise
         enc, dec = session(encoder_path, inp.threads), session(decoder_path, inp.threads)
         drv = SlotDriver(enc, dec, inp, len(SOURCE_LENGTHS))
         self.encoder(drv, res)

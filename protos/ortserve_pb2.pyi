@@ -340,7 +340,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("status", "labels", "max_length", "mask_token", "variant", "providers", "versions", "max_batch_size", "manifest_json")
+    __slots__ = ("status", "labels", "max_length", "mask_token", "variant", "providers", "versions", "max_batch_size", "manifest_json", "cache_bytes_per_slot", "cache_bytes")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -350,6 +350,8 @@ class ModelInfoResponse(_message.Message):
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYTES_PER_SLOT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     status: ModelStatus
     labels: _containers.RepeatedScalarFieldContainer[str]
     max_length: int
@@ -359,7 +361,9 @@ class ModelInfoResponse(_message.Message):
     versions: _containers.RepeatedScalarFieldContainer[int]
     max_batch_size: int
     manifest_json: str
-    def __init__(self, status: _Optional[_Union[ModelStatus, _Mapping]] = ..., labels: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ..., mask_token: _Optional[str] = ..., variant: _Optional[str] = ..., providers: _Optional[_Iterable[str]] = ..., versions: _Optional[_Iterable[int]] = ..., max_batch_size: _Optional[int] = ..., manifest_json: _Optional[str] = ...) -> None: ...
+    cache_bytes_per_slot: int
+    cache_bytes: int
+    def __init__(self, status: _Optional[_Union[ModelStatus, _Mapping]] = ..., labels: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ..., mask_token: _Optional[str] = ..., variant: _Optional[str] = ..., providers: _Optional[_Iterable[str]] = ..., versions: _Optional[_Iterable[int]] = ..., max_batch_size: _Optional[int] = ..., manifest_json: _Optional[str] = ..., cache_bytes_per_slot: _Optional[int] = ..., cache_bytes: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "version", "prompt")

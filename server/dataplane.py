@@ -288,7 +288,7 @@ class DataPlane:
         served = self.repository.resolve(model, version).model
         tokens = await served.tokenize(text)
         return Tokenized(model=served.name, version=served.version, tokens=tokens,
-                         max_length=served.manifest.max_length)
+                         max_length=served.max_length)
 
     async def detokenize(self, model: str, version: int, token_ids: list[int]) -> str:
         """The text of at most a context of token ids (INVALID_ARGUMENT naming `tokens` beyond it)."""
@@ -338,10 +338,11 @@ class DataPlane:
             return ModelInfo(status=found.status(), versions=versions, max_batch_size=self.settings.max_batch_size)
         served = found.model
         manifest = served.manifest
-        return ModelInfo(status=found.status(), labels=list(manifest.labels), max_length=manifest.max_length,
+        per_slot, cache = served.cache_bytes
+        return ModelInfo(status=found.status(), labels=list(manifest.labels), max_length=served.max_length,
                          mask_token=manifest.mask_token or "", variant=served.variant, providers=served.providers,
                          versions=versions, max_batch_size=served.max_batch_size,
-                         manifest_json=served.package.manifest_text)
+                         manifest_json=served.package.manifest_text, cache_bytes_per_slot=per_slot, cache_bytes=cache)
 
     def model_ready(self, name: str, version: int = 0, field: str = "name") -> bool:
         self.repository.model_dir(name, field)

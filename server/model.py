@@ -91,6 +91,16 @@ class ServedModel(ABC):
     def max_batch_size(self) -> int:
         """Rows (encoder) or sequences (decoder) computed together."""
 
+    @property
+    def max_length(self) -> int:
+        """The served context: the package's max_length (a generation model's may be capped at load)."""
+        return self.manifest.max_length
+
+    @property
+    def cache_bytes(self) -> tuple[int, int]:
+        """(KV-cache bytes per slot, in all): none for a model without a generation cache."""
+        return 0, 0
+
     # ------------------------------------------------------------------ lifecycle
 
     @abstractmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import AsyncIterator, Awaitable, Callable, Iterator, TypeVar
 
 import onnxruntime as ort
@@ -32,6 +33,8 @@ from server.sessions import create_session
 from server.text.tokenizer import load_tokenizer
 from server.text.spans import TokenSpan, encode_spans, special_ids
 from server.protocol.types import ChatTemplate
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -60,6 +63,9 @@ class DecoderModel(ServedModel):
         self.tokenizer = load_tokenizer(self.package.file(TOKENIZER_FILE))
         self.engines = [self.build_engine(i) for i in range(self.runtime.generation_instances)]
         self.engine = self.engines[0]     # what every instance shares: spec, tokenizers, limits
+        per_slot, total = self.cache_bytes
+        log.info("%s: KV cache %d bytes per slot (context %d tokens), %d bytes in all (%d engine(s))", self.name,
+                 per_slot, self.max_length, total, len(self.engines))
 
     def session(self, instance: int, file: str | None = None) -> ort.InferenceSession:
         """Instance 0 runs the loaded session; every other instance a session of its own of the same graph."""
@@ -93,6 +99,14 @@ class DecoderModel(ServedModel):
     @property
     def max_batch_size(self) -> int:
         return self.engine.config.max_batch_size * len(self.engines)
+
+    @property
+    def max_length(self) -> int:
+        return self.engine.spec.max_length     # the package's, or --max-model-len below it
+
+    @property
+    def cache_bytes(self) -> tuple[int, int]:
+        return self.engine.self_cache_bytes[0], sum(e.self_cache_bytes[1] for e in self.engines)
 
     def warm_up(self) -> None:
         """The tokenizer checked against model.json (server/repository/consistency.py), the engine's runs (the largest

@@ -73,7 +73,7 @@ class GenerationEngine:
         self.session = session
         self.config = cfg = config or GenerationConfig()
         parts = engine_parts(session, manifest, tokenizer, cfg.max_batch_size, mixed_session, runner,
-                             encoder_session, target_tokenizer)
+                             encoder_session, target_tokenizer, cfg.max_model_len)
         self.spec = parts.spec
         self.source = parts.source     # None: a decoder
         self.inputs = parts.inputs
@@ -103,6 +103,14 @@ class GenerationEngine:
                     else "no mixed graph")
 
     # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def self_cache_bytes(self) -> tuple[int, int]:
+        """(bytes of one slot's self cache: every layer's key and value rows; bytes of the whole self cache, the
+        mixed graph's scratch slot included). An encoder-decoder's cross buffers are apart: they grow and shrink
+        with the sources served."""
+        cache = self._runner.cache
+        return cache.slot_bytes * len(cache.values), cache.nbytes
 
     @property
     def running(self) -> bool:

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from modelpkg import Manifest
 
+from .context_cap import cap_context
 from .cross_runner import CrossSlotRunner
 from .inputs import PromptProcessor
 from .seq2seq_spec import SourceSpec, seq2seq_specs
@@ -42,10 +43,11 @@ class EngineParts:
 def engine_parts(session: ort.InferenceSession, manifest: Manifest, tokenizer: Tokenizer, num_slots: int,
                  mixed_session: ort.InferenceSession | None = None, runner: SlotRunner | None = None,
                  encoder_session: ort.InferenceSession | None = None,
-                 target_tokenizer: Tokenizer | None = None) -> EngineParts:
-    """ValueError naming what does not fit (the manifest field, the graph input, a missing encoder session)."""
+                 target_tokenizer: Tokenizer | None = None, max_model_len: int = 0) -> EngineParts:
+    """ValueError naming what does not fit (the manifest field, the graph input, a missing encoder session, a
+    max_model_len past the package's context)."""
     if manifest.encoder_decoder is None:
-        spec = DecoderSpec.from_package(manifest, session)
+        spec = cap_context(DecoderSpec.from_package(manifest, session), max_model_len, "model.json max_length")
         inputs = PromptProcessor(spec, tokenizer)
         return EngineParts(spec, inputs, runner or SlotRunner(session, spec, num_slots, mixed_session),
                            inputs.tokenizer)
@@ -55,6 +57,7 @@ def engine_parts(session: ort.InferenceSession, manifest: Manifest, tokenizer: T
     if mixed_session is not None:
         raise ValueError("model.json encoder_decoder: an encoder-decoder package has no mixed graph")
     spec, source = seq2seq_specs(manifest, session, encoder_session)
+    spec = cap_context(spec, max_model_len, "model.json encoder_decoder.max_target_length")
     processor = SourceProcessor(spec, source, tokenizer, target_tokenizer or tokenizer)
     return EngineParts(spec, processor, runner or CrossSlotRunner(session, spec, source, num_slots, encoder_session),
                        processor.target_tokenizer, source)

@@ -285,6 +285,10 @@ class GenerationConfig:
     # tokens/s fell against 250 (bench/FINDINGS.md).
     decode_steps: int = 16
     decode_run_ms: float = 250.0
+    # The served context (cache slot length) of each generation model: at most its package's max_length (the
+    # self cache's, max_target_length, for an encoder-decoder), which a larger cap refuses at load; 0: the
+    # package's. Smaller slots: less cache memory per slot (server/generation/context_cap.py).
+    max_model_len: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_waiting", "max_tokens_in_flight", "max_prefill_tokens",
@@ -292,6 +296,8 @@ class GenerationConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")
+        if not _is_int(self.max_model_len) or self.max_model_len < 0:
+            raise ValueError(f"generation.max_model_len: must be an integer >= 0, got {self.max_model_len!r}")
         if isinstance(self.decode_run_ms, bool) or not isinstance(self.decode_run_ms, (int, float)) \
                 or not 0 <= self.decode_run_ms <= 10_000:
             raise ValueError(f"generation.decode_run_ms: must be in [0, 10000], got {self.decode_run_ms!r}")

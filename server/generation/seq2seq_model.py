@@ -44,6 +44,10 @@ class Seq2SeqModel(DecoderModel):
     def chat_template(self) -> ChatTemplate | None:
         return None      # a source is a text to transform, not a conversation
 
+    @property
+    def max_length(self) -> int:
+        return self.manifest.max_length    # the longest source (the prompt); the target's cap is the cache's
+
 
 def _check_target(tokenizer: Tokenizer, vocab_size: int) -> None:
     largest = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)

@@ -167,7 +167,8 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
         return pb.ModelInfoResponse(status=status_to_proto(info.status), labels=info.labels,
                                     max_length=info.max_length, mask_token=info.mask_token, variant=info.variant,
                                     providers=info.providers, versions=info.versions,
-                                    max_batch_size=info.max_batch_size, manifest_json=info.manifest_json)
+                                    max_batch_size=info.max_batch_size, manifest_json=info.manifest_json,
+                                    cache_bytes_per_slot=info.cache_bytes_per_slot, cache_bytes=info.cache_bytes)
 
     @unary("Tokenize")
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:

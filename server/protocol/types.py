@@ -68,6 +68,8 @@ class ModelInfo:
     versions: list[int] = field(default_factory=list)
     max_batch_size: int = 0
     manifest_json: str = ""
+    cache_bytes_per_slot: int = 0   # a generation model's KV cache: one slot's bytes, and every slot's together
+    cache_bytes: int = 0
 
 
 @dataclass(frozen=True)

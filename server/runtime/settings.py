@@ -76,6 +76,9 @@ class ServerSettings:
     decode_steps: int = _ENGINE.decode_steps  # decode steps run back to back per engine iteration while no
     #                                     request waits (a request arriving stops the run after one step) ...
     decode_run_ms: float = _ENGINE.decode_run_ms  # ... and while the run stays within this many milliseconds
+    max_model_len: int = 0                # generation models' served context (cache slot length) in tokens, at
+    #                                     most each package's max_length (larger: the version is NOT_SERVING,
+    #                                     naming this flag); 0 = each package's own
     prefix_caching: str = "on"            # in-place-cache decoders: a new prompt that starts with tokens a slot
     #                                     holds (a running or finished sequence's) skips their prefill ("off": never)
     event_loop: str = "auto"              # auto = uvloop when installed (its loop machinery is C), else asyncio
@@ -111,7 +114,7 @@ class ServerSettings:
         for name in ("metrics_port", "http_port"):
             if not -1 <= getattr(self, name) <= 65535:
                 raise bad(name, f"must be in -1..65535, got {getattr(self, name)}")
-        for name in ("poll_interval", "max_queue_delay_ms", "grace_period", "max_connections"):
+        for name in ("poll_interval", "max_queue_delay_ms", "grace_period", "max_connections", "max_model_len"):
             if getattr(self, name) < 0:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.decode_run_ms <= 10_000:
@@ -271,6 +274,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                    help="generation: a run of decode steps stops before a step that would take it past this many "
                         f"milliseconds (default {d.decode_run_ms:g}), judged by the step before: the longest a streamed "
                         "token waits for its message; 0 = one step per iteration")
+    p.add_argument("--max-model-len", type=int,
+                   help="generation: the served context in tokens (prompt + generated; the cache slots' length), "
+                        "at most each package's max_length: a package exported with fewer is NOT_SERVING "
+                        "(default 0: each package's own)")
     p.add_argument("--prefix-caching", choices=ON_OFF,
                    help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
                         "sequence's) copies their keys/values instead of prefilling them (default on)")

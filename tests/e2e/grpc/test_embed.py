@@ -253,7 +253,7 @@ def test_embed_gate_breach_publishes_nothing(tiny_checkpoints, tmp_path: Path) -
     from export import ExportConfig, ParityFailure, Tolerances, export_checkpoint
 
     cfg = ExportConfig(checkpoint=tiny_checkpoints.mlm, task="embed", repository=tmp_path, name="tight",
-                       tolerances=Tolerances(fp32_atol=-1.0))   # a limit no graph can meet
+                       tolerances=Tolerances(fp32_atol=-1.0, fp32_noise_factor=0.0))   # a limit no graph can meet
     with pytest.raises(ParityFailure) as caught:
         export_checkpoint(cfg)
     message = str(caught.value)
