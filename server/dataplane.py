@@ -369,20 +369,9 @@ class DataPlane:
         return [m.stats.snapshot(m.name, m.version) for m in versions]
 
     def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
-        """Every loaded version (any state), then names on disk never loaded (unless ready_only)."""
-        entries = []
-        known = set()
-        for s in self.list_models():
-            known.add(s.name)
-            if ready_only and s.state is not ModelState.SERVING:
-                continue
-            entries.append(RepositoryEntry(name=s.name, version=s.version, state=s.state, reason=s.reason))
-        if not ready_only:
-            for name, versions in sorted(self.repository.scan().items()):
-                if name not in known:  # on disk, never loaded (e.g. appeared since the last poll)
-                    entries.append(RepositoryEntry(name=name, version=versions[-1] if versions else None,
-                                                   state=ModelState.UNLOADED, reason="not loaded"))
-        return entries
+        """Every loaded version (any state) and name being built, then names on disk never loaded (unless
+        ready_only)."""
+        return self.repository.index(ready_only)
 
     async def load_model(self, name: str) -> ModelStatus:
         if self.draining:

@@ -20,34 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from training import bart as bart_mod
-from training import marian as marian_mod
-from training import t5 as t5_mod
-from training.albert import (AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining, AlbertForSequenceClassification,
-                             AlbertForTokenClassification)
-from training.bert import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
-                           BertForTokenClassification, BertModel)
-from training.distilbert import (DistilBertConfig, DistilBertForMaskedLM, DistilBertForSequenceClassification,
-                                 DistilBertForTokenClassification)
-from training.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForSequenceClassification,
-                              ElectraForTokenClassification)
-from training.gpt import GPT2LMHeadModel, GPTConfig
-from training.gemma import FAMILIES as GEMMA_FAMILIES
-from training.gemma import GemmaConfig, GemmaForCausalLM
-from training.llama import FAMILIES as LLAMA_FAMILIES
-from training.llama import LlamaConfig, LlamaForCausalLM
-from training.roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification,
-                              RobertaForTokenClassification)
-from training.bart import BartConfig, BartForConditionalGeneration
-from training.marian import MarianConfig, MarianMTModel
-from training.t5 import T5Config, T5ForConditionalGeneration
-from training import xlm_roberta as xlmr_mod
-from training import modernbert as modernbert_mod
-from training import deberta_v2_heads as deberta_mod
-from training import m2m100 as m2m100_mod
-from training import mbart as mbart_mod
-from training.m2m100 import M2M100Config, M2M100ForConditionalGeneration
-from training.mbart import MBartConfig, MBartForConditionalGeneration
+from training.families import (ARCH_ALIASES, ARCH_TO_KIND, BUFFERS, CONV1D, DECODER_KINDS, DEFAULT_KIND, FAMILY_CONFIG,
+                               HEADS, KEY_RULES, KIND_TYPES, KINDS, PREFIX, SEQ2SEQ, TIED)
+
 
 log = logging.getLogger(__name__)
 
@@ -55,124 +30,17 @@ CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
 BIN_NAME = "pytorch_model.bin"
 
-# kind -> (model class, HF architecture name, model_type)
-KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
-    "bert": (BertModel, "BertModel", "bert"),
-    "bert-mlm": (BertForMaskedLM, "BertForMaskedLM", "bert"),
-    "bert-pretraining": (BertForPreTraining, "BertForPreTraining", "bert"),
-    "bert-classifier": (BertForSequenceClassification, "BertForSequenceClassification", "bert"),
-    "gpt": (GPT2LMHeadModel, "GPT2LMHeadModel", "gpt2"),
-    "roberta-mlm": (RobertaForMaskedLM, "RobertaForMaskedLM", "roberta"),
-    "roberta-classifier": (RobertaForSequenceClassification, "RobertaForSequenceClassification", "roberta"),
-    "albert-mlm": (AlbertForMaskedLM, "AlbertForMaskedLM", "albert"),
-    "albert-pretraining": (AlbertForPreTraining, "AlbertForPreTraining", "albert"),
-    "albert-classifier": (AlbertForSequenceClassification, "AlbertForSequenceClassification", "albert"),
-    "distilbert-mlm": (DistilBertForMaskedLM, "DistilBertForMaskedLM", "distilbert"),
-    "distilbert-classifier": (DistilBertForSequenceClassification, "DistilBertForSequenceClassification",
-                              "distilbert"),
-    "electra-mlm": (ElectraForMaskedLM, "ElectraForMaskedLM", "electra"),
-    "electra-classifier": (ElectraForSequenceClassification, "ElectraForSequenceClassification", "electra"),
-    # Per-token classifiers (HF *ForTokenClassification): one linear `classifier` at every position.
-    "bert-token-classifier": (BertForTokenClassification, "BertForTokenClassification", "bert"),
-    "roberta-token-classifier": (RobertaForTokenClassification, "RobertaForTokenClassification", "roberta"),
-    "albert-token-classifier": (AlbertForTokenClassification, "AlbertForTokenClassification", "albert"),
-    "distilbert-token-classifier": (DistilBertForTokenClassification, "DistilBertForTokenClassification",
-                                    "distilbert"),
-    "electra-token-classifier": (ElectraForTokenClassification, "ElectraForTokenClassification", "electra"),
-    # One class for the three Llama-family checkpoints; the architecture written follows config.model_type.
-    "llama": (LlamaForCausalLM, "LlamaForCausalLM", "llama"),
-    # Encoder-decoders (training/seq2seq.py's call convention).
-    "marian": (MarianMTModel, "MarianMTModel", "marian"),
-    "bart": (BartForConditionalGeneration, "BartForConditionalGeneration", "bart"),
-    "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
-    **xlmr_mod.KINDS,
-    **modernbert_mod.KINDS,   # modernbert-mlm, -classifier, -token-classifier
-    # DeBERTa-v2 / v3 (training/deberta_v2_heads.py); its masked LM's head layout follows config `legacy`.
-    "deberta-v2-mlm": (deberta_mod.DebertaV2ForMaskedLM, "DebertaV2ForMaskedLM", "deberta-v2"),
-    "deberta-v2-classifier": (deberta_mod.DebertaV2ForSequenceClassification, "DebertaV2ForSequenceClassification",
-                              "deberta-v2"),
-    "deberta-v2-token-classifier": (deberta_mod.DebertaV2ForTokenClassification, "DebertaV2ForTokenClassification",
-                                    "deberta-v2"),
-    # Gemma 2 and Gemma 3 text: one class; the architecture written follows config.model_type.
-    "gemma": (GemmaForCausalLM, "Gemma3ForCausalLM", "gemma3_text"),
-    # Translation families (pre-norm): M2M100 / NLLB-200 and mBART.
-    "m2m100": (M2M100ForConditionalGeneration, "M2M100ForConditionalGeneration", "m2m_100"),
-    "mbart": (MBartForConditionalGeneration, "MBartForConditionalGeneration", "mbart"),
-}
-# Seq2seq kinds -> their module's checkpoint-key rules (tied_keys, normalise_hf_keys, head_source_key).
-SEQ2SEQ = {"marian": marian_mod, "bart": bart_mod, "t5": t5_mod, "m2m100": m2m100_mod, "mbart": mbart_mod}
-# model_type -> the config dataclass and the prefix HF puts the encoder/decoder under in headed models.
-FAMILY_CONFIG: dict[str, type] = {"bert": BertConfig, "gpt2": GPTConfig, "roberta": RobertaConfig,
-                                  "albert": AlbertConfig, "distilbert": DistilBertConfig,
-                                  "electra": ElectraConfig, "marian": MarianConfig, "bart": BartConfig,
-                                  "t5": T5Config,
-                                  "m2m_100": M2M100Config, "mbart": MBartConfig,
-                                  **{t: LlamaConfig for t in LLAMA_FAMILIES},
-                                  "deberta-v2": deberta_mod.DebertaV2Config}
-FAMILY_CONFIG["modernbert"] = modernbert_mod.ModernBertConfig
-FAMILY_CONFIG.update({t: GemmaConfig for t in GEMMA_FAMILIES})
-_PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "distilbert": "distilbert.",
-           "electra": "electra.", "deberta-v2": "deberta.", "modernbert": "model."}
-_ARCH_TO_KIND = {arch: kind for kind, (_, arch, _) in KINDS.items()}
-# Architectures whose weights are an encoder / decoder we can start from (heads get fresh init).
-_ARCH_ALIASES = {"GPT2Model": "gpt", "GPT2LMHeadModel": "gpt", "RobertaModel": "roberta-mlm",
-                 "AlbertModel": "albert-mlm", "DistilBertModel": "distilbert-mlm",
-                 # ELECTRA's released discriminators: the encoder is kept, the replaced-token head dropped.
-                 "ElectraModel": "electra-mlm", "ElectraForPreTraining": "electra-mlm",
-                 "Qwen2ForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
-                 # Base seq2seq checkpoints (bart-base is one): a tied head needs nothing more.
-                 "MarianModel": "marian", "BartModel": "bart", "T5Model": "t5",
-                 "DebertaV2Model": "deberta-v2-mlm", "M2M100Model": "m2m100", "MBartModel": "mbart",
-                 "ModernBertModel": "modernbert-mlm"}   # gte-/nomic-modernbert: the encoder; a fresh MLM head
-# Llama family, issue 39: Qwen3, SmolLM3, Phi-3 (training/llama.py).
-_ARCH_ALIASES.update({"Qwen3ForCausalLM": "llama", "SmolLM3ForCausalLM": "llama", "Phi3ForCausalLM": "llama"})
-# kinds whose model_type may be any of several (Llama family).
-_KIND_TYPES = {"llama": tuple(LLAMA_FAMILIES)}
-_KIND_TYPES["gemma"] = tuple(GEMMA_FAMILIES)
-_ARCH_ALIASES["Gemma2ForCausalLM"] = "gemma"
-# Decoder kinds with one class for several model_types (architecture by config, `model.` prefix, tied lm_head).
-_DECODER_KINDS = ("llama", "gemma")
-
-# nn.Linear inside, Conv1D ([in, out]) in HF's GPT-2 files.
-_CONV1D = re.compile(r"^transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
-# Keys HF derives from others (tied): never written, filled in on load.
-_TIED = {
-    "bert-mlm": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
-    "bert-pretraining": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
-    "gpt": ("lm_head.weight",),
-    "roberta-mlm": ("lm_head.decoder.weight", "lm_head.decoder.bias"),
-    "albert-mlm": ("predictions.decoder.weight", "predictions.decoder.bias"),
-    "albert-pretraining": ("predictions.decoder.weight", "predictions.decoder.bias"),
-    "distilbert-mlm": ("vocab_projector.weight",),
-    "electra-mlm": ("generator_lm_head.weight",),  # its bias is its own
-    **xlmr_mod.TIED,
-    "deberta-v2-mlm": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),  # legacy head only
-}
-# Head weights per family: may be missing from a source (fresh init) or dropped when the target lacks them.
-_HEADS = {
-    "bert": ("cls.", "classifier.", "bert.pooler.", "pooler."),
-    "roberta": ("lm_head.", "classifier.", "roberta.pooler.", "pooler."),
-    "albert": ("predictions.", "sop_classifier.", "classifier.", "albert.pooler.", "pooler."),
-    "distilbert": ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier."),
-    "electra": ("generator_predictions.", "generator_lm_head.", "discriminator_predictions.", "classifier."),
-    "modernbert": ("head.", "decoder.", "classifier."),
-    "deberta-v2": ("cls.", "lm_predictions.", "pooler.", "classifier."),
-}
-# A family's own key rules, given the model (what transformers ignores on load; a head of the other layout).
-_KEY_RULES = {"deberta-v2": deberta_mod.normalise_hf_keys}
-# Buffers old checkpoints carry that are not parameters.
-_BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$")
 
 
 def kind_model_types(kind: str) -> tuple[str, ...]:
     """The config.json model_type values a kind accepts."""
-    return _KIND_TYPES.get(kind, (KINDS[kind][2],))
+    return KIND_TYPES.get(kind, (KINDS[kind][2],))
 
 
 def architecture_of(model: nn.Module) -> str:
     """The HF architecture name to write for our model (Llama family: by its model_type)."""
     kind = _kind_of(model)
-    if kind in _DECODER_KINDS:
+    if kind in DECODER_KINDS:
         return model.config.architecture
     return KINDS[kind][1]
 
@@ -205,17 +73,6 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
     return _kind_from_config(read_config(path), Path(path))
 
 
-_DEFAULT_KIND = {"bert": "bert", "gpt2": "gpt", "roberta": "roberta-mlm", "albert": "albert-mlm",
-                 "distilbert": "distilbert-mlm", "electra": "electra-mlm", **{t: "llama" for t in LLAMA_FAMILIES},
-                 "marian": "marian", "bart": "bart", "t5": "t5", "deberta-v2": "deberta-v2-mlm",
-                 "modernbert": "modernbert-mlm", "m2m_100": "m2m100", "mbart": "mbart"}
-_DEFAULT_KIND.update({t: "gemma" for t in GEMMA_FAMILIES})
-# XLM-RoBERTa (training/xlm_roberta.py): RoBERTa's model and key rules under its own model_type.
-FAMILY_CONFIG[xlmr_mod.MODEL_TYPE] = xlmr_mod.XLMRobertaConfig
-_PREFIX[xlmr_mod.MODEL_TYPE] = "roberta."
-_HEADS[xlmr_mod.MODEL_TYPE] = _HEADS["roberta"]
-_ARCH_ALIASES.update(xlmr_mod.ARCH_ALIASES)
-_DEFAULT_KIND[xlmr_mod.MODEL_TYPE] = "xlm-roberta-mlm"
 
 
 def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
@@ -225,13 +82,13 @@ def _kind_from_config(cfg: dict[str, Any], path: Path) -> str:
                               f"(one of {', '.join(FAMILY_CONFIG)})")
     archs = cfg.get("architectures") or []
     for arch in archs:
-        kind = _ARCH_TO_KIND.get(arch) or _ARCH_ALIASES.get(arch)
+        kind = ARCH_TO_KIND.get(arch) or ARCH_ALIASES.get(arch)
         if kind is not None and model_type in kind_model_types(kind):
             return kind
     if not archs:
-        return _DEFAULT_KIND[model_type]
+        return DEFAULT_KIND[model_type]
     raise CheckpointError(f"{path / CONFIG_NAME}: architectures: unsupported {archs!r} "
-                          f"(one of {sorted(_ARCH_TO_KIND)})")
+                          f"(one of {sorted(ARCH_TO_KIND)})")
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -275,7 +132,7 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
     """HF key variants -> our model's keys: legacy gamma/beta, `bert.` / `transformer.` / `model.` prefixes."""
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
-        if _BUFFERS.search(k):
+        if BUFFERS.search(k):
             continue
         k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
         k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
@@ -286,16 +143,16 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
     if kind == "gpt":
         if not any(k.startswith("transformer.") for k in out):  # a GPT2Model checkpoint
             out = {(k if k.startswith("lm_head.") else "transformer." + k): v for k, v in out.items()}
-    elif kind in _DECODER_KINDS:
+    elif kind in DECODER_KINDS:
         if not any(k.startswith("model.") for k in out):  # a LlamaModel checkpoint
             out = {(k if k.startswith("lm_head.") else "model." + k): v for k, v in out.items()}
     elif kind == "bert":
         if any(k.startswith("bert.") for k in out):  # encoder of a headed checkpoint: drop the heads
             out = {k[len("bert."):]: v for k, v in out.items() if k.startswith("bert.")}
     else:
-        prefix = _PREFIX[family]
+        prefix = PREFIX[family]
         if not any(k.startswith(prefix) for k in out):  # a base-model checkpoint under a head
-            out = {(k if k.startswith(_HEADS[family]) and not k.startswith("pooler.") else prefix + k): v
+            out = {(k if k.startswith(HEADS[family]) and not k.startswith("pooler.") else prefix + k): v
                    for k, v in out.items()}
     return out
 
@@ -303,11 +160,11 @@ def _normalise_keys(sd: dict[str, torch.Tensor], kind: str) -> dict[str, torch.T
 def _tied_keys(model: nn.Module, kind: str) -> set[str]:
     if kind in SEQ2SEQ:
         return SEQ2SEQ[kind].tied_keys(model.config)
-    if kind in _DECODER_KINDS:
+    if kind in DECODER_KINDS:
         return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if hasattr(model, "tied_hf_keys"):   # a family whose tying follows its config (ModernBERT)
         return model.tied_hf_keys()
-    return set(_TIED.get(kind, ()))
+    return set(TIED.get(kind, ()))
 
 
 def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -318,7 +175,7 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     for k, v in model.state_dict().items():
         if k in tied:
             continue
-        if kind == "gpt" and _CONV1D.match(k):
+        if kind == "gpt" and CONV1D.match(k):
             v = v.t()
         out[k] = v.detach().contiguous().clone()
     return out
@@ -329,25 +186,25 @@ def load_hf_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: st
     their fresh init). Raises CheckpointError on a missing encoder weight, a foreign key or a shape mismatch."""
     kind = _kind_of(model)
     sd = _normalise_keys(sd, kind)
-    if family_of_kind(kind) in _KEY_RULES:
+    if family_of_kind(kind) in KEY_RULES:
         try:
-            sd = _KEY_RULES[family_of_kind(kind)](sd, model)
+            sd = KEY_RULES[family_of_kind(kind)](sd, model)
         except ValueError as e:
             raise CheckpointError(f"{source}: {e}") from None
     if kind == "gpt":
-        sd = {k: (v.t() if _CONV1D.match(k) else v) for k, v in sd.items()}
+        sd = {k: (v.t() if CONV1D.match(k) else v) for k, v in sd.items()}
     own = model.state_dict()
     tied = _tied_keys(model, kind)
     # Heads that may be missing from the source start from init (fine-tuning from an encoder); heads the
     # target lacks are dropped (e.g. an MLM checkpoint used as a classifier's encoder). Decoders: none.
-    fresh_ok = drop_ok = _HEADS.get(family_of_kind(kind), ())
+    fresh_ok = drop_ok = HEADS.get(family_of_kind(kind), ())
     if kind in SEQ2SEQ:
         # The family's key rules; the file's copies of tied tables are views we fill in ourselves. A base
         # checkpoint (MarianModel, BartModel) has no final_logits_bias: zeros, as transformers does.
         sd = SEQ2SEQ[kind].normalise_hf_keys(sd, model.config)
         sd = {k: v for k, v in sd.items() if k not in tied}
         fresh_ok = ("final_logits_bias",)
-    if kind in _DECODER_KINDS and tied and "lm_head.weight" in sd:
+    if kind in DECODER_KINDS and tied and "lm_head.weight" in sd:
         sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}  # a file that also carries the tied copy
     unexpected = [k for k in sd if k not in own]
     foreign = [k for k in unexpected if not k.startswith(drop_ok)]

@@ -17,7 +17,7 @@ from modelpkg import MANIFEST_FILE, PARITY_FILE, Building, parse_version, read_b
 from server.protocol.errors import Code, ServingError
 from server.runtime.metrics import Metrics
 from server.model import RuntimeConfig
-from server.protocol.types import ModelState, ModelStatus
+from server.protocol.types import ModelState, ModelStatus, RepositoryEntry
 from server.repository.version import ModelVersion, package_fingerprint
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,23 @@ class ModelRepository:
         """Every version of every loaded name, and each name still being built (version 0, state BUILDING)."""
         loaded = [m.status() for name in sorted(self._slots) for _, m in sorted(self._slots[name].versions.items())]
         return sorted(loaded + [self.building_status(n) for n in self.building], key=lambda s: (s.name, s.version))
+
+    def index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        """KServe's repository index: every version known (any state) and name being built, then names on disk never
+        loaded (unless ready_only)."""
+        entries = []
+        known = set()
+        for s in self.statuses():
+            known.add(s.name)
+            if ready_only and s.state is not ModelState.SERVING:
+                continue
+            entries.append(RepositoryEntry(name=s.name, version=s.version, state=s.state, reason=s.reason))
+        if not ready_only:
+            for name, versions in sorted(self.scan().items()):
+                if name not in known:  # on disk, never loaded (e.g. appeared since the last poll)
+                    entries.append(RepositoryEntry(name=name, version=versions[-1] if versions else None,
+                                                   state=ModelState.UNLOADED, reason="not loaded"))
+        return entries
 
     def building_status(self, name: str) -> ModelStatus:
         building = self.building[name]
