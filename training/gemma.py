@@ -109,6 +109,11 @@ class GemmaConfig:
 
     # Gemma has no biases (attention_bias true is refused); Llama's attention and MLP modules read these.
     qkv_bias = o_bias = mlp_bias = False
+    fused = False      # q/k/v and gate/up in Linears of their own (Phi-3's fused layout is Llama's only)
+
+    def rotary_layer(self, i: int) -> bool:
+        """Every Gemma layer rotates (SmolLM3's NoPE layers are Llama's only)."""
+        return True
 
     @property
     def qk_norm(self) -> bool:
