@@ -98,6 +98,8 @@ def test_pipeline_publishes_reuses_and_swaps_versions_under_load(inputs: dict[st
         assert "1 of 3 models failed (the others are published): genre: classify failed (exit" in stderr, stderr[-2000:]
         wait_for(lambda: {n: s.state for n, s in _statuses(server.address).items()} ==
                  {"fill-mask": "SERVING", "gpt": "SERVING", "genre": "BUILDING"}, 30, "the built models to serve")
+        wait_for(lambda: _statuses(server.address)["genre"].reason.startswith("failed"), 10,
+                 "the server's next poll to read the failed stage")
         failed = _statuses(server.address)["genre"]
         log_file = workdir / "logs" / "genre.log"
         assert failed.reason.startswith("failed: classify failed (exit") and f"log: {log_file}" in failed.reason
