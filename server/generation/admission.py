@@ -149,21 +149,23 @@ class Admission:
     def _add_search(self, requests: list[Sequence]) -> None:
         """One beam search answering `requests` (identical jobs): its beams wait as one gang of states."""
         params = requests[0].params
-        assert self._source is not None
+        forced = {} if self._source is None else self._source.forced(params.max_new_tokens, params.target_language)
         search = BeamSearch(requests, BeamOptions(num_beams=params.num_beams, length_penalty=params.length_penalty,
                                                   early_stopping=params.early_stopping,
                                                   max_new_tokens=params.max_new_tokens,
                                                   eos_id=None if params.ignore_eos else self._spec.eos_id,
-                                                  forced=self._source.forced(params.max_new_tokens,
-                                                                             params.target_language)),
+                                                  forced=forced),
                             self._spec.vocab_size, self._tokenizer)
         for request in requests:
             request.search, request.state = search, None
         source = len(requests[0].source_ids or ())
         for beam in search.beams:
             first = beam.index == 0
+            # A decoder's prompt is prefilled once, in beam 0's slot; the first step's copies bring it to the
+            # others (beams.py). An encoder-decoder's prompt is its one start token: every beam writes its own.
             beam.state = SeqState(len(search.prompt_ids), owner=beam, source=source if first else 0,
-                                  gang=params.num_beams if first else 1, reserve=beam.budget)
+                                  gang=params.num_beams if first else 1, reserve=beam.budget,
+                                  follows=not first and self._source is None)
             self._scheduler.add(beam.state)
 
     def _groups(self, jobs: list[Job]) -> list[tuple[list[int], int]]:
@@ -179,9 +181,6 @@ class Admission:
             if k == 1:
                 groups.append(([i], 1))
                 continue
-            if self._source is None:
-                raise ValueError(f"parameters.num_beams: beam search is served for encoder-decoder models; "
-                                 f"{self._label} is a decoder (num_beams must be 1), got {k}")
             if k > self._config.max_batch_size:
                 raise ValueError(f"parameters.num_beams: {k} beams need {k} cache slots, this engine has "
                                  f"max_sequences {self._config.max_batch_size}")

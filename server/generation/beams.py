@@ -9,6 +9,13 @@ kind, device_cache.copy_prefix). A continuation of a beam that no other continua
 parent's slot: most steps copy little. The cross-attention buffers need no copy: every beam reads the same
 source, written into each of its slots when the request was admitted.
 
+The prompt is prefilled ONCE, in beam 0's slot; the other beams take their slots with the gang but prefill nothing
+(`SeqState.follows`). The first step reads beam 0's logits alone (the others' candidates score -1e9 whatever their
+logits, as in transformers), and every continuation it keeps but the best is homeless, so that step's copies put
+the prompt's rows into every other beam's slot — the copy a prefill of each beam would have made redundant, at the
+cost of a slot-to-slot copy instead of k - 1 prompts' compute. An encoder-decoder's prompt is its start token, a
+row of the decode call like any other (there is nothing to save).
+
 The selection is `transformers`' (generation/utils.py `_beam_search`, 5.x), step by step, so the hypotheses equal
 its `generate(num_beams=k)`: scores are float32 sums of log-softmax; the first step counts beam 0 only (the
 others start at -1e9); each step keeps the 2k best candidates over all beams; a candidate ending in eos (or
@@ -24,18 +31,21 @@ length_penalty > 0). The n best finished hypotheses answer the n requests of the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .params import GenerationParams
 from .results import FINISH_EOS, FINISH_LENGTH
 from .sampling import Choice, forced_logprobs
-from .scheduler import Copy, SeqState
+from .scheduler import Chunk, Copy, SeqState, Status
 from .sequence import to_generated_token
+from .strategies import Planned, StepContext, StepRow, TopLogprobs
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from .scheduler import Scheduler
     from .sequence import Sequence
 
 MAX_BEAMS = 8
@@ -116,6 +126,11 @@ class BeamSearch:
         that put each kept hypothesis's self-attention rows in its beam's slot (none once the search has ended)."""
         top = top or numpy_top
         opts, k, v = self.options, self.options.num_beams, self.vocab_size
+        if self.steps == 0 and 0 in rows:
+            # The first step reads beam 0 alone: every beam holds the prompt alone (a decoder's other beams get
+            # it by this step's copies), and the others' candidates score -1e9 whatever their logits.
+            rows = {b: rows[0] for b in range(k)}
+            scored = {b: scored[0] for b in range(k)} if scored is not None and 0 in scored else None
         if sorted(rows) != list(range(k)):
             raise RuntimeError(f"beam search: {len(rows)} of its {k} beams stepped")
         keep = 2 * k                                     # max(2, 1 + eos ids) * k
@@ -216,6 +231,20 @@ class BeamSearch:
         for request in self.requests:
             request.fail(error)
 
+    def settle(self, scheduler: "Scheduler", count_token: Callable[[Any], None]) -> None:
+        """On the loop, after a step: beams whose prompt came by this step's copies decode from now on (a
+        decoder's beams but the first: they prefilled nothing), each request counts its token, and a search that
+        ended answers."""
+        if self.stopped:
+            self.finish()
+            return
+        for state in self.states:
+            if state.status is Status.PREFILLING:
+                scheduler.prefilled(Chunk(state, 0, state.prompt_len))
+        for request in self.requests:
+            if not (request.done or request.cancelled):
+                count_token(request)
+
 
 class Beam:
     """The owner of one beam's scheduler state: the engine and executor see it where a Sequence would be."""
@@ -223,8 +252,20 @@ class Beam:
     def __init__(self, search: BeamSearch, index: int) -> None:
         self.search, self.index = search, index
         self.state: SeqState | None = None
-        self.sampler = None
         self.prompt_tokens = None
+
+    @property
+    def strategy(self) -> "BeamStrategy":
+        return BEAMS
+
+    @property
+    def source_ids(self) -> list[int] | None:
+        return self.search.requests[0].source_ids
+
+    @property
+    def source_states(self) -> list[SeqState]:
+        """The states that read this beam's source: every beam of its search (each slot holds the source)."""
+        return self.search.states
 
     @property
     def slot(self) -> int:
@@ -241,7 +282,7 @@ class Beam:
         return self.search.prompt_ids
 
     @property
-    def params(self):  # type: ignore[no-untyped-def]
+    def params(self) -> GenerationParams:
         return self.search.requests[0].params
 
     @property
@@ -277,7 +318,62 @@ class Beam:
         self.search.finish(reason)
 
 
-TopLogprobs = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+# Rows per call of the beam scores' graph (beam_scores.py): rows of a large vocabulary stay in a core's cache in
+# small blocks and not in large ones (bench/FINDINGS.md has the sizes tried).
+BEAM_ROWS = 4
+
+
+class BeamStrategy:
+    """Every beam search's rows of a step: their top log-probabilities scored together (in blocks of BEAM_ROWS
+    rows over slices of the logits, no copy where the rows are consecutive, as a batch of searches' decode rows
+    are), then each search's step; the copies of all of them returned together (searches never share a slot)."""
+
+    runs_ahead = False
+
+    def plan(self, rows: list[StepRow], context: StepContext) -> Planned:
+        searches: dict[BeamSearch, dict[int, StepRow]] = {}
+        for row in rows:
+            searches.setdefault(row.state.owner.search, {})[row.state.owner.index] = row
+        out = Planned()
+        try:
+            scored = _scores([r for s, beams in searches.items() for b, r in beams.items() if s.steps or b == 0],
+                             context.top)
+        except Exception as exc:   # onnxruntime's own exception types: those searches fail, nothing else
+            out.failed += [(s.states, "beam search step failed", exc) for s in searches]
+            return out
+        for search, beams in searches.items():
+            try:
+                copies = search.step({b: r.logits for b, r in beams.items()}, beams[min(beams)].written,
+                                     context.top, {b: scored[id(r)] for b, r in beams.items() if id(r) in scored})
+            except Exception as exc:
+                out.failed.append((search.states, "beam search step failed", exc))
+                continue
+            out.copies.append((search.states, copies))
+            out.settles.append(search)
+        return out
+
+
+BEAMS = BeamStrategy()
+
+
+def _scores(rows: list[StepRow], top: TopLogprobs) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """id(row) -> the row's 2k best log-probabilities and ids, k the widest search's; in calls of at most
+    BEAM_ROWS rows, each a slice of one block where the rows are consecutive in it (bench/FINDINGS.md)."""
+    if not rows:
+        return {}
+    search = max((r.state.owner.search for r in rows), key=lambda s: s.options.num_beams)
+    vocab, keep = search.vocab_size, 2 * search.options.num_beams
+    ordered = sorted(rows, key=lambda r: (id(r.block), r.index))
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for lo in range(0, len(ordered), BEAM_ROWS):
+        part = ordered[lo:lo + BEAM_ROWS]
+        block, first = part[0].block, part[0].index
+        if all(r.block is block and r.index == first + i for i, r in enumerate(part)):
+            values, ids = top(block[first:first + len(part), :vocab], keep)
+        else:
+            values, ids = top(np.stack([r.logits[:vocab] for r in part]), keep)
+        out.update((id(r), (values[i], ids[i])) for i, r in enumerate(part))
+    return out
 
 
 def numpy_top(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -66,6 +66,16 @@ class CrossSlotRunner(SlotRunner):
         if self.cross_length > SHRINK_CROSS * self.first_cross_length:
             self.reset_cross()
 
+    def warm(self, label: str) -> None:
+        """After the warm-up (which grew the cross buffers to max_source_length): back to the first length, and
+        the encoder's cost per call and per padded token measured (it splits sources by length where that costs
+        less)."""
+        self.reset_cross()
+        cost = self.encoder.calibrate()
+        if cost is not None:
+            log.info("%s encoder: a call costs %.2f ms and a padded source token %.1f us (sources split by "
+                     "length where that costs less)", label, cost.call * 1e3, cost.token * 1e6)
+
     def _resize_cross(self, length: int) -> None:
         log.debug("cross buffers: %d -> %d source positions", self.cross_length, length)
         self.cross = self.encoder.cross = self.cross.resized(length)

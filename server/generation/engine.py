@@ -47,7 +47,7 @@ from .params import GenerationConfig, GenerationParams
 from .results import GenerationResult, StreamChunk
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Sequence
-from .slot_runner import SlotRunner
+from .runner import Runner
 from .streams import SequenceStream, collect, collect_all, refuse_streamed_beams, stream_one
 from .warmup import warm_up
 
@@ -61,7 +61,7 @@ class GenerationEngine:
     def __init__(self, session: ort.InferenceSession, manifest: Manifest, tokenizer: Tokenizer,
                  config: GenerationConfig | None = None, metrics: "Metrics | None" = None,
                  model_label: str = "model", mixed_session: ort.InferenceSession | None = None,
-                 runner: SlotRunner | None = None, *, encoder_session: ort.InferenceSession | None = None,
+                 runner: Runner | None = None, *, encoder_session: ort.InferenceSession | None = None,
                  target_tokenizer: Tokenizer | None = None, instance: int = 0) -> None:
         """mixed_session: the package's mixed graph (cache.mixed_graphs: decode rows and a prompt chunk in one
         run); without it they run one after the other. runner: the cache and calls, when not the default (the
@@ -194,9 +194,7 @@ class GenerationEngine:
 
     def prompt_text(self, token_ids: list[int]) -> str:
         """The text of an admitted token-id prompt (an encoder-decoder's: source ids, by the source tokenizer)."""
-        if self.source is None:
-            return self.inputs.detokenize(token_ids)
-        return self.inputs.source_text(token_ids)   # type: ignore[union-attr]
+        return self.inputs.prompt_text(token_ids)
 
     def tokenize(self, text: str, truncate: bool = False) -> list[int]:
         return self.inputs.tokenize(text, truncate)

@@ -27,16 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .beam_scores import LogSoftmaxTopK
-from .beams import Beam, BeamSearch
 from .encoder_step import EncodeRow
-from .sampling import Choice, choose_rows, score_tokens
-from .scheduler import Chunk, Copy, Plan, Scheduler, SeqState, Status
-from .slot_runner import DecodeRow, PrefillRow, SlotRunner
-
-
-# Rows per call of the beam scores' graph (beam_scores.py): its seven passes over 4 rows of 58,101 logits (0.9 MB)
-# stay in a core's cache, over 64 rows (15 MB) they do not; 4 rows a call was the fastest tried (bench/FINDINGS.md).
-BEAM_ROWS = 4
+from .runner import Runner
+from .sampling import Choice, score_tokens
+from .scheduler import Chunk, Plan, Scheduler, SeqState, Status
+from .slot_runner import DecodeRow, PrefillRow
+from .stops import StopRules, deadline_passed
+from .strategies import Planned, Settle, StepContext, StepRow, plan_rows
 
 
 @dataclass(frozen=True)
@@ -46,8 +43,7 @@ class Run:
     steps: int                     # at most this many steps in all ...
     budget_s: float                # ... and none that would take the run past this many seconds
     stop: threading.Event          # set: no further step after the one in progress
-    eos_id: int | None             # a row choosing it ends the run (unless its request ignores eos)
-    max_length: int                # the slots' context: no step writes past it
+    rules: StopRules               # a row whose token ends its sequence ends the run
 
 
 @dataclass(frozen=True)
@@ -64,8 +60,8 @@ class Work:
 
 @dataclass
 class Written:
-    """A prompt chunk now in its slot: the first generated token if it completed the prompt, and the scores of
-    the prompt tokens after each of its positions (requests with prompt_logprobs)."""
+    """A prompt chunk now in its slot: the first generated token if it completed the prompt (and its strategy
+    chose one), and the scores of the prompt tokens after each of its positions (requests with prompt_logprobs)."""
 
     chunk: Chunk
     first_token: Choice | None = None
@@ -74,24 +70,24 @@ class Written:
 
 @dataclass
 class Outcome:
-    decoded: list[tuple[SeqState, Choice | None]] = field(default_factory=list)   # None: cancelled meanwhile
+    decoded: list[tuple[SeqState, Choice | None]] = field(default_factory=list)   # None: no token of its own
     written: list[Written] = field(default_factory=list)
     failed: list[tuple[list[SeqState], str, Exception]] = field(default_factory=list)
-    beams: list[BeamSearch] = field(default_factory=list)    # searches that took a step
+    settles: list[Settle] = field(default_factory=list)     # what the strategies leave for the loop
     # Decode steps after the first, run back to back (Work.run): each the rows that took it, with their token.
     more: list[list[tuple[SeqState, Choice]]] = field(default_factory=list)
 
 
 class SlotExecutor:
-    def __init__(self, runner: SlotRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self._top: LogSoftmaxTopK | None = None       # a beam step's top log-probs, made at the first search
+        self._top: LogSoftmaxTopK | None = None       # the strategies' top log-probs, made at first use
+        self.context = StepContext(self.top)
 
-    @property
-    def top(self) -> LogSoftmaxTopK:
+    def top(self, logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         if self._top is None:
             self._top = LogSoftmaxTopK(self.runner.session)
-        return self._top
+        return self._top(logits, n)
 
     @staticmethod
     def prepare(plan: Plan, scheduler: Scheduler, run: Run | None = None) -> Work:
@@ -116,74 +112,52 @@ class SlotExecutor:
         started = time.perf_counter()
         unencoded = self._encode(work, out)
         decoded, prefilled = self._calls(work)
-        tail_logits: list[tuple[Chunk, np.ndarray]] = []
-        searches: dict[BeamSearch, dict[int, int]] = {}     # a search's beam index -> its row of `decoded`
-        scored: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        rows: list[StepRow] = []         # every row that gets a next token this step, for its strategy
+        chunks: list[tuple[Chunk, np.ndarray]] = []
         if isinstance(decoded, Exception):
             out.failed.append(([*plan.decode, *(c.seq for c in plan.tails)], "decode step failed", decoded))
         else:
+            rows += [StepRow(s, decoded, i, s.computed + 1) for i, s in enumerate(plan.decode)
+                     if _wants_token(s) and s not in unencoded]
             n = len(plan.decode)
-            live = [i for i, s in enumerate(plan.decode) if _wants_token(s) and not isinstance(s.owner, Beam)]
-            rows = decoded[:n] if len(live) == n else decoded[live]     # every row live: no copy of the logits
-            choices = dict(zip(live, choose_rows([plan.decode[i].owner.sampler for i in live], rows)))
-            out.decoded = [(s, choices.get(i)) for i, s in enumerate(plan.decode)]
-            tail_logits = list(zip(plan.tails, decoded[n:, None, :]))
-            for position, state in enumerate([*plan.decode, *(c.seq for c in plan.tails)]):
-                if isinstance(state.owner, Beam) and _wants_token(state) and state not in unencoded:
-                    searches.setdefault(state.owner.search, {})[state.owner.index] = position
-            try:
-                scored = self._beam_scores(decoded, searches)
-            except Exception as exc:   # onnxruntime's own exception types: those searches fail, nothing else
-                for search in searches:
-                    out.failed.append((search.states, "beam search step failed", exc))
-                searches = {}
-            # Last: the more steps' decodes write over `decoded` (runner.decode's buffer). A run is planned only
-            # without tails and beams (loop.EngineLoop._run), so nothing taken from it above is read after them.
-            if work.run is not None:
-                self._more_steps(work.run, work.idle, out, started)
-        chunks: list[tuple[Chunk, np.ndarray]] = tail_logits
+            chunks += [(c, decoded[n + j:n + j + 1]) for j, c in enumerate(plan.tails)]
         for call, logits in zip(plan.prefill, prefilled):
             if isinstance(logits, Exception):
                 out.failed.append(([c.seq for c in call.chunks], "prefill failed", logits))
             else:
                 chunks += zip(call.chunks, logits)
         out.written = [Written(chunk) for chunk, _ in chunks]
-        # The first token of every sequence whose prompt is now in: one batch over the last positions' logits.
-        firsts = [(w, rows[w.chunk.length - 1]) for w, (_, rows) in zip(out.written, chunks)
-                  if w.chunk.completes_prompt and _wants_token(w.chunk.seq) and w.chunk.seq not in unencoded
-                  and not isinstance(w.chunk.seq.owner, Beam)]
-        if firsts:
-            picked = choose_rows([w.chunk.seq.owner.sampler for w, _ in firsts], np.stack([r for _, r in firsts]))
-            for (w, _), choice in zip(firsts, picked):
-                w.first_token = choice
-        for w, (_, rows) in zip(out.written, chunks):
-            w.prompt_scores = _prompt_scores(w.chunk, rows)
-        copies: list[tuple[BeamSearch, list[Copy]]] = []
-        for search, positions in searches.items():
-            self._beam_step(search, {b: decoded[p] for b, p in positions.items()},
-                            {b: scored[p] for b, p in positions.items()}, out, copies)
-        self._copy_beams(copies, out)
+        # The first token of every sequence whose prompt is now in: the logits of its chunk's last position.
+        rows += [StepRow(c.seq, logits, c.length - 1, c.start + c.length) for c, logits in chunks
+                 if c.completes_prompt and _wants_token(c.seq) and c.seq not in unencoded]
+        planned = self._plan(rows, out)
+        choices = {id(state): choice for state, choice in planned.choices}
+        out.decoded = [(s, choices.get(id(s))) for s in plan.decode] if not isinstance(decoded, Exception) else []
+        for w, (chunk, logits) in zip(out.written, chunks):
+            w.first_token = choices.get(id(chunk.seq)) if chunk.completes_prompt else None
+            w.prompt_scores = _prompt_scores(chunk, logits)
+        # Last: the more steps' decodes write over `decoded` (runner.decode's buffer). A run is planned only
+        # without prompts and for strategies that run ahead (loop.EngineLoop._run): nothing read above is read after.
+        if work.run is not None and not isinstance(decoded, Exception):
+            self._more_steps(work.run, work.idle, out, started)
         return out
 
-    def _beam_scores(self, decoded: np.ndarray, searches: dict[BeamSearch, dict[int, int]]
-                     ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Every search's rows (positions in `decoded`) scored at once: each row's 2k best log-probabilities and
-        ids for the widest search's k, in calls of at most BEAM_ROWS rows over slices of the logits (no copy
-        when the rows are consecutive, as a batch of beam searches' are), rather than stacking each search's rows
-        for a call of its own (bench/FINDINGS.md)."""
-        if not searches:
-            return {}
-        vocab = next(iter(searches)).vocab_size
-        keep = 2 * max(s.options.num_beams for s in searches)
-        order = sorted(p for positions in searches.values() for p in positions.values())
-        scored: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for lo in range(0, len(order), BEAM_ROWS):
-            part = order[lo:lo + BEAM_ROWS]
-            consecutive = part[-1] - part[0] == len(part) - 1
-            block = decoded[part[0]:part[-1] + 1, :vocab] if consecutive else decoded[part, :vocab]
-            values, ids = self.top(block, keep)
-            scored.update((p, (values[i], ids[i])) for i, p in enumerate(part))
-        return scored
+    def _plan(self, rows: list[StepRow], out: Outcome) -> Planned:
+        """The rows' strategies choose; their slot copies are made, all at once (a failed copy fails the
+        sequences whose strategy asked for it); what they leave for the loop goes in `out.settles`."""
+        planned = plan_rows(rows, self.context)
+        out.failed += planned.failed
+        copies = [c for _, cs in planned.copies for c in cs]
+        try:
+            if copies:
+                self.runner.copy_prefixes(copies)
+        except Exception as exc:    # onnxruntime's own exception types
+            asked = {id(s) for states, cs in planned.copies if cs for s in states}
+            out.failed += [(states, "slot copy failed", exc) for states, cs in planned.copies if cs]
+            planned.choices = [(s, c) for s, c in planned.choices if id(s) not in asked]
+            planned.settles = [s for s in planned.settles if not any(id(x) in asked for x in s.states)]
+        out.settles += planned.settles
+        return planned
 
     def _more_steps(self, run: Run, idle: dict[int, int], out: Outcome, started: float) -> None:
         """Steps 2..run.steps of a pure decode plan, each row fed the token it was just given. The run ends
@@ -197,15 +171,18 @@ class SlotExecutor:
         previous = last - started
         for step in range(1, run.steps):
             if run.stop.is_set() or last - started + previous > run.budget_s \
-                    or not all(_goes_on(s, c, step, run) for s, c in live):
+                    or not all(_goes_on(s, c, step, run.rules) for s, c in live):
                 return
-            rows = [DecodeRow(s.slot, c.token_id, s.computed + step) for s, c in live]
+            states = [s for s, _ in live]
             try:
-                logits = self.runner.decode(rows, idle)
+                logits = self.runner.decode([DecodeRow(s.slot, c.token_id, s.computed + step) for s, c in live],
+                                            idle)
             except Exception as exc:    # onnxruntime's own exception types
-                out.failed.append(([s for s, _ in live], "decode step failed", exc))
+                out.failed.append((states, "decode step failed", exc))
                 return
-            live = list(zip([s for s, _ in live], choose_rows([s.owner.sampler for s, _ in live], logits)))
+            planned = plan_rows([StepRow(s, logits, i, s.computed + step + 1) for i, s in enumerate(states)],
+                                self.context)
+            live = planned.choices
             out.more.append(live)
             now = time.perf_counter()
             last, previous = now, now - last
@@ -215,33 +192,12 @@ class SlotExecutor:
         if not work.encode:
             return set()
         try:
-            self.runner.encode(work.encode)   # type: ignore[attr-defined]   (a CrossSlotRunner: plan.encode)
+            self.runner.encode(work.encode)
         except Exception as exc:    # onnxruntime's own exception types
-            states = [s for state in work.plan.encode for s in _slot_mates(state)]
+            states = [s for state in work.plan.encode for s in state.owner.source_states]
             out.failed.append((states, "encoder step failed", exc))
             return set(states)
         return set()
-
-    def _beam_step(self, search: BeamSearch, rows: dict[int, np.ndarray],
-                   scored: dict[int, tuple[np.ndarray, np.ndarray]], out: Outcome,
-                   copies: list[tuple[BeamSearch, list[Copy]]]) -> None:
-        """One step of a search; the copies that put each kept hypothesis's rows in its beam's slot go in `copies`
-        (made for every search at once by _copy_beams: searches never share a slot)."""
-        try:
-            written = search.beams[0].state.computed + 1      # type: ignore[union-attr]
-            copies.append((search, search.step(rows, written, self.top, scored)))
-        except Exception as exc:
-            out.failed.append((search.states, "beam search step failed", exc))
-
-    def _copy_beams(self, copies: list[tuple[BeamSearch, list[Copy]]], out: Outcome) -> None:
-        """The searches' slot copies, then the searches are done with this step; a failed copy fails them all."""
-        try:
-            self.runner.copy_prefixes([c for _, cs in copies for c in cs])
-        except Exception as exc:
-            for search, _ in copies:
-                out.failed.append((search.states, "beam search step failed", exc))
-            return
-        out.beams.extend(search for search, _ in copies)
 
     def _calls(self, work: Work) -> tuple[np.ndarray | Exception, list[np.ndarray | Exception]]:
         runner, plan, calls = self.runner, work.plan, work.calls
@@ -276,25 +232,14 @@ class SlotExecutor:
 def _encode_row(state: SeqState) -> EncodeRow:
     """A state admitted with a source: its ids, and the slots that decode from them (a beam search's every beam)."""
     owner = state.owner
-    if isinstance(owner, Beam):
-        return EncodeRow(owner.search.requests[0].source_ids or [], tuple(b.slot for b in owner.search.beams))
-    return EncodeRow(owner.source_ids or [], (state.slot,))   # type: ignore[arg-type]
+    return EncodeRow(owner.source_ids or [], tuple(s.slot for s in owner.source_states))
 
 
-def _slot_mates(state: SeqState) -> list[SeqState]:
-    """The states that read a state's source: its own, or every beam of its search."""
-    return state.owner.search.states if isinstance(state.owner, Beam) else [state]
-
-
-def _goes_on(state: SeqState, choice: Choice, step: int, run: Run) -> bool:
-    """Whether a row decodes again after `step` tokens of this run, the last of them `choice`."""
+def _goes_on(state: SeqState, choice: Choice, step: int, rules: StopRules) -> bool:
+    """Whether a row decodes again after `step` tokens of this run, the last of them `choice` (stops.py)."""
     seq = state.owner
-    token, params = choice.token_id, seq.params
-    return not (seq.cancelled or seq.done
-                or (token == run.eos_id and not params.ignore_eos) or token in params.stop_token_ids
-                or len(seq.generated) + step >= params.max_new_tokens
-                or state.computed + step >= run.max_length
-                or (seq.deadline is not None and time.monotonic() >= seq.deadline))
+    return not (seq.cancelled or seq.done or deadline_passed(seq, time.monotonic())
+                or rules.reason(seq, choice.token_id, len(seq.generated) + step, state.computed + step) is not None)
 
 
 def _wants_token(state: SeqState) -> bool:

@@ -19,6 +19,7 @@ from modelpkg import Manifest
 from .context_cap import cap_context
 from .cross_runner import CrossSlotRunner
 from .inputs import PromptProcessor
+from .runner import InputProcessor, Runner
 from .seq2seq_spec import SourceSpec, seq2seq_specs
 from .slot_runner import SlotRunner
 from .source import SourceProcessor
@@ -28,8 +29,8 @@ from .spec import DecoderSpec
 @dataclass(frozen=True)
 class EngineParts:
     spec: DecoderSpec                              # the self cache and what generation reads per token
-    inputs: PromptProcessor | SourceProcessor
-    runner: SlotRunner
+    inputs: InputProcessor
+    runner: Runner
     tokenizer: Tokenizer                           # decodes generated ids
     source: SourceSpec | None = None               # encoder-decoder packages
 
@@ -41,7 +42,7 @@ class EngineParts:
 
 
 def engine_parts(session: ort.InferenceSession, manifest: Manifest, tokenizer: Tokenizer, num_slots: int,
-                 mixed_session: ort.InferenceSession | None = None, runner: SlotRunner | None = None,
+                 mixed_session: ort.InferenceSession | None = None, runner: Runner | None = None,
                  encoder_session: ort.InferenceSession | None = None,
                  target_tokenizer: Tokenizer | None = None, max_model_len: int = 0) -> EngineParts:
     """ValueError naming what does not fit (the manifest field, the graph input, a missing encoder session, a

@@ -102,6 +102,10 @@ class PromptProcessor:
             return self.tokenizer.decode_batch([token_ids], skip_special_tokens=False)[0]
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
+    def prompt_text(self, token_ids: list[int]) -> str:
+        """The text of an admitted token-id prompt."""
+        return self.detokenize(token_ids)
+
     def _token_prompt(self, prompt: list[int], params: GenerationParams) -> list[int]:
         vocab, context = self.spec.vocab_size, self.spec.max_length
         first = 0

@@ -19,7 +19,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .beams import Beam
 from .engine_metrics import EngineMetrics
 from .executor import Outcome, Run, SlotExecutor
 from .factory import EngineParts
@@ -29,6 +28,7 @@ from .results import FINISH_CANCELLED, EngineStoppedError
 from .sampling import Choice
 from .scheduler import Plan, Scheduler, Status
 from .sequence import Sequence, to_generated_token
+from .stops import StopRules, deadline_passed
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class EngineLoop:
         self._scheduler, self._config, self._metrics = scheduler, config, metrics
         self._runner, self._spec, self._tokenizer = parts.runner, parts.spec, parts.tokenizer
         self._executor = SlotExecutor(parts.runner)
+        self._rules = StopRules(parts.spec.eos_id, parts.spec.max_length)
         self._label = label
         self._thread_name = f"generate-{label}" + (f"-{instance}" if instance else "")
         self._task: asyncio.Task | None = None
@@ -132,14 +133,14 @@ class EngineLoop:
 
     def _run(self, plan: Plan) -> Run | None:
         """More decode steps back to back after this iteration's first: for a plan of decode rows alone while no
-        request waits, no prompt is part-way in (they would wait the whole run) and no beam search runs."""
+        request waits, no prompt is part-way in (they would wait the whole run) and every running row's strategy
+        runs ahead (a beam search does not: its step may copy slots the next decode reads)."""
         cfg = self._config
         if cfg.decode_steps == 1 or plan.prefill or plan.tails or plan.encode or plan.copies or self._scheduler.waiting:
             return None
-        if any(s.status is not Status.DECODING or isinstance(s.owner, Beam) for s in self._scheduler.running):
+        if any(s.status is not Status.DECODING or not s.owner.strategy.runs_ahead for s in self._scheduler.running):
             return None
-        return Run(cfg.decode_steps, cfg.decode_run_ms / 1000, self.interrupt, self._spec.eos_id,
-                   self._spec.max_length)
+        return Run(cfg.decode_steps, cfg.decode_run_ms / 1000, self.interrupt, self._rules)
 
     def _apply(self, outcome: Outcome) -> None:
         self._metrics.tokens_arrive()
@@ -173,18 +174,14 @@ class EngineLoop:
                 seq.prompt_tokens.extend(to_generated_token(c, self._tokenizer) for c in w.prompt_scores)
             if w.chunk.completes_prompt:      # the prompt is in: its last position's logits gave the first token
                 self._take(seq, w.first_token)
-        for search in outcome.beams:
-            for request in search.requests:
-                if not (request.done or request.cancelled):
-                    self._metrics.token(request)
-            if search.stopped:
-                search.finish()
+        for settle in outcome.settles:
+            settle.settle(self._scheduler, self._metrics.token)
 
     def _take(self, seq: Sequence, choice: Choice | None) -> None:
         if choice is None or seq.cancelled or seq.done:
             return
         self._metrics.token(seq)
-        emit_token(seq, choice, self._tokenizer, self._spec.eos_id)
+        emit_token(seq, choice, self._tokenizer, self._rules)
 
     def _retire(self) -> None:
         """Drop sequences that are done, cancelled, or past their deadline; their slots are free again."""
@@ -193,14 +190,14 @@ class EngineLoop:
             seq = state.owner
             if seq.cancelled or seq.done:
                 self._scheduler.finish(state)
-            elif _deadline_passed(seq, now):
+            elif deadline_passed(seq, now):
                 self._scheduler.finish(state)
                 seq.fail(TimeoutError("deadline passed while waiting; nothing was generated"))
         for state in list(self._scheduler.running):
             seq = state.owner
             if seq.cancelled and not seq.done:
                 seq.finish_reason = FINISH_CANCELLED    # nobody listens: no chunk
-            elif _deadline_passed(seq, now):
+            elif deadline_passed(seq, now):
                 seq.finish(FINISH_CANCELLED)
             if seq.done:
                 self._scheduler.finish(state)
@@ -230,6 +227,3 @@ class EngineLoop:
         for state in (*self._scheduler.waiting, *self._scheduler.running):
             self._scheduler.finish(state)
 
-
-def _deadline_passed(seq: Sequence, now: float) -> bool:
-    return seq.deadline is not None and seq.deadline <= now

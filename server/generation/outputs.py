@@ -5,28 +5,27 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from .results import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, StreamChunk
+from .results import FINISH_LENGTH, FINISH_STOP, StreamChunk
 from .sampling import Choice
 from .sequence import Sequence, to_generated_token
+from .stops import StopRules
 
 
-def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, eos_id: int | None) -> None:
+def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, rules: StopRules) -> None:
     """Append the (already sampled and observed) token to the sequence and send what it produced."""
     token = choice.token_id
     seq.generated.append(token)
     generated = to_generated_token(choice, tokenizer)
-    params = seq.params
+    position = seq.state.computed if seq.state is not None else len(seq.prompt_ids) + len(seq.generated) - 1
+    reason = rules.reason(seq, token, len(seq.generated), position)
     # eos and stop-token ids end the sequence; their text is not part of the output.
-    if token == eos_id and not params.ignore_eos:
-        seq.finish(FINISH_EOS, tokens=[generated])
-        return
-    if token in params.stop_token_ids:
-        seq.finish(FINISH_STOP, tokens=[generated])
+    if reason is not None and reason != FINISH_LENGTH:
+        seq.finish(reason, tokens=[generated])
         return
     text = seq.stopper.feed(seq.detokenizer.push(token))
     if seq.stopper.stopped:
         seq.finish(FINISH_STOP, text, [generated])
-    elif len(seq.generated) >= params.max_new_tokens:
-        seq.finish(FINISH_LENGTH, text, [generated])
+    elif reason is not None:
+        seq.finish(reason, text, [generated])
     else:
         seq.send(StreamChunk(text=text, tokens=[generated], prompt_tokens=seq.take_prompt_tokens()))

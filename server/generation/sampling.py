@@ -1,7 +1,8 @@
 """Next-token choice for one sequence from its last-position logits (numpy only).
 
-Order of processing: logit bias -> min_tokens (eos and stop ids masked) -> repetition penalty -> presence /
-frequency penalties -> temperature -> min-p -> top-k -> top-p -> draw. The logit bias is added to the model's logits (OpenAI's `logit_bias`); the repetition
+Order of processing: the sequence's logits processors (logits_processors.py: logit bias -> min_tokens (eos and stop
+ids masked) -> repetition penalty -> presence / frequency penalties) -> temperature -> min-p -> top-k -> top-p ->
+draw. The logit bias is added to the model's logits (OpenAI's `logit_bias`); the repetition
 penalty (CTRL's) counts the prompt's tokens too; the presence and frequency penalties (OpenAI's) count only the
 generated ones: logit -= presence * [count > 0] + frequency * count.
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .logits_processors import (LogitBias, LogitsProcessor, MinTokens, PresenceFrequency, RepetitionPenalty,
+                               apply_processors, apply_repetition_penalty)
 from .params import GenerationParams
 
 
@@ -28,7 +31,8 @@ class Choice:
 
 
 class Sampler:
-    """Sampling state of one sequence: its own random generator and the token ids it has seen.
+    """Sampling state of one sequence: its own random generator and its logits processors (the seam where a
+    grammar's token mask joins: strategies.py).
 
     The generator belongs to the request, so a seed gives the same draws whatever else shares the batch.
     """
@@ -41,26 +45,21 @@ class Sampler:
         self.vocab_size = vocab_size
         self.generated = 0
         self._forced = forced or {}
-        # Tokens that would end the sequence, masked until min_tokens are generated.
-        self._enders: np.ndarray | None = None
+        self._rng: np.random.Generator | None = None    # made at the first draw: greedy never needs one
+        # In the order they apply: bias -> min_tokens -> repetition -> presence / frequency.
+        self.processors: list[LogitsProcessor] = []
+        if params.logit_bias:
+            self.processors.append(LogitBias(params.logit_bias))
+        self._min: MinTokens | None = None
         if params.min_tokens > 0:
             enders = sorted(t for t in {*params.stop_token_ids, eos_id} if t is not None and 0 <= t < vocab_size)
-            self._enders = np.array(enders, dtype=np.int64) if enders else None
-        self._rng: np.random.Generator | None = None    # made at the first draw: greedy never needs one
-        # CTRL-style penalty counts the prompt's tokens as already present (as CTRL and HF do).
-        self._seen: np.ndarray | None = None
+            if enders:
+                self._min = MinTokens(np.array(enders, dtype=np.int64), params.min_tokens)
+                self.processors.append(self._min)
         if params.repetition_penalty != 1.0:
-            self._seen = np.zeros(vocab_size, dtype=bool)
-            ids = np.asarray(prompt_ids, dtype=np.int64)
-            self._seen[ids[(ids >= 0) & (ids < vocab_size)]] = True
-        # How often each token was generated (presence / frequency penalties).
-        self._counts: np.ndarray | None = None
+            self.processors.append(RepetitionPenalty(params.repetition_penalty, vocab_size, prompt_ids))
         if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
-            self._counts = np.zeros(vocab_size, dtype=np.float64)
-        self._bias: tuple[np.ndarray, np.ndarray] | None = None
-        if params.logit_bias:       # ids within the vocabulary (the engine refuses others)
-            self._bias = (np.array([t for t, _ in params.logit_bias], dtype=np.int64),
-                          np.array([b for _, b in params.logit_bias], dtype=np.float64))
+            self.processors.append(PresenceFrequency(params.presence_penalty, params.frequency_penalty, vocab_size))
 
     @property
     def rng(self) -> np.random.Generator:
@@ -72,26 +71,22 @@ class Sampler:
 
     @property
     def batch_greedy(self) -> bool:
-        """Its next choice is the argmax of the logits with at most masked_enders set to -inf: greedy, nothing added
-        to the logits, no logprobs (choose_rows takes such rows together)."""
+        """Its next choice is the argmax of the logits with at most masked_enders set to -inf: greedy, no processor
+        but min_tokens, no logprobs (choose_rows takes such rows together)."""
         p = self.params
-        return (p.temperature == 0 and not p.wants_logprobs and self._bias is None and self._seen is None
-                and self._counts is None and self.generated not in self._forced)
+        return (p.temperature == 0 and not p.wants_logprobs and self.generated not in self._forced
+                and all(q is self._min for q in self.processors))
 
     @property
     def masked_enders(self) -> np.ndarray | None:
         """The ids masked from the next choice: the ending tokens while fewer than min_tokens are generated."""
-        return self._enders if self._enders is not None and self.generated < self.params.min_tokens else None
+        return self._min.masked if self._min is not None else None
 
     def observe(self, token_id: int) -> None:
-        """Record a generated token (for the penalties)."""
+        """Record a generated token (its processors advance)."""
         self.generated += 1
-        if not 0 <= token_id < self.vocab_size:
-            return
-        if self._seen is not None:
-            self._seen[token_id] = True
-        if self._counts is not None:
-            self._counts[token_id] += 1
+        for processor in self.processors:
+            processor.advance(token_id)
 
     def choose(self, logits: np.ndarray) -> Choice:
         """Pick the next token from one row of logits, shape [V]."""
@@ -103,14 +98,7 @@ class Sampler:
             logp = forced_logprobs(self.vocab_size, forced)
             return Choice(forced, 0.0, top_n(logp, p.top_logprobs))
         scores = np.array(logits[: self.vocab_size], dtype=np.float64)   # our own copy: edited in place below
-        if self._bias is not None:
-            scores[self._bias[0]] += self._bias[1]
-        if self._enders is not None and self.generated < p.min_tokens:
-            scores[self._enders] = -np.inf
-        if self._seen is not None:
-            scores = apply_repetition_penalty(scores, self._seen, p.repetition_penalty)
-        if self._counts is not None:
-            scores = scores - (p.presence_penalty * (self._counts > 0) + p.frequency_penalty * self._counts)
+        apply_processors(self.processors, scores)
         if p.temperature > 0:
             scores = scores / p.temperature
         if p.temperature == 0:
@@ -159,14 +147,6 @@ def forced_logprobs(vocab_size: int, token: int) -> np.ndarray:
     logp = np.full(vocab_size, -np.inf)
     logp[token] = 0.0
     return logp
-
-
-def apply_repetition_penalty(scores: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
-    """CTRL penalty: for tokens already present, divide positive logits and multiply negative ones."""
-    out = scores.copy()
-    s = out[seen]
-    out[seen] = np.where(s > 0, s / penalty, s * penalty)
-    return out
 
 
 def log_softmax(scores: np.ndarray) -> np.ndarray:

@@ -44,7 +44,9 @@ decoder prompt (the start token) is a one-token first chunk: it rides the decode
 apply: a slot's keys/values depend on the source, so such sequences track no tokens.
 
 A *gang* (`SeqState.gang` = n on the first of n consecutive waiting sequences: the beams of one beam search) is
-admitted together or not at all, into n free slots at once, so all its beams step in the same iterations.
+admitted together or not at all, into n free slots at once, so all its beams step in the same iterations. Members
+that `follow` (a decoder's beams but the first) prefill nothing: the gang's first carries the prompt, and its
+strategy copies it into their slots.
 
 The executor runs the plan; a sequence's status moves WAITING → PREFILLING → DECODING → FINISHED
 through the methods below, which the engine calls as results come back.
@@ -81,6 +83,9 @@ class SeqState:
     source: int = 0              # source tokens the encoder runs at admission (seq2seq; 0 = none)
     gang: int = 1                # this and the next gang - 1 waiting sequences are admitted together (beams)
     reserve: int = 0             # tokens its request may hold (prompt + max_new_tokens + source): admission's count
+    # A gang member whose prompt comes by a copy from the gang's first (a decoder's beam search: beams.py): it
+    # takes its slot with the gang and prefills nothing; its strategy makes it DECODING (`prefilled`).
+    follows: bool = False
 
     @classmethod
     def of(cls, prompt: list[int], owner: Any = None) -> "SeqState":
@@ -254,7 +259,7 @@ class Scheduler:
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.status is Status.PREFILLING:
+            if seq.status is Status.PREFILLING and not seq.follows:
                 n = _chunk(seq.remaining_prompt, budget)
                 calls.append(PrefillCall((Chunk(seq, seq.computed, n),), first_prompt=False))
                 budget -= n
@@ -274,6 +279,7 @@ class Scheduler:
             if coming - reused >= self.config.min_reuse_tokens:
                 break    # a running sequence is computing more of this prompt: wait for it, do not compute it twice
             encoding = [q for q in gang if q.source]
+            filling = [q for q in gang if not q.follows]
             new_encode = max([source_width, *(q.source for q in encoding)]) * (len(encode) + len(encoding))
             if reused:
                 rest = seq.prompt_len - reused
@@ -282,7 +288,7 @@ class Scheduler:
                     break    # as below: a long rest waits for a budget of its own
             else:
                 n = _chunk(seq.prompt_len, budget)
-                cost = max(width, n) * (len(admitted) + len(gang)) + new_encode
+                cost = max(width, n) * (len(admitted) + len(filling)) + new_encode
                 if (admitted or encode) and cost > budget:
                     break
                 if not admitted and (n < seq.prompt_len or cost > budget) and calls:
@@ -302,9 +308,9 @@ class Scheduler:
                 calls.append(PrefillCall((Chunk(seq, reused, n),), first_prompt=False))
                 budget -= n
             else:
-                for member in gang:
+                for member in filling:
                     admitted.append(Chunk(member, 0, _chunk(member.prompt_len, budget)))
-                width = max(width, *(c.length for c in admitted[-len(gang):]))
+                width = max(width, *(c.length for c in admitted[-len(filling):]))
         if admitted:
             budget -= width * len(admitted)
             calls.extend(_contiguous_groups(admitted))

@@ -13,6 +13,7 @@ from .detokenize import IncrementalDetokenizer, StopMatcher
 from .params import GenerationParams
 from .results import GeneratedToken, StreamChunk, TokenLogprob, Usage, merge_chunks
 from .sampling import Choice, Sampler
+from .strategies import SAMPLING, Strategy
 
 if TYPE_CHECKING:
     from .scheduler import SeqState
@@ -45,6 +46,7 @@ class Sequence:
     source_ids: list[int] | None = None
     # The beams.BeamSearch answering this request (num_beams > 1); typed loosely: beams.py builds on this module.
     search: Any = None
+    strategy: Strategy = SAMPLING        # how its rows choose (strategies.py); its beams choose for a beam search
     # An error taken off the queue behind chunks that were merged (next_chunk): raised by the next call.
     held_error: BaseException | None = None
     stream_interval: int = 1             # GenerationConfig.stream_interval
@@ -112,6 +114,11 @@ class Sequence:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def source_states(self) -> "list[SeqState]":
+        """The states that read this request's source (an encoder-decoder's): its own."""
+        return [self.state] if self.state is not None else []
 
     @property
     def budget(self) -> int:

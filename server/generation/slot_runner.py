@@ -31,6 +31,7 @@ import onnxruntime as ort
 from modelpkg import MIXED_PREFIX
 
 from .device_cache import CacheBuffers, Device
+from .encoder_step import EncodeRow
 from .scheduler import Copy
 from .spec import DecoderSpec
 
@@ -239,6 +240,13 @@ class SlotRunner:
 
     def idle(self) -> None:
         """The engine has nothing in flight and no slot in use (called from its loop between runs)."""
+
+    def encode(self, rows: list[EncodeRow]) -> None:
+        """A decoder has no encoder: the scheduler plans no encoder step for it."""
+        raise RuntimeError("a decoder-only package has no encoder step")
+
+    def warm(self, label: str) -> None:
+        """After the warm-up's calls (warmup.py): nothing of a decoder's own to settle."""
 
     # ------------------------------------------------------------------ what a subclass adds per slot range
 

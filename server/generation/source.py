@@ -124,6 +124,6 @@ class SourceProcessor:
             return self.target_tokenizer.decode_batch([token_ids], skip_special_tokens=False)[0]
         return self.target_tokenizer.decode(token_ids, skip_special_tokens=False)
 
-    def source_text(self, token_ids: list[int]) -> str:
-        """The text of source ids (an echoed token-id prompt)."""
+    def prompt_text(self, token_ids: list[int]) -> str:
+        """The text of source ids (an echoed token-id prompt: the source is the prompt)."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)

@@ -6,20 +6,18 @@ naming the field, instead of inside every request that gets there.
 """
 from __future__ import annotations
 
-import logging
 from typing import Callable
 
 import numpy as np
 
 from .encoder_step import EncodeRow
+from .runner import Runner
 from .seq2seq_spec import SourceSpec
-from .slot_runner import DecodeRow, PrefillRow, SlotRunner
+from .slot_runner import DecodeRow, PrefillRow
 from .spec import DecoderSpec
 
-logger = logging.getLogger(__name__)
 
-
-def warm_up(runner: SlotRunner, spec: DecoderSpec, source: SourceSpec | None, chunk_tokens: int,
+def warm_up(runner: Runner, spec: DecoderSpec, source: SourceSpec | None, chunk_tokens: int,
             label: str) -> None:
     """A two-row first prompt, a continuation chunk, a decode step over every slot with a hole, and the mixed
     graph's decode + chunk; then the edges. Raises on any failure; the slots' contents do not matter afterwards
@@ -27,7 +25,7 @@ def warm_up(runner: SlotRunner, spec: DecoderSpec, source: SourceSpec | None, ch
     start = next((t for t in (spec.bos_id, spec.eos_id) if t is not None), 0)
     if source is not None:
         start = source.start_id
-        _warm_source(runner, spec, source, label)
+        _warm_source(runner, spec, source)
     r, n = runner, runner.num_slots
     chunk = max(1, min(chunk_tokens, spec.max_length // 2))
     pair = [PrefillRow(0, [start] * chunk, 0)] + ([PrefillRow(1, [start], 0)] if n > 1 else [])
@@ -49,12 +47,12 @@ def warm_up(runner: SlotRunner, spec: DecoderSpec, source: SourceSpec | None, ch
     _edge(lambda: r.decode([DecodeRow(0, top, 1)], {}), f"model.json {vocab} {top + 1}: token id {top}", spec)
     _edge(lambda: r.decode([DecodeRow(0, start, last)], {}), f"model.json {length} {last + 1}: position {last}",
           spec)
+    runner.warm(label)    # the runner's own parts (an encoder-decoder's cross buffers back to size, its encoder timed)
 
 
-def _warm_source(r: SlotRunner, spec: DecoderSpec, source: SourceSpec, label: str) -> None:
+def _warm_source(r: Runner, spec: DecoderSpec, source: SourceSpec) -> None:
     """An encoder-decoder's source side: the encoder at the source vocabulary's last id and at
     max_source_length (two rows of one call, one padded), each written into a slot and read by a decode step."""
-    assert hasattr(r, "encode")
     top, longest = source.vocab_size - 1, source.max_length
     pair = min(2, r.num_slots)
 
@@ -64,11 +62,6 @@ def _warm_source(r: SlotRunner, spec: DecoderSpec, source: SourceSpec, label: st
 
     _edge(run, f"model.json encoder_decoder.source_vocab_size {top + 1} / max_source_length {longest}: "
                f"source token id {top} and a source of {longest} tokens", spec, pair)
-    r.reset_cross()                    # type: ignore[attr-defined]   (the warm-up grew it to max_source_length)
-    cost = r.encoder.calibrate()      # type: ignore[attr-defined]
-    if cost is not None:
-        logger.info("%s encoder: a call costs %.2f ms and a padded source token %.1f us (sources split by "
-                    "length where that costs less)", label, cost.call * 1e3, cost.token * 1e6)
 
 
 def _edge(call: Callable[[], np.ndarray], what: str, spec: DecoderSpec, rows: int = 1) -> None:
