@@ -31,13 +31,13 @@ def export_hf_decoder(hf, name: str, tokenizer_dir: Path, root: Path) -> Path:
 
 
 @contextmanager
-def serve_hf_decoders(build: Callable[[int, int], dict[str, Any]], tokenizer_dir: Path, root: Path
-                      ) -> Iterator[tuple[ServerProcess, Path, dict[str, Any], Tokenizer]]:
+def serve_hf_decoders(build: Callable[[int, int], dict[str, Any]], tokenizer_dir: Path, root: Path,
+                      extra_args: tuple[str, ...] = ()) -> Iterator[tuple[ServerProcess, Path, dict[str, Any], Tokenizer]]:
     """build(vocab_size, end-of-text id) -> {package name: transformers model}; each is exported, then one server
     (4 sequences, prompts prefilled in chunks of 4) serves them all. Yields (server, repository, models, tokenizer)."""
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     models = build(tok.get_vocab_size(), tok.token_to_id("<|endoftext|>"))
     for name, hf in models.items():
         export_hf_decoder(hf, name, tokenizer_dir, root)
-    with ServerProcess(root / "repo", list(SERVER_ARGS)) as server:
+    with ServerProcess(root / "repo", [*SERVER_ARGS, *extra_args]) as server:
         yield server, root / "repo", models, tok

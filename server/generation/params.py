@@ -182,7 +182,7 @@ class GenerationParams:
 # none (its selection is over every beam's log-softmax; transformers' logits processors are not served here).
 _NOT_WITH_BEAMS = (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("min_tokens", 0),
                    ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                   ("logit_bias", ()), ("stop", ()), ("stop_token_ids", ()), ("logprobs", False),
+                   ("logit_bias", ()), ("stop", ()), ("stop_token_ids", ()),
                    ("top_logprobs", 0), ("prompt_logprobs", None))
 
 

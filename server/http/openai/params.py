@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
+
 from server.protocol.errors import Code, ServingError
 from server.generation import GenerationParams
 from server.http.openai.protocol import SamplingRequest
@@ -24,10 +26,12 @@ def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens
     stop = [request.stop] if isinstance(request.stop, str) else request.stop
     if stop is not None and not all(isinstance(s, str) for s in stop):
         raise ServingError.invalid("stop", "must be a string or a list of strings")
-    beams = request.num_beams is not None and request.num_beams > 1
+    num_beams = beam_width(request)
+    beams = num_beams is not None and num_beams > 1
     if beams and request.stream:
-        raise ServingError.invalid("num_beams", "a beam search's hypotheses are only known at its end, so it is not "
-                                                "streamed; use num_beams 1 to stream, or stream false")
+        name = "use_beam_search" if request.use_beam_search is True else "num_beams"
+        raise ServingError.invalid(name, "a beam search's hypotheses are only known at its end, so it is not "
+                                         "streamed; use num_beams 1 to stream, or stream false")
     # A beam search samples nothing: OpenAI's default temperature of 1 does not apply to it.
     temperature = request.temperature if request.temperature is not None else 0.0 if beams else DEFAULT_TEMPERATURE
     try:
@@ -38,11 +42,28 @@ def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens
             presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
             logit_bias=request.logit_bias, min_p=request.min_p, min_tokens=request.min_tokens,
             stop_token_ids=request.stop_token_ids, stop=stop, seed=request.seed, logprobs=logprobs is not None,
-            top_logprobs=logprobs or 0, ignore_eos=request.ignore_eos, num_beams=request.num_beams,
+            top_logprobs=logprobs or 0, ignore_eos=request.ignore_eos, num_beams=num_beams,
             length_penalty=request.length_penalty, early_stopping=request.early_stopping,
             target_language=request.target_language, source_language=request.source_language)
     except ValueError as exc:
         raise _invalid(exc, max_tokens_field) from None
+
+
+def beam_width(request: SamplingRequest) -> int | None:
+    """The beams asked for: num_beams, or vLLM's spelling — use_beam_search true with best_of beams (n when
+    best_of is absent), whose n best hypotheses are the choices."""
+    if request.use_beam_search is msgspec.UNSET or request.use_beam_search is None \
+            or request.use_beam_search is False:
+        return request.num_beams
+    if request.use_beam_search is not True:
+        raise ServingError.invalid("use_beam_search", f"must be true or false, got {request.use_beam_search!r}")
+    width = request.best_of if request.best_of is not None else (request.n or 1)
+    if request.num_beams is not None and request.num_beams != width:
+        raise ServingError.invalid("num_beams", f"with use_beam_search the beams are best_of (or n): {width}, "
+                                                f"got num_beams {request.num_beams}")
+    if width < 2:
+        raise ServingError.invalid("best_of", f"use_beam_search needs at least 2 beams (best_of, or n), got {width}")
+    return width
 
 
 def _invalid(exc: ValueError, max_tokens_field: str) -> ServingError:
@@ -60,7 +81,7 @@ def choices(request: SamplingRequest, params: GenerationParams) -> list[Generati
     n = 1 if request.n is None else request.n
     if not 1 <= n <= MAX_CHOICES:
         raise ServingError.invalid("n", f"must be in [1, {MAX_CHOICES}], got {n}")
-    if request.best_of is not None and request.best_of != n:
+    if request.best_of is not None and request.best_of != n and request.use_beam_search is not True:
         raise ServingError.invalid("best_of", f"only best_of = n is supported (no ranking), got {request.best_of}")
     if params.num_beams > 1:     # the n best hypotheses of one search, best first
         if n > params.num_beams:

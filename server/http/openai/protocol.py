@@ -24,7 +24,7 @@ from server.protocol.errors import ServingError
 UNSET = msgspec.UNSET   # absent (null is None): the refusal tells them apart from a given value
 # Field -> the values that leave the answer as this server computes it (absent and null are always accepted).
 _SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "use_beam_search": (False,), "do_sample": (True,), "typical_p": (1, 1.0), "suffix": ("",),
+    "do_sample": (True,), "typical_p": (1, 1.0), "suffix": ("",),
     "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
     "guided_grammar": (), "structured_outputs": (), "allowed_token_ids": (), "bad_words": ([],),
     "logits_processors": ([],), "truncate_prompt_tokens": (), "prompt_embeds": (),
@@ -87,7 +87,8 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     prompt_logprobs: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    # Beam search (encoder-decoder models), as transformers' generate takes it: `n` <= num_beams best hypotheses.
+    # Beam search, as transformers' generate takes it: `n` <= num_beams best hypotheses; or vLLM's spelling,
+    # use_beam_search true with best_of beams (n when best_of is absent).
     num_beams: int | None = None
     length_penalty: float | None = None
     early_stopping: bool | str | None = None
@@ -95,8 +96,8 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     # as gRPC GenerateRequest.target_language); a model without languages refuses it by name.
     target_language: str | None = None
     source_language: str | None = None     # the source text's language token (default: the tokenizer's)
+    use_beam_search: Any = UNSET       # checked in params.py (a non-boolean is refused naming it)
     # Refused unless off (UNSUPPORTED); typed loosely so that any value reaches the refusal naming the field.
-    use_beam_search: Any = UNSET
     do_sample: Any = UNSET
     typical_p: Any = UNSET
     response_format: Any = UNSET
