@@ -75,17 +75,16 @@ class Admission:
         need = sum((len(prompts[members[0]]) + extra + jobs[members[0]][1].max_new_tokens) * width
                    for members, width in groups)
         self._check_load(jobs, prompts, slots, need, field)
-        seqs: list[Sequence | None] = [None] * len(jobs)
+        seqs: dict[int, Sequence] = {}
         for members, width in groups:
             created = [self._sequence(prompts[i], jobs[i][1], deadline) for i in members]
-            for i, seq in zip(members, created):
-                seqs[i] = seq
+            seqs.update(zip(members, (seq for seq, _ in created)))
             if width == 1 and jobs[members[0]][1].num_beams == 1:
-                self._scheduler.add(created[0].state)   # type: ignore[arg-type]
+                self._scheduler.add(created[0][1])
             else:
-                self._add_search(created)
+                self._add_search([seq for seq, _ in created])
         self._changed()
-        return seqs   # type: ignore[return-value]
+        return [seqs[i] for i in range(len(jobs))]
 
     def abandon(self, seq: Sequence) -> None:
         """The consumer went away: a waiting request leaves now, a running one at the next iteration."""
@@ -125,7 +124,8 @@ class Admission:
             raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
                                   f"this request needs {need}, the limit is {cfg.max_tokens_in_flight}")
 
-    def _sequence(self, ids: list[int], params: GenerationParams, deadline: float | None) -> Sequence:
+    def _sequence(self, ids: list[int], params: GenerationParams, deadline: float | None
+                  ) -> tuple[Sequence, SeqState]:
         """One job's sequence (a decoder's prompt, or an encoder-decoder's source) and its scheduler state."""
         spec = self._spec
         if self._source is None:
@@ -133,18 +133,18 @@ class Admission:
                                   stream_interval=self._config.stream_interval)
             # A request scoring its prompt needs the logits at every prompt position, so none may come from a
             # copied prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
-            seq.state = (SeqState.of(ids, owner=seq) if params.prompt_logprobs is None
-                         else SeqState(len(ids), owner=seq))
-            seq.state.reserve = seq.budget
-            return seq
+            state = SeqState.of(ids, owner=seq) if params.prompt_logprobs is None else SeqState(len(ids), owner=seq)
+            state.reserve = seq.budget
+            seq.state = state
+            return seq, state
         prompt = [self._source.start_id]
         seq = Sequence.create(prompt, params, self._tokenizer, spec.vocab_size, deadline, spec.eos_id,
                               source_ids=ids,
                               forced=self._source.forced(params.max_new_tokens, params.target_language),
                               stream_interval=self._config.stream_interval)
         # Its keys/values depend on its source: no tokens tracked, nothing reused or remembered of its slot.
-        seq.state = SeqState(len(prompt), owner=seq, source=len(ids), reserve=seq.budget)
-        return seq
+        seq.state = state = SeqState(len(prompt), owner=seq, source=len(ids), reserve=seq.budget)
+        return seq, state
 
     def _add_search(self, requests: list[Sequence]) -> None:
         """One beam search answering `requests` (identical jobs): its beams wait as one gang of states."""
@@ -161,11 +161,10 @@ class Admission:
         source = len(requests[0].source_ids or ())
         for beam in search.beams:
             first = beam.index == 0
-            # A decoder's prompt is prefilled once, in beam 0's slot; the first step's copies bring it to the
-            # others (beams.py). An encoder-decoder's prompt is its one start token: every beam writes its own.
+            # The prompt is prefilled once, in beam 0's slot; the first step's copies bring it to the others
+            # (beams.py). The source is encoded into every beam's slot (the encoder step's row names them all).
             beam.state = SeqState(len(search.prompt_ids), owner=beam, source=source if first else 0,
-                                  gang=params.num_beams if first else 1, reserve=beam.budget,
-                                  follows=not first and self._source is None)
+                                  gang=params.num_beams if first else 1, reserve=beam.budget, follows=not first)
             self._scheduler.add(beam.state)
 
     def _groups(self, jobs: list[Job]) -> list[tuple[list[int], int]]:

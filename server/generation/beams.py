@@ -13,8 +13,8 @@ The prompt is prefilled ONCE, in beam 0's slot; the other beams take their slots
 (`SeqState.follows`). The first step reads beam 0's logits alone (the others' candidates score -1e9 whatever their
 logits, as in transformers), and every continuation it keeps but the best is homeless, so that step's copies put
 the prompt's rows into every other beam's slot — the copy a prefill of each beam would have made redundant, at the
-cost of a slot-to-slot copy instead of k - 1 prompts' compute. An encoder-decoder's prompt is its start token, a
-row of the decode call like any other (there is nothing to save).
+cost of a slot-to-slot copy instead of k - 1 prompts' compute. An encoder-decoder's prompt (its start token) goes
+the same way: beam 0 writes it, the copies of the first step bring it to the others.
 
 The selection is `transformers`' (generation/utils.py `_beam_search`, 5.x), step by step, so the hypotheses equal
 its `generate(num_beams=k)`: scores are float32 sums of log-softmax; the first step counts beam 0 only (the

@@ -250,7 +250,7 @@ class Scheduler:
         admittable = min(len(self.waiting), len(self._free))
         # Sources (an encoder-decoder's arrivals) always take the large budget: one is never cut, so the chunk
         # budget would admit ONE source an iteration however many slots are free, and the decode calls would run
-        # narrow while the queue trickles in (OPUS-MT shape, 64 slots: 40 rows a step on average instead of 55).
+        # narrow while the queue trickles in (bench/FINDINGS.md, "Figures moved out of server/generation").
         sources_wait = bool(self.waiting) and self.waiting[0].source > 0
         budget = self.config.chunk_tokens if decode and admittable <= len(decode) and not sources_wait \
             else self.config.max_prefill_tokens
