@@ -1,6 +1,7 @@
 """Output processing: a chosen token becomes the request's next chunk — its text (never a partial character,
-never a stop sequence or the part of one that may still complete), the end of the sequence when the token or
-the text says so, and the chunk on the request's queue. Runs on the event loop, after the step."""
+never a stop sequence or the part of one that may still complete) with the tokens whose text it releases
+(sequence.py: the token list beside the text), the end of the sequence when the token (stops.py) or the text says
+so, and the chunk on the request's queue. Runs on the event loop, after the step."""
 from __future__ import annotations
 
 from tokenizers import Tokenizer
@@ -22,10 +23,12 @@ def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, rules: StopR
     if reason is not None and reason != FINISH_LENGTH:
         seq.finish(reason, tokens=[generated])
         return
-    text = seq.stopper.feed(seq.detokenizer.push(token))
+    text = seq.add_text(generated, seq.detokenizer.push(token))
     if seq.stopper.stopped:
-        seq.finish(FINISH_STOP, text, [generated])
+        seq.finish(FINISH_STOP, text)
     elif reason is not None:
-        seq.finish(reason, text, [generated])
+        seq.finish(reason, text)
     else:
-        seq.send(StreamChunk(text=text, tokens=[generated], prompt_tokens=seq.take_prompt_tokens()))
+        released = seq.take_released()
+        if text or released:     # (nothing when a stop string may still take this token's text)
+            seq.send(StreamChunk(text=text, tokens=released, prompt_tokens=seq.take_prompt_tokens()))

@@ -1,4 +1,12 @@
-"""One request's life in the engine: its prompt, sampler, text pipeline and output queue."""
+"""One request's life in the engine: its prompt, sampler, text pipeline and output queue.
+
+The token list beside the text (docs/protocol.md, "Tokens beside the text"): a response's tokens are exactly the
+tokens whose text is in its output, in order, and last the token that ended it without text of its own (eos, a stop
+id). A token goes out with the chunk that releases its text, so a token whose text a stop string may still remove
+waits with that text (`ledger`); when a stop string ends the output, the tokens wholly inside it (or past it) are
+dropped with their text, and one in which it begins stays. With ignore_eos, eos is an ordinary token: the text keeps
+its (special) text, as every special token's.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -56,6 +64,11 @@ class Sequence:
     # Collected whole (a unary request): every chunk waits for the final one, so no token costs a queue round trip
     # on the event loop (bench/FINDINGS.md).
     whole: bool = False
+    # Generated tokens not yet sent, each with where its text starts and ends in the text produced so far;
+    # `released`: how much of that text the stop matcher let out.
+    ledger: list[tuple[GeneratedToken, int, int]] = field(default_factory=list)
+    produced: int = 0
+    released: int = 0
 
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
@@ -63,7 +76,9 @@ class Sequence:
                forced: dict[int, int] | None = None, stream_interval: int = 1) -> "Sequence":
         return cls(prompt_ids=prompt_ids, params=params,
                    sampler=Sampler(params, vocab_size, prompt_ids, eos_id, forced),
-                   detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), stopper=StopMatcher(params.stop),
+                   detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids,
+                                                      skip_special_tokens=not params.ignore_eos),
+                   stopper=StopMatcher(params.stop),
                    deadline=deadline, source_ids=source_ids, stream_interval=stream_interval,
                    prompt_tokens=None if params.prompt_logprobs is None
                    else [GeneratedToken(prompt_ids[0], token=token_text(tokenizer, prompt_ids[0]))])
@@ -106,6 +121,25 @@ class Sequence:
             chunk, self.held, self.held_tokens = merge_chunks(self.held), [], 0
         self.queue.put_nowait(chunk)
 
+    def add_text(self, token: GeneratedToken, text: str) -> str:
+        """A generated token and the text it produced (detokenized, not yet stop-matched) -> the text released now;
+        the token joins the ledger."""
+        self.ledger.append((token, self.produced, self.produced + len(text)))
+        self.produced += len(text)
+        return self._release(self.stopper.feed(text))
+
+    def take_released(self) -> list[GeneratedToken]:
+        """The ledger's tokens whose text is all released (they go with the chunk that carries it)."""
+        n = 0
+        while n < len(self.ledger) and self.ledger[n][2] <= self.released:
+            n += 1
+        out, self.ledger = [t for t, _, _ in self.ledger[:n]], self.ledger[n:]
+        return out
+
+    def _release(self, text: str) -> str:
+        self.released += len(text)
+        return text
+
     def take_prompt_tokens(self) -> list[GeneratedToken]:
         """The scored prompt, once (for the chunk that carries the first generated token); [] afterwards."""
         tokens, self.prompt_tokens = self.prompt_tokens or [], None
@@ -145,14 +179,22 @@ class Sequence:
         if self.done:
             return
         if not self.stopper.stopped:
-            text += self.stopper.feed(self.detokenizer.flush())
+            rest = self.detokenizer.flush()
+            if self.ledger:     # the text the detokenizer held is its last tokens'
+                token, start, end = self.ledger[-1]
+                self.ledger[-1] = (token, start, end + len(rest))
+            self.produced += len(rest)
+            text += self._release(self.stopper.feed(rest))
             if self.stopper.stopped:
                 reason = "stop"
-            text += self.stopper.flush()
+            text += self._release(self.stopper.flush())
+        # Stopped by a stop string: the tokens that begin past the cut are not in the output.
+        kept = [t for t, start, _ in self.ledger if start < self.released or not self.stopper.stopped]
+        self.ledger = []
         self.finish_reason = reason
         self.finished_at = time.monotonic()
-        self.send(StreamChunk(text=text, tokens=tokens or [], final=True, finish_reason=reason, usage=self.usage(),
-                              prompt_tokens=self.take_prompt_tokens()))
+        self.send(StreamChunk(text=text, tokens=kept + (tokens or []), final=True, finish_reason=reason,
+                              usage=self.usage(), prompt_tokens=self.take_prompt_tokens()))
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:

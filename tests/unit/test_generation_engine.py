@@ -316,7 +316,7 @@ def test_a_consumer_that_fell_behind_gets_the_waiting_chunks_as_one(bigram: Pack
     assert len(kept_up) == 12 and all(len(c.tokens) == 1 for c in kept_up)   # read as they come: one per token
     assert len(rest) == 1 and rest[0].final and rest[0].finish_reason == "length"
     assert [t.token_id for c in (first, *rest) for t in c.tokens] == [t.token_id for c in kept_up for t in c.tokens]
-    assert first.text + rest[0].text == "".join(c.text for c in kept_up) == "é漢🙂xx"
+    assert first.text + rest[0].text == "".join(c.text for c in kept_up) == "é漢🙂<|endoftext|>xx"   # ignore_eos
     assert rest[0].usage == kept_up[-1].usage
 
 
@@ -349,7 +349,7 @@ def test_a_stream_interval_sends_the_first_token_alone_then_n_per_chunk(bigram: 
     each, grouped = run(body())
     assert [len(c.tokens) for c in grouped] == [1, 4, 4, 1] and [c.final for c in grouped] == [False] * 3 + [True]
     assert [t.token_id for c in grouped for t in c.tokens] == [t.token_id for c in each for t in c.tokens]
-    assert "".join(c.text for c in grouped) == "".join(c.text for c in each) == "é漢🙂"
+    assert "".join(c.text for c in grouped) == "".join(c.text for c in each) == "é漢🙂<|endoftext|>"
     assert grouped[-1].usage == each[-1].usage and grouped[-1].finish_reason == each[-1].finish_reason
 
 
@@ -466,18 +466,22 @@ def test_a_request_collected_whole_queues_one_chunk_and_answers_as_streamed(bigr
         return streamed, whole
 
     streamed, whole = run(body())
-    assert len(streamed) == 10 and whole.text == "".join(c.text for c in streamed) == "é漢🙂"
+    assert whole.text == "".join(c.text for c in streamed) == "é漢🙂<|endoftext|>"     # ignore_eos: eos's text too
+    assert sum(len(c.tokens) for c in streamed) == 10
     assert [t.token_id for t in whole.tokens] == [t.token_id for c in streamed for t in c.tokens]
     assert (whole.finish_reason, whole.usage) == (streamed[-1].finish_reason, streamed[-1].usage)
 
 
-def test_ignore_eos_continues_past_it(bigram: Package) -> None:
+def test_ignore_eos_continues_past_it_and_keeps_its_text(bigram: Package) -> None:
+    """With ignore_eos, eos is an ordinary token: its text is in the output, as the token is in the list."""
     async def body() -> Any:
         async with bigram.engine() as engine:
-            return await engine.generate("Z", GenerationParams.validate(max_new_tokens=12, ignore_eos=True))
+            return await engine.generate("Z", GenerationParams.validate(max_new_tokens=12, ignore_eos=True,
+                                                                        logprobs=True))
 
     result = run(body())
-    assert (result.text, result.finish_reason) == ("é漢🙂xx", "length")
+    assert (result.text, result.finish_reason) == ("é漢🙂<|endoftext|>xx", "length")
+    assert bigram.tokenizer.token_to_id("<|endoftext|>") in [t.token_id for t in result.tokens]
 
 
 def test_min_tokens_holds_eos_back(bigram: Package) -> None:
