@@ -6,7 +6,8 @@ Semantics the servicers rely on:
   max_new_tokens exceed the manifest's max_length (unless truncate_prompt keeps the prompt's tail).
   An empty prompt starts from the package's bos (else eos) token.
 - finish_reason: "length" (max_new_tokens), "eos" (the package's eos, unless ignore_eos), "stop" (a
-  stop sequence or a stop_token_ids id; neither's text is in the output, the token id is in `tokens`),
+  stop sequence or a stop_token_ids id; neither's text is in the output; a stop id is the last of `tokens`, a
+  stop sequence's tokens are not in it: sequence.py, the token list beside the text),
   "cancelled" (deadline passed while running, or engine stopped).
 - Deadlines are time.monotonic() values. Passed before the prefill -> TimeoutError, nothing computed.
 - Capacity: a request's sequences (generate_many / stream_many: prompts x n) are admitted together or not at
@@ -28,11 +29,12 @@ Modules, by job:
   streams.py (chunks as streams or whole results), warmup.py (the load-time runs and edges),
   engine_metrics.py (token timings, plans, gauges);
 - a request: params.py (parameters, configuration), inputs.py / source.py (prompt or source -> checked ids),
-  sequence.py (one request's state and queue), sampling.py (the next token), outputs.py and detokenize.py
-  (token -> text, stops, chunks), results.py (chunks, results, errors);
+  sequence.py (one request's state and queue), sampling.py (the next token), logits_processors.py (the per-row
+  logits seam), outputs.py and detokenize.py (token -> text, chunks), stops.py (when a sequence ends),
+  results.py (chunks, results, errors);
 - the iteration: scheduler.py (the plan, pure Python), executor.py (the plan's calls in the thread),
-  beams.py and beam_scores.py (beam search);
-- the model's parts: factory.py (chosen by the manifest), spec.py / seq2seq_spec.py (what the engine reads of a
+  strategies.py (decoding strategies behind one interface), beams.py and beam_scores.py (beam search);
+- the model's parts: runner.py (the typed seams: Runner, InputProcessor), factory.py (chosen by the manifest), spec.py / seq2seq_spec.py (what the engine reads of a
   package), slot_runner.py / cross_runner.py (onnxruntime calls over the slots), device_cache.py (the cache
   buffers on the session's device), encoder_step.py (an encoder-decoder's sources encoded into its slots).
 """

@@ -7,7 +7,8 @@ A request's path, in parts with one job each:
   - the core loop (loop.py): each iteration the scheduler (scheduler.py, pure Python) plans which slots decode a
     token and which prompt chunks go in; the executor (executor.py) runs the plan in the engine's one worker
     thread — the onnxruntime calls over the slot cache on the session's device (slot_runner.py, device_cache.py),
-    then the next token of every row that gets one, all rows together (sampling.py);
+    then every row that gets a next token handed to its decoding strategy (strategies.py: sampling, beams), all of
+    a strategy's rows together;
   - output processing (outputs.py): each chosen token -> text, stop checks, a chunk on the request's queue, read
     as a stream or a whole result (streams.py).
 This module assembles them (with the warm-up, warmup.py, and the metrics, engine_metrics.py) behind the API the
@@ -19,9 +20,10 @@ sequence its source is encoded — in one encoder call with every other source a
 cross-attention keys/values copied once into its slot's cross buffer (encoder_step.py, device_cache.py); its
 decoder prompt is the start token, which rides the iteration's decode call, and from then on its steps batch with
 every other sequence's. Prefix caching does not apply to them (a slot's keys/values depend on the source).
-Beam search (num_beams > 1, encoder-decoders only; beams.py): a request's k beams hold k slots, admitted together,
-and step as rows of the shared decode call; n identical jobs of one request (OpenAI's `n`) are ONE search whose n
-best hypotheses answer them. A beam search's answer comes whole, at its end: it is not streamed.
+Beam search (num_beams > 1, decoders and encoder-decoders; beams.py): a request's k beams hold k slots, admitted
+together; the prompt is prefilled once and copied to the other beams by the first step, and the beams step as rows
+of the shared decode call; n identical jobs of one request (OpenAI's `n`) are ONE search whose n best hypotheses
+answer them. A beam search's answer comes whole, at its end: it is not streamed.
 
 Deadlines are time.monotonic() values: a request whose deadline passes before its prefill raises TimeoutError
 from `stream`/`generate` and is never computed; a running one ends with finish_reason "cancelled" and keeps the

@@ -5,16 +5,17 @@ worker thread: onnxruntime and numpy release the GIL, the loop keeps serving) ma
 cache — prefix copies first, then the encoder step of sources admitted this iteration (encoder-decoder packages:
 encoder_step.py), then the decode call (with the iteration's first prompt chunk in the same run when
 the package has a mixed graph), then the other prefill calls, in this order (slot_runner.py says why) — and
-then the work on their logits: the next token of every sequence that gets one this step, all rows at once
-(sampling.choose_rows), the step of every beam search whose beams decoded (beams.py; the slot copies of all
-of them made together after the last), and the scores of prompt tokens for requests that asked. What comes back
-is a typed outcome; the engine applies it on the loop.
+then the work on their logits: every row that gets a next token this step (a decode row, or the last position of
+a completed prompt) goes to its owner's strategy (strategies.plan_rows: all rows of one strategy at once; it never
+asks which kind a row is), the slot copies the strategies ask for are made together, and the prompt tokens of
+requests that asked are scored. What comes back is a typed outcome; the engine applies it on the loop (the
+strategies' `Settle`s included).
 
 A pure decode plan may come with a `Run` (GenerationConfig.decode_steps, decode_run_ms): the thread then feeds each
 row's chosen token straight back as its next decode row, up to `steps` times and within `budget_s` (a short step
 runs many times, a long one once), without returning to the loop.
-The run ends before any row's token would end its sequence (eos, a stop id, its max_new_tokens, the context, its
-deadline), so that sequence is answered at once; stop strings are only seen on the loop, so a row they end may
+The run ends before any row's token would end its sequence (stops.py: eos, a stop id, its max_new_tokens, the
+context, its deadline), so that sequence is answered at once; stop strings are only seen on the loop, so a row they end may
 compute a few tokens the engine then drops. `Run.stop` (set by the engine when a request arrives or leaves) ends
 the run after the step in progress.
 """

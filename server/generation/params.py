@@ -82,7 +82,7 @@ class GenerationParams:
     prompt_logprobs: int | None = None
     truncate_prompt: bool = False
     ignore_eos: bool = False
-    # Beam search (encoder-decoder models; server/generation/beams.py): beams per request (1 = off), the score's
+    # Beam search (server/generation/beams.py): beams per request (1 = off), the score's
     # length penalty (sum of logprobs / length ** length_penalty) and when a search ends (True: once num_beams
     # hypotheses are finished; False: when no running beam can beat them at its current length; "never": nor at
     # max_new_tokens), as transformers' generate takes them.
