@@ -98,15 +98,20 @@ def test_in_process_beams_equal_transformers_with_scores_and_two_best(served, ki
 
     async def body() -> list[list[tuple[list[int], list[float]]]]:
         engine = GenerationEngine(session, Manifest.from_dict(manifest), Tokenizer.from_file(str(d / "tokenizer.json")),
-                                  GenerationConfig(max_batch_size=6, prefill_chunk_tokens=4), None, "test")
+                                  GenerationConfig(max_batch_size=6, prefill_chunk_tokens=4, max_prefill_tokens=4),
+                                  None, "test")
         await engine.start()
         try:
             params = GenerationParams.validate(max_new_tokens=NEW, num_beams=4, logprobs=True)
             answers = []
             for prompt in PROMPTS:   # n = 2: two jobs of one search, ranks 0 and 1 (as OpenAI's n arrives)
+                # Beside a running stream, the search's prompt in chunks of 4 (max_prefill_tokens 4) as it decodes.
+                stream = engine.stream("To be", GenerationParams.validate(max_new_tokens=40, ignore_eos=True))
+                await stream.__anext__()
                 jobs = [(prompt, dataclasses.replace(params, beam_rank=j)) for j in range(2)]
                 results = await engine.generate_many(jobs)
                 answers.append([([t.token_id for t in r.tokens], [t.logprob for t in r.tokens]) for r in results])
+                await stream.aclose()
             return answers
         finally:
             await engine.stop()
