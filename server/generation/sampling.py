@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .logits_processors import (LogitBias, LogitsProcessor, MinTokens, PresenceFrequency, RepetitionPenalty,
-                               apply_processors, apply_repetition_penalty)
+                               apply_processors)
 from .params import GenerationParams
 
 

@@ -98,8 +98,16 @@ class SamplingStrategy:
     runs_ahead = True
 
     def plan(self, rows: list[StepRow], context: StepContext) -> Planned:
-        samplers = [r.state.owner.sampler for r in rows]
-        return Planned(choices=list(zip([r.state for r in rows], choose_rows(samplers, stacked(rows)))))
+        """The rows of each block chosen together (the decode call's rows: a view of its logits, no copy; each
+        sampler is the row's own, so grouping changes no choice)."""
+        blocks: dict[int, list[StepRow]] = {}
+        for row in rows:
+            blocks.setdefault(id(row.block), []).append(row)
+        out = Planned()
+        for group in blocks.values():
+            samplers = [r.state.owner.sampler for r in group]
+            out.choices += zip([r.state for r in group], choose_rows(samplers, stacked(group)))
+        return out
 
 
 SAMPLING = SamplingStrategy()

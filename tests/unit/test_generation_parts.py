@@ -11,7 +11,8 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from server.generation import GenerationConfig, GenerationParams
 from server.generation.detokenize import IncrementalDetokenizer, StopMatcher
-from server.generation.sampling import Sampler, choose_rows, nucleus, apply_repetition_penalty, log_softmax, top_n
+from server.generation.logits_processors import apply_repetition_penalty
+from server.generation.sampling import Sampler, choose_rows, nucleus, log_softmax, top_n
 
 # ---------------------------------------------------------------- parameters
 
