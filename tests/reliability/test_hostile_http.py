@@ -385,7 +385,6 @@ def test_a_request_that_can_never_be_admitted_is_invalid_not_429(
 
 @pytest.mark.parametrize("path,extra,field", [
     ("/v1/completions", {"return_token_ids": True}, "return_token_ids"),
-    ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
     ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -409,13 +408,14 @@ def test_a_field_that_would_change_the_answer_is_refused_naming_it(http: httpx.C
 
 
 @pytest.mark.parametrize("path,extra,message", [
-    ("/v1/completions", {"num_beams": 4}, "parameters.num_beams: beam search is served for encoder-decoder models"),
+    ("/v1/completions", {"use_beam_search": True}, "best_of: use_beam_search needs at least 2 beams"),
     ("/v1/completions", {"num_beams": True}, "num_beams: must be"),
     ("/v1/completions", {"num_beams": 9}, "num_beams: must be in [1, 8]"),
 ])
-def test_beams_asked_of_a_decoder_are_refused_naming_the_field(http: httpx.Client, path: str, extra: dict[str, Any],
-                                                               message: str) -> None:
-    """Beam search is an encoder-decoder's (tests/e2e/grpc/test_seq2seq_serving.py): a decoder never answers without it."""
+def test_beams_asked_wrongly_are_refused_naming_the_field(http: httpx.Client, path: str, extra: dict[str, Any],
+                                                          message: str) -> None:
+    """Beam search is served on decoders too (tests/e2e/grpc/test_decoder_beam_search.py); asked without beams to
+    search (vLLM's use_beam_search with one), or with a number that is not one, it is refused by name."""
     answer = http.post(path, json={"model": GPT, "prompt": "hi", "max_tokens": 2, "temperature": 0, **extra})
     assert answer.status_code == 400, answer.text
     assert error_of(answer).startswith(message), error_of(answer)
