@@ -6,6 +6,8 @@ logit bias -> min_tokens (eos and stop ids masked) -> repetition penalty -> pres
 Grammar-constrained decoding plugs in HERE: a processor whose `apply` sets -inf outside the tokens the grammar
 allows (llguidance's token mask) and whose `advance` moves its matcher, appended to the sequence's
 `Sampler.processors` at admission (a greedy row with such a processor then leaves choose_rows' batched argmax).
+Beam rows have no list today (beam search refuses every field that would make a processor); a grammar on beams
+would apply its mask to each beam's row in beams.BeamStrategy.plan, before the rows are scored.
 """
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
-from .logits_processors import LogitsProcessor, apply_processors  # noqa: F401  (the seam, re-exported)
 from .sampling import Choice, choose_rows
 from .scheduler import Copy, SeqState
 
