@@ -1,5 +1,5 @@
-"""A request's hold on one model version (Lease), shared by the streams of one request (SharedLease), and those
-streams as the data plane hands them out (StreamParts, with their engine spans: StreamSpans).
+"""A request's hold on one model version (Lease), shared by the streams of one request (SharedLease: each one's
+share is given back by the stream itself, server/request_stream.py).
 
 A lease is taken by DataPlane.lease() after admission (server/dataplane.py): while held, the version counts the
 request in flight and cannot close its served model; when it ends, the request is recorded in the version's
@@ -8,12 +8,10 @@ statistics (success or failure, with its duration) and the plane's in-flight cou
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Callable
 
-from server.generation import StreamChunk
 from server.model import ServedModel
 from server.protocol.errors import ServingError
-from server.protocol.types import StreamPart
 from server.repository.version import ModelVersion
 from server.runtime import tracing
 
@@ -81,78 +79,4 @@ class SharedLease:
             self._lease.__exit__(Exception if self._failed else None, None, None)   # (the statistics' outcome)
 
 
-class StreamParts:
-    """One stream of a request's streams: its chunks as StreamParts (the first with the prompt's text when
-    echoed); its end, or aclose(), gives back its share of the request's lease."""
-
-    def __init__(self, served: ServedModel, chunks: AsyncIterator[StreamChunk], echo: str | list[int] | None,
-                 held: SharedLease, parent_span: Any = None) -> None:
-        self._served, self._chunks, self._echo, self._held = served, chunks, echo, held
-        self._open = True
-        self._spans = StreamSpans(parent_span) if parent_span is not None else None
-
-    def __aiter__(self) -> "StreamParts":
-        return self
-
-    async def __anext__(self) -> StreamPart:
-        if not self._open:
-            raise StopAsyncIteration
-        try:
-            chunk = await self._chunks.__anext__()
-        except StopAsyncIteration:
-            self._end(True)
-            raise
-        except BaseException:
-            await self.aclose()
-            raise
-        text = None
-        if self._echo is not None:
-            text, self._echo = prompt_text(self._served, self._echo), None
-        if self._spans is not None:
-            self._spans.chunk(chunk)
-        if chunk.final:
-            self._end(True)
-        return StreamPart(model=self._served.name, version=self._served.version, chunk=chunk, prompt_text=text)
-
-    async def aclose(self) -> None:
-        if self._open:
-            try:
-                await self._chunks.aclose()  # type: ignore[attr-defined]
-            finally:
-                self._end(False)
-
-    def _end(self, ok: bool) -> None:
-        if self._open:
-            self._open = False
-            if self._spans is not None:
-                self._spans.end(ok)
-            self._held.end(ok)
-
-
-class StreamSpans:
-    """A stream's engine spans (tracing on): engine.first_token from submission to the first chunk, then
-    engine.decode to the last; children of the data plane's span."""
-
-    __slots__ = ("_parent", "_first", "_decode", "_tokens")
-
-    def __init__(self, parent: Any) -> None:
-        self._parent = parent
-        self._first = tracing.start("engine.first_token", parent)
-        self._decode: Any = None
-        self._tokens = 0
-
-    def chunk(self, chunk: StreamChunk) -> None:
-        self._tokens += len(chunk.tokens)
-        if self._first is not None:
-            tracing.end(self._first)
-            self._first = None
-            self._decode = tracing.start("engine.decode", self._parent)
-
-    def end(self, ok: bool) -> None:
-        error = None if ok else RuntimeError("stream closed before its end")
-        tracing.end(self._first, error)
-        tracing.end(self._decode, error, tokens=self._tokens)
-        self._first = self._decode = None
-
-
-__all__ = ["Lease", "SharedLease", "StreamParts", "StreamSpans", "prompt_text"]
+__all__ = ["Lease", "SharedLease", "check_echo", "prompt_text"]
