@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 
 from server.encoders.rerank import check_top_n, rank
 from server.generation import GenerationParams
-from server.leases import Lease, SharedLease, check_echo, prompt_text
+from server.leases import Lease, RequestStream, SharedLease, check_echo, prompt_text
 from server.model import ServedModel
 from server.protocol.errors import Code, ServingError
 from server.protocol.kserve import TextRequest, infer_operation, select_outputs, text_outputs, text_request
@@ -36,7 +36,6 @@ from server.protocol.types import (ClassifyResult, EmbedResult, FillMaskResult, 
                                    TensorMetadata, TokenClassifyResult)
 from server.repository.registry import ModelRepository
 from server.repository.version import ModelVersion
-from server.request_stream import RequestStream
 from server.runtime_config import runtime_config
 from server.runtime.metrics import Metrics
 from server.runtime.settings import ServerSettings
@@ -247,8 +246,8 @@ class DataPlane:
 
     async def generate_stream(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                               deadline: float | None = None, echo: bool = False) -> RequestStream:
-        """One sequence's stream (server/request_stream.py), admitted when this returns: its parts carry the version
-        that produces them; closing it cancels the sequence. echo: the first part carries the prompt's text."""
+        """One sequence's stream (server/leases.py), admitted when this returns: its parts carry the version that
+        produces them; closing it cancels the sequence. echo: the first part carries the prompt's text."""
         [stream] = await _streams(self.lease(model, version, "generate_stream"), lambda served: [(prompt, params)],
                                   deadline, echo, "prompt")
         return stream

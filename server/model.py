@@ -158,7 +158,7 @@ class ServedModel(ABC):
     async def stream_many(self, jobs: list[tuple[str | list[int], GenerationParams]], deadline: float | None,
                           field: str) -> list[AsyncIterator[StreamChunk]]:
         """generate_many, as one chunk stream per job (closing one cancels its sequence): the engine's own, read by
-        the request's one stream (server/request_stream.py), which maps their errors."""
+        the request's one stream (server/leases.py), which maps their errors."""
         raise self._not("generate")
 
     @abstractmethod

@@ -162,7 +162,7 @@ class DecoderModel(ServedModel):
 
     async def stream_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[SequenceStream]:
         """The engine's own streams, unwrapped: their later errors are mapped by the one stream that reads them
-        (server/request_stream.py), admission's here."""
+        (server/leases.py), admission's here."""
         with engine_errors():
             return await self.first_fit(lambda engine: engine.stream_many(jobs, deadline, field))
 

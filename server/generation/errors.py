@@ -1,5 +1,5 @@
 """The generation engine's exceptions as the data plane's one error type (server/protocol/errors.py): mapped in
-one place, for a call's admission (engine_errors) and for a stream's later chunks (server/request_stream.py)."""
+one place, for a call's admission (engine_errors) and for a stream's later chunks (server/leases.py)."""
 from __future__ import annotations
 
 import contextlib

@@ -81,7 +81,7 @@ class SequenceStream:
     """The chunks of one admitted sequence (`stream_many`): an async iterator whose aclose() cancels the
     sequence, whether or not it was ever iterated (an async generator's cleanup would not run then).
 
-    `next_chunk` is the sequence's own: the request's stream (server/request_stream.py), which keeps the end and
+    `next_chunk` is the sequence's own: the request's stream (server/leases.py), which keeps the end and
     the errors itself, reads the engine's queue through it with no frame of this one between."""
 
     __slots__ = ("_seq", "_abandon", "_ended", "next_chunk")

@@ -1,6 +1,6 @@
-"""Server-sent events and the streams behind them: a request's streams (server/request_stream.py, the ones gRPC
-reads too) opened together (errors before the 200), merged as their parts come, answered as `data: {...}` events
-ending with `data: [DONE]`."""
+"""Server-sent events and the streams behind them: a request's streams (the data plane's RequestStreams, which
+gRPC reads too) opened together (errors before the 200), merged as their parts come, answered as `data: {...}`
+events ending with `data: [DONE]`."""
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +10,7 @@ from starlette.responses import Response, StreamingResponse
 
 from server.http.errors import classify_error, openai_body
 from server.http.openai.answers import encode
-from server.protocol.types import StreamPart
-from server.request_stream import RequestStream
+from server.protocol.types import PartStream, StreamPart
 
 DONE = b"data: [DONE]\n\n"
 # SSE ends lines at CR and LF only, and JSON escapes those; but common clients (httpx's iter_lines, Python's
@@ -28,13 +27,13 @@ def sse(payload: Any) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
-def event_stream(events: AsyncIterator[bytes], streams: list[RequestStream], route: str) -> Response:
+def event_stream(events: AsyncIterator[bytes], streams: list[PartStream], route: str) -> Response:
     """The 200 answer streaming `events` (built from `streams`, which it closes at the end), then [DONE]."""
     return StreamingResponse(_ended(events, streams, route), media_type="text/event-stream",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
 
-async def _ended(events: AsyncIterator[bytes], streams: list[RequestStream], route: str) -> AsyncIterator[bytes]:
+async def _ended(events: AsyncIterator[bytes], streams: list[PartStream], route: str) -> AsyncIterator[bytes]:
     try:
         async for event in events:
             yield event
@@ -46,7 +45,7 @@ async def _ended(events: AsyncIterator[bytes], streams: list[RequestStream], rou
     yield DONE
 
 
-async def opened(streams: list[RequestStream]) -> list[StreamPart | None]:
+async def opened(streams: list[PartStream]) -> list[StreamPart | None]:
     """The first part of each of a request's streams. Admission and parameter errors answer with their status,
     not a 200 stream, so every first part is awaited (one stream's in this task, several in one task each); on an
     error every stream is closed and it is raised."""
@@ -64,12 +63,12 @@ async def opened(streams: list[RequestStream]) -> list[StreamPart | None]:
     return firsts  # type: ignore[return-value]
 
 
-async def close(streams: list[RequestStream]) -> None:
+async def close(streams: list[PartStream]) -> None:
     for st in streams:
         await st.aclose()
 
 
-async def _first(stream: RequestStream) -> StreamPart | None:
+async def _first(stream: PartStream) -> StreamPart | None:
     try:
         return await stream.__anext__()
     except StopAsyncIteration:
@@ -79,7 +78,7 @@ async def _first(stream: RequestStream) -> StreamPart | None:
         raise
 
 
-async def merged(firsts: list[StreamPart | None], streams: list[RequestStream]
+async def merged(firsts: list[StreamPart | None], streams: list[PartStream]
                  ) -> AsyncIterator[tuple[int, StreamPart]]:
     """Every part of the opened streams, each with its stream's index: the first parts in order, then the rest as
     they come — one stream's read here straight from the request's stream (no task, no queue), several through a
@@ -97,11 +96,11 @@ async def merged(firsts: list[StreamPart | None], streams: list[RequestStream]
             yield item
 
 
-async def _merge(sources: dict[int, RequestStream]) -> AsyncIterator[tuple[int, StreamPart]]:
+async def _merge(sources: dict[int, PartStream]) -> AsyncIterator[tuple[int, StreamPart]]:
     """The parts of several streams as they come, each with its stream's index."""
     queue: asyncio.Queue[tuple[int, StreamPart | BaseException | None]] = asyncio.Queue()
 
-    async def pump(i: int, source: RequestStream) -> None:
+    async def pump(i: int, source: PartStream) -> None:
         try:
             async for part in source:
                 await queue.put((i, part))
