@@ -99,7 +99,7 @@ class InProcess:
         from server.generation import GenerationParams
 
         params = GenerationParams.validate(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-        async for part in self.plane.generate_stream(self.lm, 0, prompt, params):
+        async for part in await self.plane.generate_stream(self.lm, 0, prompt, params):
             yield len(part.chunk.tokens)
 
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 import numpy as np
 from prometheus_client import generate_latest
 
 from server.encoders.rerank import check_top_n, rank
 from server.generation import GenerationParams
-from server.leases import Lease, SharedLease, StreamParts, StreamSpans, check_echo, prompt_text
+from server.leases import Lease, RequestStream, SharedLease, check_echo, prompt_text
 from server.model import ServedModel
 from server.protocol.errors import Code, ServingError
 from server.protocol.kserve import TextRequest, infer_operation, select_outputs, text_outputs, text_request
@@ -33,7 +33,7 @@ from server.protocol.pairs import Pairs, RerankResult, ScoreResult
 from server.protocol.zero_shot import ZeroShotRequest, ZeroShotResult
 from server.protocol.types import (ClassifyResult, EmbedResult, FillMaskResult, GenerateResult, InferResult, ModelInfo,
                                    ModelMetadata, ModelState, ModelStatistics, ModelStatus, RepositoryEntry,
-                                   StreamPart, TensorMetadata, TokenClassifyResult)
+                                   TensorMetadata, TokenClassifyResult)
 from server.repository.registry import ModelRepository
 from server.repository.version import ModelVersion
 from server.runtime_config import runtime_config
@@ -245,31 +245,15 @@ class DataPlane:
             return await _generated(served, _chat_jobs(served, messages, params), deadline, False, field)
 
     async def generate_stream(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
-                              deadline: float | None = None, echo: bool = False) -> AsyncIterator[StreamPart]:
-        """Chunks with the version that produces them; closing the iterator cancels the sequence. echo: the first
-        part carries the prompt's text."""
-        lease = self.lease(model, version, "generate_stream")
-        with lease as served:
-            check_echo(served, echo)
-            chunks = served.stream(prompt, params, deadline)
-            spans = StreamSpans(lease.span) if lease.span is not None else None
-            first = echo
-            ok = False
-            try:
-                async for chunk in chunks:
-                    text = prompt_text(served, prompt) if first else None
-                    first = False
-                    if spans is not None:
-                        spans.chunk(chunk)
-                    yield StreamPart(model=served.name, version=served.version, chunk=chunk, prompt_text=text)
-                ok = True
-            finally:
-                if spans is not None:
-                    spans.end(ok)
-                await chunks.aclose()  # type: ignore[attr-defined]
+                              deadline: float | None = None, echo: bool = False) -> RequestStream:
+        """One sequence's stream (server/leases.py), admitted when this returns: its parts carry the version that
+        produces them; closing it cancels the sequence. echo: the first part carries the prompt's text."""
+        [stream] = await _streams(self.lease(model, version, "generate_stream"), lambda served: [(prompt, params)],
+                                  deadline, echo, "prompt")
+        return stream
 
     async def generate_streams(self, model: str, version: int, jobs: Jobs, deadline: float | None = None,
-                               echo: bool = False, field: str = "prompt") -> list[AsyncIterator[StreamPart]]:
+                               echo: bool = False, field: str = "prompt") -> list[RequestStream]:
         """generate_stream for every (prompt, params) of one request, admitted together (as generate_many): the
         request holds its version until the last stream is closed (or ends); close every one."""
         return await _streams(self.lease(model, version, "generate_streams"), lambda served: jobs, deadline, echo,
@@ -277,7 +261,7 @@ class DataPlane:
 
     async def chat_streams(self, model: str, version: int, messages: list[dict[str, str]],
                            params: list[GenerationParams], deadline: float | None = None,
-                           field: str = "n") -> list[AsyncIterator[StreamPart]]:
+                           field: str = "n") -> list[RequestStream]:
         """chat, as generate_streams' streams: one lease from the template to the last stream's end."""
         return await _streams(self.lease(model, version, "generate_streams"),
                               lambda served: _chat_jobs(served, messages, params), deadline, False, field)
@@ -424,7 +408,7 @@ def _chat_jobs(served: ServedModel, messages: list[dict[str, str]], params: list
 
 
 async def _streams(lease: Lease, jobs_of: Callable[[ServedModel], Jobs], deadline: float | None, echo: bool,
-                   field: str) -> list[AsyncIterator[StreamPart]]:
+                   field: str) -> list[RequestStream]:
     """The streams of one request's jobs (jobs_of the leased model), admitted together, holding `lease` until the
     last one ends or is closed."""
     served = lease.__enter__()
@@ -436,7 +420,7 @@ async def _streams(lease: Lease, jobs_of: Callable[[ServedModel], Jobs], deadlin
         lease.__exit__(type(exc), exc, None)
         raise
     held = SharedLease(lease, len(streams))
-    return [StreamParts(served, stream, prompt if echo else None, held, lease.span)
+    return [RequestStream(served, stream, prompt if echo else None, held, lease.span)
             for stream, (prompt, _) in zip(streams, jobs)]
 
 

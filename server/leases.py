@@ -1,16 +1,25 @@
 """A request's hold on one model version (Lease), shared by the streams of one request (SharedLease), and those
-streams as the data plane hands them out (StreamParts, with their engine spans: StreamSpans).
+streams: RequestStream, the one stream of a generation request, which every door reads.
 
 A lease is taken by DataPlane.lease() after admission (server/dataplane.py): while held, the version counts the
 request in flight and cannot close its served model; when it ends, the request is recorded in the version's
 statistics (success or failure, with its duration) and the plane's in-flight count goes down.
+
+A RequestStream is what stands between the engine's queue of one sequence (server/generation/sequence.py) and a
+door: gRPC GenerateStream (server/grpc/task.py) and the OpenAI SSE writers (server/http/openai/) iterate it and
+only convert its parts to their wire. It reads that queue directly, carries the request's share of the lease, the
+echoed prompt's text (on the first part) and the engine spans when tracing, and maps the engine's errors to the
+protocol's (server/generation/errors.py) once. Its end — the final chunk, an error, aclose() by a door whose
+client went away or was cancelled — cancels the sequence if it still runs (its slot is freed now, not at garbage
+collection) and gives back the lease share, exactly once.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from server.generation import StreamChunk
+from server.generation.errors import serving_error
 from server.model import ServedModel
 from server.protocol.errors import ServingError
 from server.protocol.types import StreamPart
@@ -81,28 +90,43 @@ class SharedLease:
             self._lease.__exit__(Exception if self._failed else None, None, None)   # (the statistics' outcome)
 
 
-class StreamParts:
-    """One stream of a request's streams: its chunks as StreamParts (the first with the prompt's text when
-    echoed); its end, or aclose(), gives back its share of the request's lease."""
+class ChunkSource(Protocol):
+    """What a served model's stream_many hands out per job: chunks, the last with final=True; aclose() cancels."""
 
-    def __init__(self, served: ServedModel, chunks: AsyncIterator[StreamChunk], echo: str | list[int] | None,
-                 held: SharedLease, parent_span: Any = None) -> None:
-        self._served, self._chunks, self._echo, self._held = served, chunks, echo, held
+    def __anext__(self) -> Awaitable[StreamChunk]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class RequestStream:
+    """One job's chunks as StreamParts (async iterator); close it (aclose) when not read to its end."""
+
+    __slots__ = ("model", "version", "_served", "_source", "_next", "_echo", "_held", "_spans", "_open")
+
+    def __init__(self, served: ServedModel, source: ChunkSource, echo: str | list[int] | None, held: SharedLease,
+                 parent_span: Any = None) -> None:
+        self.model, self.version = served.name, served.version
+        self._served, self._source, self._echo, self._held = served, source, echo, held
+        # An engine stream lends its sequence's own reader (generation/streams.py); any other source is iterated.
+        self._next: Callable[[], Awaitable[StreamChunk]] = getattr(source, "next_chunk", None) or source.__anext__
         self._open = True
         self._spans = StreamSpans(parent_span) if parent_span is not None else None
 
-    def __aiter__(self) -> "StreamParts":
+    def __aiter__(self) -> "RequestStream":
         return self
 
     async def __anext__(self) -> StreamPart:
         if not self._open:
             raise StopAsyncIteration
         try:
-            chunk = await self._chunks.__anext__()
+            chunk = await self._next()
         except StopAsyncIteration:
             self._end(True)
             raise
-        except BaseException:
+        except Exception as exc:
+            await self.aclose()
+            raise serving_error(exc) from None
+        except BaseException:      # cancelled (the door's task): the sequence is cancelled with it
             await self.aclose()
             raise
         text = None
@@ -112,12 +136,12 @@ class StreamParts:
             self._spans.chunk(chunk)
         if chunk.final:
             self._end(True)
-        return StreamPart(model=self._served.name, version=self._served.version, chunk=chunk, prompt_text=text)
+        return StreamPart(model=self.model, version=self.version, chunk=chunk, prompt_text=text)
 
     async def aclose(self) -> None:
         if self._open:
             try:
-                await self._chunks.aclose()  # type: ignore[attr-defined]
+                await self._source.aclose()
             finally:
                 self._end(False)
 
@@ -155,4 +179,4 @@ class StreamSpans:
         self._first = self._decode = None
 
 
-__all__ = ["Lease", "SharedLease", "StreamParts", "StreamSpans", "prompt_text"]
+__all__ = ["ChunkSource", "Lease", "RequestStream", "SharedLease", "StreamSpans", "check_echo", "prompt_text"]

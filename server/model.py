@@ -2,7 +2,7 @@
 
     ServedModel            package, session runner, graph signature, raw-input checks, warm-up / start / close
     ├── EncoderModel       (server/encoders/encoder.py)  batcher; classify, fill-mask, raw infer through the batcher
-    └── DecoderModel       (server/generation/decoder_model.py)  generation engine; generate, stream, raw infer
+    └── DecoderModel       (server/generation/decoder_model.py)  generation engine; generate, stream_many, raw infer
 
 Every task method exists on every model: a model of another task answers INVALID_ARGUMENT naming `model`.
 Building one from its package: server/repository/loading.py.
@@ -149,10 +149,6 @@ class ServedModel(ABC):
                        deadline: float | None) -> GenerationResult:
         raise self._not("generate")
 
-    def stream(self, prompt: str | list[int], params: GenerationParams,
-               deadline: float | None) -> AsyncIterator[StreamChunk]:
-        raise self._not("generate")
-
     async def generate_many(self, jobs: list[tuple[str | list[int], GenerationParams]], deadline: float | None,
                             field: str) -> list[GenerationResult]:
         """Every (prompt, params) of one request, admitted together or not at all; `field` names the request's
@@ -161,7 +157,8 @@ class ServedModel(ABC):
 
     async def stream_many(self, jobs: list[tuple[str | list[int], GenerationParams]], deadline: float | None,
                           field: str) -> list[AsyncIterator[StreamChunk]]:
-        """generate_many, as one chunk stream per job (closing one cancels its sequence)."""
+        """generate_many, as one chunk stream per job (closing one cancels its sequence): the engine's own, read by
+        the request's one stream (server/leases.py), which maps their errors."""
         raise self._not("generate")
 
     @abstractmethod

@@ -15,18 +15,17 @@ shape's batch jobs), not where the event loop is the limit (g2p; bench/FINDINGS.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from typing import AsyncIterator, Awaitable, Callable, Iterator, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 import onnxruntime as ort
 
 from modelpkg import TOKENIZER_FILE
 from server.repository.consistency import check_prompts, check_tokenizer
-from server.protocol.errors import Code, ServingError
-from server.generation import (EngineStoppedError, GenerationEngine, GenerationParams, GenerationResult,
-                               OverloadedError, StreamChunk)
+from server.protocol.errors import ServingError
+from server.generation import GenerationEngine, GenerationParams, GenerationResult, OverloadedError
 from server.generation.admission import INLINE_PROMPT_SIZE, Job
+from server.generation.errors import engine_errors
 from server.generation.streams import SequenceStream
 from server.model import Feeds, Loaded, ServedModel
 from server.sessions import create_session
@@ -35,23 +34,6 @@ from server.text.spans import TokenSpan, encode_spans, special_ids
 from server.protocol.types import ChatTemplate
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def engine_errors() -> Iterator[None]:
-    """The generation engine's exceptions -> ServingError."""
-    try:
-        yield
-    except ValueError as exc:
-        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
-    except OverloadedError as exc:
-        raise ServingError(Code.RESOURCE_EXHAUSTED, str(exc)) from None
-    except TimeoutError as exc:
-        raise ServingError(Code.DEADLINE_EXCEEDED, str(exc) or "deadline exceeded") from None
-    except EngineStoppedError as exc:
-        raise ServingError(Code.UNAVAILABLE, str(exc)) from None
-    except RuntimeError as exc:
-        raise ServingError(Code.INTERNAL, str(exc)) from None
 
 
 T = TypeVar("T")
@@ -178,42 +160,14 @@ class DecoderModel(ServedModel):
         with engine_errors():
             return await self.first_fit(lambda engine: engine.generate_many(jobs, deadline, field))
 
-    async def stream_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[AsyncIterator[StreamChunk]]:
+    async def stream_many(self, jobs: list[Job], deadline: float | None, field: str) -> list[SequenceStream]:
+        """The engine's own streams, unwrapped: their later errors are mapped by the one stream that reads them
+        (server/leases.py), admission's here."""
         with engine_errors():
-            streams = await self.first_fit(lambda engine: engine.stream_many(jobs, deadline, field))
-        return [_Mapped(s) for s in streams]
-
-    async def stream(self, prompt: str | list[int], params: GenerationParams,
-                     deadline: float | None) -> AsyncIterator[StreamChunk]:
-        """Chunks of one sequence (admitted at the first, as the engine's own stream); closing the iterator cancels
-        the sequence and frees its slot."""
-        with engine_errors():
-            [chunks] = await self.first_fit(lambda engine: engine.stream_many([(prompt, params)], deadline))
-        try:
-            with engine_errors():
-                async for chunk in chunks:
-                    yield chunk
-        finally:
-            await chunks.aclose()
+            return await self.first_fit(lambda engine: engine.stream_many(jobs, deadline, field))
 
     async def infer(self, inputs: Feeds, outputs: list[str] | None, deadline: float | None) -> Feeds:
         raise ServingError.invalid("model", f"{self.name!r} is a decoder whose KV cache belongs to the generation "
                                             f"engine: raw graph calls are not served; use Generate, GenerateStream "
                                             f"or ModelInfer text mode (input 'prompt')")
 
-
-class _Mapped:
-    """A sequence's chunk stream whose errors are ServingErrors (engine_errors)."""
-
-    def __init__(self, stream: SequenceStream) -> None:
-        self._stream = stream
-
-    def __aiter__(self) -> "_Mapped":
-        return self
-
-    async def __anext__(self) -> StreamChunk:
-        with engine_errors():
-            return await self._stream.__anext__()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()

@@ -2,7 +2,7 @@
 as a decoder's (server/generation/), built with the package's encoder graph and target tokenizer beside the
 decoder graph (its manifest's `encoder_decoder` block picks the engine's parts: generation/factory.py).
 
-Everything else is the decoder's: generate / stream / generate_many / stream_many, KServe text mode, raw tensor
+Everything else is the decoder's: generate / generate_many / stream_many, KServe text mode, raw tensor
 calls refused. The prompt of every door is the source; `tokenize` gives source ids, `detokenize` the text of
 target ids (what a response's tokens mean), an echoed token-id prompt is source ids.
 """

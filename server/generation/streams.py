@@ -79,10 +79,16 @@ async def collect_all(seqs: list[Sequence], abandon: Abandon) -> list[Generation
 
 class SequenceStream:
     """The chunks of one admitted sequence (`stream_many`): an async iterator whose aclose() cancels the
-    sequence, whether or not it was ever iterated (an async generator's cleanup would not run then)."""
+    sequence, whether or not it was ever iterated (an async generator's cleanup would not run then).
+
+    `next_chunk` is the sequence's own: the request's stream (server/leases.py), which keeps the end and
+    the errors itself, reads the engine's queue through it with no frame of this one between."""
+
+    __slots__ = ("_seq", "_abandon", "_ended", "next_chunk")
 
     def __init__(self, seq: Sequence, abandon: Abandon) -> None:
         self._seq, self._abandon, self._ended = seq, abandon, False
+        self.next_chunk: Callable[[], Awaitable[StreamChunk]] = seq.next_chunk
 
     def __aiter__(self) -> "SequenceStream":
         return self

@@ -120,8 +120,8 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
     @streaming("GenerateStream")
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateStreamResponse]:
-        stream = self.plane.generate_stream(request.model, request.version, prompt_from_proto(request),
-                                            params_from_proto(request), deadline_of(context))
+        stream = await self.plane.generate_stream(request.model, request.version, prompt_from_proto(request),
+                                                  params_from_proto(request), deadline_of(context))
         try:
             async for part in stream:
                 yield chunk_to_proto(request.model, part)

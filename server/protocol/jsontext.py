@@ -2,9 +2,9 @@
 every refusal naming where the problem is.
 
 - The number of values is bounded BEFORE parsing, from their separators (`value_bound`: every value but the
-  first of a container follows a comma, and every container opens with a bracket), so that 57 MB of `[],` is
-  refused in milliseconds instead of building 19 million lists on the event loop. HTTP bodies are counted
-  chunk by chunk while they are read (server/http/body.py).
+  first of a container follows a comma, and every container opens with a bracket), so that a body of millions of
+  `[],` is refused while it arrives instead of building millions of lists on the event loop (the figures:
+  docs/RELIABILITY.md). HTTP bodies are counted chunk by chunk while they are read (server/http/body.py).
 - `loads` parses with msgspec (C, faster than the json module: bench/FINDINGS.md); only a document msgspec
   refuses is parsed again, by the json module, to say what and where: malformed JSON (line, column), an
   integer literal beyond Python's digit limit (4300 digits, which the json module raises as a bare

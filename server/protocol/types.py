@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 # The results the client holds the same, field for field (protos/results.py); the data plane's are below.
 from protos.results import Classification, MaskPrediction, TokenEntity
@@ -159,6 +159,20 @@ class StreamPart:
     version: int
     chunk: StreamChunk
     prompt_text: str | None = None   # asked with echo, on the first part: as GenerateResult.prompt_text
+
+
+class PartStream(Protocol):
+    """A generation request's stream as a door reads it (the data plane's RequestStream, server/leases.py): its
+    parts, the last one's chunk final; aclose() when not read to the end cancels the rest."""
+
+    model: str
+    version: int
+
+    def __aiter__(self) -> "PartStream": ...
+
+    async def __anext__(self) -> StreamPart: ...
+
+    async def aclose(self) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import resource
 
 log = logging.getLogger(__name__)
 
-AUTO_CAP = 16384      # connections per door when max_connections is 0: ~10 KB of buffers each on the HTTP door
+AUTO_CAP = 16384      # connections per door when max_connections is 0: each idle one holds buffers on the HTTP door
 
 
 def raise_open_file_limit() -> int:

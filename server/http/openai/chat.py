@@ -18,7 +18,7 @@ from server.http.openai.answers import FINISH, json_answer, usage
 from server.http.openai.params import choices, generation_params, include_usage
 from server.http.openai.protocol import ChatCompletionRequest, ChatMessage, refuse_unsupported
 from server.http.openai.stream import event_stream, merged, opened, sse
-from server.protocol.types import StreamPart
+from server.protocol.types import PartStream, StreamPart
 
 
 def _messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
@@ -77,7 +77,7 @@ def _logprobs(tokens: list[GeneratedToken]) -> dict[str, Any]:
                                           for a in t.top_logprobs]} for t in tokens]}
 
 
-async def _events(streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None], ident: str,
+async def _events(streams: list[PartStream], firsts: list[StreamPart | None], ident: str,
                   created: int, logprobs: bool, with_usage: bool) -> AsyncIterator[bytes]:
     """`chat.completion.chunk` events: each choice's role first, then its content deltas (choices[0].index =
     the choice's index)."""

@@ -25,7 +25,7 @@ from server.http.openai.answers import FINISH, json_answer, usage
 from server.http.openai.params import choices, generation_params, include_usage
 from server.http.openai.protocol import CompletionRequest, refuse_unsupported
 from server.http.openai.stream import event_stream, merged, opened, sse
-from server.protocol.types import GenerateResult, StreamPart
+from server.protocol.types import GenerateResult, PartStream, StreamPart
 
 MAX_LOGPROBS = 5                  # OpenAI's limit for completions' logprobs
 
@@ -172,7 +172,7 @@ def _vllm_prompt_logprobs(prompt: list[GeneratedToken], alternatives: int) -> li
     return out
 
 
-async def _events(streams: list[AsyncIterator[StreamPart]], firsts: list[StreamPart | None], ident: str,
+async def _events(streams: list[PartStream], firsts: list[StreamPart | None], ident: str,
                   created: int, ask: _Asked, with_usage: bool, n: int) -> AsyncIterator[bytes]:
     """One `text_completion` chunk per text delta of each choice (choices[0].index = the choice's index); with echo,
     each choice's prompt first."""

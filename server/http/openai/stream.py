@@ -1,5 +1,6 @@
-"""Server-sent events and the streams behind them: a request's streams opened together (errors before the 200),
-merged as their parts come, answered as `data: {...}` events ending with `data: [DONE]`."""
+"""Server-sent events and the streams behind them: a request's streams (the data plane's RequestStreams, which
+gRPC reads too) opened together (errors before the 200), merged as their parts come, answered as `data: {...}`
+events ending with `data: [DONE]`."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,7 @@ from starlette.responses import Response, StreamingResponse
 
 from server.http.errors import classify_error, openai_body
 from server.http.openai.answers import encode
-from server.protocol.types import StreamPart
+from server.protocol.types import PartStream, StreamPart
 
 DONE = b"data: [DONE]\n\n"
 # SSE ends lines at CR and LF only, and JSON escapes those; but common clients (httpx's iter_lines, Python's
@@ -26,14 +27,13 @@ def sse(payload: Any) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
-def event_stream(events: AsyncIterator[bytes], streams: list[AsyncIterator[StreamPart]], route: str) -> Response:
+def event_stream(events: AsyncIterator[bytes], streams: list[PartStream], route: str) -> Response:
     """The 200 answer streaming `events` (built from `streams`, which it closes at the end), then [DONE]."""
     return StreamingResponse(_ended(events, streams, route), media_type="text/event-stream",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
 
-async def _ended(events: AsyncIterator[bytes], streams: list[AsyncIterator[StreamPart]], route: str
-                 ) -> AsyncIterator[bytes]:
+async def _ended(events: AsyncIterator[bytes], streams: list[PartStream], route: str) -> AsyncIterator[bytes]:
     try:
         async for event in events:
             yield event
@@ -45,12 +45,15 @@ async def _ended(events: AsyncIterator[bytes], streams: list[AsyncIterator[Strea
     yield DONE
 
 
-async def opened(streams: list[AsyncIterator[StreamPart]]) -> list[StreamPart | None]:
+async def opened(streams: list[PartStream]) -> list[StreamPart | None]:
     """The first part of each of a request's streams. Admission and parameter errors answer with their status,
-    not a 200 stream, so every first part is awaited; on an error every stream is closed and it is raised."""
+    not a 200 stream, so every first part is awaited (one stream's in this task, several in one task each); on an
+    error every stream is closed and it is raised."""
     try:
+        if len(streams) == 1:
+            return [await _first(streams[0])]
         firsts = await asyncio.gather(*(_first(st) for st in streams), return_exceptions=True)
-    except BaseException:     # cancelled (its client left): the streams that had started are closed too
+    except BaseException:     # failed, or cancelled (its client left): the streams that had started are closed too
         await close(streams)
         raise
     failed = [f for f in firsts if isinstance(f, BaseException)]
@@ -60,44 +63,44 @@ async def opened(streams: list[AsyncIterator[StreamPart]]) -> list[StreamPart | 
     return firsts  # type: ignore[return-value]
 
 
-async def close(streams: list[AsyncIterator[StreamPart]]) -> None:
+async def close(streams: list[PartStream]) -> None:
     for st in streams:
-        await st.aclose()  # type: ignore[attr-defined]
+        await st.aclose()
 
 
-async def _first(stream: AsyncIterator[StreamPart]) -> StreamPart | None:
+async def _first(stream: PartStream) -> StreamPart | None:
     try:
         return await stream.__anext__()
     except StopAsyncIteration:
         return None
     except BaseException:
-        await stream.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()
         raise
 
 
-async def _parts(first: StreamPart | None, stream: AsyncIterator[StreamPart]) -> AsyncIterator[StreamPart]:
-    if first is None:
-        return
-    yield first
-    async for part in stream:
-        yield part
+async def merged(firsts: list[StreamPart | None], streams: list[PartStream]
+                 ) -> AsyncIterator[tuple[int, StreamPart]]:
+    """Every part of the opened streams, each with its stream's index: the first parts in order, then the rest as
+    they come — one stream's read here straight from the request's stream (no task, no queue), several through a
+    queue their readers fill."""
+    for i, first in enumerate(firsts):
+        if first is not None:
+            yield i, first
+    live = [i for i, first in enumerate(firsts) if first is not None and not first.chunk.final]
+    if len(live) == 1:
+        i = live[0]
+        async for part in streams[i]:
+            yield i, part
+    elif live:
+        async for item in _merge({i: streams[i] for i in live}):
+            yield item
 
 
-def merged(firsts: list[StreamPart | None], streams: list[AsyncIterator[StreamPart]]
-           ) -> AsyncIterator[tuple[int, StreamPart]]:
-    """Every part of the opened streams (their first parts first) with its stream's index, as they come."""
-    return _merge([_parts(f, st) for f, st in zip(firsts, streams)])
-
-
-async def _merge(sources: list[AsyncIterator[StreamPart]]) -> AsyncIterator[tuple[int, StreamPart]]:
-    """The parts of several streams as they come, each with its stream's index (one stream: no task, no queue)."""
-    if len(sources) == 1:
-        async for part in sources[0]:
-            yield 0, part
-        return
+async def _merge(sources: dict[int, PartStream]) -> AsyncIterator[tuple[int, StreamPart]]:
+    """The parts of several streams as they come, each with its stream's index."""
     queue: asyncio.Queue[tuple[int, StreamPart | BaseException | None]] = asyncio.Queue()
 
-    async def pump(i: int, source: AsyncIterator[StreamPart]) -> None:
+    async def pump(i: int, source: PartStream) -> None:
         try:
             async for part in source:
                 await queue.put((i, part))
@@ -105,7 +108,7 @@ async def _merge(sources: list[AsyncIterator[StreamPart]]) -> AsyncIterator[tupl
         except Exception as exc:
             await queue.put((i, exc))
 
-    tasks = [asyncio.create_task(pump(i, source)) for i, source in enumerate(sources)]
+    tasks = [asyncio.create_task(pump(i, source)) for i, source in sources.items()]
     try:
         running = len(tasks)
         while running:
