@@ -13,10 +13,14 @@ chosen token's logprob is what the model (with the request's penalty and tempera
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .params import GenerationParams
+
+if TYPE_CHECKING:
+    from server.structured import TokenConstraint
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,13 @@ class Sampler:
     """
 
     def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: list[int],
-                 eos_id: int | None = None, forced: dict[int, int] | None = None) -> None:
+                 eos_id: int | None = None, forced: dict[int, int] | None = None,
+                 constraint: "TokenConstraint | None" = None) -> None:
         """forced: generated index -> the token chosen there whatever the logits (an encoder-decoder package's
-        forced bos / eos, as transformers' logits processors force them: logprob 0, every other token -inf)."""
+        forced bos / eos, as transformers' logits processors force them: logprob 0, every other token -inf).
+        constraint: the row's grammar (server/structured/): masks the scores before each choice, advanced by it."""
         self.params = params
+        self.constraint = constraint
         self.vocab_size = vocab_size
         self.generated = 0
         self._forced = forced or {}
@@ -76,7 +83,7 @@ class Sampler:
         to the logits, no logprobs (choose_rows takes such rows together)."""
         p = self.params
         return (p.temperature == 0 and not p.wants_logprobs and self._bias is None and self._seen is None
-                and self._counts is None and self.generated not in self._forced)
+                and self._counts is None and self.generated not in self._forced and self.constraint is None)
 
     @property
     def masked_enders(self) -> np.ndarray | None:
@@ -86,6 +93,8 @@ class Sampler:
     def observe(self, token_id: int) -> None:
         """Record a generated token (for the penalties)."""
         self.generated += 1
+        if self.constraint is not None:
+            self.constraint.advance(token_id)
         if not 0 <= token_id < self.vocab_size:
             return
         if self._seen is not None:
@@ -103,6 +112,8 @@ class Sampler:
             logp = forced_logprobs(self.vocab_size, forced)
             return Choice(forced, 0.0, top_n(logp, p.top_logprobs))
         scores = np.array(logits[: self.vocab_size], dtype=np.float64)   # our own copy: edited in place below
+        if self.constraint is not None:
+            self.constraint.mask(scores)
         if self._bias is not None:
             scores[self._bias[0]] += self._bias[1]
         if self._enders is not None and self.generated < p.min_tokens:
