@@ -12,7 +12,7 @@ interleaved per round and stream count (their order alternates each round):
 tokens/s = all streams' tokens / wall time from the first request to the last token (bench.generation.run_streams).
 Compile: SCHEMA_20 (20 properties of mixed types) compiled cold on the model's tokenizer in this process (each
 repetition a distinct schema, so nothing comes from the cache), the tokenizer's conversion for llguidance apart, and
-a cached lookup.
+a cached lookup; and the mask + advance time of one constrained row per step (the sampler's added work).
 """
 from __future__ import annotations
 
@@ -123,8 +123,27 @@ def compile_times(package: Path, repeats: int) -> dict[str, float]:
         cold.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     grammars.row(constraint)
-    return {"tokenizer_s": tokenizer_s, "schema_20_cold_s": statistics.median(cold), "schema_20_cached_s":
-            time.perf_counter() - t0}
+    cached_s = time.perf_counter() - t0
+    return {"tokenizer_s": tokenizer_s, "schema_20_cold_s": statistics.median(cold), "schema_20_cached_s": cached_s,
+            "mask_ms": mask_ms(grammars, tok)}
+
+
+def mask_ms(grammars: Any, tok: Any, steps: int = 200) -> float:
+    """Milliseconds per row and step of LONG_SCHEMA's mask and advance (what the sampler adds to a constrained row),
+    the likeliest allowed token of random logits chosen each step."""
+    import numpy as np
+
+    from server.structured import constraint_of
+
+    row = grammars.row(constraint_of("json_schema", long_schema(steps), "bench"))
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(steps, grammars.vocab_size))
+    t0 = time.perf_counter()
+    for i in range(steps):
+        scores = logits[i].copy()
+        row.mask(scores)
+        row.advance(int(np.argmax(scores)))
+    return 1e3 * (time.perf_counter() - t0) / steps
 
 
 def measure(repo: Path, cfg: Config, pool: list[int], streams: list[int], rounds: int, new_tokens: int
@@ -163,7 +182,8 @@ def render(result: dict[str, Any]) -> list[str]:
         lines.append(f"| {n} | {none:.1f} | {constrained:.1f} | {constrained / none:.2f} |")
     c = result["compile"]
     lines.append(f"\nCompile, 20-property schema: cold {1e3 * c['schema_20_cold_s']:.1f} ms, cached "
-                 f"{1e3 * c['schema_20_cached_s']:.2f} ms; tokenizer for llguidance {1e3 * c['tokenizer_s']:.1f} ms")
+                 f"{1e3 * c['schema_20_cached_s']:.2f} ms; tokenizer for llguidance {1e3 * c['tokenizer_s']:.1f} ms; "
+                 f"mask + advance {c['mask_ms']:.3f} ms per row and step")
     return lines
 
 

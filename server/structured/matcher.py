@@ -58,13 +58,17 @@ class Grammars:
         self._tokenizer: Any = None
         self._lock = threading.Lock()   # compiled in worker threads; the cache and the tokenizer are shared
 
-    def _ll_tokenizer(self) -> Any:
+    def _ll_tokenizer(self, field: str) -> Any:
         import llguidance as llg
 
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = llg.LLTokenizer(self._hf_tokenizer.to_str(), n_vocab=self.vocab_size,
-                                                  eos_token=self.eos_id)
+                try:
+                    self._tokenizer = llg.LLTokenizer(self._hf_tokenizer.to_str(), n_vocab=self.vocab_size,
+                                                      eos_token=self.eos_id)
+                except Exception as exc:    # the library's own error types: a tokenizer it cannot read
+                    raise ValueError(f"{field}: structured outputs are not served for this model: llguidance "
+                                     f"cannot read its tokenizer ({exc})") from None
             return self._tokenizer
 
     def cached(self, constraint: Constraint) -> bool:
@@ -84,7 +88,7 @@ class Grammars:
                 return found
         import llguidance as llg
 
-        matcher = llg.LLMatcher(self._ll_tokenizer(), grammar_text(constraint), log_level=0)
+        matcher = llg.LLMatcher(self._ll_tokenizer(constraint.field), grammar_text(constraint), log_level=0)
         if matcher.is_error():
             raise ValueError(f"{constraint.field}: cannot be compiled: {matcher.get_error()}")
         with self._lock:
