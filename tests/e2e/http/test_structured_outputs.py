@@ -214,3 +214,32 @@ def test_tools_and_tool_results_render_through_the_template(oai: openai.OpenAI) 
                                  extra_body={"ignore_eos": True})
     assert chat.usage.prompt_tokens == ref.usage.prompt_tokens
     assert chat.choices[0].message.content == ref.choices[0].text
+
+
+def test_constrained_rows_beside_unconstrained_ones_and_streamed(oai: openai.OpenAI) -> None:
+    """Constrained and unconstrained requests decoding in one batch: each mask stays on its own row (the free
+    answers equal their solo answers), and a streamed constrained answer equals the whole one of the same seed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    free = dict(model=CHAT, prompt="The weather", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    solo = oai.completions.create(**free).choices[0].text
+
+    def constrained(seed: int) -> str:
+        return oai.completions.create(model=CHAT, prompt="Who:", max_tokens=120, temperature=1.0, seed=seed,
+                                      extra_body={"response_format": fmt}).choices[0].text
+
+    with ThreadPoolExecutor(6) as pool:
+        shaped = [pool.submit(constrained, seed) for seed in range(3)]
+        plain = [pool.submit(lambda: oai.completions.create(**free).choices[0].text) for _ in range(3)]
+        texts = [f.result() for f in shaped]
+        assert [f.result() for f in plain] == [solo] * 3
+    for text in texts:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    whole = oai.chat.completions.create(model=CHAT, messages=ASK, response_format=fmt, seed=4, temperature=1.0,
+                                        max_tokens=120)
+    streamed = "".join(c.choices[0].delta.content or "" for c in oai.chat.completions.create(
+        model=CHAT, messages=ASK, response_format=fmt, seed=4, temperature=1.0, max_tokens=120, stream=True)
+        if c.choices)
+    assert streamed == whole.choices[0].message.content
+    jsonschema.validate(json.loads(streamed), SCHEMA)
