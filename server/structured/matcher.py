@@ -44,7 +44,13 @@ def grammar_text(constraint: Constraint) -> str:
         options = json.loads(constraint.text)
         return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o, ensure_ascii=False)
                                                                       for o in options))
-    return llg.LLMatcher.grammar_from_lark(constraint.text)
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:    # Lark as it is; GBNF (llama.cpp's, `root ::= ...`) converted to Lark by the library
+        lark = any_to_lark(constraint.text)
+    except Exception as exc:    # the converter's own error types (GbnfToLarkError, parse errors)
+        raise ValueError(f"{constraint.field}: not a Lark grammar, and not GBNF either: {exc}") from None
+    return llg.LLMatcher.grammar_from_lark(lark)
 
 
 class Grammars:

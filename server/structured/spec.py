@@ -2,7 +2,8 @@
 request field it came from (every refusal names that field).
 
 Kinds: `json_schema` (the schema as JSON text; OpenAI's json_object is the schema {"type": "object"}), `regex`,
-`choice` (the options as a JSON list of strings) and `grammar` (Lark, as llguidance reads it, `%json` included).
+`choice` (the options as a JSON list of strings) and `grammar` (Lark, as llguidance reads it, `%json` included;
+or llama.cpp's GBNF, which llguidance converts).
 Checked here without the library: the size and the nesting of what a request brings are bounded as other bodies are,
 before the model compiles it (matcher.py).
 """

@@ -83,6 +83,9 @@ def test_choice_regex_and_lark_grammar(grammars: Grammars, tokenizer: Tokenizer)
                                             seed)[0])
         text = generate(grammars, tokenizer, constraint_of("grammar", lark, "guided_grammar"), seed)[0]
         assert re.fullmatch(r"(hello|hi) [a-z]{1,5}", text), text
+        gbnf = 'root ::= ("yes" | "no") " " [0-9] [0-9]?'
+        text = generate(grammars, tokenizer, constraint_of("grammar", gbnf, "guided_grammar"), seed)[0]
+        assert re.fullmatch(r"(yes|no) [0-9]{1,2}", text), text
 
 
 def test_greedy_constrained_rows_beside_unconstrained_ones(grammars: Grammars) -> None:

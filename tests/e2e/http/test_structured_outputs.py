@@ -101,7 +101,8 @@ def test_choice_regex_and_lark_grammar(oai: openai.OpenAI) -> None:
              ({"guided_regex": r"[0-9]{3}-[a-c]{2}"}, lambda t: re.fullmatch(r"[0-9]{3}-[a-c]{2}", t)),
              ({"structured_outputs": {"regex": r"(yes|no), [0-9]+\."}}, lambda t: re.fullmatch(r"(yes|no), [0-9]+\.", t)),
              ({"guided_grammar": lark}, lambda t: re.fullmatch(r"(hello|hi) [a-z]{1,5}", t)),
-             ({"structured_outputs": {"grammar": lark}}, lambda t: re.fullmatch(r"(hello|hi) [a-z]{1,5}", t))]
+             ({"structured_outputs": {"grammar": lark}}, lambda t: re.fullmatch(r"(hello|hi) [a-z]{1,5}", t)),
+             ({"guided_grammar": 'root ::= "v" [0-9] "." [0-9]'}, lambda t: re.fullmatch(r"v[0-9]\.[0-9]", t))]
     for body, valid in cases:
         answer = oai.completions.create(model=CHAT, prompt="Review:", max_tokens=60, temperature=1.0, seed=7, n=6,
                                         extra_body=body)
