@@ -14,7 +14,7 @@ import dataclasses
 import time
 from typing import Callable
 
-from server.structured.matcher import Grammars, constraint_rows
+from server.structured.matcher import Grammars, RowMatcher, constraint_rows
 
 from .beams import BeamOptions, BeamSearch
 from .factory import EngineParts
@@ -131,7 +131,7 @@ class Admission:
                                   f"this request needs {need}, the limit is {cfg.max_tokens_in_flight}")
 
     def _sequence(self, ids: list[int], params: GenerationParams, deadline: float | None,
-                  constraint: object = None) -> Sequence:
+                  constraint: RowMatcher | None = None) -> Sequence:
         """One job's sequence (a decoder's prompt, or an encoder-decoder's source) and its scheduler state."""
         spec = self._spec
         if self._source is None:
