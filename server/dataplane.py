@@ -235,14 +235,15 @@ class DataPlane:
         with self.lease(model, version, "generate_many") as served:
             return await _generated(served, jobs, deadline, echo, field)
 
-    async def chat(self, model: str, version: int, messages: list[dict[str, str]], params: list[GenerationParams],
-                   deadline: float | None = None, field: str = "n") -> list[GenerateResult]:
+    async def chat(self, model: str, version: int, messages: list[dict[str, Any]], params: list[GenerationParams],
+                   deadline: float | None = None, field: str = "n", tools: list[dict[str, Any]] | None = None
+                   ) -> list[GenerateResult]:
         """A chat request: `messages` rendered with the chat template of the version it leases
         (server/text/chat_template.py; INVALID_ARGUMENT naming `model` when its package has none), then
         generate_many of that prompt with each of `params` on that same version: one resolution, so a version
         swap cannot put one version's template before another's generation."""
         with self.lease(model, version, "generate_many") as served:
-            return await _generated(served, _chat_jobs(served, messages, params), deadline, False, field)
+            return await _generated(served, _chat_jobs(served, messages, params, tools), deadline, False, field)
 
     async def generate_stream(self, model: str, version: int, prompt: str | list[int], params: GenerationParams,
                               deadline: float | None = None, echo: bool = False) -> RequestStream:
@@ -259,12 +260,13 @@ class DataPlane:
         return await _streams(self.lease(model, version, "generate_streams"), lambda served: jobs, deadline, echo,
                               field)
 
-    async def chat_streams(self, model: str, version: int, messages: list[dict[str, str]],
+    async def chat_streams(self, model: str, version: int, messages: list[dict[str, Any]],
                            params: list[GenerationParams], deadline: float | None = None,
-                           field: str = "n") -> list[RequestStream]:
+                           field: str = "n", tools: list[dict[str, Any]] | None = None
+                           ) -> list[RequestStream]:
         """chat, as generate_streams' streams: one lease from the template to the last stream's end."""
         return await _streams(self.lease(model, version, "generate_streams"),
-                              lambda served: _chat_jobs(served, messages, params), deadline, False, field)
+                              lambda served: _chat_jobs(served, messages, params, tools), deadline, False, field)
 
     async def tokenize(self, model: str, version: int, text: str) -> Tokenized:
         """The tokens any model makes of a text (a generation model's: the prompt ids it would run), with strings,
@@ -401,9 +403,11 @@ async def _text_call(served: ServedModel, request: TextRequest, deadline: float 
     return await served.fill_mask(texts, 1, truncate, deadline)
 
 
-def _chat_jobs(served: ServedModel, messages: list[dict[str, str]], params: list[GenerationParams]) -> Jobs:
-    """A chat request's jobs: its prompt, rendered with the served version's template, with each of params."""
-    prompt = chat_prompt(served.chat_template(), served.name, messages)
+def _chat_jobs(served: ServedModel, messages: list[dict[str, Any]], params: list[GenerationParams],
+               tools: list[dict[str, Any]] | None = None) -> Jobs:
+    """A chat request's jobs: its prompt (and tools), rendered with the served version's template, with each of
+    params."""
+    prompt = chat_prompt(served.chat_template(), served.name, messages, tools)
     return [(prompt, p) for p in params]
 
 

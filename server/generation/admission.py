@@ -14,6 +14,8 @@ import dataclasses
 import time
 from typing import Callable
 
+from server.structured.matcher import Grammars, RowMatcher, constraint_rows
+
 from .beams import BeamOptions, BeamSearch
 from .factory import EngineParts
 from .params import GenerationConfig, GenerationParams
@@ -38,6 +40,7 @@ class Admission:
         self._spec, self._source = parts.spec, parts.source
         self._running, self._changed = running, changed
         self.admitting = 0        # requests inside admit() (their prompts tokenized): load not yet in the queues
+        self._grammars = Grammars(parts.tokenizer, parts.spec.vocab_size, parts.spec.eos_id)   # structured outputs
 
     async def admit(self, jobs: list[Job], deadline: float | None = None, field: str = "prompt") -> list[Sequence]:
         """A request's sequences (one per job) admitted together, or none of them: a request is refused before
@@ -61,6 +64,8 @@ class Admission:
                              f"hold at once (max_queued_requests {cfg.max_waiting} waiting + max_sequences "
                              f"{cfg.max_batch_size} running): this request can never be admitted; send fewer "
                              "prompts (or a lower n or num_beams) per request")
+        # A constraint that cannot compile is refused before any prompt is tokenized.
+        rows = await constraint_rows(self._grammars, [p.constraint for _, p in jobs], self._source is None)
         self.admitting += 1
         try:
             prompts = await self._encode(jobs)
@@ -77,7 +82,7 @@ class Admission:
         self._check_load(jobs, prompts, slots, need, field)
         seqs: dict[int, Sequence] = {}
         for members, width in groups:
-            created = [self._sequence(prompts[i], jobs[i][1], deadline) for i in members]
+            created = [self._sequence(prompts[i], jobs[i][1], deadline, rows[i]) for i in members]
             seqs.update(zip(members, (seq for seq, _ in created)))
             if width == 1 and jobs[members[0]][1].num_beams == 1:
                 self._scheduler.add(created[0][1])
@@ -124,13 +129,13 @@ class Admission:
             raise OverloadedError(f"generation of {self._label} is at capacity: {in_flight} tokens in flight, "
                                   f"this request needs {need}, the limit is {cfg.max_tokens_in_flight}")
 
-    def _sequence(self, ids: list[int], params: GenerationParams, deadline: float | None
-                  ) -> tuple[Sequence, SeqState]:
+    def _sequence(self, ids: list[int], params: GenerationParams, deadline: float | None,
+                  constraint: RowMatcher | None = None) -> tuple[Sequence, SeqState]:
         """One job's sequence (a decoder's prompt, or an encoder-decoder's source) and its scheduler state."""
         spec = self._spec
         if self._source is None:
             seq = Sequence.create(ids, params, self._tokenizer, spec.vocab_size, deadline, spec.eos_id,
-                                  stream_interval=self._config.stream_interval)
+                                  stream_interval=self._config.stream_interval, constraint=constraint)
             # A request scoring its prompt needs the logits at every prompt position, so none may come from a
             # copied prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
             state = SeqState.of(ids, owner=seq) if params.prompt_logprobs is None else SeqState(len(ids), owner=seq)

@@ -3,9 +3,10 @@ of the logits before its strategy chooses (`apply_processors`, the one place the
 afterwards (`advance`). The sampler builds the list from the request's parameters (sampling.Sampler), in this order:
 logit bias -> min_tokens (eos and stop ids masked) -> repetition penalty -> presence / frequency penalties.
 
-Grammar-constrained decoding plugs in HERE: a processor whose `apply` sets -inf outside the tokens the grammar
-allows (llguidance's token mask) and whose `advance` moves its matcher, appended to the sequence's
-`Sampler.processors` at admission (a greedy row with such a processor then leaves choose_rows' batched argmax).
+Grammar-constrained decoding plugs in here: server/structured's RowMatcher is a processor whose `apply` sets -inf
+outside the tokens the grammar allows (llguidance's token mask) and whose `advance` moves its matcher; admission
+compiles it and the sampler puts it first in the sequence's list (a greedy row with it then leaves choose_rows'
+batched argmax).
 Beam rows have no list today (beam search refuses every field that would make a processor); a grammar on beams
 would apply its mask to each beam's row in beams.BeamStrategy.plan, before the rows are scored.
 """

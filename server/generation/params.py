@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from server.structured import Constraint, check_constraint
+
 # Defaults and limits mirror protos/ortserve.proto (GenerationParameters).
 DEFAULT_MAX_NEW_TOKENS = 32
 MAX_TOP_LOGPROBS = 20
@@ -100,6 +102,9 @@ class GenerationParams:
     # max_new_tokens was not asked for: an encoder-decoder whose target length is shorter than the default
     # generates what its target length holds instead of refusing (source.SourceProcessor.fit).
     default_max_new_tokens: bool = False
+    # Structured output (server/structured/): every generated token is one the constraint's grammar allows, and the
+    # answer ends (end-of-text) only where the grammar accepts it. None: unconstrained.
+    constraint: Constraint | None = None
 
     @classmethod
     def validate(cls, *, max_new_tokens: int | None = None, temperature: float | None = None,
@@ -113,7 +118,8 @@ class GenerationParams:
                  prompt_logprobs: int | None = None, truncate_prompt: bool | None = None,
                  ignore_eos: bool | None = None, num_beams: int | None = None, length_penalty: float | None = None,
                  early_stopping: bool | str | None = None, beam_rank: int | None = None,
-                 target_language: str | None = None, source_language: str | None = None) -> "GenerationParams":
+                 target_language: str | None = None, source_language: str | None = None,
+                 constraint: Constraint | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
         temp = _float("temperature", temperature, 0.0)
         if temp < 0:
@@ -164,12 +170,15 @@ class GenerationParams:
             beam_rank=_int("beam_rank", beam_rank, 0, 0),
             target_language=_language("target_language", target_language),
             source_language=_language("source_language", source_language),
+            constraint=_constraint(constraint),
         )
         if params.beam_rank >= params.num_beams:
             raise ValueError(f"parameters.beam_rank: a search of {params.num_beams} beams has hypotheses 0.."
                              f"{params.num_beams - 1}, got {params.beam_rank}")
         if params.num_beams > 1:
             _check_beam_params(params)
+        if params.constraint is not None:
+            _check_constrained(params)
         return params
 
     @property
@@ -191,6 +200,22 @@ def _check_beam_params(params: "GenerationParams") -> None:
         if getattr(params, name) != off:
             raise ValueError(f"parameters.{name}: not served with num_beams > 1 (beam search keeps the likeliest "
                              f"hypotheses; it samples nothing), got {getattr(params, name)!r}")
+
+
+def _constraint(value: Any) -> Constraint | None:
+    if value is not None:
+        check_constraint(value)
+    return value
+
+
+def _check_constrained(params: "GenerationParams") -> None:
+    # A constrained answer ends where its grammar accepts it, with the end-of-text token: what would forbid or
+    # ignore that token, or choose among beams, leaves the grammar no way to end.
+    field = params.constraint.field     # type: ignore[union-attr]
+    for name, off in (("ignore_eos", False), ("min_tokens", 0), ("num_beams", 1)):
+        if getattr(params, name) != off:
+            raise ValueError(f"parameters.{name}: not served with a structured-output constraint ({field}): the "
+                             f"answer ends where the grammar accepts it, got {getattr(params, name)!r}")
 
 
 def _language(name: str, value: Any) -> str | None:

@@ -14,12 +14,16 @@ chosen token's logprob is what the model (with the request's penalty and tempera
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .logits_processors import (LogitBias, LogitsProcessor, MinTokens, PresenceFrequency, RepetitionPenalty,
                                apply_processors)
 from .params import GenerationParams
+
+if TYPE_CHECKING:
+    from server.structured import TokenConstraint
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,12 @@ class Sampler:
     """
 
     def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: list[int],
-                 eos_id: int | None = None, forced: dict[int, int] | None = None) -> None:
+                 eos_id: int | None = None, forced: dict[int, int] | None = None,
+                 constraint: "TokenConstraint | None" = None) -> None:
         """forced: generated index -> the token chosen there whatever the logits (an encoder-decoder package's
-        forced bos / eos, as transformers' logits processors force them: logprob 0, every other token -inf)."""
+        forced bos / eos, as transformers' logits processors force them: logprob 0, every other token -inf).
+        constraint: the row's grammar (server/structured/), its first logits processor: masks the scores before each
+        choice, advanced by it."""
         self.params = params
         self.vocab_size = vocab_size
         self.generated = 0
@@ -48,6 +55,8 @@ class Sampler:
         self._rng: np.random.Generator | None = None    # made at the first draw: greedy never needs one
         # In the order they apply: bias -> min_tokens -> repetition -> presence / frequency.
         self.processors: list[LogitsProcessor] = []
+        if constraint is not None:    # first: the grammar's -inf stays -inf whatever the bias adds
+            self.processors.append(constraint)
         if params.logit_bias:
             self.processors.append(LogitBias(params.logit_bias))
         self._min: MinTokens | None = None

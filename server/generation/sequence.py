@@ -73,9 +73,11 @@ class Sequence:
     @classmethod
     def create(cls, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
                deadline: float | None, eos_id: int | None = None, source_ids: list[int] | None = None,
-               forced: dict[int, int] | None = None, stream_interval: int = 1) -> "Sequence":
+               forced: dict[int, int] | None = None, stream_interval: int = 1,
+               constraint: Any = None) -> "Sequence":
+        """constraint: the sequence's grammar state (a server.structured TokenConstraint), None without one."""
         return cls(prompt_ids=prompt_ids, params=params,
-                   sampler=Sampler(params, vocab_size, prompt_ids, eos_id, forced),
+                   sampler=Sampler(params, vocab_size, prompt_ids, eos_id, forced, constraint),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids,
                                                       skip_special_tokens=not params.ignore_eos),
                    stopper=StopMatcher(params.stop),

@@ -13,6 +13,7 @@ from server.grpc.common import Instrumented, deadline_of, streaming, unary
 from server.grpc.task_messages import (rerank_pairs, rerank_to_proto, tokenized_to_proto, top_n, zero_shot_request,
                                        zero_shot_to_proto)
 from server.protocol.types import ModelStatus, StreamPart
+from server.structured import Constraint, constraint_of
 
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
                   "cancelled": pb.FINISH_REASON_CANCELLED}
@@ -35,9 +36,21 @@ def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
     fields["early_stopping"] = _EARLY_STOPPING[p.early_stopping]
     fields.update(target_language=request.target_language, source_language=request.source_language)
     try:
+        fields["constraint"] = constraint_from_proto(request)
         return GenerationParams.validate(**fields)
     except ValueError as exc:
         raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+
+
+def constraint_from_proto(request: pb.GenerateRequest) -> Constraint | None:
+    """GenerateRequest.constraint -> a checked Constraint naming constraint.<kind> (ValueError), None when unset."""
+    if not request.HasField("constraint"):
+        return None
+    kind = request.constraint.WhichOneof("kind")
+    if kind is None:
+        raise ValueError("constraint: set one of json_schema, regex, choice or grammar")
+    value = getattr(request.constraint, kind)
+    return constraint_of(kind, list(value.options) if kind == "choice" else value, f"constraint.{kind}")
 
 
 def prompt_from_proto(request: pb.GenerateRequest) -> str | list[int]:

@@ -385,14 +385,14 @@ def test_a_request_that_can_never_be_admitted_is_invalid_not_429(
 
 @pytest.mark.parametrize("path,extra,field", [
     ("/v1/completions", {"return_token_ids": True}, "return_token_ids"),
-    ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
-    ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/completions", {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+    ("/v1/completions", {"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/embeddings", {"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ("/v1/completions", {"stream": True, "stream_options": {"continuous_usage_stats": True}},
      "stream_options.continuous_usage_stats"),
-    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
-                                           {"role": "user", "content": "hi"}]}, "messages[0].tool_calls"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "function_call": {"name": "f"}},
+                                           {"role": "user", "content": "hi"}]}, "messages[0].function_call"),
 ])
 def test_a_field_that_would_change_the_answer_is_refused_naming_it(http: httpx.Client, path: str,
                                                                    extra: dict[str, Any], field: str) -> None:

@@ -14,7 +14,8 @@ OURS = (*PRODUCT, "bench", "testing", "tests", "scripts")
 # Folder -> the folders of ours it may import (a folder always imports itself). Mirrors the table in
 # docs/ARCHITECTURE.md ("Who may import what"); the server's parts are named one level down.
 SERVER_BELOW_THE_DOORS = {"protos", "server.admission", "server.model", "server.sessions", "server.encoders",
-                          "server.generation", "server.repository", "server.runtime", "server.protocol", "server.text"}
+                          "server.generation", "server.repository", "server.runtime", "server.protocol", "server.text",
+                          "server.structured"}
 ALLOWED: dict[str, set[str]] = {
     "modelpkg": set(),
     "protos": set(),
@@ -24,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "clients": {"protos"},
     "server.protocol": {"protos", "modelpkg", "server.dataplane", "server.encoders", "server.generation"},
     "server.text": {"protos", "server.protocol"},
+    "server.structured": set(),    # constraints and tool calls: llguidance, numpy, nothing of ours
     "server.runtime": {"server.admission", "server.generation", "server.protocol"},
     "server.admission": {"server.protocol", "server.repository"},
     "server.sessions": {"modelpkg", "server.protocol", "server.repository", "server.runtime"},
@@ -35,9 +37,9 @@ ALLOWED: dict[str, set[str]] = {
     "server.leases": {"modelpkg", *SERVER_BELOW_THE_DOORS},
     "server.runtime_config": {"modelpkg", *SERVER_BELOW_THE_DOORS},
     "server.grpc": {"protos", "server", "server.dataplane", "server.protocol", "server.runtime", "server.generation",
-                    "server.text", "server.encoders"},
+                    "server.text", "server.encoders", "server.structured"},
     "server.http": {"server", "server.dataplane", "server.protocol", "server.runtime", "server.generation",
-                    "server.text", "server.encoders"},
+                    "server.text", "server.encoders", "server.structured"},
     "server.ray": {"protos", "server.dataplane", "server.grpc", "server.http", "server.runtime", "server.protocol"},
     "server.process": {"server.dataplane", "server.grpc", "server.http", "server.runtime"},
     "server.__main__": {"server.process", "server.runtime", "server.sessions"},

@@ -12,6 +12,8 @@ import msgspec
 from server.protocol.errors import Code, ServingError
 from server.generation import GenerationParams
 from server.http.openai.protocol import SamplingRequest
+from server.http.openai.structured import request_constraint
+from server.structured import Constraint
 
 DEFAULT_MAX_TOKENS = 16           # OpenAI's default for /v1/completions
 DEFAULT_TEMPERATURE = 1.0         # OpenAI's (the engine's own default is greedy)
@@ -20,9 +22,14 @@ _RENAMED = {"parameters.top_logprobs": "logprobs", "parameters.stop": "stop", "p
 
 
 def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens: int | None,
-                      max_tokens_field: str = "max_tokens") -> GenerationParams:
+                      max_tokens_field: str = "max_tokens", forced: Constraint | None = None) -> GenerationParams:
     """logprobs: alternatives per generated token (None: no logprobs); max_tokens: the token budget asked for
-    (None: OpenAI's default), named `max_tokens_field` in a refusal."""
+    (None: OpenAI's default), named `max_tokens_field` in a refusal; forced: the constraint of a chat's tool choice
+    (a request's own structured-output constraint may not come with it)."""
+    constraint = request_constraint(request)
+    if constraint is not None and forced is not None:
+        raise ServingError.invalid(forced.field, f"a tool choice that forces a call cannot be combined with "
+                                                 f"{constraint.field}")
     stop = [request.stop] if isinstance(request.stop, str) else request.stop
     if stop is not None and not all(isinstance(s, str) for s in stop):
         raise ServingError.invalid("stop", "must be a string or a list of strings")
@@ -44,7 +51,8 @@ def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens
             stop_token_ids=request.stop_token_ids, stop=stop, seed=request.seed, logprobs=logprobs is not None,
             top_logprobs=logprobs or 0, ignore_eos=request.ignore_eos, num_beams=num_beams,
             length_penalty=request.length_penalty, early_stopping=request.early_stopping,
-            target_language=request.target_language, source_language=request.source_language)
+            target_language=request.target_language, source_language=request.source_language,
+            constraint=constraint or forced)
     except ValueError as exc:
         raise _invalid(exc, max_tokens_field) from None
 

@@ -8,7 +8,7 @@ such lists) are typed as loosely as JSON allows and checked by the route, which 
 
 Unknown fields are ignored, as OpenAI's own server and vLLM do (`user`, `metadata`, `store`, `priority`, ...:
 none changes the answer). Fields that OpenAI, vLLM or Hugging Face servers accept and that WOULD change the
-answer, which this server does not implement (beam search, guided decoding, tools, ...), are declared in each
+answer, which this server does not implement (vLLM's beam search switch, allowed_token_ids, ...), are declared in each
 type's UNSUPPORTED table with the values that mean "off": `refuse_unsupported` refuses any other value naming
 the field, so a client never gets an answer computed without what it asked for.
 """
@@ -25,8 +25,7 @@ UNSET = msgspec.UNSET   # absent (null is None): the refusal tells them apart fr
 # Field -> the values that leave the answer as this server computes it (absent and null are always accepted).
 _SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "do_sample": (True,), "typical_p": (1, 1.0), "suffix": ("",),
-    "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
-    "guided_grammar": (), "structured_outputs": (), "allowed_token_ids": (), "bad_words": ([],),
+    "allowed_token_ids": (), "bad_words": ([],),
     "logits_processors": ([],), "truncate_prompt_tokens": (), "prompt_embeds": (),
     "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,), "add_special_tokens": (True,),
@@ -97,15 +96,16 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     target_language: str | None = None
     source_language: str | None = None     # the source text's language token (default: the tokenizer's)
     use_beam_search: Any = UNSET       # checked in params.py (a non-boolean is refused naming it)
-    # Refused unless off (UNSUPPORTED); typed loosely so that any value reaches the refusal naming the field.
-    do_sample: Any = UNSET
-    typical_p: Any = UNSET
+    # Structured outputs (server/http/openai/structured.py checks them, naming the field): typed loosely.
     response_format: Any = UNSET
     guided_json: Any = UNSET
     guided_regex: Any = UNSET
     guided_choice: Any = UNSET
     guided_grammar: Any = UNSET
     structured_outputs: Any = UNSET
+    # Refused unless off (UNSUPPORTED); typed loosely so that any value reaches the refusal naming the field.
+    do_sample: Any = UNSET
+    typical_p: Any = UNSET
     allowed_token_ids: Any = UNSET
     bad_words: Any = UNSET
     logits_processors: Any = UNSET
@@ -132,10 +132,12 @@ class CompletionRequest(SamplingRequest, kw_only=True):
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[Any] | None = None    # a string, or parts [{"type": "text", "text": ...}, ...]
-    tool_calls: Any = UNSET                   # the template renders role and content only: refused unless empty
+    tool_calls: list[Any] | None = None       # an assistant's earlier calls (server/http/openai/tool_calls.py)
+    tool_call_id: str | None = None           # a `tool` message: the call it answers
+    name: str | None = None
     function_call: Any = UNSET
 
-    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"tool_calls": ([],), "function_call": ()}
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {"function_call": ()}
 
 
 class ChatCompletionRequest(SamplingRequest, kw_only=True):
@@ -145,8 +147,9 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     logprobs: bool | None = None    # chat: a switch, with top_logprobs alternatives
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
-    tools: Any = UNSET
+    tools: Any = UNSET              # checked by server/http/openai/tool_calls.py, naming the field
     tool_choice: Any = UNSET
+    parallel_tool_calls: bool | None = None
     functions: Any = UNSET
     function_call: Any = UNSET
     audio: Any = UNSET
@@ -161,7 +164,7 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     documents: Any = UNSET
 
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_SAMPLING_UNSUPPORTED, "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],),
+        **_SAMPLING_UNSUPPORTED, "functions": ([],),
         "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],), "reasoning_effort": (),
         "web_search_options": (), "echo": (False,), "add_generation_prompt": (True,),
         "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},), "documents": ([],)}
