@@ -78,11 +78,19 @@ def safe_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
                                                response_serializer=handler.response_serializer)
 
 
+Wrap = Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]
+
+
+def _same(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    return handler
+
+
 class _SafeGenericHandler(grpc.GenericRpcHandler):
     """A service's handlers, each made safe once (looked up per call: one dict lookup, no interceptor)."""
 
-    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+    def __init__(self, inner: grpc.GenericRpcHandler, wrap: Wrap) -> None:
         self._inner = inner
+        self._wrap = wrap
         self._safe: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -92,22 +100,25 @@ class _SafeGenericHandler(grpc.GenericRpcHandler):
             inner = self._inner.service(handler_call_details)
             if inner is None:
                 return None  # not this service's method (never cached: names come from clients)
-            found = self._safe[method] = safe_handler(inner)
+            found = self._safe[method] = safe_handler(self._wrap(inner))
         return found
 
 
 class SafeRegistrar:
     """Pass this instead of the server to the generated `add_*Servicer_to_server` functions: every handler
-    they register gets a deserializer that cannot raise."""
+    they register gets a deserializer that cannot raise. `wrap` is applied to each handler first (server.py counts
+    calls per connection with it)."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: grpc.aio.Server, wrap: Wrap = _same) -> None:
         self._server = server
+        self._wrap = wrap
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(tuple(_SafeGenericHandler(h) for h in handlers))
+        self._server.add_generic_rpc_handlers(tuple(_SafeGenericHandler(h, self._wrap) for h in handlers))
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self._server.add_registered_method_handlers(service, {k: safe_handler(v) for k, v in handlers.items()})
+        self._server.add_registered_method_handlers(
+            service, {k: safe_handler(self._wrap(v)) for k, v in handlers.items()})
 
 
 __all__ = ["SafeRegistrar", "Undecodable", "safe_deserializer", "safe_handler"]
