@@ -64,18 +64,29 @@ def _refusing(behavior: Callable[..., Any], response_streaming: bool) -> Callabl
     return unary
 
 
+def passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """A response serializer that passes bytes through: a handler may answer a message it encoded off the event
+    loop (a large answer's encoding is CPU work the loop would otherwise wait for)."""
+    if serialize is None:
+        return None
+
+    def encode(message: Any) -> bytes:
+        return message if isinstance(message, bytes) else serialize(message)
+    return encode
+
+
 def safe_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """The same handler with a deserializer that cannot raise (unary-request handlers; others unchanged)."""
+    """The same handler with a deserializer that cannot raise (unary-request handlers; others unchanged) and a
+    serializer that passes encoded bytes through."""
     if handler.request_streaming or handler.request_deserializer is None:
         return handler
     deserializer = safe_deserializer(handler.request_deserializer)
+    serializer = passing_bytes(handler.response_serializer)
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(_refusing(handler.unary_stream, True),
-                                                    request_deserializer=deserializer,
-                                                    response_serializer=handler.response_serializer)
+                                                    request_deserializer=deserializer, response_serializer=serializer)
     return grpc.unary_unary_rpc_method_handler(_refusing(handler.unary_unary, False),
-                                               request_deserializer=deserializer,
-                                               response_serializer=handler.response_serializer)
+                                               request_deserializer=deserializer, response_serializer=serializer)
 
 
 Wrap = Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]
