@@ -46,8 +46,21 @@ def token_classify_to_proto(result: TokenClassifyResult) -> pb.TokenClassifyResp
 
 
 def token_classify_encoded(result: TokenClassifyResult) -> bytes:
-    """The answer's wire bytes (run in a worker thread: the message is dropped there too, not on the loop)."""
-    return token_classify_to_proto(result).SerializeToString()
+    """The answer's wire bytes, a text at a time (run in a worker thread). Serialized messages concatenated parse
+    as one message whose repeated fields are joined in order, so each text's entities are encoded on their own:
+    no call holds the GIL for the whole answer (the event loop gets it between texts), and each text's entities
+    are released here as soon as they are encoded, not later on the loop. Empties result.results."""
+    rows = result.results
+    parts = [pb.TokenClassifyResponse(model=result.model, version=result.version,
+                                      labels=result.labels).SerializeToString()]
+    for i, entities in enumerate(rows):
+        one = pb.TokenClassifyResponse()
+        one.results.add().entities.extend(
+            pb.TokenEntity(label=e.label, score=e.score, word=e.word, start=e.start, end=e.end,
+                           index=-1 if e.index is None else e.index) for e in entities)
+        parts.append(one.SerializeToString())
+        rows[i] = []
+    return b"".join(parts)
 
 
 def zero_shot_request(request: pb.ZeroShotClassifyRequest) -> ZeroShotRequest:

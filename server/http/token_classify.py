@@ -58,10 +58,16 @@ async def token_classify(door: Door, request: Request) -> Response:
 
 
 def _answer(result: TokenClassifyResult) -> bytes:
-    strategy = result.aggregation_strategy
-    return encode({"model": result.model, "version": result.version, "aggregation_strategy": strategy,
-                   "labels": result.labels,
-                   "results": [[as_pipeline_dict(e, strategy) for e in entities] for entities in result.results]})
+    """The JSON answer, a text at a time: no encode holds the GIL for the whole answer, and each text's entities
+    are released as soon as they are encoded (in the worker thread). Empties result.results."""
+    strategy, rows = result.aggregation_strategy, result.results
+    head = encode({"model": result.model, "version": result.version, "aggregation_strategy": strategy,
+                   "labels": result.labels})
+    parts = []
+    for i, entities in enumerate(rows):
+        parts.append(encode([as_pipeline_dict(e, strategy) for e in entities]))
+        rows[i] = []
+    return b"".join([head[:-1], b',"results":[', b",".join(parts), b"]}"])
 
 
 def routes() -> list[Route]:
