@@ -9,6 +9,7 @@ that could fit later (queue full, token budget in use) are refused elsewhere wit
     check_rows("inputs", len(inputs), limits)
     check_candidates(masks, top_k, limits)
     check_response_bytes(estimate, limits, "top_k")
+    check_request_memory("texts", tokens, ENCODED_TOKEN_BYTES + ENTITY_BYTES, limits)
 
 Limits are settings (server/runtime/settings.py, docs/configuration.md) and tabled in docs/RELIABILITY.md.
 """
@@ -31,6 +32,13 @@ MAX_TOKEN_BYTES = 400
 DEFAULT_MAX_ROWS_PER_REQUEST = 1024
 DEFAULT_MAX_PIECES_PER_REQUEST = 2
 DEFAULT_MAX_FILL_MASK_CANDIDATES = 1024
+DEFAULT_MAX_REQUEST_MEMORY_MB = 1024
+# What one token of a request holds in the server while it runs, besides the graph's own buffers (bounded by the
+# batch size, not the request): its tokenizer Encoding (id, type id, offsets, token text, masks) ...
+ENCODED_TOKEN_BYTES = 160
+# ... and, for token classification, its entity at worst (one per token): the Python objects (label, score, word,
+# offsets) and the answer built from them (a protobuf message or a JSON object, then its bytes).
+ENTITY_BYTES = 640
 
 
 @dataclass(frozen=True)
@@ -41,10 +49,11 @@ class AdmissionLimits:
     max_pieces_per_request: int = DEFAULT_MAX_PIECES_PER_REQUEST   # pieces of one request in a batcher queue at once
     max_fill_mask_candidates: int = DEFAULT_MAX_FILL_MASK_CANDIDATES  # sum over texts of masks x top_k
     max_response_bytes: int = 64 * 1024 * 1024                     # = max_message_bytes
+    max_request_memory_bytes: int = DEFAULT_MAX_REQUEST_MEMORY_MB << 20  # one request's estimated working memory
 
     def __post_init__(self) -> None:
         for name in ("max_rows_per_request", "max_pieces_per_request", "max_fill_mask_candidates",
-                     "max_response_bytes"):
+                     "max_response_bytes", "max_request_memory_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"admission.{name}: must be an integer >= 1, got {value!r}")
@@ -106,5 +115,16 @@ def check_response_bytes(estimate: int, limits: AdmissionLimits, field: str) -> 
                                           f"max_message_bytes {limits.max_response_bytes}")
 
 
-__all__ = ["AdmissionLimits", "check_candidates", "check_response_bytes", "check_rows", "fill_mask_bytes",
-           "tensor_bytes"]
+def check_request_memory(field: str, tokens: int, bytes_per_token: int, limits: AdmissionLimits) -> None:
+    """INVALID_ARGUMENT when a request's tokens would hold more memory while it runs than one request may
+    (checked after tokenizing, before compute: what its tokens cost, as the token bound itself is checked)."""
+    estimate = tokens * bytes_per_token
+    if estimate > limits.max_request_memory_bytes:
+        raise ServingError.invalid(field, f"{tokens} tokens would hold about {estimate >> 20} MiB in the server while "
+                                          f"the request runs, more than max_request_memory_mb "
+                                          f"{limits.max_request_memory_bytes >> 20} (send fewer or shorter texts per "
+                                          "request)")
+
+
+__all__ = ["AdmissionLimits", "ENCODED_TOKEN_BYTES", "ENTITY_BYTES", "check_candidates", "check_request_memory",
+           "check_response_bytes", "check_rows", "fill_mask_bytes", "tensor_bytes"]

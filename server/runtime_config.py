@@ -41,7 +41,8 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
         admission=AdmissionLimits(max_rows_per_request=settings.max_rows_per_request,
                                   max_pieces_per_request=settings.max_pieces_per_request,
                                   max_fill_mask_candidates=settings.max_fill_mask_candidates,
-                                  max_response_bytes=settings.max_message_bytes),
+                                  max_response_bytes=settings.max_message_bytes,
+                                  max_request_memory_bytes=settings.max_request_memory_mb << 20),
         generation_instances=settings.generation_instances)
 
 

@@ -16,12 +16,14 @@ import numpy as np
 from modelpkg import TOKENIZER_FILE
 from server.runtime import tracing
 from server.encoders import activation
-from server.admission import check_candidates, check_response_bytes, check_rows, fill_mask_bytes, tensor_bytes
+from server.admission import (ENCODED_TOKEN_BYTES, ENTITY_BYTES, check_candidates, check_request_memory,
+                              check_response_bytes, check_rows, fill_mask_bytes, tensor_bytes)
 from server.encoders.batching import DynamicBatcher
 from server.repository.consistency import check_tokenizer, probe_encoder
 from server.protocol.errors import ServingError
 from server.encoders.length_buckets import LengthBucketedRun
 from server.encoders.matryoshka import check_dimensions, shorten
+from server.encoders.memory import returning_memory
 from server.model import Feeds, Loaded, ServedModel
 from server.protocol.pairs import PairScores, Pairs
 from server.encoders.pieces import run_in_pieces
@@ -163,6 +165,7 @@ class EncoderModel(ServedModel):
 
     # ------------------------------------------------------------------ tasks
 
+    @returning_memory
     async def classify(self, inputs: list[tuple[str, str | None]], top_k: int, truncate: bool,
                        deadline: float | None, function_to_apply: str | None = None) -> ClassifyResult:
         """function_to_apply: softmax | sigmoid | none, None = the package's (server/encoders/activation.py)."""
@@ -192,6 +195,7 @@ class EncoderModel(ServedModel):
         last = spec.dims[-1] if spec is not None and spec.dims else None
         return last if isinstance(last, int) else None
 
+    @returning_memory
     async def embed(self, texts: list[str], truncate: bool, deadline: float | None,
                     dimensions: int | None = None, prompt_name: str | None = None) -> EmbedResult:
         """One vector per text: the graph pools (and normalizes) inside, so padding in a batch changes nothing.
@@ -217,6 +221,7 @@ class EncoderModel(ServedModel):
         return EmbedResult(model=self.name, version=self.version, embeddings=vectors,
                            token_counts=[len(r.ids) for r in rows], normalized=normalized)
 
+    @returning_memory
     async def score(self, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:
         return await score_pairs(self, pairs, truncate, deadline)
 
@@ -274,6 +279,7 @@ class EncoderModel(ServedModel):
             results.append(masks)
         return results
 
+    @returning_memory
     async def fill_mask(self, texts: list[str], top_k: int, truncate: bool,
                         deadline: float | None) -> FillMaskResult:
         if self.task != "fill-mask":
@@ -321,6 +327,7 @@ class EncoderModel(ServedModel):
             out.append(aggregate(view, row_logits, labels, strategy, join, word_aware, unk_id, ignore_labels))
         return out
 
+    @returning_memory
     async def token_classify(self, texts: list[str], aggregation_strategy: str, ignore_labels: list[str] | None,
                              truncate: bool, deadline: float | None) -> TokenClassifyResult:
         if self.task != "token-classify":
@@ -333,10 +340,13 @@ class EncoderModel(ServedModel):
         check_rows("texts", len(texts), limits)
         rows = await self._encode([(t, None) for t in texts], truncate, "texts", "")
         # At most one entity per token, each with its label, token text and numbers: bounded before compute.
-        check_response_bytes(sum(len(r.ids) for r in rows) * (self._label_bytes + 64)
-                             + sum(len(t.encode()) for t in texts), limits, "texts")
+        tokens = sum(len(r.ids) for r in rows)
+        check_response_bytes(tokens * (self._label_bytes + 64) + sum(len(t.encode()) for t in texts), limits, "texts")
+        # Its encodings, logits and (at worst) one entity per token, held until the answer is sent.
+        check_request_memory("texts", tokens, ENCODED_TOKEN_BYTES + 4 * len(self.manifest.labels) + ENTITY_BYTES,
+                             limits)
         logits = await self._logits(rows, deadline)
-        if sum(len(r.ids) for r in rows) <= INLINE_TOKENS:
+        if tokens <= INLINE_TOKENS:
             results = self._token_rows(texts, rows, logits, strategy, ignore)
         else:   # thousands of tokens of Python work: off the event loop
             results = await asyncio.get_running_loop().run_in_executor(

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from modelpkg import Manifest
-from server.admission import AdmissionLimits, check_rows
+from server.admission import ENCODED_TOKEN_BYTES, AdmissionLimits, check_request_memory, check_rows
 from server.encoders import activation
 from server.protocol.errors import ServingError
 from server.model import RuntimeConfig
@@ -102,6 +102,7 @@ async def score_pairs(model: ScoringEncoder, pairs: Pairs, truncate: bool, deadl
 async def _cross_encoded(model: ScoringEncoder, pairs: Pairs, truncate: bool, deadline: float | None) -> PairScores:
     # Token overflow of a pair is named by its right text (`documents[i]`): the left one is shared or paired.
     rows = await model._encode(pairs.pairs(), truncate, pairs.right_field, "")
+    check_request_memory(pairs.right_field, sum(len(r.ids) for r in rows), ENCODED_TOKEN_BYTES, model.runtime.admission)
     logits = np.asarray(await model._logits(rows, deadline), dtype=np.float64).reshape(len(rows))
     # [pairs, 1]: a softmax is over each pair's labels (its one logit), never across pairs
     scores = activation.apply(logits[:, None], activation.recorded(model.manifest, "sigmoid"))[:, 0]
@@ -120,6 +121,7 @@ async def _cosines(model: ScoringEncoder, pairs: Pairs, truncate: bool, deadline
         raise ServingError(exc.code, pairs.left_field + exc.message[len(prefix) - 1:]) from None
     right = await model._encode([(t, None) for t in pairs.right], truncate, pairs.right_field, "")
     rows = left + right
+    check_request_memory(pairs.right_field, sum(len(r.ids) for r in rows), ENCODED_TOKEN_BYTES, model.runtime.admission)
     feeds = pad_batch(rows, model.pad_id, [spec.name for spec in model.inputs])
     vectors = np.asarray((await model.run_batched(feeds, deadline))["embeddings"], dtype=np.float64)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)

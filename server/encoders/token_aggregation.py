@@ -26,6 +26,9 @@ from server.protocol.errors import ServingError
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 DEFAULT_IGNORE = ("O",)
+# Entities in one answer above which the doors build and encode it in a worker thread (a 1,024-text answer can hold
+# one per token: seconds of Python the event loop would wait for).
+INLINE_ENTITIES = 2048
 
 
 @dataclass(frozen=True)

@@ -64,25 +64,44 @@ def _refusing(behavior: Callable[..., Any], response_streaming: bool) -> Callabl
     return unary
 
 
+def passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """A response serializer that passes bytes through: a handler may answer a message it encoded off the event
+    loop (a large answer's encoding is CPU work the loop would otherwise wait for)."""
+    if serialize is None:
+        return None
+
+    def encode(message: Any) -> bytes:
+        return message if isinstance(message, bytes) else serialize(message)
+    return encode
+
+
 def safe_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """The same handler with a deserializer that cannot raise (unary-request handlers; others unchanged)."""
+    """The same handler with a deserializer that cannot raise (unary-request handlers; others unchanged) and a
+    serializer that passes encoded bytes through."""
     if handler.request_streaming or handler.request_deserializer is None:
         return handler
     deserializer = safe_deserializer(handler.request_deserializer)
+    serializer = passing_bytes(handler.response_serializer)
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(_refusing(handler.unary_stream, True),
-                                                    request_deserializer=deserializer,
-                                                    response_serializer=handler.response_serializer)
+                                                    request_deserializer=deserializer, response_serializer=serializer)
     return grpc.unary_unary_rpc_method_handler(_refusing(handler.unary_unary, False),
-                                               request_deserializer=deserializer,
-                                               response_serializer=handler.response_serializer)
+                                               request_deserializer=deserializer, response_serializer=serializer)
+
+
+Wrap = Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]
+
+
+def _same(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    return handler
 
 
 class _SafeGenericHandler(grpc.GenericRpcHandler):
     """A service's handlers, each made safe once (looked up per call: one dict lookup, no interceptor)."""
 
-    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+    def __init__(self, inner: grpc.GenericRpcHandler, wrap: Wrap) -> None:
         self._inner = inner
+        self._wrap = wrap
         self._safe: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -92,22 +111,25 @@ class _SafeGenericHandler(grpc.GenericRpcHandler):
             inner = self._inner.service(handler_call_details)
             if inner is None:
                 return None  # not this service's method (never cached: names come from clients)
-            found = self._safe[method] = safe_handler(inner)
+            found = self._safe[method] = safe_handler(self._wrap(inner))
         return found
 
 
 class SafeRegistrar:
     """Pass this instead of the server to the generated `add_*Servicer_to_server` functions: every handler
-    they register gets a deserializer that cannot raise."""
+    they register gets a deserializer that cannot raise. `wrap` is applied to each handler first (server.py counts
+    calls per connection with it)."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: grpc.aio.Server, wrap: Wrap = _same) -> None:
         self._server = server
+        self._wrap = wrap
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(tuple(_SafeGenericHandler(h) for h in handlers))
+        self._server.add_generic_rpc_handlers(tuple(_SafeGenericHandler(h, self._wrap) for h in handlers))
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self._server.add_registered_method_handlers(service, {k: safe_handler(v) for k, v in handlers.items()})
+        self._server.add_registered_method_handlers(
+            service, {k: safe_handler(self._wrap(v)) for k, v in handlers.items()})
 
 
 __all__ = ["SafeRegistrar", "Undecodable", "safe_deserializer", "safe_handler"]

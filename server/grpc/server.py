@@ -16,6 +16,7 @@ from server.grpc.auth import BearerTokenInterceptor
 from server.grpc.decoding import SafeRegistrar
 from server.grpc.health import HealthServicer
 from server.grpc.inference_service import KServeServicer
+from server.grpc.peers import CallTracker, IdleEvictor, tracked
 from server.grpc.task import TaskServicer
 from server.runtime.settings import ServerSettings
 
@@ -43,7 +44,7 @@ class GrpcServer:
     def __init__(self, plane: DataPlane, settings: ServerSettings, max_connections: int = 0) -> None:
         """max_connections: connections the port holds (0: grpc's own default, none); beyond it gRPC closes new ones
         at once, so a flood of them cannot take the descriptors the other ports and the model files need
-        (server/runtime/fdlimit.py)."""
+        (server/runtime/fdlimit.py). At the cap the idlest connections are closed for newcomers (peers.py)."""
         s = settings
         self.settings = settings
         options = [("grpc.max_send_message_length", s.max_message_bytes),
@@ -53,11 +54,15 @@ class GrpcServer:
                    # (grpc's default waits 120 s), one without calls gets GOAWAY after the idle timeout.
                    ("grpc.server_handshake_timeout_ms", int(s.header_timeout * 1000)),
                    ("grpc.max_connection_idle_ms", int(s.grpc_idle_timeout * 1000))]
+        tracker = CallTracker()
+        self._evictor: IdleEvictor | None = None
         if max_connections > 0:
             options.append(("grpc.max_allowed_incoming_connections", max_connections))
+            self._evictor = IdleEvictor(tracker, max_connections)
         interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
         server = grpc.aio.server(options=options, interceptors=interceptors)
-        services = SafeRegistrar(server)  # undecodable requests: INVALID_ARGUMENT naming the field (decoding.py)
+        # undecodable requests: INVALID_ARGUMENT naming the field (decoding.py); calls counted per peer (peers.py)
+        services = SafeRegistrar(server, wrap=lambda handler: tracked(handler, tracker))
         ortserve_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(plane), services)
         grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(plane), services)
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(plane), services)
@@ -77,10 +82,14 @@ class GrpcServer:
         else:
             self.port = server.add_insecure_port(address)
         await server.start()
+        if self._evictor is not None:
+            self._evictor.start(self.port)
         return self.port
 
     async def stop(self, grace: float | None) -> None:
         """Stops serving; calls still running get `grace` seconds (None: cancelled now)."""
+        if self._evictor is not None:
+            await self._evictor.stop()
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None

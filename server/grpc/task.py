@@ -1,6 +1,7 @@
 """ortserve.v1.TaskService (protos/ortserve.proto): protobuf <-> data-plane calls."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator
 
 import grpc
@@ -8,9 +9,11 @@ import grpc
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 from server.protocol.errors import Code, ServingError
+from server.encoders.token_aggregation import INLINE_ENTITIES
 from server.generation import GeneratedToken, GenerationParams, Usage
 from server.grpc.common import Instrumented, deadline_of, streaming, unary
-from server.grpc.task_messages import (rerank_pairs, rerank_to_proto, tokenized_to_proto, top_n, zero_shot_request,
+from server.grpc.task_messages import (rerank_pairs, rerank_to_proto, token_classify_encoded,
+                                       token_classify_to_proto, tokenized_to_proto, top_n, zero_shot_request,
                                        zero_shot_to_proto)
 from server.protocol.types import ModelStatus, StreamPart
 from server.structured import Constraint, constraint_of
@@ -155,19 +158,16 @@ class TaskServicer(Instrumented, pb_grpc.TaskServiceServicer):
 
     @unary("TokenClassify")
     async def TokenClassify(self, request: pb.TokenClassifyRequest,
-                            context: grpc.aio.ServicerContext) -> pb.TokenClassifyResponse:
+                            context: grpc.aio.ServicerContext) -> pb.TokenClassifyResponse | bytes:
         if request.keep_all_labels and request.ignore_labels:
             raise ServingError.invalid("keep_all_labels", "give ignore_labels or keep_all_labels, not both")
         ignore = [] if request.keep_all_labels else (list(request.ignore_labels) or None)
         result = await self.plane.token_classify(request.model, request.version, list(request.texts),
                                                  request.aggregation_strategy or "none", ignore, request.truncate,
                                                  deadline_of(context))
-        response = pb.TokenClassifyResponse(model=result.model, version=result.version, labels=result.labels)
-        for entities in result.results:
-            response.results.add().entities.extend(
-                pb.TokenEntity(label=e.label, score=e.score, word=e.word, start=e.start, end=e.end,
-                               index=-1 if e.index is None else e.index) for e in entities)
-        return response
+        if sum(len(entities) for entities in result.results) <= INLINE_ENTITIES:
+            return token_classify_to_proto(result)
+        return await asyncio.get_running_loop().run_in_executor(None, token_classify_encoded, result)  # bytes
 
     @unary("ListModels", model_field="")
     async def ListModels(self, request: pb.ListModelsRequest,

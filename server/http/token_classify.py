@@ -9,6 +9,7 @@ transformers' token-classification pipeline returns, under its keys: "entity" (o
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -20,8 +21,9 @@ from server.protocol.errors import ServingError
 from server.http.body import deadline_from_headers
 from server.http.decode import typed_body
 from server.http.guard import OPENAI, Door, route
-from server.http.openai.answers import json_answer
-from server.encoders.token_aggregation import as_pipeline_dict
+from server.http.openai.answers import encode
+from server.protocol.types import TokenClassifyResult
+from server.encoders.token_aggregation import INLINE_ENTITIES, as_pipeline_dict
 
 PATH = "/v1/token-classify"
 
@@ -49,10 +51,23 @@ async def token_classify(door: Door, request: Request) -> Response:
     body = await typed_body(request, door.max_body_bytes, TokenClassifyBody)
     result = await door.plane.token_classify(body.model, 0, _texts(body.inputs), body.aggregation_strategy or "none",
                                              body.ignore_labels, bool(body.truncate), deadline_from_headers(request))
-    strategy = result.aggregation_strategy
-    return json_answer({"model": result.model, "version": result.version, "aggregation_strategy": strategy,
-                        "labels": result.labels,
-                        "results": [[as_pipeline_dict(e, strategy) for e in entities] for entities in result.results]})
+    if sum(len(entities) for entities in result.results) <= INLINE_ENTITIES:
+        return Response(_answer(result), media_type="application/json")
+    # Up to one entity per token of 1,024 texts: seconds of Python to build and encode, in a worker thread.
+    return Response(await asyncio.to_thread(_answer, result), media_type="application/json")
+
+
+def _answer(result: TokenClassifyResult) -> bytes:
+    """The JSON answer, a text at a time: no encode holds the GIL for the whole answer, and each text's entities
+    are released as soon as they are encoded (in the worker thread). Empties result.results."""
+    strategy, rows = result.aggregation_strategy, result.results
+    head = encode({"model": result.model, "version": result.version, "aggregation_strategy": strategy,
+                   "labels": result.labels})
+    parts = []
+    for i, entities in enumerate(rows):
+        parts.append(encode([as_pipeline_dict(e, strategy) for e in entities]))
+        rows[i] = []
+    return b"".join([head[:-1], b',"results":[', b",".join(parts), b"]}"])
 
 
 def routes() -> list[Route]:

@@ -17,6 +17,7 @@ import types
 from typing import Any, AsyncIterator, Callable
 
 import grpc
+from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 
 from protos import grpc_service_pb2, ortserve_pb2
@@ -67,13 +68,20 @@ def _check_token(token: str | None, context: _Context) -> str | None:
     return BearerTokenInterceptor(token).problem(details)  # type: ignore[arg-type]
 
 
+def _response_class(service: str, name: str) -> Any:
+    return message_factory.GetMessageClass(SERVICES[service].methods_by_name[name].output_type)
+
+
 def _unary(service: str, name: str) -> Callable[..., Any]:
     async def call(self: Any, request: Any, grpc_context: Any = None) -> Any:
         context = _Context(grpc_context)
         problem = _check_token(self.settings.auth_token, context)
         if problem is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, problem)
-        return await getattr(self.grpc_servicers[service], name)(request, context)
+        answer = await getattr(self.grpc_servicers[service], name)(request, context)
+        if isinstance(answer, bytes):   # a large answer the servicer encoded off the loop: Ray's proxy wants a message
+            return _response_class(service, name).FromString(answer)
+        return answer
     call.__name__ = name
     return call
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from server.admission import (DEFAULT_MAX_FILL_MASK_CANDIDATES, DEFAULT_MAX_PIECES_PER_REQUEST,
-                              DEFAULT_MAX_ROWS_PER_REQUEST)
+                              DEFAULT_MAX_REQUEST_MEMORY_MB, DEFAULT_MAX_ROWS_PER_REQUEST)
 from server.runtime.eventloop import EVENT_LOOPS
 from server.generation.params import GenerationConfig
 
@@ -59,6 +59,8 @@ class ServerSettings:
     max_pieces_per_request: int = DEFAULT_MAX_PIECES_PER_REQUEST  # pieces (max_batch_size rows each) of one
     #                                     request in its model's batcher queue at once: others' requests interleave
     max_fill_mask_candidates: int = DEFAULT_MAX_FILL_MASK_CANDIDATES  # masks x top_k summed over a request's texts
+    max_request_memory_mb: int = DEFAULT_MAX_REQUEST_MEMORY_MB  # one request's estimated working memory
+    #                                     (token classification, rerank: its tokens' encodings, logits, entities)
     # Decoders (one generation engine per loaded version):
     max_tokens_in_flight: int = _ENGINE.max_tokens_in_flight  # sum of prompt + max_new_tokens tokens over the
     #                                     engine's waiting AND running requests; beyond it → RESOURCE_EXHAUSTED
@@ -131,7 +133,7 @@ class ServerSettings:
             raise bad("prefix_caching", f"must be one of {', '.join(ON_OFF)}, got {self.prefix_caching!r}")
         for name in ("max_batch_size", "encoder_instances", "max_queued_requests", "max_rows_per_request",
                      "max_pieces_per_request",
-                     "max_fill_mask_candidates", "max_tokens_in_flight", "max_sequences", "generation_instances",
+                     "max_fill_mask_candidates", "max_request_memory_mb", "max_tokens_in_flight", "max_sequences", "generation_instances",
                      "prefill_chunk_tokens", "max_prefill_tokens", "stream_interval",
                      "decode_steps", "max_message_bytes"):
             if getattr(self, name) < 1:
@@ -248,6 +250,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--max-fill-mask-candidates", type=int,
                    help="fill-mask: masks x top_k summed over a request's texts; beyond INVALID_ARGUMENT "
                         f"(default {d.max_fill_mask_candidates})")
+    p.add_argument("--max-request-memory-mb", type=int, help="token-classify, rerank: one request's estimated "
+                   f"working memory; beyond INVALID_ARGUMENT (default {d.max_request_memory_mb})")
     p.add_argument("--max-tokens-in-flight", type=int,
                    help="generation: prompt + max_new_tokens summed over a decoder's waiting and running requests "
                         f"(default {d.max_tokens_in_flight})")

@@ -9,6 +9,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from server.protocol.errors import ServingError
+from server.text.prefix_cut import shorten
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
@@ -108,6 +109,8 @@ class TextEncoder:
                 text = text[:max_chars]
                 pair = None if pair is None else pair[:max_chars]
             batch.append(text if pair is None else (text, pair))
+        if truncate:   # long texts cut first to a prefix that truncates to the same tokens (prefix_cut.py)
+            batch = shorten(self.tokenizer, batch, self.max_length, first_only)
         encodings: list[Encoding] = self._encode_all(self.tokenizer, batch)
         too_long = [i for i, e in enumerate(encodings) if len(e.ids) > self.max_length]
         if too_long and not truncate:

@@ -4,13 +4,16 @@ Every generated body gets a documented answer: 200, or a 4xx / 503 / 504 in the 
 (never 500, never a hang), and afterwards the process is alive and answers a normal request. Besides values
 near valid ones, the strategies draw the outside probe's shapes (docs/RELIABILITY.md): integer literals beyond
 Python's 4300-digit limit, lone UTF-16 surrogates, many tiny elements, KServe binary bodies with millions of
-empty BYTES elements and lying Inference-Header-Content-Length headers. Cases per route:
+empty BYTES elements and lying Inference-Header-Content-Length headers; and the fourth probe's (issue 40): beam
+searches with extreme length_penalty and early_stopping, echo / prompt_logprobs on an encoder-decoder (a small
+Marian, tests/reliability/conftest.py). Cases per route:
 ORTSERVE_FUZZ_EXAMPLES (default 60), as tests/reliability/test_fuzz_rpc.py.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.pair_models import add_tiny_embed
+from tests.reliability.conftest import SEQ2SEQ
 from tests.server_process import ServerProcess, repository_with
 
 CLASSIFIER, FILL_MASK, GPT, EMBED = "tiny-classifier", "tiny-fill-mask", "tiny-gpt", "tiny-embed"
@@ -64,11 +68,12 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repository: Path, tiny_checkpoints,
+def server(tiny_repository: Path, tiny_checkpoints, seq2seq_model: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = repository_with(tiny_repository, tmp_path_factory.mktemp("fuzz-http") / "repo", CLASSIFIER, FILL_MASK,
                            GPT)
     add_tiny_embed(tiny_checkpoints, repo)
+    shutil.copytree(seq2seq_model, repo / SEQ2SEQ)
     proc = ServerProcess(repo, ["--http-port", "0", "--max-message-bytes", str(2 ** 20)])
     try:
         yield proc
@@ -100,8 +105,10 @@ def _alive(server: ServerProcess, client: httpx.Client) -> None:
     assert client.post(f"{server.http_url}/v1/completions", json=body).status_code == 200
 
 
+# The probe's length penalties (a power that overflowed: 500s), then anything.
+LENGTH_PENALTIES = [1000, 1100, 1e10, 1e300, 3.4e38, -1e300, -1000, 0, 1, 2]
 completion_bodies = st.fixed_dictionaries(
-    {"model": st.sampled_from([GPT, CLASSIFIER, "nope", "../x"]) | scalars},
+    {"model": st.sampled_from([GPT, SEQ2SEQ, SEQ2SEQ, CLASSIFIER, "nope", "../x"]) | scalars},
     optional={"prompt": st.text(max_size=40) | st.lists(st.text(max_size=10), max_size=3) | values
                         | st.lists(st.integers(-3, 10 ** 6), max_size=8)
                         | st.lists(st.lists(st.integers(-3, 10 ** 6), max_size=4), max_size=3),
@@ -111,7 +118,9 @@ completion_bodies = st.fixed_dictionaries(
               "prompt_logprobs": st.integers(-1, 22) | values,
               "stream_options": values, "presence_penalty": values, "frequency_penalty": values,
               "logit_bias": values | st.dictionaries(st.text(max_size=6), values, max_size=3), "ignore_eos": st.booleans(),
-              "messages": values})
+              "messages": values, "num_beams": st.integers(1, 4) | values,
+              "length_penalty": st.sampled_from(LENGTH_PENALTIES) | st.floats(allow_nan=False) | values,
+              "early_stopping": st.sampled_from([True, False, "never"]) | values})
 
 
 @FUZZ
@@ -123,6 +132,8 @@ def test_fuzzed_completion_bodies(server: ServerProcess, client: httpx.Client, b
     _check(response, openai_shape=True)
     if response.status_code == 200 and body.get("stream"):
         assert response.text.rstrip().endswith("data: [DONE]")
+    if body.get("model") == SEQ2SEQ and body.get("echo") is True and not chat:
+        assert response.status_code != 200, "echo on an encoder-decoder is refused by name (docs/protocol.md)"
 
 
 tensors = st.fixed_dictionaries(

@@ -4,6 +4,9 @@ For every generated request the server must answer with a status code the protoc
 input (never INTERNAL / UNKNOWN, never a hang: each call has a deadline), OK answers must be consistent
 with the request, and after each test the process is alive, SERVING, and answers a normal request.
 
+Generation draws the fourth probe's shapes too (issue 40): beams with extreme length_penalty and early_stopping,
+prompt_logprobs on an encoder-decoder (a small Marian, tests/reliability/conftest.py).
+
 Cases per RPC: ORTSERVE_FUZZ_EXAMPLES (default 60 in CI; the long run uses 1000, see docs/RELIABILITY.md).
 A failing case prints a `@reproduce_failure` blob to replay it.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -22,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tests.pair_models import add_tiny_embed
+from tests.reliability.conftest import SEQ2SEQ
 from tests.server_process import ServerProcess, repository_with
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
 
@@ -48,10 +53,11 @@ LOAD_CODES = BAD_INPUT | {C.FAILED_PRECONDITION}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repository: Path, tiny_checkpoints,
+def server(tiny_repository: Path, tiny_checkpoints, seq2seq_model: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = add_tiny_embed(tiny_checkpoints, repository_with(tiny_repository, tmp_path_factory.mktemp("fuzz"),
                                                             CLASSIFIER, FILL_MASK, GPT))
+    shutil.copytree(seq2seq_model, repo / SEQ2SEQ)
     proc = ServerProcess(repo, ["--max-message-bytes", str(MAX_MESSAGE)])
     try:
         yield proc
@@ -156,6 +162,11 @@ def maybe(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(st.none(), strategy)
 
 
+# The probe's length penalties (a power that overflowed: 500s), as float32.
+LENGTH_PENALTIES = [1000.0, 1100.0, 1e10, 3.4e38, -3.4e38, -1000.0, 0.0, 1.0, 2.0]
+GENERATORS = st.sampled_from([GPT, GPT, SEQ2SEQ])
+
+
 @st.composite
 def generation_parameters(draw: st.DrawFn) -> pb.GenerationParameters:
     """Each field mostly in its valid range (so cases reach the engine), sometimes anything."""
@@ -165,7 +176,9 @@ def generation_parameters(draw: st.DrawFn) -> pb.GenerationParameters:
                            ("top_p", mostly(st.floats(0.0625, 1, width=32), floats32)),
                            ("repetition_penalty", mostly(st.floats(0.5, 2, width=32), floats32)),
                            ("seed", UINT64),
-                           ("prompt_logprobs", mostly(st.integers(0, 20), INT32))):
+                           ("prompt_logprobs", mostly(st.integers(0, 20), INT32)),
+                           ("num_beams", mostly(st.integers(1, 4), INT32)),
+                           ("length_penalty", mostly(st.sampled_from(LENGTH_PENALTIES), floats32))):
         value = draw(maybe(strategy))
         if value is not None:
             setattr(p, name, value)
@@ -180,6 +193,7 @@ def generation_parameters(draw: st.DrawFn) -> pb.GenerationParameters:
     p.min_tokens = draw(mostly(st.integers(0, 4), INT32))
     p.presence_penalty = draw(mostly(st.floats(-2, 2, width=32), floats32))
     p.frequency_penalty = draw(mostly(st.floats(-2, 2, width=32), floats32))
+    p.early_stopping = draw(mostly(st.sampled_from(["", "true", "false", "never"]), st.text(max_size=8)))
     p.logit_bias.update(draw(st.dictionaries(mostly(st.integers(0, 500), INT32),
                                              mostly(st.floats(-100, 100, width=32), floats32), max_size=3)))
     return p
@@ -240,7 +254,7 @@ def test_fuzz_generate(tasks: pb_grpc.TaskServiceStub) -> None:
     seen = Outcomes()
 
     @FUZZ
-    @given(model=mostly(GPT, names), version=mostly(0, versions), prompt=texts, params=generation_parameters(),
+    @given(model=mostly(GENERATORS, names), version=mostly(0, versions), prompt=texts, params=generation_parameters(),
            ids=st.lists(mostly(st.integers(0, 300), INT32), max_size=6))
     def case(model: str, version: int, prompt: str, params: pb.GenerationParameters, ids: list[int]) -> None:
         request = pb.GenerateRequest(model=model, version=version, prompt=prompt, parameters=params, prompt_ids=ids)
@@ -258,7 +272,7 @@ def test_fuzz_generate_stream(tasks: pb_grpc.TaskServiceStub) -> None:
     seen = Outcomes()
 
     @FUZZ
-    @given(model=mostly(GPT, names), version=mostly(0, versions), prompt=texts, params=generation_parameters())
+    @given(model=mostly(GENERATORS, names), version=mostly(0, versions), prompt=texts, params=generation_parameters())
     def case(model: str, version: int, prompt: str, params: pb.GenerationParameters) -> None:
         request = pb.GenerateRequest(model=model, version=version, prompt=prompt, parameters=params)
         chunks = call(lambda: list(tasks.GenerateStream(request, timeout=TIMEOUT)), GENERATE_CODES, seen)
