@@ -63,14 +63,15 @@ def repository(work: Path, ckpt: Path) -> Path:
     return repo
 
 
-def forward_passes(repo: Path, ckpt: Path):
-    """(graph, torch) callables: one forward pass of a batch of texts, tokenized and padded as the server pads them."""
+def forward_passes(repo: Path, ckpt: Path, model_name: str = MODEL, auto: str = "AutoModelForTokenClassification"):
+    """(graph, torch, variant): one forward pass of a batch of texts, tokenized and padded as the server pads them,
+    through the package's CPU-default graph and through transformers' `auto` class (also bench/classify_pipeline.py)."""
     import onnxruntime as ort
     import torch
     import transformers
     from tokenizers import Tokenizer
 
-    package = repo / MODEL / "1"
+    package = repo / model_name / "1"
     manifest = json.loads((package / "model.json").read_text())
     graph_file = manifest["variants"][manifest["default_variant"]["cpu"]]   # what the server runs
     tok = Tokenizer.from_file(str(package / "tokenizer.json"))
@@ -80,7 +81,7 @@ def forward_passes(repo: Path, ckpt: Path):
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     session = ort.InferenceSession(str(package / graph_file), options, providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
-    model = transformers.AutoModelForTokenClassification.from_pretrained(ckpt).eval()
+    model = getattr(transformers, auto).from_pretrained(ckpt).eval()
 
     def feeds(batch: list[str]) -> dict[str, np.ndarray]:
         enc = tok.encode_batch(batch)

@@ -18,9 +18,9 @@ HF_CLASSES = {"classify": "XLMRobertaForSequenceClassification", "fill-mask": "X
               "rerank": "XLMRobertaForSequenceClassification"}
 
 
-def unigram_tokenizer(dest: Path, vocab_size: int = 300):
-    """A Unigram model with XLM-R's normalizer, Metaspace pre-tokenizer, special tokens and template, saved to `dest`
-    by transformers' XLMRobertaTokenizerFast (returned)."""
+def unigram_tokenizer(dest: Path, vocab_size: int = 300, texts: list[str] | None = None):
+    """A Unigram model with XLM-R's normalizer, Metaspace pre-tokenizer, special tokens and template, trained on
+    `texts` (default: the tiny corpus), saved to `dest` by transformers' XLMRobertaTokenizerFast (returned)."""
     import transformers
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import trainers
@@ -32,7 +32,7 @@ def unigram_tokenizer(dest: Path, vocab_size: int = 300):
                                            normalizers.Replace(Regex(" {2,}"), " ")])
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.train_from_iterator(_corpus(), trainers.UnigramTrainer(
+    tok.train_from_iterator(texts or _corpus(), trainers.UnigramTrainer(
         vocab_size=vocab_size, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>"))
     tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
