@@ -3,8 +3,8 @@ peer benchmarks of the newer families (bench/embeddings.py --model, bench/classi
 figures are of the shapes (compute, memory traffic), not of any released model's accuracy.
 
     xlmr        XLMRobertaModel, XLM-R base's encoder (12 layers x 768, 12 heads, FFN 3072, 514 positions, one token
-                type), vocabulary cut to 8000 (XLM-R's 250k only grows the embedding table a lookup reads); a Unigram
-                tokenizer in XLMRobertaTokenizerFast's layout trained on the Shakespeare passages
+                type), vocabulary cut to 8000 + <mask> (XLM-R's 250k only grows the embedding table a lookup
+                reads); a Unigram tokenizer in XLMRobertaTokenizerFast's layout trained on the Shakespeare passages
                 (tests/xlmr_models.py)
     modernbert  ModernBertModel, 12 layers x 768 (ModernBERT-base has 22), 12 heads, GeGLU FFN 1152, every third layer
                 global and the rest a 128-token window, rotary theta 160000 / 10000 (ModernBERT-base's); MiniLM's
@@ -18,6 +18,7 @@ The two embedders are saved as sentence-transformers saves a model (Transformer 
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -48,10 +49,21 @@ def _xlmr(out: Path) -> Any:
     from tests.xlmr_models import unigram_tokenizer
 
     tok = unigram_tokenizer(out, vocab_size=8000, texts=_corpus())
-    cfg = transformers.XLMRobertaConfig(vocab_size=8000, intermediate_size=3072, max_position_embeddings=514,
+    cfg = transformers.XLMRobertaConfig(vocab_size=len(tok), intermediate_size=3072, max_position_embeddings=514,
                                         type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=tok.pad_token_id,
                                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **BASE)
     return transformers.XLMRobertaModel(cfg, add_pooling_layer=False)
+
+
+def _set_max_length(folder: Path, n: int) -> None:
+    """The longest input the peers tokenize (tokenizer_config.json's model_max_length, sentence-transformers'
+    max_seq_length): 512, as the base models ship (XLM-R's 514 positions start after the padding index)."""
+    for name, key in (("tokenizer_config.json", "model_max_length"), ("sentence_bert_config.json", "max_seq_length")):
+        path = folder / name
+        if path.is_file():
+            cfg = json.loads(path.read_text())
+            cfg[key] = n
+            path.write_text(json.dumps(cfg, indent=2))
 
 
 def _modernbert(out: Path) -> Any:
@@ -110,6 +122,7 @@ def checkpoint(work: Path, name: str) -> Path:
         model.save_pretrained(tmp)
     else:
         _save_sentence_transformer(model, tmp)
+        _set_max_length(tmp, 512)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out

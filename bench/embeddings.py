@@ -26,6 +26,7 @@ OS threads it runs (/proc/PID/task) beside its configured compute threads.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -135,9 +136,31 @@ def infinity_model_dir(work: Path, repo: Path, model: str = "minilm") -> Path:
         if f.is_file() and f.suffix in (".json", ".txt"):
             (tmp / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, tmp / f.relative_to(src))
+    _positions_as_tokens(tmp / "config.json")
+    _tokenizer_class_for_peer(tmp / "tokenizer_config.json")
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
+
+
+def _tokenizer_class_for_peer(config: Path) -> None:
+    """transformers 5 saves a tokenizer.json-only tokenizer as "TokenizersBackend", a class the transformers 4 of
+    infinity's environment does not have; its name there is PreTrainedTokenizerFast (same file, same ids)."""
+    cfg = json.loads(config.read_text())
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config.write_text(json.dumps(cfg, indent=2))
+
+
+def _positions_as_tokens(config: Path) -> None:
+    """infinity's optimum engine truncates inputs at config.max_position_embeddings; RoBERTa-family position ids
+    start after the padding index, so XLM-R's 514 positions hold 512 tokens and its warm-up input of 514 tokens
+    fails at startup (position 514 out of range). Its copy of the config says 512: the graph (ours, with its own
+    table) is unchanged, and the measured passages are far shorter than either limit."""
+    cfg = json.loads(config.read_text())
+    if cfg.get("model_type") in ("roberta", "xlm-roberta"):
+        cfg["max_position_embeddings"] -= int(cfg.get("pad_token_id", 1)) + 1
+        config.write_text(json.dumps(cfg, indent=2))
 
 
 # ----------------------------------------------------------------------------- sides
@@ -166,7 +189,8 @@ def start_infinity(model_dir: Path, cfg: Config, cache: Path) -> tuple[ChildProc
            # The sentence-transformers configs say mean; infinity's "auto" took the CLS token here.
            "--pooling-method", "mean"]
     url = f"http://127.0.0.1:{port}"
-    proc = start_peer(cmd, "infinity-emb /health", ready=http_ok(url + "/health"), timeout=300, env=env,
+    # Its start-up warm-up runs batches of 32 x 512-token inputs: long for a base-sized model on a few cores.
+    proc = start_peer(cmd, "infinity-emb /health", ready=http_ok(url + "/health"), timeout=900, env=env,
                       cwd=model_dir, error=RuntimeError)
     return proc, url
 
@@ -229,7 +253,11 @@ def run(cfg: Config, command: str = "python -m bench embeddings") -> dict[str, A
                  else source_checkpoint(WORK, cfg.model))
     pool = passages(400, 12, seed=11) + passages(400, 40, seed=12)
     server = start_ortserve(repo, cfg)
-    infinity, inf_url = start_infinity(model_dir, cfg, WORK / "hf-home")
+    try:
+        infinity, inf_url = start_infinity(model_dir, cfg, WORK / "hf-home")
+    except BaseException:
+        server.stop()       # a peer that fails to start must not leave our server running
+        raise
     try:
         urls = {"ortserve": server.http_url + "/v1/embeddings", "infinity": inf_url + "/embeddings"}
         cosine = agreement(urls, pool[:64], cfg.model)
