@@ -20,7 +20,6 @@ over pipeline texts/s is the most any serving of this graph could reach.
 from __future__ import annotations
 
 import logging
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +59,7 @@ def run(rounds: int, seconds: float, command: str) -> dict[str, Any]:
     import transformers
 
     from bench.base_models import checkpoint
-    from bench.token_classify import forward_passes
+    from bench.token_classify import forward_passes, served_vs_pipeline
     from clients import OrtserveClient
 
     WORK.mkdir(parents=True, exist_ok=True)
@@ -94,13 +93,8 @@ def run(rounds: int, seconds: float, command: str) -> dict[str, Any]:
                 for name, fn in (sides[size] if r % 2 == 0 else sides[size][::-1]):
                     runs[str(size)][name].append(_texts_per_s(fn, texts, size, seconds))
                     log.info("round %d batch %d %s: %.2f texts/s", r + 1, size, name, runs[str(size)][name][-1])
-    cells = {}
-    for size, by_side in runs.items():
-        med = {k: statistics.median(v) for k, v in by_side.items()}
-        cells[size] = {"runs": by_side, "median": med, "ratio": med["ortserve"] / med["pipeline"],
-                       "ceiling": med["graph"] / med["pipeline"]}
     return {**stamp(command), "agree": [same, len(sample)], "score_diff": score_diff, "variant": variant,
-            "cells": cells, "rounds": rounds, "seconds": seconds, "torch_threads": torch.get_num_threads(),
+            "cells": served_vs_pipeline(runs), "rounds": rounds, "seconds": seconds, "torch_threads": torch.get_num_threads(),
             "hf_attention": getattr(pipe.model.config, "_attn_implementation", None)}
 
 

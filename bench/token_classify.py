@@ -99,6 +99,17 @@ def forward_passes(repo: Path, ckpt: Path, model_name: str = MODEL, auto: str = 
     return graph, forward, manifest["default_variant"]["cpu"]
 
 
+def served_vs_pipeline(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """Per batch size: each side's median texts/s over rounds, served / pipeline, and graph alone / pipeline (the
+    ceiling); also bench/classify_pipeline.py's."""
+    cells = {}
+    for size, sides in runs.items():
+        med = {k: statistics.median(v) for k, v in sides.items()}
+        cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"],
+                       "ceiling": med["graph"] / med["pipeline"]}
+    return cells
+
+
 def _entities(items: list[dict]) -> list[tuple[str, int, int, float]]:
     return [(e["entity_group"], e["start"], e["end"], e["score"]) for e in items]
 
@@ -155,11 +166,7 @@ def run(rounds: int, seconds: float, command: str) -> dict[str, Any]:
                 for name, fn in (sides if r % 2 == 0 else sides[::-1]):
                     runs[str(size)][name].append(closed_loop(fn, size))
                     log.info("round %d batch %d %s: %.1f texts/s", r + 1, size, name, runs[str(size)][name][-1])
-    cells = {}
-    for size, sides in runs.items():
-        med = {k: statistics.median(v) for k, v in sides.items()}
-        cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"],
-                       "ceiling": med["graph"] / med["pipeline"]}
+    cells = served_vs_pipeline(runs)
     return {**stamp(command),
             "agree": [same, len(sample)], "score_diff": score_diff, "variant": variant, "cells": cells,
             "rounds": rounds, "seconds": seconds, "torch_threads": torch.get_num_threads()}
