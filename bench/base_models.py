@@ -28,7 +28,7 @@ from typing import Any, Callable
 from bench.material import minilm_tokenizer_dir, passages
 
 SHAPES: dict[str, str] = {
-    "xlmr": "random XLM-R base shape: XLMRobertaModel 12 layers x 768, 12 heads, FFN 3072, vocab 8000 (Unigram "
+    "xlmr": "random XLM-R base shape: XLMRobertaModel 12 layers x 768, 12 heads, FFN 3072, vocab 8000 + <mask> (Unigram "
             "tokenizer trained on the passages), mean pooling + normalize",
     "modernbert": "random ModernBERT base-like shape: ModernBertModel 12 layers x 768 (base: 22), 12 heads, GeGLU FFN "
                   "1152, global every 3rd layer, local window 128, MiniLM's WordPiece (30522), mean pooling + normalize",
