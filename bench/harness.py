@@ -26,7 +26,7 @@ log = logging.getLogger("bench")
 NAMES = ("suite", "report", "generation", "http", "llamacpp", "quantized", "seq2seq", "embeddings", "ray_proxy",
          "token_classify", "stream_ab", "engine_ab", "gpu_slots", "skip_norm", "g2p_variants", "lm_eval_check",
          "int8_formats", "batch_rows")
-NAMES += ("modernbert_fusion",)
+NAMES += ("modernbert_fusion", "classify_pipeline")
 NAMES += ("structured",)
 _MODULE = {"report": "suite"}
 _ATTRIBUTE = {"report": "REPORT"}

@@ -63,14 +63,15 @@ def repository(work: Path, ckpt: Path) -> Path:
     return repo
 
 
-def forward_passes(repo: Path, ckpt: Path):
-    """(graph, torch) callables: one forward pass of a batch of texts, tokenized and padded as the server pads them."""
+def forward_passes(repo: Path, ckpt: Path, model_name: str = MODEL, auto: str = "AutoModelForTokenClassification"):
+    """(graph, torch, variant): one forward pass of a batch of texts, tokenized and padded as the server pads them,
+    through the package's CPU-default graph and through transformers' `auto` class (also bench/classify_pipeline.py)."""
     import onnxruntime as ort
     import torch
     import transformers
     from tokenizers import Tokenizer
 
-    package = repo / MODEL / "1"
+    package = repo / model_name / "1"
     manifest = json.loads((package / "model.json").read_text())
     graph_file = manifest["variants"][manifest["default_variant"]["cpu"]]   # what the server runs
     tok = Tokenizer.from_file(str(package / "tokenizer.json"))
@@ -80,7 +81,7 @@ def forward_passes(repo: Path, ckpt: Path):
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     session = ort.InferenceSession(str(package / graph_file), options, providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
-    model = transformers.AutoModelForTokenClassification.from_pretrained(ckpt).eval()
+    model = getattr(transformers, auto).from_pretrained(ckpt).eval()
 
     def feeds(batch: list[str]) -> dict[str, np.ndarray]:
         enc = tok.encode_batch(batch)
@@ -96,6 +97,17 @@ def forward_passes(repo: Path, ckpt: Path):
         with torch.inference_mode():
             model(**{k: torch.from_numpy(v) for k, v in feeds(batch).items()})
     return graph, forward, manifest["default_variant"]["cpu"]
+
+
+def served_vs_pipeline(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """Per batch size: each side's median texts/s over rounds, served / pipeline, and graph alone / pipeline (the
+    ceiling); also bench/classify_pipeline.py's."""
+    cells = {}
+    for size, sides in runs.items():
+        med = {k: statistics.median(v) for k, v in sides.items()}
+        cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"],
+                       "ceiling": med["graph"] / med["pipeline"]}
+    return cells
 
 
 def _entities(items: list[dict]) -> list[tuple[str, int, int, float]]:
@@ -154,11 +166,7 @@ def run(rounds: int, seconds: float, command: str) -> dict[str, Any]:
                 for name, fn in (sides if r % 2 == 0 else sides[::-1]):
                     runs[str(size)][name].append(closed_loop(fn, size))
                     log.info("round %d batch %d %s: %.1f texts/s", r + 1, size, name, runs[str(size)][name][-1])
-    cells = {}
-    for size, sides in runs.items():
-        med = {k: statistics.median(v) for k, v in sides.items()}
-        cells[size] = {"runs": sides, "median": med, "ratio": med["ortserve"] / med["pipeline"],
-                       "ceiling": med["graph"] / med["pipeline"]}
+    cells = served_vs_pipeline(runs)
     return {**stamp(command),
             "agree": [same, len(sample)], "score_diff": score_diff, "variant": variant, "cells": cells,
             "rounds": rounds, "seconds": seconds, "torch_threads": torch.get_num_threads()}

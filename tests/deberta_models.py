@@ -17,8 +17,10 @@ LABELS = ["contradiction", "entailment", "neutral"]
 MAX_POSITIONS = 64
 
 
-def unigram_tokenizer(out: Path, vocab_size: int = 300) -> Path:
-    """tokenizer.json + tokenizer_config.json in `out` (created); returns `out`."""
+def unigram_tokenizer(out: Path, vocab_size: int = 300, texts: list[str] | None = None,
+                      max_length: int = MAX_POSITIONS) -> Path:
+    """tokenizer.json + tokenizer_config.json in `out` (created), trained on `texts` (default: the tiny corpus);
+    returns `out`."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     from tests.conftest import _corpus
@@ -29,14 +31,14 @@ def unigram_tokenizer(out: Path, vocab_size: int = 300) -> Path:
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
     trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, unk_token="[UNK]",
                                       max_piece_length=8)
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(texts or _corpus(), trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    config = {"tokenizer_class": "DebertaV2Tokenizer", "model_max_length": MAX_POSITIONS,
+    config = {"tokenizer_class": "DebertaV2Tokenizer", "model_max_length": max_length,
               **{f"{k}_token": t for k, t in zip(("pad", "cls", "sep", "unk", "mask"), SPECIALS)}}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return out

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from export import ExportConfig, export_checkpoint
+from tests.xlmr_models import hf_config, unigram_tokenizer
 
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -25,38 +26,11 @@ HF_CLASSES = {"classify": "XLMRobertaForSequenceClassification", "fill-mask": "X
               "token-classify": "XLMRobertaForTokenClassification", "embed": "XLMRobertaModel"}
 
 
-def unigram_tokenizer(dest: Path):
-    """A Unigram model with XLM-R's normalizer, Metaspace pre-tokenizer, special tokens and template."""
-    from tests.conftest import _corpus
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import trainers
-
-    tok = Tokenizer(models.Unigram())
-    tok.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC(),
-                                           normalizers.Replace(Regex(" {2,}"), " ")])
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.train_from_iterator(_corpus(), trainers.UnigramTrainer(
-        vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>"))
-    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
-                                                       special_tokens=[("<s>", 0), ("</s>", 2)])
-    fast = transformers.XLMRobertaTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
-        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>")
-    fast.save_pretrained(dest)
-    return fast
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("xlmr")
     tokenizer = unigram_tokenizer(root / "tok")
-    # initializer_range 0.2: random heads then separate inputs clearly, so agreement means something.
-    config = transformers.XLMRobertaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=66, pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1,
-        layer_norm_eps=1e-5, initializer_range=0.2, id2label={0: "O", 1: "B-X", 2: "I-X"})
+    config = hf_config(len(tokenizer), id2label={0: "O", 1: "B-X", 2: "I-X"})   # tests/xlmr_models.py's shape
     out = {}
     for task, cls in HF_CLASSES.items():
         torch.manual_seed(0)
