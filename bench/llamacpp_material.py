@@ -124,7 +124,7 @@ def publish_ungated(pkg: Path, ckpt: Path, variant: str) -> None:
     from export import weights
     from export.config import WEIGHT_QUANT
     from export.decoder_weights import inplace_weights
-    from transformers import AutoModelForCausalLM
+    from export.source import inspect_checkpoint, load_torch_model
 
     if weights.WEIGHT_VARIANTS[variant][1]:
         raise ValueError(f"{variant}: an int8-cache variant needs the export's calibration; only w8 / w4 are built here")
@@ -134,8 +134,9 @@ def publish_ungated(pkg: Path, ckpt: Path, variant: str) -> None:
     log.warning("%s: %s not in the package (gate: %s); building it outside the gate", pkg, variant,
                 gate.get("status", "not run"))
     with torch.no_grad():
-        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-        w = inplace_weights(model, manifest["architecture"], int(manifest["max_length"]))
+        info = inspect_checkpoint(ckpt, "generate")
+        model = load_torch_model(info, "generate")
+        w = inplace_weights(model, info.model_type, int(manifest["max_length"]))
     build = weights.build_variant(variant, w, pkg, dict(WEIGHT_QUANT), None, 0)
     del model, w
     manifest["variants"][variant] = build.file
