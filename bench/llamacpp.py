@@ -335,14 +335,18 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="ortserve's --stream-interval: tokens per streamed message after the first (default 1, "
                          "a message per token as llama-server sends)")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "llamacpp.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench/results/llamacpp.json (llama-124m), llamacpp-MATERIAL.json (others)")
     ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
 
 
 def cli(a: argparse.Namespace) -> int | None:
+    # Each material has its own result file and block of docs/BENCHMARKS.md (the Llama one keeps its old name).
+    block = "llamacpp" if a.material == "llama-124m" else f"llamacpp-{a.material}"
+    out = a.out or ROOT / "bench" / "results" / f"{block}.json"
     if a.render_only:
-        publish(read_json(a.out), None, a.docs or DOCS, "llamacpp", render)
+        publish(read_json(out), None, a.docs or DOCS, block, render)
         return 0
     pieces = tuple(p.strip() for p in a.pieces.split(",") if p.strip())
     variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
@@ -365,11 +369,11 @@ def cli(a: argparse.Namespace) -> int | None:
     cfg = dataclasses.replace(cfg, stream_interval=a.stream_interval, material=a.material)
     try:
         tool("llama-server")
-        report = measure(cfg, pieces, a.invocation, a.out)
+        report = measure(cfg, pieces, a.invocation, out)
     except LlamaCppError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print("\n".join(publish(report, None, a.docs, "llamacpp", render)))
+    print("\n".join(publish(report, None, a.docs, block, render)))
     return 0
 
 
@@ -392,7 +396,8 @@ def measure(cfg: Config, pieces: tuple[str, ...], invocation: str, out: Path) ->
     ggufs = gguf_files(mat, cfg) if set(pieces) - {"rss"} else {}
     report: dict[str, Any] = {
         "command": invocation, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": describe(ROOT), "material": {"name": mat.name, "describe": mat.describe, "ungated": mat.ungated},
+        "machine": describe(ROOT), "material": {"name": mat.name, "describe": mat.describe, "ungated": mat.ungated,
+                                             "pre_tokenizer": mat.pre_tokenizer},
         "variants": list(cfg.variants), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens, "sides": {}}
     if "convert" in pieces:
         report["convert"] = convert_piece(cfg, mat, ggufs)

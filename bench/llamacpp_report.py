@@ -35,8 +35,9 @@ def _build_note(variant: str, side: dict[str, Any]) -> str:
 def render(r: dict[str, Any]) -> list[str]:
     """The llama.cpp block of docs/BENCHMARKS.md."""
     mat = r.get("material") or {"describe": LLAMA_124M}
-    pre = (r.get("convert") or {}).get("pre_tokenizer", "gpt-2")
-    lines = [*run_header("llama.cpp vs ortserve at the same bits (bench/llamacpp.py)", r),
+    pre = mat.get("pre_tokenizer") or (r.get("convert") or {}).get("pre_tokenizer", "gpt-2")
+    flag = "" if r.get("material", {}).get("name", "llama-124m") == "llama-124m" else f" --material {mat['name']}"
+    lines = [*run_header(f"llama.cpp vs ortserve at the same bits (bench/llamacpp.py{flag})", r),
              f"- CPU vector extensions: {', '.join((r.get('machine') or {}).get('vector_extensions') or ['not recorded'])}",
              f"- Checkpoint: {mat['describe']}; llama.cpp (llama-cpp-python 0.3.36's vendored tree, built here) runs it "
              f"converted by its own convert_hf_to_gguf.py (pre-tokenizer `{pre}`), quantized by llama-quantize; "
