@@ -391,7 +391,7 @@ def load_material(cfg: Config) -> Material:
 
 
 def measure(cfg: Config, pieces: tuple[str, ...], invocation: str, out: Path) -> dict[str, Any]:
-    """The pieces in order, the result written after each (a later failure keeps what was measured)."""
+    """The pieces, the result written after each (a later failure keeps what was measured)."""
     mat = load_material(cfg)
     ggufs = gguf_files(mat, cfg) if set(pieces) - {"rss"} else {}
     report: dict[str, Any] = {
@@ -399,26 +399,23 @@ def measure(cfg: Config, pieces: tuple[str, ...], invocation: str, out: Path) ->
         "machine": describe(ROOT), "material": {"name": mat.name, "describe": mat.describe, "ungated": mat.ungated,
                                              "pre_tokenizer": mat.pre_tokenizer},
         "variants": list(cfg.variants), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens, "sides": {}}
-    if "convert" in pieces:
-        report["convert"] = convert_piece(cfg, mat, ggufs)
-        write_json(out, report)
-    if "raw" in pieces:
-        report["raw"] = raw_piece(cfg, mat, ggufs)
-        report["sides"]["llamacpp_bench"] = {"threads": cfg.threads,
-                                             "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50)",
-                                             "args": ["llama-bench", "-t", str(cfg.threads), "-p", "0", "-n",
-                                                      str(cfg.new_tokens), "-r", "1"]}
-        report["sides"]["ortserve_graph"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
-                                             "intra_op_spinning": "on (one global pool)"}
-        write_json(out, report)
-    if "served" in pieces:
-        report["served"] = served_piece(cfg, mat, ggufs, report["sides"])
-        write_json(out, report)
-    if "ttft" in pieces:
-        report["ttft"] = ttft_piece(cfg, mat, ggufs)
-        write_json(out, report)
-    if "rss" in pieces:
-        report["rss"] = rss_piece(mat, cfg.threads, cfg.variants[-1])
+    for piece in pieces:     # in the order given: the one that matters most first on a short budget
+        if piece == "convert":
+            report["convert"] = convert_piece(cfg, mat, ggufs)
+        elif piece == "raw":
+            report["raw"] = raw_piece(cfg, mat, ggufs)
+            report["sides"]["llamacpp_bench"] = {"threads": cfg.threads,
+                                                 "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50)",
+                                                 "args": ["llama-bench", "-t", str(cfg.threads), "-p", "0", "-n",
+                                                          str(cfg.new_tokens), "-r", "1"]}
+            report["sides"]["ortserve_graph"] = {"threads": cfg.threads, "intra_op_spinning": "on (one global pool)",
+                                                 "binding": "not pinned (onnxruntime's default)"}
+        elif piece == "served":
+            report["served"] = served_piece(cfg, mat, ggufs, report["sides"])
+        elif piece == "ttft":
+            report["ttft"] = ttft_piece(cfg, mat, ggufs)
+        else:
+            report["rss"] = rss_piece(mat, cfg.threads, cfg.variants[-1])
         write_json(out, report)
     return report
 
