@@ -19,14 +19,14 @@ from typing import Any
 
 from modelpkg import MANIFEST_FILE, PARITY_FILE, file_hashes
 
-from . import qwen3_material
+from . import qwen3_material as q3
 from .config import ROOT
 
 log = logging.getLogger(__name__)
 MATERIALS = ("llama-124m", "qwen3-0.6b")
 UNGATED = ("built by the export stage's own builder (export/weights.py build_variant) and published in the "
            "benchmark's scratch repository without passing the parity gate, which refused it on random weights "
-           "(near-flat logits: greedy continuations drift on near-ties); speed only, not a servable package")
+           "(near-flat logits: greedy continuations drift on near-ties); for speed and memory only, never to deploy")
 
 
 @dataclass
@@ -79,12 +79,12 @@ def qwen3_material(work: Path, threads: int, variants: tuple[str, ...], serve_le
     """The random Qwen3-0.6B-shaped checkpoint exported with its cap; wanted variants the gate refused, ungated."""
     from tokenizers import Tokenizer
 
-    ckpt = qwen3_material.checkpoint(work)
-    repo, name = work / "repository-qwen3", qwen3_material.NAME
+    ckpt = q3.checkpoint(work)
+    repo, name = work / "repository-qwen3", q3.NAME
     pkg = repo / name / "1"
     if not (pkg / PARITY_FILE).is_file():
         cmd = [sys.executable, "-m", "export", str(ckpt), "--task", "generate", "--max-length",
-               str(qwen3_material.CAP), "--repository", str(repo), "--name", name, "--version", "1",
+               str(q3.CAP), "--repository", str(repo), "--name", name, "--version", "1",
                "--threads", str(threads), "--variants", ",".join(variants)]
         log.info("exporting %s (the gate on a 0.6B model takes minutes): %s", ckpt.name, " ".join(cmd[1:]))
         done = subprocess.run(cmd, cwd=ROOT)
@@ -99,14 +99,14 @@ def qwen3_material(work: Path, threads: int, variants: tuple[str, ...], serve_le
             publish_ungated(pkg, ckpt, v)
             ungated[v] = ungated_reason(pkg, v) or ""
     tok = Tokenizer.from_file(str(pkg / "tokenizer.json"))
-    shape = qwen3_material.SHAPE
-    return Material("qwen3-0.6b", ckpt, repo, name, _pool(tok), tok, qwen3_material.PRE_TOKENIZER,
+    shape = q3.SHAPE
+    return Material("qwen3-0.6b", ckpt, repo, name, _pool(tok), tok, q3.PRE_TOKENIZER,
                     f"Qwen3-0.6B's shape ({shape['num_hidden_layers']} layers, {shape['hidden_size']} wide, "
                     f"{shape['num_attention_heads']} heads / {shape['num_key_value_heads']} kv heads of "
                     f"{shape['head_dim']}, q/k RMSNorm, SwiGLU {shape['intermediate_size']}, tied head, vocab "
                     f"{shape['vocab_size']:,}) with RANDOM weights (transformers' init, seed 0) and Qwen's own BPE "
                     "vocabulary (bench/qwen3_material.py); package exported with --max-length "
-                    f"{qwen3_material.CAP}",
+                    f"{q3.CAP}",
                     serve_args=("--max-model-len", str(serve_len)), ungated=ungated)
 
 
