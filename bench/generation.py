@@ -289,10 +289,11 @@ def run_streams(client: Any, batch: list[list[int]], new_tokens: int, tok, stagg
 
 
 def start_ortserve(repo: Path, cfg: Config, chunk: int | None = None, slots: int = 32,
-                   spinning: str | None = None, prefix_caching: str = "on") -> ServerProcess:
+                   spinning: str | None = None, prefix_caching: str = "on", extra_args: tuple[str, ...] = ()
+                   ) -> ServerProcess:
     """The server with its defaults except: 2 threads, 32 slots (the peers' --max-num-seqs), no polling, and
     cfg.spinning (default "on": spinning threads on one shared pool, as for a dedicated machine, like the
-    peers' threads)."""
+    peers' threads); `extra_args` last."""
     spinning = spinning or cfg.spinning
     extra = ["--prefill-chunk-tokens", str(chunk)] if chunk is not None else []
     extra += ["--prefix-caching", prefix_caching]
@@ -302,7 +303,7 @@ def start_ortserve(repo: Path, cfg: Config, chunk: int | None = None, slots: int
         extra += ["--stream-interval", str(cfg.stream_interval)]
     return ServerProcess(repo, ["--metrics-port", "-1", "--intra-op-threads", str(cfg.threads),
                                 "--max-sequences", str(slots), "--poll-interval", "0",
-                                "--intra-op-spinning", spinning, *extra])
+                                "--intra-op-spinning", spinning, *extra, *extra_args])
 
 
 @dataclass

@@ -1,7 +1,10 @@
-"""llama.cpp as a peer, on the Llama-shaped 124M checkpoint of bench/generation.py (`--model llama`: 12 layers,
-768 wide, 12 heads / 4 kv heads, SwiGLU 2048, tied head, vocab 8000), at the same bits on both sides.
+"""llama.cpp as a peer at the same bits on both sides, on the Llama-shaped 124M checkpoint of bench/generation.py
+(`--material llama-124m`: 12 layers, 768 wide, 12 heads / 4 kv heads, SwiGLU 2048, tied head, vocab 8000) or a
+Qwen3-0.6B-shaped one (`--material qwen3-0.6b`: random weights, Qwen's vocabulary, a 4,096-token package:
+bench/llamacpp_material.py).
 
-    python -m bench llamacpp [--pieces convert,raw,served] [--variants fp32,w8,w4] [--quick] [--docs docs/BENCHMARKS.md]
+    python -m bench llamacpp [--material qwen3-0.6b] [--pieces convert,raw,served,ttft,rss] [--variants fp32,w8,w4]
+                             [--quick] [--docs docs/BENCHMARKS.md]
 
 Pairs (ours -> llama.cpp's): fp32 -> f32, w8 -> Q8_0, w4 -> Q4_0 (w8/w4: the weight-quantized variants of the export
 stage; asked for with --variants, they are exported into the package when it lacks them).
@@ -15,7 +18,11 @@ Pieces:
            (the other stopped: no idle neighbour), sides taking turns round by round; the same clients as served.
   served   `llama-server -t <cores> --parallel 32` (OpenAI /v1/completions, streamed) vs ortserve (GenerateStream
            over gRPC, `--variant` of the pair): 1 / 8 / 32 streams, 32-token prompts, 128 new tokens, greedy,
-           ignore_eos; the sides take turns run by run (bench/generation.py's load generator).
+           ignore_eos; the sides take turns run by run (bench/generation.py's load generator). With qwen3-0.6b
+           ortserve serves with --max-model-len 512, the context llama-server gives each of its slots.
+  rss      the served package's resident memory with 16 slots at its cap against the model's own positions (no cap):
+           the cache bytes computed first, a server started only where they fit in half the free memory
+           (bench/llamacpp_rss.py).
 The tools come from bench/setup_llamacpp.sh (built from the llama-cpp-python 0.3.36 sdist's vendored llama.cpp).
 """
 from __future__ import annotations
@@ -25,7 +32,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -35,20 +41,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testing.launch import ChildProcess as Process, ServerStartError, free_port, http_ok
-
-from .llamacpp_report import NO_REPACK_WHY, NOAMX_WHY, QUANTS, render
-from .results import DOCS, publish, read_json, write_json
+from .llamacpp_material import MATERIALS, Material, llama_material, qwen3_material
+from .llamacpp_report import QUANTS, render
+from .llamacpp_server import LLAMACPP_VENV, LlamaCppError, LlamaServer, start_llama_server, tool
+from .llamacpp_rss import rss_piece
 from .machine import describe
+from .results import DOCS, publish, read_json, write_json
 from bench.harness import Benchmark
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-LLAMACPP_VENV = Path(os.environ.get("LLAMACPP_VENV", HERE / ".venv-llamacpp"))
 GGUF_VENV = Path(os.environ.get("GGUF_VENV", HERE / ".venv-gguf"))
 # Our variant -> llama.cpp's file type at the same bits (both: per-block scales, 32 weights a block).
-PRE_TOKENIZER = "gpt-2"     # ours is GPT-2's byte-level pre-tokenizer (training/tokenizer.py)
 # Strings the tokenization check runs: spaces and newlines, digits, contractions, punctuation runs, non-ASCII.
 CHECK_TEXTS = (
     "To be, or not to be, that is the question:",
@@ -58,11 +63,7 @@ CHECK_TEXTS = (
     "\n \n\n   \t leading and trailing spaces   ",
     "ACT III. SCENE I. A room in the castle. Enter KING, QUEEN, POLONIUS, OPHELIA",
 )
-PIECES = ("convert", "raw", "served", "ttft")
-
-
-class LlamaCppError(RuntimeError):
-    """A tool is missing, a conversion failed, or llama.cpp disagrees with our tokenizer."""
+PIECES = ("convert", "raw", "served", "ttft", "rss")
 
 
 @dataclass
@@ -79,6 +80,8 @@ class Config:
     ttft_rounds: int = 3               # ttft piece: rounds, each server up alone in turn
     ttft_requests: int = 12            # ttft piece: lone requests per round and side
     work: Path = ROOT / "bench" / "results" / "generation-work"
+    material: str = "llama-124m"       # bench/llamacpp_material.py MATERIALS
+    serve_len: int = 512               # qwen3-0.6b: ortserve's --max-model-len (llama-server's context per slot)
 
     @classmethod
     def quick(cls) -> "Config":
@@ -86,13 +89,6 @@ class Config:
 
 
 # ----------------------------------------------------------------------------- tools and files
-
-
-def tool(name: str) -> Path:
-    path = LLAMACPP_VENV / "bin" / name
-    if not (LLAMACPP_VENV / ".complete").is_file() or not path.is_file():
-        raise LlamaCppError(f"llama.cpp peer not installed ({path} missing): run bash bench/setup_llamacpp.sh")
-    return path
 
 
 def _run(cmd: list[str], what: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -103,7 +99,7 @@ def _run(cmd: list[str], what: str, timeout: float = 1800) -> subprocess.Complet
     return done
 
 
-def convert(ckpt: Path, dest: Path) -> Path:
+def convert(ckpt: Path, dest: Path, pre_tokenizer: str) -> Path:
     """The checkpoint as GGUF f32, written through a temporary name (no partial file under `dest`)."""
     if dest.is_file():
         return dest
@@ -113,7 +109,7 @@ def convert(ckpt: Path, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     _run([str(GGUF_VENV / "bin" / "python"), str(HERE / "gguf_convert.py"), str(LLAMACPP_VENV / "src" / "llama.cpp"),
-          str(ckpt), str(tmp), PRE_TOKENIZER], f"convert_hf_to_gguf.py on {ckpt}")
+          str(ckpt), str(tmp), pre_tokenizer], f"convert_hf_to_gguf.py on {ckpt}")
     os.replace(tmp, dest)
     log.info("converted %s -> %s in %.0f s", ckpt, dest, time.perf_counter() - started)
     return dest
@@ -130,78 +126,10 @@ def quantize(f32: Path, quant: str, threads: int) -> Path:
     return dest
 
 
-def gguf_files(ckpt: Path, cfg: Config) -> dict[str, Path]:
+def gguf_files(mat: Material, cfg: Config) -> dict[str, Path]:
     """variant -> the GGUF at the same bits."""
-    f32 = convert(ckpt, cfg.work / "gguf" / f"{ckpt.name}-f32.gguf")
+    f32 = convert(mat.ckpt, cfg.work / "gguf" / f"{mat.ckpt.name}-f32.gguf", mat.pre_tokenizer)
     return {v: f32 if QUANTS[v] == "f32" else quantize(f32, QUANTS[v], cfg.threads) for v in cfg.variants}
-
-
-# ----------------------------------------------------------------------------- llama-server
-
-
-class LlamaServer:
-    """llama-server on one GGUF, every core, `parallel` slots of `ctx_per_slot` tokens, OpenAI API on a free port."""
-
-    def __init__(self, gguf: Path, threads: int, parallel: int, ctx_per_slot: int = 512,
-                 startup_timeout: float = 300, repack: bool = True, build: str = "native") -> None:
-        self.port = free_port()
-        self.args = ["-m", str(gguf), "-t", str(threads), "-tb", str(threads), "--parallel", str(parallel),
-                     "-c", str(parallel * ctx_per_slot), "--host", "127.0.0.1", "--port", str(self.port),
-                     *([] if repack else ["--no-repack"])]
-        self.threads, self.parallel, self.gguf, self.repack, self.build = threads, parallel, gguf, repack, build
-        binary = tool("llama-server") if build == "native" else NOAMX_BIN / "llama-server"
-        self.proc = Process([str(binary), *self.args])
-        self.proc.wait_for_line(re.compile(r"listening on http|server is listening"), startup_timeout)
-        self.proc.wait_ready(http_ok(f"http://127.0.0.1:{self.port}/health"), startup_timeout, "llama-server /health",
-                             LlamaCppError)
-
-    def tokenize(self, text: str) -> list[int]:
-        import requests
-
-        r = requests.post(f"http://127.0.0.1:{self.port}/tokenize", json={"content": text, "add_special": False},
-                          timeout=30)
-        r.raise_for_status()
-        return [int(t) for t in r.json()["tokens"]]
-
-    def greedy(self, ids: list[int], n: int) -> list[int]:
-        """n greedy token ids after the prompt ids (its native /completion, which can return ids)."""
-        import requests
-
-        r = requests.post(f"http://127.0.0.1:{self.port}/completion",
-                          json={"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "ignore_eos": True,
-                                "return_tokens": True, "cache_prompt": False}, timeout=120)
-        r.raise_for_status()
-        return [int(t) for t in r.json()["tokens"]]
-
-    def describe(self) -> dict[str, Any]:
-        return {"threads": self.threads, "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50)",
-                "parallel": self.parallel, "quant": self.gguf.stem.rsplit("-", 1)[-1], "repack": self.repack,
-                "build": self.build, **({} if self.build == "native" else {"why_build": NOAMX_WHY}),
-                **({} if self.repack else {"why_no_repack": NO_REPACK_WHY}),
-                "args": ["llama-server", *[a if a != str(self.gguf) else self.gguf.name for a in self.args]]}
-
-    def stop(self) -> None:
-        self.proc.stop()
-
-
-NOAMX_BIN = LLAMACPP_VENV / "noamx" / "bin"
-
-
-def start_llama_server(gguf: Path, threads: int, parallel: int) -> LlamaServer:
-    """llama-server as built natively, with its defaults. When it dies at start (2026-11-26, Intel Xeon with AMX: the
-    AMX matmul of the llama-cpp-python 0.3.36 tree crashes on Q8_0 / Q4_0 in llama-server; gdb backtrace in
-    docs/BENCHMARKS.md): the build without AMX (bench/setup_llamacpp_noamx.sh) with the same defaults, else the
-    native one with --no-repack."""
-    try:
-        return LlamaServer(gguf, threads, parallel)
-    except ServerStartError as exc:
-        first = str(exc).splitlines()[0]
-    if (NOAMX_BIN / "llama-server").is_file():
-        log.warning("llama-server on %s did not start (%s); the build without AMX instead", gguf.name, first)
-        return LlamaServer(gguf, threads, parallel, build="no AMX")
-    log.warning("llama-server on %s did not start (%s) and bench/setup_llamacpp_noamx.sh has not run; "
-                "again with --no-repack", gguf.name, first)
-    return LlamaServer(gguf, threads, parallel, repack=False)
 
 
 def tokenization_mismatches(ours: Callable[[str], list[int]], theirs: Callable[[str], list[int]],
@@ -215,7 +143,7 @@ def tokenization_mismatches(ours: Callable[[str], list[int]], theirs: Callable[[
     return out
 
 
-def ortserve_greedy(address: str, ids: list[int], n: int, model: str = "gpt") -> list[int]:
+def ortserve_greedy(address: str, ids: list[int], n: int, model: str) -> list[int]:
     import grpc
 
     from protos import ortserve_pb2 as pb
@@ -240,25 +168,27 @@ def parse_llama_bench(stdout: str) -> float:
     return float(tg[0]["avg_ts"])
 
 
-def convert_piece(cfg: Config, ckpt: Path, repo: Path, ggufs: dict[str, Path], pool: list[int], tok) -> dict[str, Any]:
+def convert_piece(cfg: Config, mat: Material, ggufs: dict[str, Path]) -> dict[str, Any]:
     """The tokenizer check and a greedy comparison on the f32 file (the converter's output before quantizing)."""
     from .generation import Config as GenConfig
     from .generation import start_ortserve
 
-    f32 = ggufs.get("fp32") or convert(ckpt, cfg.work / "gguf" / f"{ckpt.name}-f32.gguf")
+    tok = mat.tok
+    f32 = ggufs.get("fp32") or convert(mat.ckpt, cfg.work / "gguf" / f"{mat.ckpt.name}-f32.gguf", mat.pre_tokenizer)
     server = LlamaServer(f32, cfg.threads, 1)
     try:
         bad = tokenization_mismatches(lambda t: tok.encode(t).ids, server.tokenize, CHECK_TEXTS)
-        prompt = pool[:cfg.prompt_tokens]
+        prompt = mat.pool[:cfg.prompt_tokens]
         theirs = server.greedy(prompt, 32)
     finally:
         server.stop()
     if bad:
         raise LlamaCppError(f"llama.cpp tokenizes {len(bad)} of {len(CHECK_TEXTS)} check strings differently, e.g. "
                             f"{bad[0]['text']!r}: ours {bad[0]['ours'][:12]} vs {bad[0]['theirs'][:12]}")
-    ours_srv = start_ortserve(repo, dataclasses.replace(GenConfig(), threads=cfg.threads, variant="fp32"))
+    ours_srv = start_ortserve(mat.repo, dataclasses.replace(GenConfig(), threads=cfg.threads, variant="fp32"),
+                              slots=1, extra_args=mat.serve_args)
     try:
-        ours = ortserve_greedy(ours_srv.address, prompt, 32)
+        ours = ortserve_greedy(ours_srv.address, prompt, 32, mat.model)
     finally:
         ours_srv.stop()
     from export.parity_inplace import leading_equal
@@ -266,17 +196,17 @@ def convert_piece(cfg: Config, ckpt: Path, repo: Path, ggufs: dict[str, Path], p
     agree = leading_equal(ours, theirs)
     log.info("tokenizer check: %d strings equal; greedy: %d of 32 leading tokens equal", len(CHECK_TEXTS), agree)
     return {"files": {v: {"path": str(p), "bytes": p.stat().st_size} for v, p in ggufs.items()},
-            "pre_tokenizer": PRE_TOKENIZER, "tokenizer_check": {"texts": list(CHECK_TEXTS), "mismatches": 0},
+            "pre_tokenizer": mat.pre_tokenizer, "tokenizer_check": {"texts": list(CHECK_TEXTS), "mismatches": 0},
             "greedy_32": {"ortserve_fp32": ours, "llamacpp_f32": theirs, "leading_equal": agree}}
 
 
-def raw_piece(cfg: Config, repo: Path, ggufs: dict[str, Path]) -> dict[str, Any]:
+def raw_piece(cfg: Config, mat: Material, ggufs: dict[str, Path]) -> dict[str, Any]:
     """llama-bench tg128 vs our batch-1 decode step, rounds interleaved, both on every core."""
     import onnxruntime as ort
 
     from .generation import Stepper
 
-    pkg = repo / "gpt" / "1"
+    pkg = mat.package
     manifest = json.loads((pkg / "model.json").read_text())
     ort.set_global_thread_pool_sizes(cfg.threads, 1)     # one spinning pool, as the server's "--intra-op-spinning on"
     steppers = {v: Stepper(pkg / manifest["variants"][v], manifest, batch=1) for v in ggufs}
@@ -305,8 +235,7 @@ def raw_piece(cfg: Config, repo: Path, ggufs: dict[str, Path]) -> dict[str, Any]
     return out
 
 
-def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int], tok,
-                 sides: dict[str, Any]) -> dict[str, Any]:
+def served_piece(cfg: Config, mat: Material, ggufs: dict[str, Path], sides: dict[str, Any]) -> dict[str, Any]:
     """Per variant: ortserve serving it and llama-server on the matching GGUF, both up, taking turns run by run."""
     from .generation import Config as GenConfig
     from .generation import ENGINE_DEFAULTS, OpenAIStreams, OrtserveStreams, prompts, run_streams, start_ortserve
@@ -314,7 +243,7 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
     out: dict[str, Any] = {}
     for v, gguf in ggufs.items():
         gcfg = dataclasses.replace(GenConfig(), threads=cfg.threads, variant=v, stream_interval=cfg.stream_interval)
-        ours_srv = start_ortserve(repo, gcfg, slots=cfg.parallel)
+        ours_srv = start_ortserve(mat.repo, gcfg, slots=cfg.parallel, extra_args=mat.serve_args)
         try:
             peer = start_llama_server(gguf, cfg.threads, cfg.parallel)
         except BaseException:
@@ -324,8 +253,11 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
         sides[f"ortserve_{v}"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
                                   "intra_op_spinning": gcfg.spinning, "max_sequences": cfg.parallel, "variant": v,
                                   "stream_interval": cfg.stream_interval, "decode_steps": ENGINE_DEFAULTS.decode_steps,
-                                  "decode_run_ms": ENGINE_DEFAULTS.decode_run_ms}
-        clients = {"ortserve": OrtserveStreams(ours_srv.address, "gpt"), "llamacpp": OpenAIStreams(peer.port, "gpt")}
+                                  "decode_run_ms": ENGINE_DEFAULTS.decode_run_ms, "args": list(mat.serve_args),
+                                  **({"ungated": mat.ungated[v]} if v in mat.ungated else {})}
+        clients = {"ortserve": OrtserveStreams(ours_srv.address, mat.model),
+                   "llamacpp": OpenAIStreams(peer.port, mat.model)}
+        pool, tok = mat.pool, mat.tok
         try:
             cells: dict[str, Any] = {}
             for n in cfg.levels:
@@ -352,7 +284,7 @@ def served_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int
     return out
 
 
-def ttft_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int], tok) -> dict[str, Any]:
+def ttft_piece(cfg: Config, mat: Material, ggufs: dict[str, Path]) -> dict[str, Any]:
     """Per variant: p50 time to first token of lone requests, each server started alone in its turn."""
     from .generation import Config as GenConfig
     from .generation import OpenAIStreams, OrtserveStreams, prompts, start_ortserve
@@ -364,16 +296,16 @@ def ttft_piece(cfg: Config, repo: Path, ggufs: dict[str, Path], pool: list[int],
         for rnd in range(cfg.ttft_rounds):
             for name in (("ortserve", "llamacpp") if rnd % 2 == 0 else ("llamacpp", "ortserve")):
                 if name == "ortserve":
-                    srv: Any = start_ortserve(repo, gcfg, slots=cfg.parallel)
-                    client: Any = OrtserveStreams(srv.address, "gpt")
+                    srv: Any = start_ortserve(mat.repo, gcfg, slots=cfg.parallel, extra_args=mat.serve_args)
+                    client: Any = OrtserveStreams(srv.address, mat.model)
                 else:
                     srv = start_llama_server(gguf, cfg.threads, cfg.parallel)
-                    client = OpenAIStreams(srv.port, "gpt")
+                    client = OpenAIStreams(srv.port, mat.model)
                 try:
-                    batch = prompts(pool, cfg.ttft_requests + 2, cfg.prompt_tokens, salt=9000 + 100 * rnd)
+                    batch = prompts(mat.pool, cfg.ttft_requests + 2, cfg.prompt_tokens, salt=9000 + 100 * rnd)
                     got = []
                     for ids in batch:
-                        got.append(client.stream(ids, 8, tok).ttft * 1000)
+                        got.append(client.stream(ids, 8, mat.tok).ttft * 1000)
                         time.sleep(0.2)
                     rows[name] += got[2:]     # the first two warm the server up
                     log.info("ttft %s round %d %s: p50 %.1f ms", v, rnd + 1, name, statistics.median(got[2:]))
@@ -394,6 +326,8 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pieces", default=",".join(PIECES), help=f"comma list of {','.join(PIECES)}")
     ap.add_argument("--variants", default="fp32",
                     help=f"comma list of our variants to pair ({', '.join(f'{k}->{v}' for k, v in QUANTS.items())})")
+    ap.add_argument("--material", default="llama-124m", choices=MATERIALS,
+                    help="the checkpoint both sides run (bench/llamacpp_material.py; default llama-124m)")
     ap.add_argument("--quick", action="store_true", help="short runs (development; noisy)")
     ap.add_argument("--repeats", type=int, default=None, help="served runs per cell and side")
     ap.add_argument("--levels", default=None, help="comma list of concurrent streams (default 1,8,32)")
@@ -401,14 +335,18 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="ortserve's --stream-interval: tokens per streamed message after the first (default 1, "
                          "a message per token as llama-server sends)")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "llamacpp.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench/results/llamacpp.json (llama-124m), llamacpp-MATERIAL.json (others)")
     ap.add_argument("--docs", type=Path, default=None, help="write the section into this report")
     ap.add_argument("--render-only", action="store_true", help="only (re)write --docs from --out")
 
 
 def cli(a: argparse.Namespace) -> int | None:
+    # Each material has its own result file and block of docs/BENCHMARKS.md (the Llama one keeps its old name).
+    block = "llamacpp" if a.material == "llama-124m" else f"llamacpp-{a.material}"
+    out = a.out or ROOT / "bench" / "results" / f"{block}.json"
     if a.render_only:
-        publish(read_json(a.out), None, a.docs or DOCS, "llamacpp", render)
+        publish(read_json(out), None, a.docs or DOCS, block, render)
         return 0
     pieces = tuple(p.strip() for p in a.pieces.split(",") if p.strip())
     variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
@@ -428,54 +366,58 @@ def cli(a: argparse.Namespace) -> int | None:
     if a.stream_interval < 1:
         print(f"error: --stream-interval: must be >= 1, got {a.stream_interval}", file=sys.stderr)
         return 2
-    cfg = dataclasses.replace(cfg, stream_interval=a.stream_interval)
-    from tokenizers import Tokenizer
-
-    from .generation import Config as GenConfig
-    from .generation import material
-
+    cfg = dataclasses.replace(cfg, stream_interval=a.stream_interval, material=a.material)
     try:
         tool("llama-server")
-        gen = dataclasses.replace(GenConfig(), model="llama", threads=cfg.threads, work=cfg.work,
-                                  extra_variants=tuple(v for v in variants if v != "fp32"))
-        ckpt, repo, pool = material(gen)
-        tok = Tokenizer.from_file(str(repo / "gpt" / "1" / "tokenizer.json"))
-        manifest = json.loads((repo / "gpt" / "1" / "model.json").read_text())
-        missing = [v for v in variants if v not in manifest["variants"]]
-        if missing:
-            raise LlamaCppError(f"--variants: the package has no {', '.join(missing)} (the gate refused it, or the "
-                                "export stage does not build it); it has " + ", ".join(manifest["variants"]))
-        ggufs = gguf_files(ckpt, cfg)
-        report: dict[str, Any] = {
-            "command": a.invocation,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": describe(ROOT),
-            "variants": list(variants), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
-            "sides": {}}
-        def save() -> None:     # after every piece: a later failure keeps what was measured
-            write_json(a.out, report)
-        if "convert" in pieces:
-            report["convert"] = convert_piece(cfg, ckpt, repo, ggufs, pool, tok)
-            save()
-        if "raw" in pieces:
-            report["raw"] = raw_piece(cfg, repo, ggufs)
+        report = measure(cfg, pieces, a.invocation, out)
+    except LlamaCppError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(publish(report, None, a.docs, block, render)))
+    return 0
+
+
+def load_material(cfg: Config) -> Material:
+    if cfg.material == "qwen3-0.6b":
+        mat = qwen3_material(cfg.work, cfg.threads, cfg.variants, cfg.serve_len)
+    else:
+        mat = llama_material(cfg.work, cfg.threads, cfg.variants)
+    have = mat.manifest()["variants"]
+    missing = [v for v in cfg.variants if v not in have]
+    if missing:
+        raise LlamaCppError(f"--variants: the package has no {', '.join(missing)} (the gate refused it, or the "
+                            "export stage does not build it); it has " + ", ".join(have))
+    return mat
+
+
+def measure(cfg: Config, pieces: tuple[str, ...], invocation: str, out: Path) -> dict[str, Any]:
+    """The pieces, the result written after each (a later failure keeps what was measured)."""
+    mat = load_material(cfg)
+    ggufs = gguf_files(mat, cfg) if set(pieces) - {"rss"} else {}
+    report: dict[str, Any] = {
+        "command": invocation, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": describe(ROOT), "material": {"name": mat.name, "describe": mat.describe, "ungated": mat.ungated,
+                                             "pre_tokenizer": mat.pre_tokenizer},
+        "variants": list(cfg.variants), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens, "sides": {}}
+    for piece in pieces:     # in the order given: the one that matters most first on a short budget
+        if piece == "convert":
+            report["convert"] = convert_piece(cfg, mat, ggufs)
+        elif piece == "raw":
+            report["raw"] = raw_piece(cfg, mat, ggufs)
             report["sides"]["llamacpp_bench"] = {"threads": cfg.threads,
                                                  "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50)",
                                                  "args": ["llama-bench", "-t", str(cfg.threads), "-p", "0", "-n",
                                                           str(cfg.new_tokens), "-r", "1"]}
-            report["sides"]["ortserve_graph"] = {"threads": cfg.threads, "binding": "not pinned (onnxruntime's default)",
-                                                 "intra_op_spinning": "on (one global pool)"}
-            save()
-        if "served" in pieces:
-            report["served"] = served_piece(cfg, repo, ggufs, pool, tok, report["sides"])
-            save()
-        if "ttft" in pieces:
-            report["ttft"] = ttft_piece(cfg, repo, ggufs, pool, tok)
-            save()
-    except LlamaCppError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print("\n".join(publish(report, None, a.docs, "llamacpp", render)))
-    return 0
+            report["sides"]["ortserve_graph"] = {"threads": cfg.threads, "intra_op_spinning": "on (one global pool)",
+                                                 "binding": "not pinned (onnxruntime's default)"}
+        elif piece == "served":
+            report["served"] = served_piece(cfg, mat, ggufs, report["sides"])
+        elif piece == "ttft":
+            report["ttft"] = ttft_piece(cfg, mat, ggufs)
+        else:
+            report["rss"] = rss_piece(mat, cfg.threads, cfg.variants[-1])
+        write_json(out, report)
+    return report
 
 
 BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve", "llamacpp"), pieces=PIECES, options=options, run=cli)

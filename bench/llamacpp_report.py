@@ -18,6 +18,10 @@ NOAMX_WHY = ("the native build's llama-server exited with SIGSEGV in ggml_backen
              "(bench/setup_llamacpp_noamx.sh), weight repacking on")
 
 
+LLAMA_124M = ("the Llama ~124M shape of bench/generation.py (12 layers, 768 wide, 12 heads / 4 kv heads, SwiGLU 2048, "
+              "tied head, vocab 8000, trained 150 steps on Shakespeare: bench/generation.py `trained_llama`)")
+
+
 def _build_note(variant: str, side: dict[str, Any]) -> str:
     build = side.get("build", "native")
     note = f"{variant}: {build} build, repacking {'on' if side.get('repack', True) else 'off'}"
@@ -30,12 +34,16 @@ def _build_note(variant: str, side: dict[str, Any]) -> str:
 
 def render(r: dict[str, Any]) -> list[str]:
     """The llama.cpp block of docs/BENCHMARKS.md."""
-    lines = [*run_header("llama.cpp vs ortserve at the same bits (bench/llamacpp.py)", r),
-             "- Checkpoint: the Llama ~124M shape of bench/generation.py (12 layers, 768 wide, 12 heads / 4 kv heads, "
-             "SwiGLU 2048, tied head, vocab 8000, trained 150 steps on Shakespeare: bench/generation.py `trained_llama`); llama.cpp (llama-cpp-python 0.3.36's vendored tree, "
-             "built here) runs it converted by its own convert_hf_to_gguf.py (pre-tokenizer `gpt-2`), quantized by "
-             "llama-quantize; ortserve runs its `python -m export` package, variant as paired. Pairs: "
+    mat = r.get("material") or {"describe": LLAMA_124M}
+    pre = mat.get("pre_tokenizer") or (r.get("convert") or {}).get("pre_tokenizer", "gpt-2")
+    flag = "" if r.get("material", {}).get("name", "llama-124m") == "llama-124m" else f" --material {mat['name']}"
+    lines = [*run_header(f"llama.cpp vs ortserve at the same bits (bench/llamacpp.py{flag})", r),
+             f"- CPU vector extensions: {', '.join((r.get('machine') or {}).get('vector_extensions') or ['not recorded'])}",
+             f"- Checkpoint: {mat['describe']}; llama.cpp (llama-cpp-python 0.3.36's vendored tree, built here) runs it "
+             f"converted by its own convert_hf_to_gguf.py (pre-tokenizer `{pre}`), quantized by llama-quantize; "
+             "ortserve runs its `python -m export` package, variant as paired. Pairs: "
              + ", ".join(f"{v} ↔ {QUANTS[v].upper()}" for v in r.get("variants", [])) + ".",
+             *(f"- **{v} is ungated**: {why}." for v, why in (mat.get("ungated") or {}).items()),
              "- Each side's threads and binding:", *sides_lines(r.get("sides"), vllm_ran=False), ""]
     cv = r.get("convert")
     if cv:
@@ -82,4 +90,27 @@ def render(r: dict[str, Any]) -> list[str]:
                            f"{x['llamacpp_ttft_p50_ms']:.1f}",
                            "met" if x["ortserve_ttft_p50_ms"] <= x["llamacpp_ttft_p50_ms"] else "**missed**"]
                           for v, x in tt.items()]), ""]
+    if r.get("rss"):
+        lines += rss_lines(r["rss"])
     return lines
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def rss_lines(x: dict[str, Any]) -> list[str]:
+    """The rss piece: cache bytes computed per context, the resident memory where a server was started."""
+    return [f"### Memory of the served {x['variant']} package, {x['rows'][0]['slots']} slots (bench/llamacpp_rss.py)",
+            "", f"Cache: {x['bytes_per_token']:,} bytes a token a slot (every layer's keys and values), allocated and "
+            f"zero-filled at load for the whole context. The variant's graphs on disk: {gb(x['weights_bytes'])} GB. "
+            f"Package cap {x['cap']:,} tokens; the model's positions {x['positions']:,}. A context is served only when "
+            "its cache and weights fit in half of the memory available at that moment; otherwise the computed bytes are "
+            "the figure.", "",
+            *table(["context", "tokens a slot", "cache GB (computed)", "cache GB (server log)", "RSS GB", "RSS - cache GB",
+                    "served"],
+                   [[row["context"], f"{row['tokens']:,}", gb(row["cache_bytes"]),
+                     gb(row["logged_total"]) if "logged_total" in row else "-",
+                     gb(row["rss_bytes"]) if "rss_bytes" in row else "-",
+                     gb(row["rss_bytes"] - row["cache_bytes"]) if "rss_bytes" in row else "-", row["served"]]
+                    for row in x["rows"]]), ""]

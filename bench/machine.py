@@ -24,6 +24,23 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# The vector units the matmul kernels of onnxruntime and llama.cpp pick between (in /proc/cpuinfo's spelling).
+_VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
+                 "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def vector_extensions() -> list[str]:
+    """The CPU's vector extensions among _VECTOR_FLAGS, from the first `flags` line of /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in _VECTOR_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in _PACKAGES:
@@ -48,6 +65,6 @@ def describe(root: Path) -> dict[str, Any]:
         load = list(os.getloadavg())
     except OSError:
         load = None
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(), "platform": platform.platform(),
+    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(), "vector_extensions": vector_extensions(), "platform": platform.platform(),
             "python_executable": sys.executable, "versions": versions(), "git_commit": git_commit(root),
             "loadavg_at_start": load}

@@ -39,6 +39,7 @@ from modelpkg import MIXED_PREFIX, past_name, present_name
 
 from .decoder_rope import rope_tables
 from .decoder_weights import DecoderWeights, KvScales, LayerWeights, calibrate_kv_scales, inplace_weights, spread
+from .graph_file import save_checked
 from .graph_writer import MS, GraphWriter
 
 if TYPE_CHECKING:   # graphs.py imports torch; this module is imported without it (the graph is written by hand)
@@ -318,8 +319,7 @@ def export_inplace(model, model_type: str, max_length: int, out) -> GraphSpec:
     w = inplace_weights(model, model_type, max_length)
     for mixed, path in ((False, out), (True, out.parent / MIXED_FILE)):
         onnx_model = build_decoder_graph(w, mixed=mixed)
-        onnx.checker.check_model(onnx_model)
-        onnx.save(onnx_model, str(path))
+        save_checked(onnx_model, path)
     cache = ("batch", "kv_heads", "max_sequence", "head_dim")
     inputs = [TensorSpec("input_ids", "int64", ("batch", "sequence")),
               TensorSpec("attention_mask", "int64", ("batch", "total_sequence"))]
@@ -340,8 +340,7 @@ def export_inplace_kv8(model, model_type: str, max_length: int, out, calibration
     scales = calibrate_kv_scales(model, calibration)
     for mixed, path in ((False, out), (True, out.parent / KV8_MIXED_FILE)):
         onnx_model = build_decoder_graph(w, mixed=mixed, kv_scales=scales)
-        onnx.checker.check_model(onnx_model)
-        onnx.save(onnx_model, str(path))
+        save_checked(onnx_model, path)
     return scales
 
 
@@ -352,7 +351,6 @@ def export_inplace_transformed(w: DecoderWeights, out, mixed_out, transform, kv_
     infos = []
     for mixed, path in ((False, out), (True, mixed_out)):
         graph, info = transform(build_decoder_graph(w, mixed=mixed, kv_scales=kv_scales))
-        onnx.checker.check_model(graph)
-        onnx.save(graph, str(path))
+        save_checked(graph, path)
         infos.append(info)
     return infos

@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .config import WeightQuantConfig
+from .graph_file import copy_model
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def quantize_graph(model: onnx.ModelProto, bits: int, cfg: WeightQuantConfig) ->
         raise ValueError(f"algorithm: {cfg.algorithm!r} is not one of {', '.join(ALGORITHMS)}")
     if cfg.algorithm == "hqq" and bits != 4:
         raise ValueError("algorithm: hqq is offered for 4 bits only")
-    model = onnx.ModelProto.FromString(model.SerializeToString())   # the caller's graph stays as it was
+    model = copy_model(model)   # the caller's graph stays as it was
     head = head_as_matmul(model) if cfg.lm_head_bits else False
     # Block size per weight: the configured one, or for a narrower input (K < block) the largest power of two
     # <= K (MatMulNBits takes 16, 32, 64, 128, 256); narrower than 16 stays fp32.

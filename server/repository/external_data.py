@@ -1,8 +1,8 @@
 """The external data files an ONNX graph names (TensorProto.external_data `location`): onnxruntime opens them beside
 the graph, so they are files the server reads (server/repository/served_files.py) and must be listed in parity.json.
 
-The exporter writes self-contained graphs (docs/model-package.md), so a published package names none; a graph
-rewritten after publication may. The server has no `onnx` package: this walks the protobuf wire format of the
+The exporter writes self-contained graphs except those past protobuf's 2 GiB limit, whose weights go to
+`<graph>.data` (export/graph_file.py, docs/model-package.md); a graph rewritten after publication may name others. The server has no `onnx` package: this walks the protobuf wire format of the
 messages that can hold tensors (model -> graphs -> initializers, sparse initializers, node attributes, subgraphs,
 functions, training info), skipping every other field by its length without reading it.
 """
