@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from modelpkg import LAYOUT_INPLACE, CacheSpec, Manifest, Seq2SeqSpec, padded_head_dim
 
-from . import package, seq2seq_graph, seq2seq_speed
+from . import package, probes, seq2seq_graph, seq2seq_speed
 from .checkpoint_tokens import special_tokens
 from .config import ExportConfig
 from .errors import ExportError
@@ -191,6 +191,7 @@ class Seq2SeqBuilder:
             (staging / spec.graphs[v]["encoder"]).unlink(missing_ok=True)
         manifest = replace(manifest, encoder_decoder=replace(spec, graphs=kept))
         seq2seq_speed.record(staging, manifest, report)
+        probes.record(staging, manifest, self.tokenizer, report)
         return replace(manifest, default_variant=package.default_variants(dict(manifest.variants), report["variants"]))
 
     def published(self, result: ExportResult) -> None:

@@ -48,7 +48,8 @@ def _checked_variant(package: Package, runtime: RuntimeConfig) -> tuple[str, ort
         variant = choose_variant(package.manifest, runtime.session.variant, runtime.session.device, refused)
         verify_files(package, served_files(package, variant))
         session = create_session(package, variant, runtime.session)
-        why = probe_mismatch(package, variant, session)
+        why = probe_mismatch(package, variant, session,
+                             lambda graph: create_session(package, variant, runtime.session, graph))
         if why is None:
             return variant, session, notes
         if runtime.session.variant == variant:

@@ -249,15 +249,16 @@ def test_external_data_of_a_file_that_is_not_a_graph_is_none(tiny_repository: Pa
 # ---------------------------------------------------------------------------- the probe: a variant checked where it serves
 
 
-def probe_answered_otherwise(variant: str) -> Callable[[Path], None]:
-    """The variant's recorded probe answer scaled by 1.5 and listed with its new sha256: to the server, exactly what a
-    CPU whose kernels compute that variant otherwise (the int8 saturation of issue 40 item 8) looks like."""
+def probe_answered_otherwise(variant: str, kind: str = "answer") -> Callable[[Path], None]:
+    """The variant's recorded probe answer (or an encoder-decoder's recorded encoder output: kind "encoder") scaled
+    by 1.5 and listed with its new sha256: to the server, exactly what a CPU whose kernels compute that variant
+    otherwise (the int8 saturation of issue 40 item 8) looks like."""
     def apply(p: Path) -> None:
         from modelpkg import sha256_file
 
         with np.load(p / "probe.npz", allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-        arrays[f"answer.{variant}"] = arrays[f"answer.{variant}"] * 1.5
+        arrays[f"{kind}.{variant}"] = arrays[f"{kind}.{variant}"] * 1.5
         with open(p / "probe.npz", "wb") as f:
             np.savez(f, **arrays)
         _edit_json(p / "parity.json", lambda r: r["files"].update({"probe.npz": sha256_file(p / "probe.npz")}))
@@ -303,3 +304,104 @@ def test_a_served_version_says_which_variant_it_passed_over(server: tuple[Server
     state, reason, variant = status.settled(CLASSIFIER, 2)
     assert (state, variant) == ("SERVING", "fp32") and reason.startswith("variant int8 not served: its probe"), reason
     assert any("variant int8 not served" in line for line in proc.lines)
+
+
+# ---------------------------------------------------------------------------- an encoder-decoder's probe
+
+
+@pytest.fixture(scope="module")
+def seq2seq_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small random Marian exported with fp32 and int8 (testing/seq2seq_checkpoints.py). READ-ONLY."""
+    torch = pytest.importorskip("torch")
+    from export import ExportConfig, export_checkpoint
+    from testing.seq2seq_checkpoints import write_checkpoint
+
+    root = tmp_path_factory.mktemp("s2s-probe")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return export_checkpoint(ExportConfig(checkpoint=write_checkpoint("marian", root / "ckpt"), task="generate",
+                                              repository=root / "repo", name="marian",
+                                              variants=("fp32", "int8"))).package_dir
+    finally:
+        torch.set_num_threads(before)
+
+
+def _default_and_other(package: Path) -> tuple[str, str]:
+    manifest = json.loads((package / "model.json").read_text())
+    default = manifest["default_variant"]["cpu"]
+    return default, next(v for v in manifest["variants"] if v != default)
+
+
+def test_an_encoder_decoder_records_its_encoder_and_decoder_answers_and_answers_them_here(
+        seq2seq_package: Path) -> None:
+    """Export records, for each CPU variant, the encoder's output on a padded source batch and the decoder's logits
+    of a first call and one step on that variant's own encoder output; loaded here, each answers within the
+    tolerance, and the probe is among the files parity.json lists with their sha256."""
+    from modelpkg import sha256_file
+    from server.repository.probe import probe_mismatch
+    from server.repository.served_files import served_files
+    from server.runtime.settings import ServerSettings
+    from server.runtime_config import runtime_config
+    from server.sessions import create_session
+
+    package = _package(seq2seq_package)
+    probe = package.parity["probe"]
+    assert set(probe["variants"]) == {"fp32", "int8"} and probe["file"] == "probe.npz"
+    assert package.parity["files"]["probe.npz"] == sha256_file(seq2seq_package / "probe.npz")
+    with np.load(seq2seq_package / "probe.npz", allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    spec = package.manifest.encoder_decoder
+    rows, width = arrays["feed.input_ids"].shape
+    assert rows > 1 and (arrays["feed.attention_mask"].sum(axis=1) < width).any()     # a padded batch
+    assert arrays["target.input_ids"].shape == (rows, 3)
+    assert (arrays["target.input_ids"][:, 0] == spec.decoder_start_token_id).all()
+    for variant in ("fp32", "int8"):
+        assert "probe.npz" in served_files(package, variant)
+        assert arrays[f"encoder.{variant}"].shape == (rows, spec.num_heads, width, spec.head_dim)
+        assert arrays[f"answer.{variant}"].shape == (rows, 3, spec.target_vocab_size)
+        assert np.abs(arrays[f"answer.{variant}"]).max() > 0
+    config = runtime_config(ServerSettings(repository=seq2seq_package.parent.parent)).session
+    for variant in ("fp32", "int8"):
+        def open_graph(graph: str, variant: str = variant):  # type: ignore[no-untyped-def]
+            return create_session(package, variant, config, graph)
+        assert probe_mismatch(package, variant, create_session(package, variant, config), open_graph) is None
+    assert _build(seq2seq_package).notes == ()
+
+
+@pytest.mark.parametrize("kind,what", [("encoder", "its encoder's output"), ("answer", "its answer")])
+def test_an_encoder_decoder_variant_answering_otherwise_is_passed_over_by_name(
+        seq2seq_package: Path, tmp_path: Path, kind: str, what: str) -> None:
+    from server.repository.package import PackageError
+
+    default, other = _default_and_other(seq2seq_package)
+    path = tmp_path / "marian" / "2"
+    shutil.copytree(seq2seq_package, path)
+    probe_answered_otherwise(default, kind)(path)
+    model = _build(path)
+    assert model.variant == other and len(model.notes) == 1, model.notes
+    assert model.notes[0].startswith(f"variant {default} not served: its probe answers differently on this CPU "
+                                     f"({what}: largest difference"), model.notes
+    with pytest.raises(PackageError, match=f"--variant {default}: its probe answers differently on this CPU"):
+        _build(path, default)
+
+
+def test_a_served_encoder_decoder_says_which_variant_it_passed_over(seq2seq_package: Path, tmp_path: Path) -> None:
+    """Through a real server: the fresh package serves its default variant with no reason; a copy whose recorded
+    answer for that variant was rewritten (its sha256 too) serves the other, saying why, and translates."""
+    default, other = _default_and_other(seq2seq_package)
+    repo = tmp_path / "repo"
+    shutil.copytree(seq2seq_package, repo / "marian" / "1")
+    with ServerProcess(repo, ["--poll-interval", "0.2", "--max-sequences", "4"]) as proc:
+        status = Status(proc.address)
+        assert status.settled("marian", 1) == ("SERVING", "", default)
+        publish(repo, "marian", 2, probe_answered_otherwise(default))
+        state, reason, variant = status.settled("marian", 2)
+        assert (state, variant) == ("SERVING", other), (state, variant, reason)
+        assert reason.startswith(f"variant {default} not served: its probe answers differently on this CPU"), reason
+        assert any(f"variant {default} not served" in line for line in proc.lines)
+        params = pb.GenerationParameters(max_new_tokens=3, ignore_eos=True, temperature=0.0)
+        reply = status.stub.Generate(pb.GenerateRequest(model="marian", prompt="hello world", parameters=params),
+                                     timeout=30)
+        assert reply.version == 2 and reply.usage.completion_tokens == 3
+        status.channel.close()
