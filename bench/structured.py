@@ -190,6 +190,8 @@ def render(result: dict[str, Any]) -> list[str]:
 def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="a 2-layer model, 1 and 8 streams, 1 round, 16 tokens")
     ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2", help="bench.generation's 124M decoder")
+    ap.add_argument("--repository", type=Path, default=None,
+                    help="serve this repository's `gpt` instead (e.g. the main job's model_repository: the default decoder)")
     ap.add_argument("--streams", default=None, help="comma list (default 1,8,32)")
     ap.add_argument("--rounds", type=int, default=None, help="default 3")
     ap.add_argument("--new-tokens", type=int, default=None, help="default 128")
@@ -202,8 +204,10 @@ def cli(a: argparse.Namespace) -> int | None:
     rounds = a.rounds or (1 if a.quick else 3)
     new_tokens = a.new_tokens or (16 if a.quick else 128)
     repo, pool = quick_material(cfg) if a.quick else material(cfg)[1:]
+    if a.repository is not None:    # its `gpt`, with bench.generation's prompts
+        repo = a.repository
     result = {"command": getattr(a, "invocation", "python -m bench structured"), "machine": describe(ROOT),
-              "config": {"model": "quick" if a.quick else a.model, "streams": streams, "rounds": rounds,
+              "config": {"model": str(a.repository or ("quick" if a.quick else a.model)), "streams": streams, "rounds": rounds,
                          "new_tokens": new_tokens, "threads": cfg.threads},
               "compile": compile_times(repo / "gpt" / "1", 3 if a.quick else 10),
               "cells": measure(repo, cfg, pool, streams, rounds, new_tokens)}
