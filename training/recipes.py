@@ -15,21 +15,20 @@ TRAIN_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "mlm": {
         "scratch": dict(steps=240, batch_size=32, lr=1e-3, warmup=24, schedule="linear", eval_every=120,
                         max_length=64, mlm_probability=0.15, softmax="full"),
-        # Measured (docs/MODELS.md): MiniLM's bottom 3 of 6 layers, encoder lr 5e-4, fresh head 3e-3, 30% of the
-        # tokens predicted, the training softmax over the corpus' token types (cheaper per step than 4 layers at
-        # 15% over the full vocabulary, and more useful: docs/MODELS.md has the figures).
+        # MiniLM's bottom layers, a fresh head at a higher lr than the body, more tokens predicted than BERT's
+        # default, the training softmax over the corpus' token types: cheaper per step than more layers over the
+        # full vocabulary, and more useful (docs/MODELS.md has the comparison).
         "pretrained": dict(steps=180, batch_size=32, lr=5e-4, head_lr=3e-3, warmup=10, schedule="linear",
                            eval_every=0, max_length=64, init_layers=3, mlm_probability=0.3, softmax="corpus"),
     },
     "classify": {
         "scratch": dict(steps=200, batch_size=32, lr=5e-4, warmup=20, schedule="linear", eval_every=100,
                         max_length=64),
-        # Measured on MiniLM (docs/MODELS.md): 80 steps at 1e-4 / 3e-4 scored 0.59 / 0.61 on the test plays, 100 at
-        # 2.5e-4 0.61.
+        # Chosen on MiniLM by the test plays' accuracy over a few step counts and rates (docs/MODELS.md has them).
         "pretrained": dict(steps=120, batch_size=32, lr=2e-4, warmup=12, schedule="linear", eval_every=0,
                            max_length=64),
     },
-    # Per-word labels on a pretrained encoder: the fresh per-token classifier at 10x the body's lr. Sized for the
+    # Per-word labels on a pretrained encoder: the fresh per-token classifier at head_lr, above the body's. Sized for the
     # default data (punctuation and casing of the corpus, 40-word runs) on MiniLM: docs/MODELS.md.
     "token-classify": {
         "scratch": dict(steps=200, batch_size=32, lr=5e-4, warmup=20, schedule="linear", eval_every=0,

@@ -15,7 +15,7 @@ power of two (from 16): the cross-attention op reads every position it is given,
 exported with OPUS-MT's 512 positions it would read 512 per row and step however short the sources (more than
 the rest of the step; docs/BENCHMARKS.md). A longer source grows them
 (a copy of what the slots hold, once per doubling); the engine shrinks them back after its warm-up, and when
-it goes idle with them past 4x their first length.
+it goes idle with them past SHRINK_CROSS times their first length.
 """
 from __future__ import annotations
 
