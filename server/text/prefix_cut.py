@@ -1,8 +1,8 @@
 """Texts to be truncated are cut to a short prefix before they are tokenized, where the cut provably changes nothing.
 
 With truncation a text keeps at most max_length tokens, yet the tokenizers library tokenizes all of it first (and
-keeps the rest as `overflowing` encodings): 1,024 documents of 25,600 characters were 11 million tokens, minutes of
-tokenizing and gigabytes held, for 512 tokens each (issue 40, kind 6). Here a long text is first cut at a
+keeps the rest as `overflowing` encodings): a rerank of many long documents tokenized all of every one, for the
+first max_length tokens of each (issue 40, kind 6; docs/RELIABILITY.md has the figures). Here a long text is first cut at a
 whitespace near `max_length * GUESS_CHARS_PER_TOKEN` characters, the cut prefix is tokenized, and the cut is kept
 only when the result cannot differ from the whole text's:
 
