@@ -344,11 +344,13 @@ def options(ap: argparse.ArgumentParser) -> None:
 def cli(a: argparse.Namespace) -> int | None:
     # Each material has its own result file and block of docs/BENCHMARKS.md (the Llama one keeps its old name).
     block = "llamacpp" if a.material == "llama-124m" else f"llamacpp-{a.material}"
+    pieces = tuple(p.strip() for p in a.pieces.split(",") if p.strip())
+    if pieces == ("rss",):      # memory alone: its own block, beside the speed tables it does not redo
+        block += "-rss"
     out = a.out or ROOT / "bench" / "results" / f"{block}.json"
     if a.render_only:
         publish(read_json(out), None, a.docs or DOCS, block, render)
         return 0
-    pieces = tuple(p.strip() for p in a.pieces.split(",") if p.strip())
     variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
     for name, given, allowed in (("--pieces", pieces, PIECES), ("--variants", variants, tuple(QUANTS))):
         bad = [x for x in given if x not in allowed]
@@ -368,7 +370,8 @@ def cli(a: argparse.Namespace) -> int | None:
         return 2
     cfg = dataclasses.replace(cfg, stream_interval=a.stream_interval, material=a.material)
     try:
-        tool("llama-server")
+        if set(pieces) - {"rss"}:
+            tool("llama-server")
         report = measure(cfg, pieces, a.invocation, out)
     except LlamaCppError as exc:
         print(f"error: {exc}", file=sys.stderr)

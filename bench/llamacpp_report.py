@@ -99,14 +99,22 @@ def gb(n: float) -> str:
     return f"{n / 1e9:.2f}"
 
 
+def started_rule(x: dict[str, Any]) -> str:
+    """When a context's server was started (the rule changed: reports before headroom_bytes used half of the memory)."""
+    if "headroom_bytes" not in x:
+        return ("A context is served only when its cache and weights fit in half of the memory available at that "
+                "moment; otherwise the computed bytes are the figure.")
+    return ("Contexts are served smallest first; a larger one starts only when its cache, plus the most memory a "
+            "measured server used beside its cache, plus " f"{x['headroom_bytes'] / 2**30:.0f} GiB of headroom, fits "
+            "in the memory available at that moment (`MemAvailable`); otherwise the computed bytes are the figure.")
+
+
 def rss_lines(x: dict[str, Any]) -> list[str]:
     """The rss piece: cache bytes computed per context, the resident memory where a server was started."""
     return [f"### Memory of the served {x['variant']} package, {x['rows'][0]['slots']} slots (bench/llamacpp_rss.py)",
             "", f"Cache: {x['bytes_per_token']:,} bytes a token a slot (every layer's keys and values), allocated and "
             f"zero-filled at load for the whole context. The variant's graphs on disk: {gb(x['weights_bytes'])} GB. "
-            f"Package cap {x['cap']:,} tokens; the model's positions {x['positions']:,}. A context is served only when "
-            "its cache and weights fit in half of the memory available at that moment; otherwise the computed bytes are "
-            "the figure.", "",
+            f"Package cap {x['cap']:,} tokens; the model's positions {x['positions']:,}. " + started_rule(x), "",
             *table(["context", "tokens a slot", "cache GB (computed)", "cache GB (server log)", "RSS GB", "RSS - cache GB",
                     "served"],
                    [[row["context"], f"{row['tokens']:,}", gb(row["cache_bytes"]),

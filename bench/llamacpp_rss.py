@@ -3,9 +3,10 @@ package's cap and at the model's own positions (no cap).
 
 Every slot is allocated and zero-filled at load for the whole context (server/generation/device_cache.py), so the
 cache bytes are known before anything starts: layers x 2 (key, value) x kv heads x context x head dim x the cache's
-element size, per slot. A context is only served to measure when those bytes plus the weights' files fit in half of
-MemAvailable: a server that cannot fit would swap a shared machine or be killed, and its computed bytes are then the
-figure. Each server that does start is measured as its process tree's resident memory (VmRSS) once it is SERVING,
+element size, per slot. The contexts are served smallest first; each measured one gives the server's memory beside
+its cache (weights, runtime, arenas), and a larger context is started only when its cache plus the most of that seen
+so far, plus HEADROOM, fits in MemAvailable: a server that cannot fit would swap a shared machine or be killed, and
+its computed bytes are then the figure. Each server that does start is measured as its process tree's resident memory (VmRSS) once it is SERVING,
 beside the bytes its load log reports. A package without the cap would be a second export of the model; its cache
 is computed from the positions in config.json, never allocated.
 """
@@ -21,6 +22,7 @@ from testing.launch import ServerProcess, ServerStartError
 
 log = logging.getLogger(__name__)
 SLOTS = 16
+HEADROOM = 2 << 30     # bytes left to the rest of the machine while a server is measured
 _KV_LOG = re.compile(r"KV cache (\d+) bytes per slot \(context (\d+) tokens\), (\d+) bytes in all")
 
 
@@ -89,30 +91,35 @@ def serve_rss(repo: Path, variant: str, threads: int, context: int) -> dict[str,
 
 
 def rss_piece(mat: Any, threads: int, variant: str) -> dict[str, Any]:
-    """Rows for the package's cap, for fractions of it that fit (to show what is fixed and what grows with the
-    context), and for the model's own positions."""
+    """Rows for the model's own positions, the package's cap and fractions of it (to show what is fixed and what
+    grows with the context); served smallest first, each start judged by what the smaller ones measured."""
     manifest = mat.manifest()
     positions = int(json.loads((mat.ckpt / "config.json").read_text())["max_position_embeddings"])
     cap, per_token = int(manifest["max_length"]), cache_bytes_per_token(manifest, variant)
     weights = variant_bytes(mat.package, manifest, variant)
-    rows = []
-    for label, context in (("no cap (the model's positions)", positions), ("the package's cap", cap),
-                           ("cap / 2", cap // 2), ("cap / 4", cap // 4), ("cap / 8", cap // 8)):
+    contexts = (("no cap (the model's positions)", positions), ("the package's cap", cap), ("cap / 2", cap // 2),
+                ("cap / 4", cap // 4), ("cap / 8", cap // 8))
+    rows: dict[str, dict[str, Any]] = {}
+    beside = weights        # the most memory a measured server used beside its cache (the weights before any)
+    for label, context in sorted(contexts, key=lambda c: c[1]):
         need, free = per_token * context * SLOTS, meminfo("MemAvailable")
         row: dict[str, Any] = {"context": label, "tokens": context, "slots": SLOTS, "cache_bytes": need,
-                               "cache_bytes_per_slot": per_token * context, "mem_available": free}
+                               "cache_bytes_per_slot": per_token * context, "mem_available": free,
+                               "predicted_bytes": need + beside}
         if context > cap:
             row["served"] = (f"not exported: a package at {context} positions would need {need / 1e9:.1f} GB of "
                              f"cache for {SLOTS} slots")
-        elif need + weights > free // 2:
-            row["served"] = (f"not started: cache {need / 1e9:.1f} GB + weights {weights / 1e9:.1f} GB is over half of "
-                             f"the {free / 1e9:.1f} GB available")
+        elif need + beside + HEADROOM > free:
+            row["served"] = (f"not started: cache {need / 1e9:.1f} GB + {beside / 1e9:.1f} GB beside it + "
+                             f"{HEADROOM / 2**30:.0f} GiB headroom is over the {free / 1e9:.1f} GB available")
         else:
             try:
                 row.update(serve_rss(mat.repo, variant, threads, context), served="measured")
+                beside = max(beside, row["rss_bytes"] - need)
             except ServerStartError as exc:
                 row["served"] = f"refused at start: {str(exc).splitlines()[0]}"
         log.info("rss %s (%d tokens): %s", label, context, {k: v for k, v in row.items() if k != "context"})
-        rows.append(row)
+        rows[label] = row
     return {"variant": variant, "weights_bytes": weights, "cap": cap, "positions": positions,
-            "bytes_per_token": per_token, "rows": rows, "mem_total": meminfo("MemTotal")}
+            "bytes_per_token": per_token, "rows": [rows[label] for label, _ in contexts],
+            "mem_total": meminfo("MemTotal"), "headroom_bytes": HEADROOM}

@@ -107,7 +107,7 @@ def fp32_only(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> tup
 def test_an_ungated_variant_is_stated_and_served(fp32_only: tuple[Path, Path]) -> None:
     """publish_ungated adds w4 to the scratch package (graph, mixed twin, files re-hashed) with the statement in its
     parity entry; a real server then serves it when asked by name (its ModelInfo names w4)."""
-    from bench.llamacpp_material import UNGATED, publish_ungated, ungated_reason
+    from bench.llamacpp_material import UNGATED_NOT_RUN, publish_ungated, ungated_reason
 
     ckpt, pkg = fp32_only
     assert ungated_reason(pkg, "w4") is None
@@ -118,7 +118,7 @@ def test_an_ungated_variant_is_stated_and_served(fp32_only: tuple[Path, Path]) -
     assert manifest["variants"]["w4"] == "model.w4.onnx" and (pkg / "model.w4.onnx").is_file()
     assert manifest["cache"]["mixed_graphs"]["w4"] in parity["files"] and "model.w4.onnx" in parity["files"]
     assert manifest["quantization"]["w4"]["bits"] == 4
-    assert ungated_reason(pkg, "w4") == UNGATED and parity["variants"]["w4"]["gate_status"] == "not run"
+    assert ungated_reason(pkg, "w4") == UNGATED_NOT_RUN and parity["variants"]["w4"]["gate_status"] == "not run"
     srv = ServerProcess(pkg.parent.parent, ["--variant", "w4", "--max-sequences", "2"])
     try:
         with grpc.insecure_channel(srv.address) as channel:
