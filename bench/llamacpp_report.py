@@ -44,7 +44,8 @@ def render(r: dict[str, Any]) -> list[str]:
              "ortserve runs its `python -m export` package, variant as paired. Pairs: "
              + ", ".join(f"{v} ↔ {QUANTS[v].upper()}" for v in r.get("variants", [])) + ".",
              *(f"- **{v} is ungated**: {why}." for v, why in (mat.get("ungated") or {}).items()),
-             "- Each side's threads and binding:", *sides_lines(r.get("sides"), vllm_ran=False), ""]
+             *(["- Each side's threads and binding:", *sides_lines(r["sides"], vllm_ran=False)] if r.get("sides") else
+               []), ""]
     cv = r.get("convert")
     if cv:
         g = cv["greedy_32"]
@@ -109,12 +110,25 @@ def started_rule(x: dict[str, Any]) -> str:
             "in the memory available at that moment (`MemAvailable`); otherwise the computed bytes are the figure.")
 
 
+def logged_slots(x: dict[str, Any]) -> str:
+    """Why the server's logged cache is larger than the computed one: the mixed graph's scratch slot."""
+    logged = [row for row in x["rows"] if row.get("logged_per_slot")]
+    if not logged:
+        return ""
+    slots = round(logged[0]["logged_total"] / logged[0]["logged_per_slot"])
+    if slots == logged[0]["slots"]:
+        return ""
+    return (f" The server's log counts {slots} slots' worth: the {logged[0]['slots']} plus the scratch slot the "
+            "mixed graph's filler rows are written into (server/generation/slot_runner.py), as long as any other.")
+
+
 def rss_lines(x: dict[str, Any]) -> list[str]:
     """The rss piece: cache bytes computed per context, the resident memory where a server was started."""
     return [f"### Memory of the served {x['variant']} package, {x['rows'][0]['slots']} slots (bench/llamacpp_rss.py)",
             "", f"Cache: {x['bytes_per_token']:,} bytes a token a slot (every layer's keys and values), allocated and "
             f"zero-filled at load for the whole context. The variant's graphs on disk: {gb(x['weights_bytes'])} GB. "
-            f"Package cap {x['cap']:,} tokens; the model's positions {x['positions']:,}. " + started_rule(x), "",
+            f"Package cap {x['cap']:,} tokens; the model's positions {x['positions']:,}. " + started_rule(x)
+            + logged_slots(x), "",
             *table(["context", "tokens a slot", "cache GB (computed)", "cache GB (server log)", "RSS GB", "RSS - cache GB",
                     "served"],
                    [[row["context"], f"{row['tokens']:,}", gb(row["cache_bytes"]),
