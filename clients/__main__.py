@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("embed", help="embedding vectors of texts")
     p.add_argument("texts", nargs="+", metavar="TEXT")
     p.add_argument("--truncate", action="store_true", help="truncate texts longer than the model's max length")
+    p.add_argument("--prompt-name", default=None, metavar="NAME",
+                   help="one of the model's prompts (e.g. query), put before each text (default: the model's own)")
     model_args(p, "embed")
 
     p = commands.add_parser("token-classify", help="label the words of texts (entities with character offsets)")
@@ -89,9 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score the prompt: its log-likelihood and perplexity on stderr (with --json, each token with "
                         "its logprob and K alternatives)")
     p.add_argument("--num-beams", type=positive_int, default=None, metavar="K",
-                   help="beam search with K beams (encoder-decoder models, e.g. translation or g2p; 1..8; not with "
-                        "--stream)")
+                   help="beam search with K beams (1..8; not with --stream)")
     p.add_argument("--length-penalty", type=float, default=None, help="beam search: score / length^this (default 1)")
+    p.add_argument("--target-language", default=None, metavar="CODE",
+                   help="translation models: the language to answer in, as the model lists it (fra_Latn, __fr__, fr_XX)")
+    p.add_argument("--source-language", default=None, metavar="CODE", help="translation models: the prompt's language")
     model_args(p, "generate")
 
     commands.add_parser("models", help="list the models the server knows")
@@ -109,7 +113,8 @@ def _generation_params(args: argparse.Namespace) -> dict[str, Any]:
     params = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
                   stop=args.stop, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                  prompt_logprobs=args.prompt_logprobs, num_beams=args.num_beams, length_penalty=args.length_penalty)
+                  prompt_logprobs=args.prompt_logprobs, num_beams=args.num_beams, length_penalty=args.length_penalty,
+                  target_language=args.target_language, source_language=args.source_language)
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -124,7 +129,8 @@ def run_command(client: OrtserveClient, args: argparse.Namespace) -> int:
                                    truncate=args.truncate)
         _emit_json(results) if args.json else print(render.fill_masks(args.texts, results))
     elif args.command == "embed":
-        vectors = client.embed(args.texts, args.model, version=args.version, truncate=args.truncate)
+        vectors = client.embed(args.texts, args.model, version=args.version, truncate=args.truncate,
+                               prompt_name=args.prompt_name)
         _emit_json(vectors) if args.json else print(render.embeddings(args.texts, vectors))
     elif args.command == "token-classify":
         entities = client.token_classify(args.texts, args.model, version=args.version,

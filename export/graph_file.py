@@ -36,6 +36,9 @@ def save_checked(model: onnx.ModelProto, path: str | Path) -> None:
     data.unlink(missing_ok=True)      # the writer appends
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
               size_threshold=1024)
+    # onnx creates the data file owner-only; a package is read by whichever user runs the server, so it gets the
+    # mode every other package file has (the process's umask applied, as for the graph beside it).
+    data.chmod(path.stat().st_mode & 0o777)
     onnx.checker.check_model(str(path))
 
 

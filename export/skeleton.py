@@ -16,7 +16,7 @@ from .errors import ExportError, ParityFailure
 from .heldout import BUILTIN_TEXTS
 from .report import parity_report
 from .result import ExportResult
-from .tokenizer_check import TokenizerReport, check_tokenizer
+from .tokenizer_check import TokenizerReport, check_tokenizer, check_vocabulary
 from .variants import VariantBuild
 
 
@@ -61,6 +61,7 @@ def run(cfg: ExportConfig, builder: Builder) -> ExportResult:
     staging = package.staging_dir(name_dir)
     try:
         built = builder.build(staging)
+        check_vocabulary(staging, built.manifest.vocab_size)
         tok_report = check_tokenizer(builder.checkpoint, staging, list(BUILTIN_TEXTS), built.mask_token,
                                      built.manifest.max_length, built.removed)
         gated = builder.gate(built, staging)

@@ -82,6 +82,20 @@ def _same(a: Encoding, b: Encoding) -> str | None:
     return None
 
 
+def check_vocabulary(package: Path, vocab_size: int | None) -> None:
+    """ExportError when the packaged tokenizer has an id the graph's embedding has no row for (tokens added to the
+    tokenizer without resizing the model's embeddings): the server refuses such a package at load, and a request
+    holding that token could not be answered at all."""
+    if vocab_size is None:
+        return
+    vocab = Tokenizer.from_file(str(package / "tokenizer.json")).get_vocab(with_added_tokens=True)
+    token, largest = max(vocab.items(), key=lambda item: item[1])
+    if largest >= vocab_size:
+        raise ExportError(f"tokenizer.json: token {token!r} has id {largest}, outside the model's vocabulary of "
+                          f"{vocab_size} (config.json vocab_size): the embeddings were not resized for the tokenizer's "
+                          "added tokens (transformers: model.resize_token_embeddings(len(tokenizer)))")
+
+
 def check_tokenizer(checkpoint: Path, package: Path, texts: list[str], mask_token: str | None,
                     max_length: int, removed: list[str]) -> TokenizerReport:
     """The packaged tokenizer must reproduce the checkpoint's (its padding/truncation switched off)

@@ -316,6 +316,22 @@ def test_perturbed_weight_is_refused_and_nothing_published(tiny_checkpoints, tin
     assert _versions(repo / "tiny-classifier") == ["1"]
 
 
+def test_a_tokenizer_with_ids_past_the_embeddings_is_refused_by_name(tiny_checkpoints, tmp_path: Path) -> None:
+    """Tokens added to the tokenizer without resizing the embeddings: the server would refuse the package at load,
+    so the export refuses it, naming the token, and publishes nothing."""
+    ckpt = tmp_path / "mlm"
+    shutil.copytree(tiny_checkpoints.mlm, ckpt)
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    rows = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+    assert tok.get_vocab_size(with_added_tokens=True) == rows        # the fixture fits its embeddings
+    tok.add_tokens(["<extra_token>"])
+    tok.save(str(ckpt / "tokenizer.json"))
+    with pytest.raises(ExportError, match=rf"token '<extra_token>' has id {rows}, outside the model's vocabulary "
+                                          rf"of {rows}"):
+        export_checkpoint(ExportConfig(checkpoint=ckpt, task="fill-mask", repository=tmp_path / "repo", name="m"))
+    assert _versions(tmp_path / "repo" / "m") == []
+
+
 def test_versions_auto_explicit_and_immutable(tiny_checkpoints, tmp_path: Path, capsys) -> None:
     args = [str(tiny_checkpoints.gpt), "--task", "generate", "--repository", str(tmp_path), "--name", "g"]
     assert main(args) == 0 and main(args + ["--version", "5"]) == 0 and main(args) == 0

@@ -43,6 +43,8 @@ def test_a_large_graph_goes_to_external_data_and_runs_the_same(tmp_path: Path,
     assert (tmp_path / "big.onnx.data").stat().st_size == w.nbytes
     assert (tmp_path / "big.onnx").stat().st_size < 1000
     assert external_data_files(tmp_path / "big.onnx") == ["big.onnx.data"]
+    # readable by the users the graph is readable by (onnx alone creates the data file owner-only)
+    assert (tmp_path / "big.onnx.data").stat().st_mode & 0o777 == (tmp_path / "big.onnx").stat().st_mode & 0o777
     np.testing.assert_array_equal(_run(tmp_path / "big.onnx", x), _run(tmp_path / "small.onnx", x))
     np.testing.assert_allclose(_run(tmp_path / "big.onnx", x), x @ w, rtol=1e-5, atol=1e-5)
     # saved again over an existing file: the data file is rewritten, not appended to

@@ -124,3 +124,40 @@ def test_a_stream_closed_unread_closes_its_source() -> None:
     stream, lease = _stream(source)
     asyncio.run(stream.aclose())
     assert source.closed == 1 and source.reads == 0 and lease.ends == [Exception]
+
+
+@pytest.mark.parametrize("spec_version", ["2.4", "2.3"])
+def test_an_sse_answer_whose_client_left_before_the_first_byte_closes_its_stream(spec_version: str) -> None:
+    """The client is gone when the status line would go out: under ASGI 2.4 the server's send raises OSError;
+    before 2.4, Starlette's disconnect listener hears it first and cancels the body. Either way the body was never
+    iterated, and the stream must still be closed and its lease share given back."""
+    from starlette.requests import ClientDisconnect
+
+    from server.http.openai.stream import event_stream
+
+    source = Source([StreamChunk(text="a")])
+    stream, lease = _stream(source)
+
+    async def events() -> Any:
+        async for part in stream:
+            yield part.chunk.text.encode()
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if spec_version >= "2.4":
+            raise OSError("connection reset by peer")
+        await asyncio.sleep(3600)           # a peer that no longer reads: the listener ends the response
+
+    async def answer() -> None:
+        response = event_stream(events(), [stream], "Completions")
+        scope = {"type": "http", "asgi": {"spec_version": spec_version}}
+        try:
+            await response(scope, receive, send)
+        except ClientDisconnect:
+            pass
+
+    asyncio.run(answer())
+    assert source.closed == 1 and source.reads == 0
+    assert lease.ends == [Exception]        # given back once, counted as not answered in full

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any, AsyncIterator
 
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from server.http.errors import classify_error, openai_body
 from server.http.openai.answers import encode
@@ -29,8 +30,25 @@ def sse(payload: Any) -> bytes:
 
 def event_stream(events: AsyncIterator[bytes], streams: list[PartStream], route: str) -> Response:
     """The 200 answer streaming `events` (built from `streams`, which it closes at the end), then [DONE]."""
-    return StreamingResponse(_ended(events, streams, route), media_type="text/event-stream",
-                             headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+    return _EventStream(streams, _ended(events, streams, route), media_type="text/event-stream",
+                        headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+class _EventStream(StreamingResponse):
+    """A StreamingResponse that closes its streams however it ends. The body's own `finally` does that once the
+    body has started; a client gone before the first byte ends the response before its body is ever iterated
+    (Starlette stops at the status line), and an async generator that never started runs no `finally`: the
+    sequences would go on generating for no one and hold their lease until garbage collection."""
+
+    def __init__(self, streams: list[PartStream], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._streams = streams
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await close(self._streams)
 
 
 async def _ended(events: AsyncIterator[bytes], streams: list[PartStream], route: str) -> AsyncIterator[bytes]:

@@ -299,6 +299,11 @@ def test_prompt_name_through_grpc_and_http(server: ServerProcess, prompted_refer
     assert none_known.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "known: none" in none_known.value.details()
     with OrtserveClient(server.address, timeout=30) as client:
         _close([v.values for v in client.embed(TEXTS, PROMPTED, prompt_name="passage")], passage)
+    cli = subprocess.run([sys.executable, "-m", "clients", "--address", server.address, "--json", "embed", "--model",
+                          PROMPTED, "--prompt-name", "passage", *TEXTS], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    _close([v["values"] for v in json.loads(cli.stdout)], passage)
 
     openai_client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="x", max_retries=0)
     answer = openai_client.embeddings.create(model=PROMPTED, input=TEXTS, encoding_format="float",

@@ -5,6 +5,9 @@ exported by the exporter; greedy and beam-4 answers through gRPC Generate and /v
 batch; an unknown language, and any language for a model without languages, is refused naming the field."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from tokenizers import Tokenizer
 
 from clients import OrtserveClient
 from clients.errors import OrtserveError
-from tests.server_process import ServerProcess
+from tests.server_process import ROOT, ServerProcess
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -114,6 +117,25 @@ def test_completions_take_target_language_in_the_body(server: ServerProcess, pac
                 assert answer.json()["choices"][0]["text"] == tok.decode(
                     _hf_generate("m2m100", packages["m2m100"], [SOURCES[2]], language, num_beams=4)[0],
                     skip_special_tokens=True)
+
+
+def test_the_cli_takes_the_languages_as_flags(server: ServerProcess, packages: dict[str, Path]) -> None:
+    """`python -m clients generate --target-language` answers as transformers' forced_bos_token_id does; an unknown
+    language is one readable line naming the field, exit 2."""
+    tok = Tokenizer.from_file(str(packages["m2m100"] / "tokenizer.json"))
+    base = [sys.executable, "-m", "clients", "--address", server.address, "--json", "generate", "--model", "m2m100",
+            "--max-new-tokens", str(NEW)]
+    for language in ("__fr__", "__de__"):
+        run = subprocess.run([*base, "--target-language", language, SOURCES[2]], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        want = _hf_generate("m2m100", packages["m2m100"], [SOURCES[2]], language)[0]
+        assert json.loads(run.stdout)["text"] == tok.decode(want, skip_special_tokens=True)
+    bad = subprocess.run([*base, "--target-language", "fr_XX", SOURCES[2]], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "ortserve: error: INVALID_ARGUMENT: target_language: unknown language 'fr_XX' (this model's: __de__, __en__, "
+        "__fr__)"]
 
 
 def test_kserve_text_mode_takes_the_languages_as_parameters(client: OrtserveClient, server: ServerProcess) -> None:
