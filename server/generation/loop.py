@@ -123,7 +123,7 @@ class EngineLoop:
         plan = self._scheduler.plan()
         if plan.empty:
             return False, False
-        self._admit(plan)
+        self._slots.admit_plan(plan)
         self.interrupt.clear()
         work = self._executor.prepare(plan, self._scheduler, self._run(plan))
         if self._thread is None:
@@ -144,15 +144,6 @@ class EngineLoop:
         if any(s.status is not Status.DECODING or not s.owner.strategy.runs_ahead for s in self._scheduler.running):
             return None
         return Run(cfg.decode_steps, cfg.decode_run_ms / 1000, self.interrupt, self._slots)
-
-    def _admit(self, plan: Plan) -> None:
-        """The array rows of the sequences this plan gave a slot: each reaches its slot through a prompt chunk (a
-        gang's followers, a beam search's, through their first's: its deadline is theirs)."""
-        for call in plan.prefill:
-            for chunk in call.chunks:
-                self._slots.ensure(chunk.seq)
-        for chunk in plan.tails:
-            self._slots.ensure(chunk.seq)
 
     def _apply(self, outcome: Outcome) -> None:
         self._metrics.tokens_arrive()

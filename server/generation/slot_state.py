@@ -14,12 +14,15 @@ has (detokenize.StopMatcher); a run that a stop string ends may compute a few to
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .params import GenerationParams
 from .results import FINISH_CANCELLED, FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+
+if TYPE_CHECKING:
+    from .scheduler import Plan
 
 # What `ends` answers per row: 0 goes on; the others index REASONS.
 GOES_ON, EOS, STOP, LENGTH, DEADLINE = range(5)
@@ -74,6 +77,15 @@ class SlotState:
         self.stop_ids[slot] = _NONE
         self.stop_ids[slot, :len(stops)] = stops
         self.deadline[slot] = np.inf if owner.deadline is None else owner.deadline
+
+    def admit_plan(self, plan: "Plan") -> None:
+        """The rows of the sequences a plan gave a slot: each reaches its slot through a prompt chunk (a gang's
+        followers, a beam search's, through their first: its deadline is theirs); a row already written is kept."""
+        for call in plan.prefill:
+            for chunk in call.chunks:
+                self.ensure(chunk.seq)
+        for chunk in plan.tails:
+            self.ensure(chunk.seq)
 
     def ensure(self, state: Any) -> None:
         """Admit `state` unless its slot's row is already its own."""
