@@ -6,9 +6,9 @@ preallocated numpy arrays, written when the scheduler gives a sequence its slot 
 tokens are applied and checked for every row at once instead of request by request. The worker thread's run of
 several decode steps (executor.py) and the event loop (loop.py, outputs.py) read the same rule (`SlotState.ends`).
 
-A chosen token ends its row when it is eos (unless the request ignores eos) or one of its stop ids, once more than
-min_tokens tokens are generated (the sampler masks them before that: logits_processors.MinTokens); when it is the
-row's max_new_tokens-th; when its slot has no position left to write it (the context); and, for the worker's run,
+A chosen token ends its row when it is eos (unless the request ignores eos) or one of its stop ids, from the row's
+min_tokens-th token on (as vLLM checks; the sampler masks them up to that one, logits_processors.MinTokens, so only a
+forced token meets the difference); when it is the row's max_new_tokens-th; when its slot has no position left to write it (the context); and, for the worker's run,
 when the row's deadline has passed. Stop strings are not here: they are matched on the text, which only the loop
 has (detokenize.StopMatcher); a run that a stop string ends may compute a few tokens the loop then drops.
 """
@@ -102,7 +102,7 @@ class SlotState:
         its `ahead + 1`-th token past those taken (the worker's run checks tokens the loop has not taken yet).
         Deadlines are checked only with `now`: on the loop they end a row through its retirement instead."""
         count = self.generated[slots] + (ahead + 1)
-        ender = count > self.min_tokens[slots]
+        ender = count >= self.min_tokens[slots]
         stop = (self.stop_ids[slots] == tokens[:, None]).any(axis=1) if self.stop_ids.shape[1] else False
         length = (count >= self.max_new[slots]) | (self.position[slots] + ahead >= self.max_length)
         out = np.where(ender & (tokens == self.eos[slots]), EOS,
