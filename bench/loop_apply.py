@@ -82,7 +82,8 @@ async def drive(engine: Any, texts: list[str], args: argparse.Namespace) -> int:
             text = texts[i % len(texts)]
             i += args.clients
             if args.whole:
-                tokens += (await engine.generate(text, params)).usage.completion_tokens
+                result = await engine.generate(text, params)     # (not `tokens += await ...`: read before)
+                tokens += result.usage.completion_tokens
             else:
                 async for chunk in engine.stream(text, params):
                     tokens += len(chunk.tokens)
