@@ -38,8 +38,21 @@ class Ending(Protocol):
     deadline: float | None
 
 
+# The columns of SlotState's table (one row per slot, written at admission): a step gathers its rows' whole state in
+# one indexing. The first three are as they were at admission; each advances by the tokens taken since (`taken`, one
+# 1-D array: a step adds to it alone). _SPENT is minus the tokens the row may take (its budget and its slot's room,
+# the nearer), so it rises with `taken`.
+_GENERATED, _POSITION, _SPENT, _MIN_TOKENS, _EOS, _STOPS = range(6)
+# Up to this many stop ids a step compares column by column; wider sets in one 2-D comparison.
+_COLUMNWISE = 4
+
+
 class SlotState:
-    """One row per slot: what the stop rule reads, kept for the sequence that holds the slot."""
+    """One row per slot: what the stop rule reads, kept for the sequence that holds the slot.
+
+    `ends` is called every step (on the loop, and by the worker's run at each of its steps) and almost always finds
+    that no row ends: it answers that case with a handful of array operations, and spends more only on a step where
+    some row ends."""
 
     def __init__(self, num_slots: int, eos_id: int | None, max_length: int) -> None:
         """max_length: the slots' context (no token is written at or past it)."""
@@ -48,34 +61,43 @@ class SlotState:
         self.holder: list[Any] = [None] * num_slots      # the SeqState each row was written for
         self.live = np.zeros(num_slots, bool)
         self.last = np.full(num_slots, _NONE, np.int64)  # the last token taken
-        self.generated = np.zeros(num_slots, np.int64)   # tokens taken
-        self.position = np.zeros(num_slots, np.int64)    # where the next chosen token is written
-        self.max_new = np.zeros(num_slots, np.int64)
-        self.min_tokens = np.zeros(num_slots, np.int64)
-        self.eos = np.full(num_slots, _NONE, np.int64)   # the slot's eos id; none with ignore_eos
-        self.stop_ids = np.full((num_slots, 0), _NONE, np.int64)   # grows to the widest set admitted
+        # generated (tokens it held), position (where its first chosen token is written), spent, min_tokens, eos
+        # (none with ignore_eos), then the stop ids (as many columns as the widest set admitted, _NONE-padded).
+        self._table = np.full((num_slots, _STOPS), _NONE, np.int64)
+        self.taken = np.zeros(num_slots, np.int64)       # tokens taken since admission
         self.deadline = np.full(num_slots, np.inf)
+
+    @property
+    def generated(self) -> np.ndarray:
+        """Per slot, the tokens its sequence holds (a copy)."""
+        return self._table[:, _GENERATED] + self.taken
+
+    @property
+    def position(self) -> np.ndarray:
+        """Per slot, where its next chosen token is written (a copy)."""
+        return self._table[:, _POSITION] + self.taken
 
     def admit(self, state: Any) -> None:
         """A sequence took its slot: its row, written once. `state` is a scheduler.SeqState whose owner has
         params, deadline and generated (what it already holds); its first chosen token goes at prompt_len."""
         slot, owner = state.slot, state.owner
         params: GenerationParams = owner.params
+        stops = params.stop_token_ids
+        if _STOPS + len(stops) > self._table.shape[1]:
+            wider = np.full((len(self.holder), _STOPS + len(stops)), _NONE, np.int64)
+            wider[:, :self._table.shape[1]] = self._table
+            self._table = wider
+        row = self._table[slot]
+        generated, position = len(owner.generated), state.prompt_len
+        # Its max_new_tokens-th token ends it, and so does one written at the slot's last position.
+        room = min(params.max_new_tokens - generated, self.max_length - position + 1)
+        row[:_STOPS] = (generated, position, -room, params.min_tokens, _NONE if params.ignore_eos else self.eos_id)
+        row[_STOPS:] = _NONE
+        row[_STOPS:_STOPS + len(stops)] = stops
+        self.taken[slot] = 0
         self.holder[slot] = state
         self.live[slot] = True
         self.last[slot] = _NONE
-        self.generated[slot] = len(owner.generated)
-        self.position[slot] = state.prompt_len
-        self.max_new[slot] = params.max_new_tokens
-        self.min_tokens[slot] = params.min_tokens
-        self.eos[slot] = _NONE if params.ignore_eos else self.eos_id
-        stops = params.stop_token_ids
-        if len(stops) > self.stop_ids.shape[1]:
-            wider = np.full((len(self.holder), len(stops)), _NONE, np.int64)
-            wider[:, :self.stop_ids.shape[1]] = self.stop_ids
-            self.stop_ids = wider
-        self.stop_ids[slot] = _NONE
-        self.stop_ids[slot, :len(stops)] = stops
         self.deadline[slot] = np.inf if owner.deadline is None else owner.deadline
 
     def admit_plan(self, plan: "Plan") -> None:
@@ -101,23 +123,48 @@ class SlotState:
         """Per row, what `tokens[i]` does to the sequence in `slots[i]` (GOES_ON, EOS, STOP, LENGTH, DEADLINE), as
         its `ahead + 1`-th token past those taken (the worker's run checks tokens the loop has not taken yet).
         Deadlines are checked only with `now`: on the loop they end a row through its retirement instead."""
-        count = self.generated[slots] + (ahead + 1)
-        ender = count >= self.min_tokens[slots]
-        stop = (self.stop_ids[slots] == tokens[:, None]).any(axis=1) if self.stop_ids.shape[1] else False
-        length = (count >= self.max_new[slots]) | (self.position[slots] + ahead >= self.max_length)
-        out = np.where(ender & (tokens == self.eos[slots]), EOS,
-                       np.where(ender & stop, STOP, np.where(length, LENGTH, GOES_ON)))
-        if now is not None:
-            out = np.where((out == GOES_ON) & (self.deadline[slots] <= now), DEADLINE, out)
+        rows = self._table.take(slots, axis=0)     # (take: a fraction of fancy indexing's cost)
+        taken = self.taken.take(slots) + (ahead + 1)   # with this token
+        eos = tokens == rows[:, _EOS]
+        stop = self._stop(rows, tokens)
+        length = rows[:, _SPENT] + taken >= 0
+        late = self.deadline.take(slots) <= now if now is not None else None
+        any_end = eos | length
+        for other in (stop, late):
+            if other is not None:
+                any_end |= other
+        out = np.zeros(len(slots), np.int8)
+        if not np.count_nonzero(any_end):
+            return out
+        ender = rows[:, _GENERATED] + taken >= rows[:, _MIN_TOKENS]
+        # Written from the weakest reason to the strongest: a row that several end reads the strongest.
+        if late is not None:
+            out[late] = DEADLINE
+        out[length] = LENGTH
+        if stop is not None:
+            out[stop & ender] = STOP
+        out[eos & ender] = EOS
         return out
+
+    @staticmethod
+    def _stop(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
+        """Per row, whether its token is one of its stop ids (None: no row admitted so far had any)."""
+        width = rows.shape[1] - _STOPS
+        if width == 0:
+            return None
+        if width > _COLUMNWISE:
+            return (rows[:, _STOPS:] == tokens[:, None]).any(axis=1)
+        stop = tokens == rows[:, _STOPS]
+        for column in range(_STOPS + 1, rows.shape[1]):
+            stop |= tokens == rows[:, column]
+        return stop
 
     def take(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """The rows take one token each (a step's outcome, applied on the loop): what `ends` says of it, then the
         rows advanced."""
         out = self.ends(slots, tokens)
         self.last[slots] = tokens
-        self.generated[slots] += 1
-        self.position[slots] += 1
+        self.taken[slots] += 1
         return out
 
     def expired(self, now: float) -> np.ndarray:
