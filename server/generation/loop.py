@@ -27,6 +27,7 @@ from .factory import EngineParts
 from .outputs import take_tokens
 from .params import GenerationConfig
 from .results import FINISH_CANCELLED, EngineStoppedError
+from .sampling import Choice
 from .scheduler import Plan, Scheduler, SeqState, Status
 from .sequence import Sequence, to_generated_token
 from .slot_state import SlotState, deadline_passed
@@ -168,7 +169,7 @@ class EngineLoop:
             for state, _ in step:
                 decoded(state, state.owner.generated[-1])
             self._take(step)
-        firsts = []
+        firsts: list[tuple[SeqState, Choice | None]] = []
         for w in outcome.written:
             self._scheduler.prefilled(w.chunk)
             seq = w.chunk.seq.owner
@@ -183,7 +184,7 @@ class EngineLoop:
         for settle in outcome.settles:
             settle.settle(self._scheduler, self._metrics.token)
 
-    def _take(self, rows: list) -> None:
+    def _take(self, rows: list[tuple[SeqState, Choice | None]]) -> None:
         take_tokens(rows, self._slots, self._tokenizer, self._metrics.token)
 
     def _finish(self, state: SeqState, reusable: bool = True) -> None:
