@@ -30,7 +30,8 @@ Modules, by job:
   engine_metrics.py (token timings, plans, gauges);
 - a request: params.py (parameters, configuration), inputs.py / source.py (prompt or source -> checked ids),
   sequence.py (one request's state and queue), sampling.py (the next token), logits_processors.py (the per-row
-  logits seam), outputs.py and detokenize.py (token -> text, chunks), stops.py (when a sequence ends),
+  logits seam), outputs.py and detokenize.py (token -> text, chunks), slot_state.py (the running rows' state
+  as arrays by slot, and the rule that ends a row),
   results.py (chunks, results, errors);
 - the iteration: scheduler.py (the plan, pure Python), executor.py (the plan's calls in the thread),
   strategies.py (decoding strategies behind one interface), beams.py and beam_scores.py (beam search);

@@ -9,8 +9,9 @@ A request's path, in parts with one job each:
     thread — the onnxruntime calls over the slot cache on the session's device (slot_runner.py, device_cache.py),
     then every row that gets a next token handed to its decoding strategy (strategies.py: sampling, beams), all of
     a strategy's rows together;
-  - output processing (outputs.py): each chosen token -> text, stop checks, a chunk on the request's queue, read
-    as a stream or a whole result (streams.py).
+  - output processing (outputs.py): a step's tokens checked for every row at once against the array state
+    (slot_state.py: stop tokens, budgets), then each chosen token -> text, stop strings, a chunk on the request's
+    queue, read as a stream or a whole result (streams.py).
 This module assembles them (with the warm-up, warmup.py, and the metrics, engine_metrics.py) behind the API the
 served models call.
 

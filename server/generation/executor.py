@@ -14,10 +14,11 @@ strategies' `Settle`s included).
 A pure decode plan may come with a `Run` (GenerationConfig.decode_steps, decode_run_ms): the thread then feeds each
 row's chosen token straight back as its next decode row, up to `steps` times and within `budget_s` (a short step
 runs many times, a long one once), without returning to the loop.
-The run ends before any row's token would end its sequence (stops.py: eos, a stop id, its max_new_tokens, the
-context, its deadline), so that sequence is answered at once; stop strings are only seen on the loop, so a row they end may
-compute a few tokens the engine then drops. `Run.stop` (set by the engine when a request arrives or leaves) ends
-the run after the step in progress.
+The run ends before any row's token would end its sequence (slot_state.py, the rule the loop applies too, read
+from the same arrays for all rows at once: eos, a stop id, its max_new_tokens, the context, its deadline), so that
+sequence is answered at once; stop strings are only seen on the loop, so a row they end may compute a few tokens
+the engine then drops. `Run.stop` (set by the engine when a request arrives or leaves, a cancelled one included)
+ends the run after the step in progress.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from .runner import Runner
 from .sampling import Choice, score_tokens
 from .scheduler import Chunk, Plan, Scheduler, SeqState, Status
 from .slot_runner import DecodeRow, PrefillRow
-from .stops import StopRules, deadline_passed
+from .slot_state import SlotState
 from .strategies import Planned, Settle, StepContext, StepRow, plan_rows
 
 
@@ -44,7 +45,7 @@ class Run:
     steps: int                     # at most this many steps in all ...
     budget_s: float                # ... and none that would take the run past this many seconds
     stop: threading.Event          # set: no further step after the one in progress
-    rules: StopRules               # a row whose token ends its sequence ends the run
+    rows: SlotState                # a row whose token ends its sequence ends the run (read, not written, here)
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,14 @@ class SlotExecutor:
             return
         last = time.perf_counter()
         previous = last - started
+        states = [s for s, _ in live]
+        slots = np.fromiter((s.slot for s in states), np.intp, len(states))
         for step in range(1, run.steps):
-            if run.stop.is_set() or last - started + previous > run.budget_s \
-                    or not all(_goes_on(s, c, step, run.rules) for s, c in live):
+            # The loop has taken none of this run's tokens yet: the tokens checked are each row's step-th untaken.
+            if run.stop.is_set() or last - started + previous > run.budget_s or \
+                    run.rows.ends(slots, np.fromiter((c.token_id for _, c in live), np.int64, len(live)),
+                                  step - 1, time.monotonic()).any():
                 return
-            states = [s for s, _ in live]
             try:
                 logits = self.runner.decode([DecodeRow(s.slot, c.token_id, s.computed + step) for s, c in live],
                                             idle)
@@ -185,6 +189,8 @@ class SlotExecutor:
                                 self.context)
             live = planned.choices
             out.more.append(live)
+            if len(live) != len(states):    # a row got no token: `slots` no longer lines up with the rows
+                return
             now = time.perf_counter()
             last, previous = now, now - last
 
@@ -234,13 +240,6 @@ def _encode_row(state: SeqState) -> EncodeRow:
     """A state admitted with a source: its ids, and the slots that decode from them (a beam search's every beam)."""
     owner = state.owner
     return EncodeRow(owner.source_ids or [], tuple(s.slot for s in owner.source_states))
-
-
-def _goes_on(state: SeqState, choice: Choice, step: int, rules: StopRules) -> bool:
-    """Whether a row decodes again after `step` tokens of this run, the last of them `choice` (stops.py)."""
-    seq = state.owner
-    return not (seq.cancelled or seq.done or deadline_passed(seq, time.monotonic())
-                or rules.reason(seq, choice.token_id, len(seq.generated) + step, state.computed + step) is not None)
 
 
 def _wants_token(state: SeqState) -> bool:

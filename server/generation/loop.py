@@ -3,9 +3,11 @@
 Each iteration the scheduler (scheduler.py, pure Python) plans which slots decode a token and which prompt chunks
 go in; the executor (executor.py) runs the plan in the engine's one worker thread — the onnxruntime calls over the
 slot cache on the session's device (slot_runner.py, device_cache.py), then the next token of every row that gets
-one, all rows together (sampling.py); the outcome comes back to the loop, where each chosen token becomes text, stop
-checks and a chunk on its request's queue (outputs.py). The loop is free while the thread computes: consumers take
-their chunks (and the doors send them) meanwhile.
+one, all rows together (sampling.py); the outcome comes back to the loop, where a step's tokens are applied to the
+running rows' array state and checked against the stop tokens and budgets at once (slot_state.py, written when the
+plan hands a sequence its slot, cleared when it leaves), and then each token becomes text and a chunk on its
+request's queue (outputs.py). The loop is free while the thread computes: consumers take their chunks (and the
+doors send them) meanwhile.
 
 While nothing waits to be admitted and every running sequence decodes, one iteration may run several decode steps
 back to back in the thread (GenerationConfig.decode_steps, within decode_run_ms; executor.py): an arrival or a
@@ -22,13 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from .engine_metrics import EngineMetrics
 from .executor import Outcome, Run, SlotExecutor
 from .factory import EngineParts
-from .outputs import emit_token
+from .outputs import take_tokens
 from .params import GenerationConfig
 from .results import FINISH_CANCELLED, EngineStoppedError
 from .sampling import Choice
-from .scheduler import Plan, Scheduler, Status
+from .scheduler import Plan, Scheduler, SeqState, Status
 from .sequence import Sequence, to_generated_token
-from .stops import StopRules, deadline_passed
+from .slot_state import SlotState, deadline_passed
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +44,8 @@ class EngineLoop:
         self._scheduler, self._config, self._metrics = scheduler, config, metrics
         self._runner, self._spec, self._tokenizer = parts.runner, parts.spec, parts.tokenizer
         self._executor = SlotExecutor(parts.runner)
-        self._rules = StopRules(parts.spec.eos_id, parts.spec.max_length)
+        # The running rows' state by slot (slot_state.py): written when the scheduler hands out a slot.
+        self._slots = SlotState(scheduler.config.num_slots, parts.spec.eos_id, parts.spec.max_length)
         self._label = label
         self._thread_name = f"generate-{label}" + (f"-{instance}" if instance else "")
         self._task: asyncio.Task | None = None
@@ -121,6 +124,7 @@ class EngineLoop:
         plan = self._scheduler.plan()
         if plan.empty:
             return False, False
+        self._slots.admit_plan(plan)
         self.interrupt.clear()
         work = self._executor.prepare(plan, self._scheduler, self._run(plan))
         if self._thread is None:
@@ -140,7 +144,7 @@ class EngineLoop:
             return None
         if any(s.status is not Status.DECODING or not s.owner.strategy.runs_ahead for s in self._scheduler.running):
             return None
-        return Run(cfg.decode_steps, cfg.decode_run_ms / 1000, self.interrupt, self._rules)
+        return Run(cfg.decode_steps, cfg.decode_run_ms / 1000, self.interrupt, self._slots)
 
     def _apply(self, outcome: Outcome) -> None:
         self._metrics.tokens_arrive()
@@ -154,17 +158,18 @@ class EngineLoop:
             logger.error("%s on %s for %d sequences: %s", what, self._label, len(states), exc)
             for state in states:
                 state.owner.fail(RuntimeError(f"{what}: {exc}"))
-                self._scheduler.finish(state, reusable=False)
-        for state, choice in outcome.decoded:
-            self._scheduler.decoded(state, state.owner.generated[-1])
-            self._take(state.owner, choice)
+                self._finish(state, reusable=False)
+        decoded = self._scheduler.decoded
+        for state, _ in outcome.decoded:
+            decoded(state, state.owner.generated[-1])
+        self._take(outcome.decoded)
         for step in outcome.more:
-            for state, choice in step:
-                seq = state.owner
-                if seq.done or seq.cancelled:   # ended by a stop string meanwhile: its later tokens are dropped
-                    continue
-                self._scheduler.decoded(state, seq.generated[-1])
-                self._take(seq, choice)
+            # A row a stop string ended meanwhile is passed over (take_tokens): its later tokens are dropped.
+            step = [(state, choice) for state, choice in step if not (state.owner.done or state.owner.cancelled)]
+            for state, _ in step:
+                decoded(state, state.owner.generated[-1])
+            self._take(step)
+        firsts: list[tuple[SeqState, Choice | None]] = []
         for w in outcome.written:
             self._scheduler.prefilled(w.chunk)
             seq = w.chunk.seq.owner
@@ -173,15 +178,20 @@ class EngineLoop:
             if seq.prompt_tokens is not None:
                 seq.prompt_tokens.extend(to_generated_token(c, self._tokenizer) for c in w.prompt_scores)
             if w.chunk.completes_prompt:      # the prompt is in: its last position's logits gave the first token
-                self._take(seq, w.first_token)
+                self._slots.ensure(w.chunk.seq)
+                firsts.append((w.chunk.seq, w.first_token))
+        self._take(firsts)
         for settle in outcome.settles:
             settle.settle(self._scheduler, self._metrics.token)
 
-    def _take(self, seq: Sequence, choice: Choice | None) -> None:
-        if choice is None or seq.cancelled or seq.done:
-            return
-        self._metrics.token(seq)
-        emit_token(seq, choice, self._tokenizer, self._rules)
+    def _take(self, rows: list[tuple[SeqState, Choice | None]]) -> None:
+        take_tokens(rows, self._slots, self._tokenizer, self._metrics.token)
+
+    def _finish(self, state: SeqState, reusable: bool = True) -> None:
+        """The sequence leaves its slot: the slot's array row is cleared with it."""
+        if state.slot is not None:
+            self._slots.free(state.slot)
+        self._scheduler.finish(state, reusable)
 
     def _retire(self) -> None:
         """Drop sequences that are done, cancelled, or past their deadline; their slots are free again."""
@@ -193,14 +203,15 @@ class EngineLoop:
             elif deadline_passed(seq, now):
                 self._scheduler.finish(state)
                 seq.fail(TimeoutError("deadline passed while waiting; nothing was generated"))
+        expired = self._slots.expired(now)      # the running rows' deadlines, all at once
         for state in list(self._scheduler.running):
             seq = state.owner
             if seq.cancelled and not seq.done:
                 seq.finish_reason = FINISH_CANCELLED    # nobody listens: no chunk
-            elif deadline_passed(seq, now):
+            elif expired[state.slot] if self._slots.holder[state.slot] is state else deadline_passed(seq, now):
                 seq.finish(FINISH_CANCELLED)
             if seq.done:
-                self._scheduler.finish(state)
+                self._finish(state)
 
     async def _settle_arrivals(self) -> None:
         """Woken from idle: requests sent in the same instant reach the engine a little apart (each is parsed and
@@ -225,5 +236,5 @@ class EngineLoop:
 
     def _clear(self) -> None:
         for state in (*self._scheduler.waiting, *self._scheduler.running):
-            self._scheduler.finish(state)
+            self._finish(state)
 

@@ -1,24 +1,47 @@
-"""Output processing: a chosen token becomes the request's next chunk — its text (never a partial character,
-never a stop sequence or the part of one that may still complete) with the tokens whose text it releases
-(sequence.py: the token list beside the text), the end of the sequence when the token (stops.py) or the text says
-so, and the chunk on the request's queue. Runs on the event loop, after the step."""
+"""Output processing: a step's chosen tokens become their requests' next chunks.
+
+`take_tokens` applies one step's tokens to their rows' array state all at once (slot_state.py: the stop tokens and
+the budgets, checked for every row in a few array operations); then, per row, the token becomes its text (never a
+partial character, never a stop sequence or the part of one that may still complete) with the tokens whose text it
+releases (sequence.py: the token list beside the text), the end of the sequence when the rule or the text says so,
+and the chunk on the request's queue. Runs on the event loop, after the step."""
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
+import numpy as np
 from tokenizers import Tokenizer
 
 from .results import FINISH_LENGTH, FINISH_STOP, StreamChunk
 from .sampling import Choice
+from .scheduler import SeqState
 from .sequence import Sequence, to_generated_token
-from .stops import StopRules
+from .slot_state import REASONS, SlotState
 
 
-def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, rules: StopRules) -> None:
-    """Append the (already sampled and observed) token to the sequence and send what it produced."""
+def take_tokens(rows: Iterable[tuple[SeqState, Choice | None]], slots: SlotState, tokenizer: Tokenizer,
+                count: Callable[[Sequence], None]) -> None:
+    """One step's tokens for their rows (a row whose request is done, cancelled, or got no token is passed over):
+    the array state advanced and checked at once, then each row's text and chunk. count: the engine's per-token
+    metric."""
+    taken = [(state, choice) for state, choice in rows
+             if choice is not None and not (state.owner.cancelled or state.owner.done)]
+    if not taken:
+        return
+    n = len(taken)
+    ends = slots.take(np.fromiter((s.slot for s, _ in taken), np.intp, n),
+                      np.fromiter((c.token_id for _, c in taken), np.int64, n))
+    for (state, choice), end in zip(taken, ends.tolist()):
+        count(state.owner)
+        emit_token(state.owner, choice, tokenizer, REASONS[end])
+
+
+def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, reason: str | None) -> None:
+    """Append the (already sampled and observed) token to the sequence and send what it produced. reason: what
+    the stop rule said of the token (slot_state.SlotState.ends), None: it goes on."""
     token = choice.token_id
     seq.generated.append(token)
     generated = to_generated_token(choice, tokenizer)
-    position = seq.state.computed if seq.state is not None else len(seq.prompt_ids) + len(seq.generated) - 1
-    reason = rules.reason(seq, token, len(seq.generated), position)
     # eos and stop-token ids end the sequence; their text is not part of the output.
     if reason is not None and reason != FINISH_LENGTH:
         seq.finish(reason, tokens=[generated])

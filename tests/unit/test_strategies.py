@@ -1,5 +1,5 @@
 """The decoding seams in process: a logits processor on a sequence's list (where a grammar's token mask plugs in),
-rows planned by their strategies, and the one stop rule."""
+rows planned by their strategies (the stop rule: test_slot_state.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +9,6 @@ import numpy as np
 from server.generation.params import GenerationParams
 from server.generation.sampling import Choice, Sampler, choose_rows
 from server.generation.scheduler import SeqState
-from server.generation.stops import StopRules
 from server.generation.strategies import Planned, StepContext, StepRow, plan_rows
 
 VOCAB = 16
@@ -72,21 +71,3 @@ def test_each_strategy_plans_all_its_rows_of_a_step_at_once() -> None:
     planned = plan_rows([StepRow(s, block, i, 1) for i, s in enumerate(states)], StepContext(lambda x, n: (x, x)))
     assert (a.calls, b.calls) == ([[0, 2, 4]], [[1, 3]])
     assert sorted(id(s) for s, _ in planned.choices) == sorted(id(s) for s in states)
-
-
-def test_the_stop_rule() -> None:
-    rules = StopRules(eos_id=0, max_length=10)
-
-    @dataclass
-    class Seq:
-        params: GenerationParams
-        deadline: float | None = None
-
-    plain = Seq(GenerationParams.validate(max_new_tokens=5, stop_token_ids=[4]))
-    ignoring = Seq(GenerationParams.validate(max_new_tokens=5, ignore_eos=True))
-    assert rules.reason(plain, 0, 1, 3) == "eos"
-    assert rules.reason(ignoring, 0, 1, 3) is None
-    assert rules.reason(plain, 4, 1, 3) == "stop"
-    assert rules.reason(plain, 2, 5, 3) == "length"       # its max_new_tokens-th
-    assert rules.reason(plain, 2, 2, 10) == "length"      # no position left in the slot
-    assert rules.reason(plain, 2, 4, 9) is None
