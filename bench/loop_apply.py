@@ -1,7 +1,7 @@
 """The event loop's CPU per iteration applying a step's outcome (server/generation/loop.py `EngineLoop._apply`), in
 process, on a served package: what the per-iteration array state (slot_state.py) changes.
 
-    python -m bench.loop_apply --root <checkout> --package <model_repository>/g2p/1 [--clients 32]
+    python -m bench loop_apply --root <checkout> --package <model_repository>/g2p/1 [--clients 32]
 
 Run it once per checkout (--root picks whose server/ and modelpkg/ it measures: imported from there); interleave
 the runs yourself. `--clients` requests run at once, each re-sent when answered, for `--seconds`;
@@ -24,6 +24,8 @@ from typing import Any
 
 import onnxruntime as ort
 from tokenizers import Tokenizer
+
+from .harness import Benchmark
 
 log = logging.getLogger("bench.loop_apply")
 
@@ -108,8 +110,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             "apply_us_per_token": round(1e6 * meter.cpu / max(tokens, 1), 2)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", type=Path, required=True, help="the checkout whose engine is measured")
     parser.add_argument("--package", type=Path, required=True, help="a package version folder (model.json)")
     parser.add_argument("--clients", type=int, default=32)
@@ -117,8 +118,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     parser.add_argument("--whole", action="store_true", help="unary requests (generate) instead of streams")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+
+def run(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(args.root.resolve()))
     importlib.invalidate_caches()
     result = asyncio.run(main_async(args))
@@ -127,5 +129,4 @@ def main() -> None:
     log.info("%s", json.dumps(result))
 
 
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(summary=__doc__, sides=("ortserve",), options=options, run=run)
