@@ -23,7 +23,7 @@ from .logits_processors import (LogitBias, LogitsProcessor, MinTokens, PresenceF
 from .params import GenerationParams
 
 if TYPE_CHECKING:
-    from server.structured import TokenConstraint
+    from server.structured.row import ConstraintMasks, TokenConstraint
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class Sampler:
         self._rng: np.random.Generator | None = None    # made at the first draw: greedy never needs one
         # In the order they apply: bias -> min_tokens -> repetition -> presence / frequency.
         self.processors: list[LogitsProcessor] = []
+        self.constraint = constraint
         if constraint is not None:    # first: the grammar's -inf stays -inf whatever the bias adds
             self.processors.append(constraint)
         if params.logit_bias:
@@ -85,6 +86,19 @@ class Sampler:
         p = self.params
         return (p.temperature == 0 and not p.wants_logprobs and self.generated not in self._forced
                 and all(q is self._min for q in self.processors))
+
+    @property
+    def masking(self) -> "TokenConstraint | None":
+        """The grammar that masks its next choice (None without one, or when that choice is forced)."""
+        return self.constraint if self.generated not in self._forced else None
+
+    @property
+    def grammar_greedy(self) -> bool:
+        """Its next choice is the argmax of the logits its grammar allows: greedy, the grammar its only processor,
+        no logprobs (choose_rows takes such rows together)."""
+        p = self.params
+        return (p.temperature == 0 and not p.wants_logprobs and self.masking is not None
+                and len(self.processors) == 1)
 
     @property
     def masked_enders(self) -> np.ndarray | None:
@@ -128,7 +142,8 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
     """The next token of each row of logits [rows, >= V], row i with samplers[i], each then observed. The rows
     whose sampler is greedy with nothing added to its logits take one argmax over all of them, the ending tokens
     of those still under min_tokens masked first (the same token `choose` would pick: the first index on ties, on
-    the same values); the others are chosen one by one."""
+    the same values); so do the greedy rows whose only processor is their grammar, over the logits it allows, once
+    every constrained row's mask is made (all at once: _grammar_rows); the others are chosen one by one."""
     choices: list[Choice | None] = [None] * len(samplers)
     batch = [i for i, s in enumerate(samplers) if s.batch_greedy]
     if batch:
@@ -143,11 +158,38 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
                 row[enders] = -np.inf
                 picks[i] = np.argmax(row)
             choices[i] = Choice(int(picks[i]), None, ())
+    masked = _grammar_rows(samplers, logits, choices)
     out: list[Choice] = []
     for i, sampler in enumerate(samplers):
         choice = choices[i] or sampler.choose(logits[i])
         sampler.observe(choice.token_id)
         out.append(choice)
+    for masks, constraints in masked:
+        masks.advanced(constraints)
+    return out
+
+
+def _grammar_rows(samplers: list[Sampler], logits: np.ndarray, choices: list[Choice | None]
+                  ) -> list[tuple["ConstraintMasks", list["TokenConstraint"]]]:
+    """The grammar masks of every constrained row, all rows of one model's grammars at once (one fill, one unpack:
+    server/structured/masks.py), each row's `apply` then reading its own; the rows of grammar_greedy samplers are
+    chosen here, by one argmax over their masked logits (the token `choose` would pick: the same values, the first
+    index on ties). What it masked, to be told once the rows have taken their tokens."""
+    groups: dict[int, tuple["ConstraintMasks", list[tuple[int, "TokenConstraint"]]]] = {}
+    for i, sampler in enumerate(samplers):
+        if (constraint := sampler.masking) is not None:
+            groups.setdefault(id(constraint.masks), (constraint.masks, []))[1].append((i, constraint))
+    out: list[tuple["ConstraintMasks", list["TokenConstraint"]]] = []
+    for masks, members in groups.values():
+        constraints = [c for _, c in members]
+        allowed = masks.allowed(constraints)
+        greedy = [j for j, (i, _) in enumerate(members) if samplers[i].grammar_greedy]
+        if greedy:
+            rows = [members[j][0] for j in greedy]
+            scores = np.where(allowed[greedy], logits[rows, :samplers[rows[0]].vocab_size], -np.inf)
+            for i, pick in zip(rows, np.argmax(scores, axis=1)):
+                choices[i] = Choice(int(pick), None, ())
+        out.append((masks, constraints))
     return out
 
 
