@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from server.structured.row import ConstraintMasks, TokenConstraint
 
 
+# Refused maxima a greedy constrained row passes over one by one before its whole row is masked (_masked_argmax).
+GRAMMAR_TRIES = 8
+
+
 @dataclass(frozen=True)
 class Choice:
     token_id: int
@@ -186,11 +190,46 @@ def _grammar_rows(samplers: list[Sampler], logits: np.ndarray, choices: list[Cho
         greedy = [j for j, (i, _) in enumerate(members) if samplers[i].grammar_greedy]
         if greedy:
             rows = [members[j][0] for j in greedy]
-            scores = np.where(allowed[greedy], logits[rows, :samplers[rows[0]].vocab_size], -np.inf)
-            for i, pick in zip(rows, np.argmax(scores, axis=1)):
+            mask = allowed if len(greedy) == len(members) else allowed[greedy]
+            picks = _masked_argmax(_rows_of(logits, rows, samplers[rows[0]].vocab_size), mask)
+            for i, pick in zip(rows, picks):
                 choices[i] = Choice(int(pick), None, ())
         out.append((masks, constraints))
     return out
+
+
+def _rows_of(logits: np.ndarray, rows: list[int], vocab: int) -> np.ndarray:
+    """logits[rows, :vocab]: a view when the rows are consecutive (a decode call's usually are), else a copy."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return logits[rows[0]:rows[0] + len(rows), :vocab]
+    return logits[rows, :vocab]
+
+
+def _masked_argmax(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Each row's first maximum among its allowed ids ([rows, vocab] scores and bool mask; scores are not written).
+    An unmasked first maximum that is allowed stays the first maximum once the others are set to -inf: only the rows
+    whose maximum the mask refuses go on (_allowed_argmax)."""
+    picks = np.argmax(scores, axis=1)
+    refused = np.flatnonzero(~allowed[np.arange(len(picks)), picks])
+    if refused.size:
+        picks[refused] = _allowed_argmax(scores[refused], allowed[refused], picks[refused])
+    return picks
+
+
+def _allowed_argmax(work: np.ndarray, allowed: np.ndarray, picks: np.ndarray) -> np.ndarray:
+    """The rows of `work` (a copy, written) whose first maxima `picks` are refused take their next maxima, each
+    refused one set to -inf, until every row's is allowed: all a row passed over were refused, so its pick is the
+    first maximum among its allowed ids. A model's likeliest tokens are mostly allowed by a grammar or mostly refused
+    together, and setting -inf outside a mixed mask costs far more than a few argmax passes; after GRAMMAR_TRIES
+    passes the rows are masked whole."""
+    lines = np.arange(len(picks))
+    for _ in range(GRAMMAR_TRIES):
+        refused = ~allowed[lines, picks]
+        if not refused.any():
+            return picks
+        work[lines[refused], picks[refused]] = -np.inf
+        picks = np.argmax(work, axis=1)
+    return np.argmax(np.where(allowed, work, -np.inf), axis=1)
 
 
 def forced_logprobs(vocab_size: int, token: int) -> np.ndarray:

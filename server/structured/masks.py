@@ -76,15 +76,18 @@ class StepMasks:
     def allowed(self, rows: Sequence[TokenConstraint]) -> np.ndarray:
         """Each row's allowed next tokens, [rows, vocab] bool (row i's `apply` then reads line i)."""
         own = [_own(r) for r in rows]
-        bits = np.empty((len(own), self._words), dtype=np.int32)
         now = [i for i, r in enumerate(own) if r.pending is None]
-        if now:
-            bits[now] = self._fill([own[i].matcher for i in now])
-        for i, row in enumerate(own):
-            if row.pending is not None:
-                fill, line = row.pending
-                bits[i] = fill.result()[line]
-                row.pending = None
+        if len(now) == len(own):
+            bits = self._fill([r.matcher for r in own])
+        else:
+            bits = np.empty((len(own), self._words), dtype=np.int32)
+            if now:
+                bits[now] = self._fill([own[i].matcher for i in now])
+            for i, row in enumerate(own):
+                if row.pending is not None:
+                    fill, line = row.pending
+                    bits[i] = fill.result()[line]
+                    row.pending = None
         # Bit j of the little-endian words is token j.
         allowed = np.unpackbits(bits.view(np.uint8), axis=1, count=self.vocab_size, bitorder="little").view(bool)
         for i, row in enumerate(own):
@@ -107,11 +110,14 @@ class StepMasks:
 
     def _fill(self, matchers: list[Any]) -> np.ndarray:
         """The matchers' bitmasks [len, words] (any thread: llguidance releases the GIL while it computes)."""
-        from llguidance.numpy import fill_next_token_bitmask
-
         bits = np.empty((len(matchers), self._words), dtype=np.int32)
+        # Straight into each line of one C-contiguous array whose lines are exactly a mask long (what
+        # llguidance.numpy.fill_next_token_bitmask checks before the same call, at several times the call's cost on
+        # a string's mask). llguidance's own batched fill (fill_next_token_bitmask_par) hands the rows to a pool of
+        # its threads and waits: slower than this loop for a step's few rows (bench/FINDINGS.md).
+        base, line = bits.ctypes.data, bits.strides[0]
         for i, matcher in enumerate(matchers):
-            fill_next_token_bitmask(matcher, bits, i)
+            matcher.unsafe_compute_mask_ptr(base + i * line, line)
         return bits
 
 
