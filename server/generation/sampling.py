@@ -162,31 +162,26 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
                 row[enders] = -np.inf
                 picks[i] = np.argmax(row)
             choices[i] = Choice(int(picks[i]), None, ())
-    masked = _grammar_rows(samplers, logits, choices)
+    _grammar_rows(samplers, logits, choices)
     out: list[Choice] = []
     for i, sampler in enumerate(samplers):
         choice = choices[i] or sampler.choose(logits[i])
         sampler.observe(choice.token_id)
         out.append(choice)
-    for masks, constraints in masked:
-        masks.advanced(constraints)
     return out
 
 
-def _grammar_rows(samplers: list[Sampler], logits: np.ndarray, choices: list[Choice | None]
-                  ) -> list[tuple["ConstraintMasks", list["TokenConstraint"]]]:
+def _grammar_rows(samplers: list[Sampler], logits: np.ndarray, choices: list[Choice | None]) -> None:
     """The grammar masks of every constrained row, all rows of one model's grammars at once (one fill, one unpack:
     server/structured/masks.py), each row's `apply` then reading its own; the rows of grammar_greedy samplers are
     chosen here, by one argmax over their masked logits (the token `choose` would pick: the same values, the first
-    index on ties). What it masked, to be told once the rows have taken their tokens."""
+    index on ties)."""
     groups: dict[int, tuple["ConstraintMasks", list[tuple[int, "TokenConstraint"]]]] = {}
     for i, sampler in enumerate(samplers):
         if (constraint := sampler.masking) is not None:
             groups.setdefault(id(constraint.masks), (constraint.masks, []))[1].append((i, constraint))
-    out: list[tuple["ConstraintMasks", list["TokenConstraint"]]] = []
     for masks, members in groups.values():
-        constraints = [c for _, c in members]
-        allowed = masks.allowed(constraints)
+        allowed = masks.allowed([c for _, c in members])
         greedy = [j for j, (i, _) in enumerate(members) if samplers[i].grammar_greedy]
         if greedy:
             rows = [members[j][0] for j in greedy]
@@ -194,8 +189,6 @@ def _grammar_rows(samplers: list[Sampler], logits: np.ndarray, choices: list[Cho
             picks = _masked_argmax(_rows_of(logits, rows, samplers[rows[0]].vocab_size), mask)
             for i, pick in zip(rows, picks):
                 choices[i] = Choice(int(pick), None, ())
-        out.append((masks, constraints))
-    return out
 
 
 def _rows_of(logits: np.ndarray, rows: list[int], vocab: int) -> np.ndarray:
@@ -209,27 +202,26 @@ def _masked_argmax(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """Each row's first maximum among its allowed ids ([rows, vocab] scores and bool mask; scores are not written).
     An unmasked first maximum that is allowed stays the first maximum once the others are set to -inf: only the rows
     whose maximum the mask refuses go on (_allowed_argmax)."""
-    picks = np.argmax(scores, axis=1)
-    refused = np.flatnonzero(~allowed[np.arange(len(picks)), picks])
-    if refused.size:
-        picks[refused] = _allowed_argmax(scores[refused], allowed[refused], picks[refused])
+    picks = scores.argmax(axis=1)
+    for i, pick in enumerate(picks.tolist()):
+        if not allowed[i, pick]:
+            picks[i] = _allowed_argmax(scores[i], allowed[i], pick)
     return picks
 
 
-def _allowed_argmax(work: np.ndarray, allowed: np.ndarray, picks: np.ndarray) -> np.ndarray:
-    """The rows of `work` (a copy, written) whose first maxima `picks` are refused take their next maxima, each
-    refused one set to -inf, until every row's is allowed: all a row passed over were refused, so its pick is the
-    first maximum among its allowed ids. A model's likeliest tokens are mostly allowed by a grammar or mostly refused
-    together, and setting -inf outside a mixed mask costs far more than a few argmax passes; after GRAMMAR_TRIES
-    passes the rows are masked whole."""
-    lines = np.arange(len(picks))
+def _allowed_argmax(scores: np.ndarray, allowed: np.ndarray, pick: int) -> int:
+    """The first maximum among the allowed ids of one row whose first maximum `pick` is refused: its next maxima in
+    turn, each refused one set to -inf in a copy, until one is allowed (all it passed over were refused, so that one
+    is the first maximum among the allowed). A model's likeliest tokens are mostly allowed by a grammar or mostly
+    refused together, and setting -inf outside a mixed mask costs far more than a few argmax passes; after
+    GRAMMAR_TRIES passes the row is masked whole."""
+    row = scores.copy()
     for _ in range(GRAMMAR_TRIES):
-        refused = ~allowed[lines, picks]
-        if not refused.any():
-            return picks
-        work[lines[refused], picks[refused]] = -np.inf
-        picks = np.argmax(work, axis=1)
-    return np.argmax(np.where(allowed, work, -np.inf), axis=1)
+        row[pick] = -np.inf
+        pick = int(row.argmax())
+        if allowed[pick]:
+            return pick
+    return int(np.where(allowed, row, -np.inf).argmax())
 
 
 def forced_logprobs(vocab_size: int, token: int) -> np.ndarray:

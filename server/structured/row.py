@@ -16,10 +16,6 @@ class ConstraintMasks(Protocol):
         own line."""
         ...
 
-    def advanced(self, rows: Sequence["TokenConstraint"]) -> None:
-        """`rows` have each taken this step's token (their `advance` ran)."""
-        ...
-
 
 class TokenConstraint(Protocol):
     """A row's grammar state. `apply` sets every token the grammar does not allow next to -inf in that row's
