@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 from tokenizers import Tokenizer
 
 from server.generation import GenerationParams
 from server.generation.sampling import Sampler, choose_rows
 from server.structured import Constraint, constraint_of
 from server.structured.matcher import Grammars, constraint_rows
+from tests.unit.test_structured import grammars, tokenizer  # noqa: F401  (its fixtures)
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
@@ -21,20 +21,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 CONSTRAINTS = [constraint_of("json_schema", SCHEMA, "response_format.json_schema.schema"),
                constraint_of("regex", r"[a-z]{1,4}( [0-9]{1,3})?", "guided_regex"),
                constraint_of("choice", ["hello world", "hi"], "guided_choice")]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    from training.tokenizer import TokenizerConfig, train_tokenizer
-
-    texts = ["The weather in Paris is mild, {\"name\": \"Ann\", \"age\": 41}.", "hello world 0123456789 hi"]
-    return train_tokenizer(texts * 20, TokenizerConfig(kind="bpe", vocab_size=320, min_frequency=1))
-
-
-@pytest.fixture(scope="module")
-def grammars(tokenizer: Tokenizer) -> Grammars:
-    # Logits wider than the tokenizer (as exported models pad their vocabulary): the extra ids are never allowed.
-    return Grammars(tokenizer, tokenizer.get_vocab_size() + 5, tokenizer.token_to_id("<|endoftext|>"))
 
 
 class Reference:
