@@ -168,12 +168,6 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
         choice = choices[i] or sampler.choose(logits[i])
         sampler.observe(choice.token_id)
         out.append(choice)
-    told: dict = {}
-    for s in samplers:
-        if s.constraint is not None:
-            told.setdefault(id(s.constraint.masks), (s.constraint.masks, []))[1].append(s.constraint)
-    for m, cs in told.values():
-        m.advanced(cs)
     return out
 
 

@@ -1,24 +1,24 @@
 """Each constrained sequence's grammar state in the sampler (`RowMatcher`, a TokenConstraint), and the token masks of
 a step's constrained rows made together (`StepMasks`, one per model).
 
-A step's masks are made in one go, in the engine's worker thread, before its rows choose (sampling.choose_rows asks
-`StepMasks.allowed` for all of its constrained rows): each row's llguidance bitmask is filled into one shared array,
-then one unpack turns the whole array into booleans [rows, vocab]. The greedy rows with no other processor then take
-one masked argmax together (sampling.py); any other row's `apply` reads its own line of that array. A row whose
-`apply` runs with no mask made for it (outside choose_rows) makes its own.
+A step's masks are made in one go, in the engine's worker thread, between the graph's steps (sampling.choose_rows
+asks `StepMasks.allowed` for all of its constrained rows): each row's llguidance bitmask is filled into one shared
+array, then one unpack turns the whole array into booleans [rows, vocab]. The greedy rows with no other processor
+then take one masked argmax together (sampling.py); any other row's `apply` reads its own line of that array. A row
+whose `apply` runs with no mask made for it (outside choose_rows) makes its own.
 
 The end-of-text token is allowed exactly when the grammar accepts what was generated (llguidance puts it in the mask
 then). A matcher in an error state (a limit of the library hit mid-answer) allows the end-of-text token alone: the
 answer ends there.
 
-Overlap: the mask of a row's next step depends only on the tokens it has taken, so `advanced` (told once a step's
-rows have taken their tokens) hands the next masks to a thread of their own, to be filled while the graph computes
-the next step's logits (llguidance releases the GIL); `allowed` then waits for them.
+Not overlapped with the graph, though the next step's masks depend only on tokens already chosen: filled in a thread
+of their own while the graph runs, they measured slower on the 2-core machine this is tuned for (bench/FINDINGS.md).
+The graph's two intra-op threads spin on both cores, so the mask thread either takes a core from the graph or waits
+for one, and the step then waits for it; and once batched, the fill is a small part of a step.
 """
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,8 +34,7 @@ class RowMatcher:
 
     def __init__(self, matcher: Any, masks: "StepMasks") -> None:
         self.matcher, self._masks = matcher, masks
-        self.next: np.ndarray | None = None                    # [vocab] bool: this step's allowed tokens
-        self.pending: tuple[Future[np.ndarray], int] | None = None   # its bitmask being filled: (fill, line)
+        self.next: np.ndarray | None = None        # [vocab] bool: this step's allowed tokens, once made
 
     @property
     def masks(self) -> "StepMasks":
@@ -43,7 +42,6 @@ class RowMatcher:
 
     @property
     def accepting(self) -> bool:
-        self._settle()
         return bool(self.matcher.is_accepting())
 
     def apply(self, scores: np.ndarray) -> None:
@@ -53,16 +51,9 @@ class RowMatcher:
         scores[~self.next] = -np.inf
 
     def advance(self, token: int) -> None:
-        self._settle()
         self.next = None
         if not self.matcher.is_stopped() and not self.matcher.consume_token(token):
             log.warning("constrained generation: token %d refused: %s", token, self.matcher.get_error())
-
-    def _settle(self) -> None:
-        """Wait for a fill in flight: the matcher is not to be touched while another thread computes its mask."""
-        if self.pending is not None:
-            self.pending[0].result()
-            self.pending = None
 
 
 class StepMasks:
@@ -71,23 +62,11 @@ class StepMasks:
     def __init__(self, vocab_size: int, eos_id: int | None) -> None:
         self.vocab_size, self.eos_id = vocab_size, eos_id
         self._words = (vocab_size + 31) // 32
-        self._pool: ThreadPoolExecutor | None = None     # the overlapped fills' thread, made at first use
 
     def allowed(self, rows: Sequence[TokenConstraint]) -> np.ndarray:
         """Each row's allowed next tokens, [rows, vocab] bool (row i's `apply` then reads line i)."""
         own = [_own(r) for r in rows]
-        now = [i for i, r in enumerate(own) if r.pending is None]
-        if len(now) == len(own):
-            bits = self._fill([r.matcher for r in own])
-        else:
-            bits = np.empty((len(own), self._words), dtype=np.int32)
-            if now:
-                bits[now] = self._fill([own[i].matcher for i in now])
-            for i, row in enumerate(own):
-                if row.pending is not None:
-                    fill, line = row.pending
-                    bits[i] = fill.result()[line]
-                    row.pending = None
+        bits = self._fill([r.matcher for r in own])
         # Bit j of the little-endian words is token j.
         allowed = np.unpackbits(bits.view(np.uint8), axis=1, count=self.vocab_size, bitorder="little").view(bool)
         for i, row in enumerate(own):
@@ -99,17 +78,8 @@ class StepMasks:
             row.next = allowed[i]
         return allowed
 
-    def advanced(self, rows: Sequence[TokenConstraint]) -> None:
-        """`rows` have taken this step's tokens: their next masks are filled in the background from now on."""
-        own = [_own(r) for r in rows]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
-        fill = self._pool.submit(self._fill, [r.matcher for r in own])
-        for i, row in enumerate(own):
-            row.pending = (fill, i)
-
     def _fill(self, matchers: list[Any]) -> np.ndarray:
-        """The matchers' bitmasks [len, words] (any thread: llguidance releases the GIL while it computes)."""
+        """The matchers' bitmasks [len, words] (llguidance computes them with the GIL released)."""
         bits = np.empty((len(matchers), self._words), dtype=np.int32)
         # Straight into each line of one C-contiguous array whose lines are exactly a mask long (what
         # llguidance.numpy.fill_next_token_bitmask checks before the same call, at several times the call's cost on
