@@ -11,10 +11,11 @@ The end-of-text token is allowed exactly when the grammar accepts what was gener
 then). A matcher in an error state (a limit of the library hit mid-answer) allows the end-of-text token alone: the
 answer ends there.
 
-Not overlapped with the graph, though the next step's masks depend only on tokens already chosen: filled in a thread
-of their own while the graph runs, they measured slower on the 2-core machine this is tuned for (bench/FINDINGS.md).
-The graph's two intra-op threads spin on both cores, so the mask thread either takes a core from the graph or waits
-for one, and the step then waits for it; and once batched, the fill is a small part of a step.
+Not overlapped with the graph, though the next step's masks depend only on tokens already chosen. Filled in a
+thread of their own while the graph runs (the variant tried: bench/FINDINGS.md), they measured no faster on the
+2-core machine this is tuned for: the graph's two intra-op threads spin on both cores, so the mask thread takes a
+core from the graph or waits for one (and the step then waits for it), and once batched the fill is a small part of
+a step. Serial, nothing else touches a matcher, and no thread waits on another.
 """
 from __future__ import annotations
 
