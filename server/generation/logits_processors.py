@@ -5,8 +5,9 @@ logit bias -> min_tokens (eos and stop ids masked) -> repetition penalty -> pres
 
 Grammar-constrained decoding plugs in here: server/structured's RowMatcher is a processor whose `apply` sets -inf
 outside the tokens the grammar allows (llguidance's token mask) and whose `advance` moves its matcher; admission
-compiles it and the sampler puts it first in the sequence's list (a greedy row with it then leaves choose_rows'
-batched argmax).
+compiles it and the sampler puts it first in the sequence's list. The masks of a step's constrained rows are made
+together before any of them chooses (sampling.choose_rows; server/structured/masks.py), and a greedy row whose only
+processor is its grammar takes one masked argmax with the others like it, without `apply`.
 Beam rows have no list today (beam search refuses every field that would make a processor); a grammar on beams
 would apply its mask to each beam's row in beams.BeamStrategy.plan, before the rows are scored.
 """

@@ -23,7 +23,11 @@ from .logits_processors import (LogitBias, LogitsProcessor, MinTokens, PresenceF
 from .params import GenerationParams
 
 if TYPE_CHECKING:
-    from server.structured import TokenConstraint
+    from server.structured.row import ConstraintMasks, TokenConstraint
+
+
+# Refused maxima a greedy constrained row passes over one by one before its whole row is masked (_masked_argmax).
+GRAMMAR_TRIES = 8
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class Sampler:
         self._rng: np.random.Generator | None = None    # made at the first draw: greedy never needs one
         # In the order they apply: bias -> min_tokens -> repetition -> presence / frequency.
         self.processors: list[LogitsProcessor] = []
+        self.constraint = constraint
         if constraint is not None:    # first: the grammar's -inf stays -inf whatever the bias adds
             self.processors.append(constraint)
         if params.logit_bias:
@@ -85,6 +90,19 @@ class Sampler:
         p = self.params
         return (p.temperature == 0 and not p.wants_logprobs and self.generated not in self._forced
                 and all(q is self._min for q in self.processors))
+
+    @property
+    def masking(self) -> "TokenConstraint | None":
+        """The grammar that masks its next choice (None without one, or when that choice is forced)."""
+        return self.constraint if self.generated not in self._forced else None
+
+    @property
+    def grammar_greedy(self) -> bool:
+        """Its next choice is the argmax of the logits its grammar allows: greedy, the grammar its only processor,
+        no logprobs (choose_rows takes such rows together)."""
+        p = self.params
+        return (p.temperature == 0 and not p.wants_logprobs and self.masking is not None
+                and len(self.processors) == 1)
 
     @property
     def masked_enders(self) -> np.ndarray | None:
@@ -128,7 +146,8 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
     """The next token of each row of logits [rows, >= V], row i with samplers[i], each then observed. The rows
     whose sampler is greedy with nothing added to its logits take one argmax over all of them, the ending tokens
     of those still under min_tokens masked first (the same token `choose` would pick: the first index on ties, on
-    the same values); the others are chosen one by one."""
+    the same values); so do the greedy rows whose only processor is their grammar, over the logits it allows, once
+    every constrained row's mask is made (all at once: _grammar_rows); the others are chosen one by one."""
     choices: list[Choice | None] = [None] * len(samplers)
     batch = [i for i, s in enumerate(samplers) if s.batch_greedy]
     if batch:
@@ -143,12 +162,66 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
                 row[enders] = -np.inf
                 picks[i] = np.argmax(row)
             choices[i] = Choice(int(picks[i]), None, ())
+    _grammar_rows(samplers, logits, choices)
     out: list[Choice] = []
     for i, sampler in enumerate(samplers):
         choice = choices[i] or sampler.choose(logits[i])
         sampler.observe(choice.token_id)
         out.append(choice)
     return out
+
+
+def _grammar_rows(samplers: list[Sampler], logits: np.ndarray, choices: list[Choice | None]) -> None:
+    """The grammar masks of every constrained row, all rows of one model's grammars at once (one fill, one unpack:
+    server/structured/masks.py), each row's `apply` then reading its own; the rows of grammar_greedy samplers are
+    chosen here, by one argmax over their masked logits (the token `choose` would pick: the same values, the first
+    index on ties)."""
+    groups: dict[int, tuple["ConstraintMasks", list[tuple[int, "TokenConstraint"]]]] = {}
+    for i, sampler in enumerate(samplers):
+        if (constraint := sampler.masking) is not None:
+            groups.setdefault(id(constraint.masks), (constraint.masks, []))[1].append((i, constraint))
+    for masks, members in groups.values():
+        allowed = masks.allowed([c for _, c in members])
+        greedy = [j for j, (i, _) in enumerate(members) if samplers[i].grammar_greedy]
+        if greedy:
+            rows = [members[j][0] for j in greedy]
+            mask = allowed if len(greedy) == len(members) else allowed[greedy]
+            picks = _masked_argmax(_rows_of(logits, rows, samplers[rows[0]].vocab_size), mask)
+            for i, pick in zip(rows, picks):
+                choices[i] = Choice(int(pick), None, ())
+
+
+def _rows_of(logits: np.ndarray, rows: list[int], vocab: int) -> np.ndarray:
+    """logits[rows, :vocab]: a view when the rows are consecutive (a decode call's usually are), else a copy."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return logits[rows[0]:rows[0] + len(rows), :vocab]
+    return logits[rows, :vocab]
+
+
+def _masked_argmax(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Each row's first maximum among its allowed ids ([rows, vocab] scores and bool mask; scores are not written).
+    An unmasked first maximum that is allowed stays the first maximum once the others are set to -inf: only the rows
+    whose maximum the mask refuses go on (_allowed_argmax)."""
+    picks = scores.argmax(axis=1)
+    for i, pick in enumerate(picks.tolist()):
+        if not allowed[i, pick]:
+            picks[i] = _allowed_argmax(scores[i], allowed[i], pick)
+    return picks
+
+
+def _allowed_argmax(scores: np.ndarray, allowed: np.ndarray, pick: int) -> int:
+    """The first maximum among the allowed ids of one row whose first maximum `pick` is refused: its next maxima in
+    turn, each refused one set to -inf in a copy, until one is allowed (all it passed over were refused, so that one
+    is the first maximum among the allowed). A model's likeliest tokens are mostly allowed by a grammar or mostly
+    refused together, and setting -inf outside a mixed mask costs far more than a few argmax passes; after
+    GRAMMAR_TRIES passes the row is masked whole."""
+    row = scores.copy()
+    for _ in range(GRAMMAR_TRIES):
+        row[pick] = -np.inf
+        pick = int(row.argmax())
+        if allowed[pick]:
+            return pick
+    return int(np.where(allowed, row, -np.inf).argmax())
 
 
 def forced_logprobs(vocab_size: int, token: int) -> np.ndarray:

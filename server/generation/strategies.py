@@ -10,7 +10,8 @@ and the loop run every strategy the same way: neither asks which kind a row is.
 
 Per-row logits processing (logit bias, min_tokens, the repetition / presence / frequency penalties) is a list of
 `LogitsProcessor`s per sequence, applied to a row before its strategy chooses: logits_processors.py, where
-grammar-constrained decoding's token masks plug in.
+grammar-constrained decoding's token masks plug in (made for all of a step's constrained rows at once:
+sampling.choose_rows).
 """
 from __future__ import annotations
 

@@ -5,9 +5,8 @@ an LRU of compiled constraints: a request whose constraint was compiled before g
 (`deep_copy`, cheap) instead of a compilation. A constraint the library cannot compile is a ValueError naming the
 request's field, raised at admission, before the prompt is tokenized.
 
-`RowMatcher` is the sampler's TokenConstraint (its first logits processor): its mask is computed in the engine's worker thread right after the
-step's logits (Sampler.choose), from llguidance's bitmask of the allowed tokens; the end-of-text token is allowed
-exactly when the grammar accepts what was generated (llguidance puts it in the mask then).
+Each constrained sequence gets a copy of its constraint's matcher as a `RowMatcher` (masks.py: the sampler's
+TokenConstraint, whose masks are made for all of a step's constrained rows together by the model's `StepMasks`).
 """
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-
+from .masks import RowMatcher, StepMasks
 from .spec import Constraint
 
 log = logging.getLogger(__name__)
@@ -62,6 +60,7 @@ class Grammars:
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._cache_size = cache_size
         self._tokenizer: Any = None
+        self.masks = StepMasks(vocab_size, eos_id)     # its rows' masks, a step at a time
         self._lock = threading.Lock()   # compiled in worker threads; the cache and the tokenizer are shared
 
     def _ll_tokenizer(self, field: str) -> Any:
@@ -105,36 +104,7 @@ class Grammars:
 
     def row(self, constraint: Constraint) -> "RowMatcher":
         """A fresh matcher of `constraint` for one sequence."""
-        return RowMatcher(self.compile(constraint).deep_copy(), self.vocab_size, self.eos_id)
-
-
-class RowMatcher:
-    """One sequence's grammar state (a TokenConstraint)."""
-
-    def __init__(self, matcher: Any, vocab_size: int, eos_id: int | None) -> None:
-        self._matcher, self._vocab, self._eos = matcher, vocab_size, eos_id
-        self._bits = np.full((1, (vocab_size + 31) // 32), -1, dtype=np.int32)
-
-    @property
-    def accepting(self) -> bool:
-        return bool(self._matcher.is_accepting())
-
-    def apply(self, scores: np.ndarray) -> None:
-        from llguidance.numpy import fill_next_token_bitmask
-
-        fill_next_token_bitmask(self._matcher, self._bits)
-        if self._matcher.is_error():
-            # A state the grammar cannot leave (a limit of the library hit mid-answer): the answer ends here.
-            log.warning("constrained generation stopped: %s", self._matcher.get_error())
-            scores[np.arange(scores.shape[0]) != self._eos] = -np.inf
-            return
-        # Bit i of the little-endian words is token i.
-        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=scores.shape[0]).view(bool)
-        scores[~allowed] = -np.inf
-
-    def advance(self, token: int) -> None:
-        if not self._matcher.is_stopped() and not self._matcher.consume_token(token):
-            log.warning("constrained generation: token %d refused: %s", token, self._matcher.get_error())
+        return RowMatcher(self.compile(constraint).deep_copy(), self.masks)
 
 
 async def constraint_rows(grammars: Grammars, constraints: list[Constraint | None], decoder: bool = True

@@ -47,7 +47,7 @@ def test_schemas_compile_and_the_long_one_outlasts_the_budget() -> None:
 def test_table() -> None:
     result = {"cells": {"1": {"none": [100.0, 110.0], "json_schema": [90.0, 99.0]}},
               "compile": {"schema_20_cold_s": 0.002, "schema_20_cached_s": 0.0001, "tokenizer_s": 0.2,
-                          "mask_ms": 0.05}}
+                          "mask_step_ms": 0.05}}
     lines = render(json.loads(json.dumps(result)))
     assert lines[2] == "| 1 | 105.0 | 94.5 | 0.90 |"
-    assert "cold 2.0 ms" in lines[3] and "0.050 ms per row" in lines[3]
+    assert "cold 2.0 ms" in lines[3] and "0.050 ms per step of 8 greedy rows" in lines[3]
