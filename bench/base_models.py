@@ -34,7 +34,7 @@ from bench.material import minilm_tokenizer_dir, passages
 # The DeBERTa classifier's fine-tuning on the genre task: enough steps for margins the int8 gate can read, few
 # enough for 2 shared cores (batches of TRAIN_BATCH passages cut to TRAIN_TOKENS tokens; only the last
 # TRAIN_LAYERS layers, the pooler and the classifier learn, the rest stays as initialised).
-TRAIN_STEPS, TRAIN_BATCH, TRAIN_TOKENS, TRAIN_LAYERS, TRAIN_LR = 150, 8, 32, 2, 3e-4
+TRAIN_STEPS, TRAIN_BATCH, TRAIN_TOKENS, TRAIN_LAYERS, TRAIN_LR = 150, 8, 32, 2, 2e-4
 log = logging.getLogger("bench.base_models")
 SHAPES: dict[str, str] = {
     "xlmr": "random XLM-R base shape: XLMRobertaModel 12 layers x 768, 12 heads, FFN 3072, vocab 8000 + <mask> (Unigram "

@@ -28,6 +28,7 @@ NAMES = ("suite", "report", "generation", "http", "llamacpp", "quantized", "seq2
          "int8_formats", "batch_rows")
 NAMES += ("modernbert_fusion", "classify_pipeline")
 NAMES += ("structured",)
+NAMES += ("base_variants",)
 _MODULE = {"report": "suite"}
 _ATTRIBUTE = {"report": "REPORT"}
 
