@@ -6,8 +6,9 @@ DeBERTa-v3-base-shaped classifier.
 
 Material (bench/results/classify-work/): a random DebertaV2ForSequenceClassification of DeBERTa-v3-base's shape built
 with transformers and trained briefly on the genre task (bench/base_models.py "deberta-v3"), exported by `python -m
-export --task classify --variants fp32,int8` (parity-gated; the server runs the package's CPU default, int8 when its
-gate passed; then a second server runs the same package with `--variant fp32`, for the fp32-vs-fp32 ratio). The pipeline loads the same checkpoint folder
+export --task classify --variants fp32,int8 --eval-data` (300 passages of the genre task's test plays; parity-gated;
+the server runs the package's CPU default, int8 when its gate passed; a second server runs the same package with
+`--variant fp32`, for the fp32-vs-fp32 ratio). The pipeline loads the same checkpoint folder
 (torch, torch's default threads = the cores) and gets the batch as `batch_size`; ortserve answers the same texts from
 one gRPC client thread sending `Classify` requests of the same size. Shakespeare passages of 12-40 words. Sides
 alternate round by round; ratios of the medians. Before timing, both sides' labels and scores for the same texts are
@@ -39,14 +40,28 @@ WORK = ROOT / "bench" / "results" / "classify-work"
 MODEL = "deberta-v3"
 BATCHES = (1, 8)
 GOAL = 1.5           # at batch 8 (issue 38)
+EVAL_TEXTS = 300     # labelled passages the int8 gate judges by (eval_data)
 log = logging.getLogger("bench.classify_pipeline")
+
+
+def eval_data(work: Path) -> Path:
+    """The int8 gate's labelled set: the first EVAL_TEXTS passages of the genre task's test plays (shuffled across
+    plays), as JSONL. The gate's default, the whole split, is several full passes of a base-size model over
+    2,674 passages: most of an hour on 2 shared cores."""
+    from training.data import genre_data
+
+    path = work / "genre-test.jsonl"
+    rows = [{"text": e.text, "label": e.label} for e in genre_data().splits["test"][:EVAL_TEXTS]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def repository(work: Path, ckpt: Path) -> Path:
     repo = work / "repository"
     if not (repo / MODEL / "1" / "model.json").is_file():
         subprocess.run([sys.executable, "-m", "export", str(ckpt), "--task", "classify", "--repository", str(repo),
-                        "--name", MODEL, "--version", "1", "--variants", "fp32,int8"], check=True, cwd=ROOT)
+                        "--name", MODEL, "--version", "1", "--variants", "fp32,int8", "--eval-data",
+                        str(eval_data(work))], check=True, cwd=ROOT)
     return repo
 
 

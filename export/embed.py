@@ -42,7 +42,7 @@ from .tokenizer_check import TokenizerReport, check_tokenizer, package_tokenizer
 log = logging.getLogger(__name__)
 
 POOLINGS = ("mean", "cls")
-VARIANTS = ("fp32", "int8")
+VARIANTS = ("fp32", "optimized", "int8")
 # The family's classifier kind builds the encoder with `encode()`; its (freshly initialised) head never runs.
 ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "albert": "albert-classifier",
                  "distilbert": "distilbert-classifier", "electra": "electra-classifier",
@@ -154,9 +154,10 @@ def load_encoder(info: CheckpointInfo) -> nn.Module:
 
 
 def gate_package(adapter: EmbeddingAdapter, pooling: Pooling, info: CheckpointInfo, graph: Path, tok: Tokenizer,
-                 pad_id: int, tolerances: Tolerances, threads: int, quantized: bool = False):
+                 pad_id: int, tolerances: Tolerances, threads: int, quantized: bool = False,
+                 atol: float | None = None):
     """The gate against sentence-transformers when its modules decide the graph, else against our adapter;
-    `quantized`: the int8 variant's rule (export/embed_gate.py)."""
+    `quantized`: the int8 variant's rule (export/embed_gate.py); `atol`: the elementwise limit of the others."""
     modules = pooling.modules
     reference, name = None, "sentence-transformers"
     if pooling.sentence_transformers:
@@ -164,9 +165,14 @@ def gate_package(adapter: EmbeddingAdapter, pooling: Pooling, info: CheckpointIn
     if reference is None:
         reference, name = torch_reference(adapter, tok, pad_id, info.token_types, modules.prompts,
                                           modules.default_prompt_name), "torch"
-    return run_embed_gate(reference, graph, tok, pad_id, info.token_types, tolerances.fp32_atol, threads,
+    return run_embed_gate(reference, graph, tok, pad_id, info.token_types, atol or tolerances.fp32_atol, threads,
                           modules.prompts, modules.default_prompt_name, name,
                           tolerances.int8_min_cosine if quantized else MIN_COSINE, quantized)
+
+
+def variant_atol(variant: str, tolerances: Tolerances) -> float:
+    """The elementwise limit against the reference: the optimized graph's fused kernels sum in other orders."""
+    return tolerances.optimized_atol if variant == "optimized" else tolerances.fp32_atol
 
 
 def serving_tokenizer(path: Path, max_length: int) -> Tokenizer:
@@ -183,11 +189,12 @@ class EmbedBuilder:
 
     def __init__(self, cfg: ExportConfig) -> None:
         if not set(cfg.variants) <= set(VARIANTS):
-            raise ExportError("--variants: an embedding package ships fp32 and optionally int8, got "
+            raise ExportError("--variants: an embedding package ships fp32 and optionally optimized and int8, got "
                               + ",".join(cfg.variants))
         package.validate_name(cfg.name)
         self.cfg = cfg
         self.info = inspect_checkpoint(cfg.checkpoint, "embed")
+        variants.refuse_unfused(self.info.model_type, cfg.variants)
         self.checkpoint = self.info.path
         self.pooling = read_pooling(self.info.path, self.info.hidden_size, cfg.pooling, cfg.normalize)
 
@@ -209,6 +216,9 @@ class EmbedBuilder:
         modules = self.pooling.modules
         dimension = modules.dimension(int(info.hidden_size))
         builds = {"fp32": variants.VariantBuild("fp32", fp32.name)}
+        if "optimized" in self.cfg.variants:
+            builds["optimized"] = variants.build_optimized(fp32, staging / variants.FILES["optimized"], info.model_type,
+                                                           info.num_layers, info.num_heads, info.hidden_size)
         if "int8" in self.cfg.variants:
             calibration = int8.calibration_feeds(serving_tokenizer(staging / "tokenizer.json", max_length), max_length)
             builds["int8"] = variants.build_int8(fp32, staging / variants.FILES["int8"], calibration)
@@ -228,25 +238,25 @@ class EmbedBuilder:
         tok = serving_tokenizer(staging / "tokenizer.json", built.manifest.max_length)
         results = {v: gate_package(self.adapter, self.pooling, self.info, staging / file, tok,
                                    built.manifest.special_token("pad") or 0, self.cfg.tolerances, self.cfg.threads,
-                                   quantized=v == "int8")
+                                   quantized=v == "int8", atol=variant_atol(v, self.cfg.tolerances))
                    for v, file in built.manifest.variants.items()}
-        # A refused int8 leaves the package alone (finish); fp32 must pass.
-        return Gated(results["fp32"].passed, results, time.perf_counter() - t1)
+        # A refused int8 leaves the package alone (finish); fp32 and optimized must pass.
+        return Gated(all(r.passed for v, r in results.items() if v != "int8"), results, time.perf_counter() - t1)
 
     def failure_text(self, gated: Gated, tok_report: TokenizerReport, report: dict[str, Any]) -> str:
-        return "  " + "\n  ".join(gated.results["fp32"].failures + tok_report.failures)
+        failures = [f"{v}: {f}" for v, r in gated.results.items() if v != "int8" for f in r.failures]
+        return "  " + "\n  ".join(failures + tok_report.failures)
 
     def finish(self, staging: Path, manifest: Manifest, report: dict[str, Any], gated: Gated) -> Manifest:
         """Drop a refused int8 (its figures stay in parity.json); the CPU default is package.default_variants' rule,
-        the encoders' one (int8 when it passed)."""
+        the encoders' one (int8 > optimized > fp32 among those that passed); CUDA: optimized > fp32."""
         kept = dict(manifest.variants)
         for v, result in gated.results.items():
-            if v != "fp32" and not result.passed:
+            if v == "int8" and not result.passed:
                 log.warning("%s: refused %s (%s); publishing without it", manifest.name, v, "; ".join(result.failures))
                 (staging / kept.pop(v)).unlink(missing_ok=True)
                 report["variants"][v]["status"] = "refused: " + "; ".join(result.failures)
-        return replace(manifest, variants=kept,
-                       default_variant={**package.default_variants(kept, report["variants"]), "cuda": "fp32"})
+        return replace(manifest, variants=kept, default_variant=package.default_variants(kept, report["variants"]))
 
     def published(self, result: ExportResult) -> None:
         log.info("embedding package %s: pooling %s (%s), normalize %s", result.package_dir, self.pooling.mode,
@@ -272,7 +282,7 @@ def validate_embedding(pkg: Path, manifest: dict[str, Any], problems: list[str],
     lines, passed = [], True
     for variant, file in manifest["variants"].items():
         result = gate_package(adapter, pooling, info, pkg / file, tok, manifest.get("special_tokens", {}).get("pad") or 0,
-                              tolerances, threads, quantized=variant == "int8")
+                              tolerances, threads, quantized=variant == "int8", atol=variant_atol(variant, tolerances))
         limit = tolerances.int8_min_cosine if variant == "int8" else MIN_COSINE
         lines += [f"{variant:<10} {name:<14} max |diff| {diff:.2e}" for name, diff in result.max_abs_diff.items()]
         lines.append(f"{variant:<10} min cosine {result.min_cosine:.7f} (>= {limit}, against {result.reference})")

@@ -1,6 +1,7 @@
 """The int8 variant of an embedding package (`--task embed --variants fp32,int8`): built by export/int8.py's rewrite,
 judged by its smallest cosine to sentence-transformers' own vectors, the CPU default when it passes (the encoders'
-rule), refused alone when it does not. Models: a sentence-transformers 6 model (Transformer + mean Pooling + Dense +
+rule), refused alone when it does not. `optimized` (onnxruntime's fused attention) for the families it fuses,
+judged elementwise at the optimized tolerance; refused by name for ModernBERT. Models: a sentence-transformers 6 model (Transformer + mean Pooling + Dense +
 Normalize) over the tiny random BERT, and one over a small random XLM-R (tests/xlmr_models.py), built here.
 """
 from __future__ import annotations
@@ -66,10 +67,11 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def assert_int8_package(package: Path, checkpoint: Path) -> None:
+def assert_int8_package(package: Path, checkpoint: Path, optimized: bool = False) -> None:
     manifest = json.loads((package / "model.json").read_text())
-    assert manifest["variants"] == {"fp32": "model.onnx", "int8": "model.int8.onnx"}
-    assert manifest["default_variant"] == {"cpu": "int8", "cuda": "fp32"}
+    assert manifest["variants"] == {"fp32": "model.onnx", "int8": "model.int8.onnx",
+                                    **({"optimized": "model.optimized.onnx"} if optimized else {})}
+    assert manifest["default_variant"] == {"cpu": "int8", "cuda": "optimized" if optimized else "fp32"}
     graph = onnx.load(str(package / "model.int8.onnx"))
     assert any(n.op_type == "MatMulIntegerToFloat" for n in graph.graph.node)
     parity = json.loads((package / "parity.json").read_text())["variants"]["int8"]
@@ -94,8 +96,9 @@ def test_int8_embedding_passes_the_gate_and_is_the_cpu_default(st_bert: Path, tm
     assert passed and "int8       min cosine" in table and "(>= 0.99," in table, table
 
 
-def test_int8_embedding_over_xlm_roberta(tmp_path: Path) -> None:
-    """The newer families take the same variant: a sentence-transformers model over a random XLM-R."""
+def test_int8_and_optimized_embedding_over_xlm_roberta(tmp_path: Path) -> None:
+    """The newer families take the same variants: a sentence-transformers model over a random XLM-R, whose fused
+    graph (Attention per layer) equals sentence-transformers' vectors elementwise."""
     import torch
     import transformers
     from sentence_transformers.sentence_transformer import modules
@@ -110,8 +113,14 @@ def test_int8_embedding_over_xlm_roberta(tmp_path: Path) -> None:
     transformer = modules.Transformer(str(base))
     st.SentenceTransformer(modules=[transformer, modules.Pooling(transformer.get_embedding_dimension(), "mean"),
                                     modules.Normalize()], device="cpu").save(str(tmp_path / "st"))
-    package = export(tmp_path / "st", tmp_path / "repo")
-    assert_int8_package(package, tmp_path / "st")
+    package = export(tmp_path / "st", tmp_path / "repo", variants=("fp32", "optimized", "int8"))
+    assert_int8_package(package, tmp_path / "st", optimized=True)
+    parity = json.loads((package / "parity.json").read_text())["variants"]["optimized"]
+    assert parity["passed"] is True and parity["fused_operators"]["Attention"] == 2
+    graph = onnx.load(str(package / "model.optimized.onnx"))
+    assert sum(n.op_type == "Attention" for n in graph.graph.node) == 2
+    ref = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, batch_size=len(TEXTS))
+    np.testing.assert_allclose(vectors(package, "optimized", TEXTS), ref, atol=5e-4)
 
 
 def test_an_int8_below_the_cosine_limit_is_refused_alone(st_bert: Path, tmp_path: Path, caplog) -> None:
@@ -133,7 +142,24 @@ def test_fp32_only_by_default_and_other_variants_refused_by_name(st_bert: Path, 
     package = export(st_bert, tmp_path / "a", variants=("fp32",))
     manifest = json.loads((package / "model.json").read_text())
     assert manifest["variants"] == {"fp32": "model.onnx"} and manifest["default_variant"]["cpu"] == "fp32"
-    with pytest.raises(ExportError, match="--variants: an embedding package ships fp32 and optionally int8, got "
-                                          "fp32,optimized"):
-        export(st_bert, tmp_path / "b", variants=("fp32", "optimized"))
+    with pytest.raises(ExportError, match="--variants: an embedding package ships fp32 and optionally optimized and "
+                                          "int8, got fp32,fp16"):
+        export(st_bert, tmp_path / "b", variants=("fp32", "fp16"))
     assert not (tmp_path / "b" / "st").exists()
+
+
+def test_optimized_embedding_refused_by_name_for_modernbert(tiny_checkpoints, tmp_path: Path) -> None:
+    import shutil
+
+    import transformers
+
+    (tmp_path / "mb").mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(tiny_checkpoints.mlm / name, tmp_path / "mb" / name)
+    vocab = Tokenizer.from_file(str(tmp_path / "mb" / "tokenizer.json")).get_vocab_size()
+    config = transformers.ModernBertConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                           num_attention_heads=2, pad_token_id=0, bos_token_id=1, cls_token_id=1,
+                                           eos_token_id=2, sep_token_id=2)
+    transformers.ModernBertModel(config).save_pretrained(tmp_path / "mb")
+    with pytest.raises(ExportError, match="--variants: optimized: ModernBERT's rotary attention"):
+        export(tmp_path / "mb", tmp_path / "repo", variants=("fp32", "optimized"))
