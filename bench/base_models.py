@@ -12,10 +12,10 @@ figures are of the shapes (compute, memory traffic), not of any released model's
     deberta-v3  DebertaV2ForSequenceClassification, DeBERTa-v3-base's encoder (12 x 768, 12 heads, FFN 3072, 256
                 position buckets, shared keys, relative positions only), vocabulary cut to 8000 (v3's 128k), a
                 DeBERTa-v3-style Unigram tokenizer (tests/deberta_models.py) trained on the passages; its 3 labels
-                are the genre task's (comedy / history / tragedy, training/data.py) and its top layers and head are
-                trained TRAIN_STEPS steps on the task's train split, so its logits have margins: the export gate judges an
-                int8 variant by top-1 agreement with fp32 and accuracy on the task's test plays, and a random head's
-                near ties would refuse it by chance
+                are the genre task's (comedy / history / tragedy, training/data.py) and its top layers and head
+                are trained TRAIN_STEPS steps on the task's train split, so its logits have margins: the export
+                gate judges an int8 variant by top-1 agreement with fp32 and accuracy on the task's test plays,
+                and a random head's near ties would refuse it by chance
 
 The two embedders are saved as sentence-transformers saves a model (Transformer + mean Pooling + Normalize), which
 `python -m export --task embed` reads and which infinity-emb and sentence-transformers load as they are.
@@ -43,7 +43,8 @@ SHAPES: dict[str, str] = {
                   "1152, global every 3rd layer, local window 128, MiniLM's WordPiece (30522), mean pooling + normalize",
     "deberta-v3": "DeBERTa-v3 base shape: DebertaV2ForSequenceClassification 12 layers x 768, 12 heads, FFN 3072, "
                   "256 position buckets, shared keys, vocab 8000 (Unigram tokenizer trained on the passages), random "
-                  f"init, its last {TRAIN_LAYERS} layers and head trained {TRAIN_STEPS} steps on the genre task (3 labels)",
+                  f"init, its last {TRAIN_LAYERS} layers and head trained {TRAIN_STEPS} steps on the genre task "
+                  "(3 labels)",
 }
 BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
 

@@ -143,9 +143,9 @@ def run(a: argparse.Namespace) -> None:
     sessions = {name: session(path) for name, path in graphs.items()}
     feed = Feeder(package, manifest)
     short, long_ = passages(64, 12, seed=11), passages(64, 40, seed=12)
-    result: dict[str, Any] = {"model": a.model, "invocation": a.invocation, "default_variant": manifest["default_variant"],
-                              "load_average": os.getloadavg(), "accuracy": accuracy(sessions, feed, short + long_,
-                                                                                   manifest["task"])}
+    result: dict[str, Any] = {"model": a.model, "invocation": a.invocation,
+                              "default_variant": manifest["default_variant"], "load_average": os.getloadavg(),
+                              "accuracy": accuracy(sessions, feed, short + long_, manifest["task"])}
     for label, texts in (("short", short), ("long", long_)):
         shape = feed(texts[:BATCH], sessions["fp32"])["input_ids"].shape
         result[label] = {"tokens": list(shape), **timed(sessions, feed, texts[:BATCH], a.rounds)}

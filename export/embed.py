@@ -281,8 +281,9 @@ def validate_embedding(pkg: Path, manifest: dict[str, Any], problems: list[str],
     tok = serving_tokenizer(pkg / "tokenizer.json", manifest["max_length"])
     lines, passed = [], True
     for variant, file in manifest["variants"].items():
-        result = gate_package(adapter, pooling, info, pkg / file, tok, manifest.get("special_tokens", {}).get("pad") or 0,
-                              tolerances, threads, quantized=variant == "int8", atol=variant_atol(variant, tolerances))
+        pad = manifest.get("special_tokens", {}).get("pad") or 0
+        result = gate_package(adapter, pooling, info, pkg / file, tok, pad, tolerances, threads,
+                              quantized=variant == "int8", atol=variant_atol(variant, tolerances))
         limit = tolerances.int8_min_cosine if variant == "int8" else MIN_COSINE
         lines += [f"{variant:<10} {name:<14} max |diff| {diff:.2e}" for name, diff in result.max_abs_diff.items()]
         lines.append(f"{variant:<10} min cosine {result.min_cosine:.7f} (>= {limit}, against {result.reference})")

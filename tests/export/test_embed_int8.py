@@ -1,8 +1,9 @@
 """The int8 variant of an embedding package (`--task embed --variants fp32,int8`): built by export/int8.py's rewrite,
 judged by its smallest cosine to sentence-transformers' own vectors, the CPU default when it passes (the encoders'
 rule), refused alone when it does not. `optimized` (onnxruntime's fused attention) for the families it fuses,
-judged elementwise at the optimized tolerance; refused by name for ModernBERT. Models: a sentence-transformers 6 model (Transformer + mean Pooling + Dense +
-Normalize) over the tiny random BERT, and one over a small random XLM-R (tests/xlmr_models.py), built here.
+judged elementwise at the optimized tolerance; refused by name for ModernBERT. Models: a sentence-transformers 6
+model (Transformer + mean Pooling + Dense + Normalize) over the tiny random BERT, and one over a small random XLM-R
+(tests/xlmr_models.py), built here.
 """
 from __future__ import annotations
 
