@@ -185,7 +185,8 @@ def serving_tokenizer(path: Path, max_length: int) -> Tokenizer:
 
 
 class EmbedBuilder:
-    """The embedding task: encode() -> pooling -> Dense / Normalize as one fp32 graph, checked by the gate."""
+    """The embedding task: encode() -> pooling -> Dense / Normalize as one fp32 graph (and, asked for, its optimized
+    and int8 variants), checked by the gate."""
 
     def __init__(self, cfg: ExportConfig) -> None:
         if not set(cfg.variants) <= set(VARIANTS):
