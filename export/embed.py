@@ -245,7 +245,9 @@ class EmbedBuilder:
         return Gated(all(r.passed for v, r in results.items() if v != "int8"), results, time.perf_counter() - t1)
 
     def failure_text(self, gated: Gated, tok_report: TokenizerReport, report: dict[str, Any]) -> str:
-        failures = [f"{v}: {f}" for v, r in gated.results.items() if v != "int8" for f in r.failures]
+        failures = list(gated.results["fp32"].failures)
+        if "optimized" in gated.results:
+            failures += [f"optimized: {f}" for f in gated.results["optimized"].failures]
         return "  " + "\n  ".join(failures + tok_report.failures)
 
     def finish(self, staging: Path, manifest: Manifest, report: dict[str, Any], gated: Gated) -> Manifest:
