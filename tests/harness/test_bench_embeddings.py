@@ -78,3 +78,42 @@ def test_classify_pipeline_report_marks_the_goal_at_batch_8() -> None:
     rows = [line for line in lines if line.startswith("| 1 |") or line.startswith("| 8 |")]
     assert "| 2.00 | — |" in rows[0]
     assert "| 1.40 | **missed** |" in rows[1]
+
+
+def test_base_shape_report_with_an_fp32_side_gives_both_ratios_and_both_cosines() -> None:
+    def cell(o: float, o32: float, i: float) -> dict:
+        med = {side: {"embeddings_per_s": v, "p50_ms": 9.0, "p90_ms": 9.0}
+               for side, v in (("ortserve", o), ("ortserve_fp32", o32), ("infinity", i))}
+        return {"median": med, "ratio": o / i, "ratio_fp32": o32 / i}
+
+    result = {"machine": {"cpu_model": "cpu", "nproc": 2, "git_commit": "abc", "loadavg_at_start": [0.1]},
+              "command": "python -m bench embeddings --model modernbert", "at": "now", "model": "modernbert",
+              "variant": "int8", "cosine_min": 0.9994, "cosine": {"ortserve": 0.9994, "ortserve_fp32": 1.0},
+              "config": {"rounds": 3, "seconds": 8.0, "infinity_engine": "optimum"},
+              "sides": {"ortserve": "o", "ortserve_fp32": "o32", "infinity": "i"},
+              "cells": {"1x1": cell(15.0, 11.0, 10.0), "1x8": cell(13.0, 10.0, 10.0), "8x8": cell(11.0, 9.0, 10.0)}}
+    lines = render(result)
+    assert any(line.startswith("| clients × texts per request | ortserve (int8) emb/s | ortserve fp32 emb/s |")
+               for line in lines)
+    assert any("int8 0.999400, fp32 1.000000" in line for line in lines)
+    rows = [line for line in lines if line.startswith("| 1 ×") or line.startswith("| 8 ×")]
+    assert rows[1].startswith("| 1 × 8 | 13.0 | 10.0 | 10.0 | 1.30 | 1.00 | met |")
+    assert rows[2].startswith("| 8 × 8 | 11.0 | 9.0 | 10.0 | 1.10 | 0.90 | **missed** |")
+
+
+def test_classify_pipeline_report_with_int8_gives_the_fp32_ratio_and_the_gate_figures() -> None:
+    from bench.classify_pipeline import render as render_classify
+
+    cell = lambda o, o32, p: {"median": {"ortserve": o, "ortserve_fp32": o32, "pipeline": p, "graph": o,
+                                         "torch_forward": p}, "ratio": o / p, "ceiling": o / p}
+    result = {"machine": {"cpu_model": "cpu", "nproc": 2, "git_commit": "abc", "loadavg_at_start": [0.1]},
+              "command": "python -m bench classify_pipeline", "at": "now", "agree": [16, 16], "score_diff": 1e-4,
+              "variant": "int8", "rounds": 3, "seconds": 8.0, "torch_threads": 2, "hf_attention": "eager",
+              "int8_gate": {"status": "passed", "top1": 1.0, "top1_detail": "324/324 held-out inputs",
+                            "accuracy_detail": "fp32 0.4033, variant 0.4033 on 300 labelled examples"},
+              "cells": {"1": cell(30.0, 20.0, 5.0), "8": cell(32.0, 24.0, 16.0)}}
+    lines = render_classify(result)
+    assert any("top-1 agreement 1.0000 (324/324 held-out inputs)" in line and "on 300 labelled" in line
+               for line in lines)
+    rows = [line for line in lines if line.startswith("| 8 |")]
+    assert rows[0].startswith("| 8 | 32.00 | 24.00 | 16.00 | 2.00 | 1.50 | met |")
