@@ -1,7 +1,7 @@
 """The running rows' per-iteration state as arrays indexed by slot, and the one rule that ends a row.
 
-vLLM's persistent input batch is the model: what a step's outcome is checked against — each slot's last token,
-its generated count, where its next token goes, its budgets, its stop-token set and its deadline — lives in
+vLLM's persistent input batch is the model: what a step's outcome is checked against —
+each slot's generated count, where its next token goes, its budgets, its stop-token set and its deadline — lives in
 preallocated numpy arrays, written when the scheduler gives a sequence its slot (a few array writes), so a step's
 tokens are applied and checked for every row at once instead of request by request. The worker thread's run of
 several decode steps (executor.py) and the event loop (loop.py, outputs.py) read the same rule (`SlotState.ends`).
@@ -60,7 +60,6 @@ class SlotState:
         self.max_length = max_length
         self.holder: list[Any] = [None] * num_slots      # the SeqState each row was written for
         self.live = np.zeros(num_slots, bool)
-        self.last = np.full(num_slots, _NONE, np.int64)  # the last token taken
         # generated (tokens it held), position (where its first chosen token is written), spent, min_tokens, eos
         # (none with ignore_eos), then the stop ids (as many columns as the widest set admitted, _NONE-padded).
         self._table = np.full((num_slots, _STOPS), _NONE, np.int64)
@@ -97,7 +96,6 @@ class SlotState:
         self.taken[slot] = 0
         self.holder[slot] = state
         self.live[slot] = True
-        self.last[slot] = _NONE
         self.deadline[slot] = np.inf if owner.deadline is None else owner.deadline
 
     def admit_plan(self, plan: "Plan") -> None:
@@ -163,7 +161,6 @@ class SlotState:
         """The rows take one token each (a step's outcome, applied on the loop): what `ends` says of it, then the
         rows advanced."""
         out = self.ends(slots, tokens)
-        self.last[slots] = tokens
         self.taken[slots] += 1
         return out
 
