@@ -83,11 +83,12 @@ def _past_dtype(session: ort.InferenceSession) -> type:
 
 def greedy_inplace(session: ort.InferenceSession, manifest: dict[str, Any], prompt_ids: Sequence[int],
                    max_new_tokens: int, stop_at_eos: bool = True,
-                   step_logits: list[np.ndarray] | None = None) -> list[int]:
+                   step_logits: list[np.ndarray] | None = None, forced: Sequence[int] | None = None) -> list[int]:
     """greedy_generate for an in-place-cache graph (model.json cache.layout "inplace", any variant: its cache
     element type is read from the graph): one buffer per layer and kind of max_length positions, bound as both
     past and present; the prompt in one run, then one token per run. `step_logits`, when given, receives each
-    step's last-position logits."""
+    step's last-position logits; `forced` tokens are fed instead of the argmax (teacher forcing: step_logits then
+    scores another engine's answer)."""
     cache = CacheSpec.from_dict(manifest["cache"])
     eos = (manifest.get("special_tokens") or {}).get("eos")
     if not prompt_ids:
@@ -111,9 +112,9 @@ def greedy_inplace(session: ort.InferenceSession, manifest: dict[str, Any], prom
         last = io.get_outputs()[-1].numpy()[0, -1]
         if step_logits is not None:
             step_logits.append(last.astype(np.float32))
-        token = int(np.argmax(last))
+        token = int(forced[len(out)]) if forced is not None else int(np.argmax(last))
         out.append(token)
-        if stop_at_eos and token == eos:
+        if stop_at_eos and token == eos or forced is not None and len(out) == len(forced):
             break
         ids, total = [token], total + 1
     return out
