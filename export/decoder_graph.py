@@ -167,6 +167,11 @@ class _DecoderBuilder:
             self.attn_tail = [[*(extra_attn or ["", ""]), "", "", "", g.const(f"layers.{i}.k_scale", k.astype(np.float32)),
                                g.const(f"layers.{i}.v_scale", v.astype(np.float32))]
                               for i, (k, v) in enumerate(self.kv_scales)]
+        if w.rotary_layers is not None:
+            # A NoPE layer (do_rotary 0) gets no rotary tables: onnxruntime's CUDA kernel, handed cos / sin with
+            # do_rotary 0, reads out of bounds (an illegal memory access on an H200; docs/GPU.md).
+            self.attn_tail = [tail if rotary else _trailing_blanks_cut(["", "", *tail[2:]])
+                              for rotary, tail in zip(w.rotary_layers, self.attn_tail)]
 
     # -- building blocks
     def norm(self, inp: str, wt: np.ndarray, b: np.ndarray | None, prefix: str) -> str:
@@ -354,3 +359,10 @@ def export_inplace_transformed(w: DecoderWeights, out, mixed_out, transform, kv_
         save_checked(graph, path)
         infos.append(info)
     return infos
+
+
+def _trailing_blanks_cut(inputs: list[str]) -> list[str]:
+    """An op's optional inputs without the blank ones at the end (an absent trailing input is left out)."""
+    while inputs and not inputs[-1]:
+        inputs = inputs[:-1]
+    return inputs

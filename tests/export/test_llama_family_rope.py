@@ -162,6 +162,8 @@ def test_graph_rotary_settings(packages) -> None:
     _, _, nodes = attention_nodes("smollm3")
     rotary = [next(a.i for a in n.attribute if a.name == "do_rotary") for n in nodes if not n.name.startswith("chunk")]
     assert rotary == [1, 0]
+    # the NoPE layer's op gets no cos / sin: onnxruntime's CUDA kernel faults when handed them with do_rotary 0
+    assert [list(n.input[7:]) for n in nodes if not n.name.startswith("chunk")] == [["rope.cos", "rope.sin"], []]
     g, _, _ = attention_nodes("phi3-partial-longrope")
     cos = next(t for t in g.initializer if t.name == "rope.cos")
     assert list(cos.dims) == [64, 8]    # head 32, rotary 16
