@@ -16,7 +16,7 @@ export LD_LIBRARY_PATH=$(find "$nv" -name 'lib*.so*' -printf '%h\n' | sort -u | 
 echo "setup ${SECONDS}s"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import onnxruntime as o, numpy, onnx; print('onnxruntime', o.__version__, o.get_available_providers(), 'numpy', numpy.__version__, 'onnx', onnx.__version__)"
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then    # GPU_CHECK_BENCH=0: the tests alone
-  timeout 300 python3 -m bench.gpu_slots --out "$OUT/gpu_slots.json" > "$OUT/gpu_slots.log" 2>&1
+  timeout 300 python3 -m bench gpu_slots --provider CUDAExecutionProvider --out "$OUT/gpu_slots.json" > "$OUT/gpu_slots.log" 2>&1
   echo "bench rc=$? at ${SECONDS}s"; tail -c 3000 "$OUT/gpu_slots.log"
 fi
 left=$(( ${GPU_CHECK_SECONDS:-500} - SECONDS ))
