@@ -11,18 +11,13 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
+from tests.cuda import CUDA, NEEDS_CUDA
 from tests.server_process import ServerProcess
 
 from protos import ortserve_pb2 as pb
 from protos import ortserve_pb2_grpc as pb_grpc
 
-CUDA = "CUDAExecutionProvider"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(CUDA not in ort.get_available_providers(),
-                       reason="this onnxruntime has no CUDAExecutionProvider (CPU build); needs onnxruntime-gpu "
-                              "and an NVIDIA GPU"),
-]
+pytestmark = NEEDS_CUDA
 CLASSIFIER, GPT = "tiny-classifier", "tiny-gpt"
 
 

@@ -19,21 +19,16 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from tests.cuda import CUDA, NEEDS_CUDA
 from tests.server_process import ServerProcess
 
-CUDA = "CUDAExecutionProvider"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(CUDA not in ort.get_available_providers(),
-                       reason="this onnxruntime has no CUDAExecutionProvider (CPU build); needs onnxruntime-gpu "
-                              "and an NVIDIA GPU"),
-]
+pytestmark = NEEDS_CUDA
 LLAMA_FAMILY = ("llama3", "qwen3", "smollm3", "phi3")
 GEMMA = ("gemma2", "gemma3")
 PROMPTS = ["To be or not", "ROMEO.", "Now is the winter of our discontent made glorious summer"]
 NEW_TOKENS = 12
-# A batched fp16 step and a one-row one sum in other orders (other kernels, other tilings): logits move by ~1e-3
-# of their range, so a served greedy token may be the offline run's runner-up where the two are that close.
+# A batched fp16 step and a one-row one sum in other orders (other kernels, other tilings): logits move within
+# fp16's rounding, so a served greedy token may be the offline run's runner-up where the two are that close.
 FP16_LOGPROB_ATOL = 2e-2
 TEXTS = ["Now is the winter of our discontent", "A horse! a horse! my kingdom for a horse!", "To be",
          "The quality of mercy is not strained; it droppeth as the gentle rain from heaven"]
