@@ -48,6 +48,7 @@ ENCODER_KINDS = {"bert": "bert-classifier", "roberta": "roberta-classifier", "al
                  "distilbert": "distilbert-classifier", "electra": "electra-classifier",
                  "xlm-roberta": "xlm-roberta-classifier", "deberta-v2": "deberta-v2-classifier"}
 ENCODER_KINDS["modernbert"] = "modernbert-classifier"
+ENCODER_KINDS["mpnet"] = "mpnet-classifier"
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,18 @@ ARCHITECTURE_TASKS: dict[str, dict[str, str]] = {
     # Gemma 2 / Gemma 3 text: the in-place graph (export/gemma_graph.py).
     "Gemma2ForCausalLM": {"generate": "gemma"},
     "Gemma3ForCausalLM": {"generate": "gemma"},
+    # MPNet (training/mpnet.py): relative-position bias, no token types; MPNetModel (sentence-transformers'
+    # all-mpnet-base-v2, multi-qa-mpnet-*) serves embed only (export/embed.py).
+    "MPNetForSequenceClassification": {"classify": "mpnet-classifier"},
+    "MPNetForMaskedLM": {"fill-mask": "mpnet-mlm"},
+    "MPNetForTokenClassification": {"token-classify": "mpnet-token-classifier"},
+    "MPNetModel": {},
+    # Base models of the BERT families (sentence-transformers' all-distilroberta-v1, msmarco-distilbert-*,
+    # multi-qa-distilbert-cos-v1...): embed only, through the family's encoder.
+    "RobertaModel": {},
+    "DistilBertModel": {},
+    "AlbertModel": {},
+    "ElectraModel": {},
     # Translation families (pre-norm blocks; a target language forced per request: docs/checkpoint-format.md).
     "M2M100ForConditionalGeneration": {"generate": "m2m100"},
     "MBartForConditionalGeneration": {"generate": "mbart"},
@@ -80,10 +92,11 @@ MODEL_TYPES = ("bert", "roberta", "albert", "distilbert", "electra", "gpt2", "ll
                "bart", "t5", "m2m_100", "mbart")
 MODEL_TYPES += ("xlm-roberta",)
 # Families with RoBERTa's positions (they start past the padding index).
-ROBERTA_POSITIONS = ("roberta", "xlm-roberta")
+ROBERTA_POSITIONS = ("roberta", "xlm-roberta", "mpnet")
 MODEL_TYPES += ("modernbert", "deberta-v2")
 MODEL_TYPES += ("qwen3", "smollm3", "phi3")   # issue 39, the Llama family
 MODEL_TYPES += ("gemma2", "gemma3_text")
+MODEL_TYPES += ("mpnet",)
 # Encoder families whose graph takes token_type_ids (ELECTRA's are BERT's). RoBERTa's tokenizer never sets them
 # (the graph embeds type 0, as HF does without the argument) and DistilBERT has no token type embeddings at all.
 TOKEN_TYPE_FAMILIES = ("bert", "albert", "electra")

@@ -33,6 +33,7 @@ from training import modernbert as modernbert_mod
 from training import deberta_v2_heads as deberta_mod
 from training import m2m100 as m2m100_mod
 from training import mbart as mbart_mod
+from training import mpnet as mpnet_mod
 from training.m2m100 import M2M100Config, M2M100ForConditionalGeneration
 from training.mbart import MBartConfig, MBartForConditionalGeneration
 
@@ -68,6 +69,7 @@ KINDS: dict[str, tuple[type[nn.Module], str, str]] = {
     "t5": (T5ForConditionalGeneration, "T5ForConditionalGeneration", "t5"),
     **xlmr_mod.KINDS,
     **modernbert_mod.KINDS,   # modernbert-mlm, -classifier, -token-classifier
+    **mpnet_mod.KINDS,        # mpnet-mlm, -classifier, -token-classifier
     # DeBERTa-v2 / v3 (training/deberta_v2_heads.py); its masked LM's head layout follows config `legacy`.
     "deberta-v2-mlm": (deberta_mod.DebertaV2ForMaskedLM, "DebertaV2ForMaskedLM", "deberta-v2"),
     "deberta-v2-classifier": (deberta_mod.DebertaV2ForSequenceClassification, "DebertaV2ForSequenceClassification",
@@ -155,3 +157,10 @@ PREFIX[xlmr_mod.MODEL_TYPE] = "roberta."
 HEADS[xlmr_mod.MODEL_TYPE] = HEADS["roberta"]
 ARCH_ALIASES.update(xlmr_mod.ARCH_ALIASES)
 DEFAULT_KIND[xlmr_mod.MODEL_TYPE] = "xlm-roberta-mlm"
+# MPNet (training/mpnet.py): its own encoder under `mpnet.`, RoBERTa's heads; its kinds are in KINDS above.
+FAMILY_CONFIG[mpnet_mod.MODEL_TYPE] = mpnet_mod.MPNetConfig
+PREFIX[mpnet_mod.MODEL_TYPE] = "mpnet."
+HEADS[mpnet_mod.MODEL_TYPE] = mpnet_mod.HEADS
+TIED.update(mpnet_mod.TIED)
+ARCH_ALIASES.update(mpnet_mod.ARCH_ALIASES)
+DEFAULT_KIND[mpnet_mod.MODEL_TYPE] = "mpnet-mlm"
