@@ -354,7 +354,7 @@ def _corrupt_weights(src: Path, dst: Path) -> Path:
 def _unsupported(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**cfg, "architectures": ["MPNetForMaskedLM"]}))
+    (dst / "config.json").write_text(json.dumps({**cfg, "architectures": ["FunnelForMaskedLM"]}))
     return dst
 
 

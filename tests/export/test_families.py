@@ -19,6 +19,8 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from tests.family_models import hf_config as _hf_config
+from tests.family_models import save_with_tokenizer, tokenizer_of
 from tests.server_process import ServerProcess, wait_ready
 
 from tritonclient.grpc import service_pb2 as kserve_pb, service_pb2_grpc as kserve_grpc
@@ -33,21 +35,6 @@ LABELS = ["comedy", "history", "tragedy"]
 ENCODERS = ("roberta", "albert", "distilbert", "electra")
 TOKEN_TYPE_ENCODERS = ("albert", "electra")  # their graphs (and HF's models) take token_type_ids
 TEXTS = ["Now is the winter of our discontent", "A horse! a horse! my kingdom for a horse!", "To be"]
-
-
-def _hf_config(family: str, vocab: int, pad: int, **extra: Any):
-    # initializer_range 0.2 (HF: 0.02): a random head then separates inputs clearly, so agreement means something.
-    small = dict(vocab_size=vocab, pad_token_id=pad, max_position_embeddings=64, initializer_range=0.2, **extra)
-    if family == "roberta":
-        return transformers.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                          intermediate_size=64, bos_token_id=0, eos_token_id=2, **small)
-    if family == "albert":  # E != H, three passes through one shared layer
-        return transformers.AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=3,
-                                         num_attention_heads=2, intermediate_size=64, **small)
-    if family == "electra":  # E != H: the embeddings_project path
-        return transformers.ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2,
-                                          num_attention_heads=2, intermediate_size=64, **small)
-    return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **small)
 
 
 HF_CLASSES = {
@@ -70,17 +57,10 @@ def hf_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, 
     out = {}
     torch.manual_seed(0)
     for (family, task), cls_name in HF_CLASSES.items():
-        tok_dir = toks["roberta" if family == "roberta" else "wordpiece"]
-        tok = json.loads((tok_dir / "tokenizer.json").read_text())
-        vocab = len(tok["model"]["vocab"]) + sum(1 for t in tok["added_tokens"] if t["content"] not in tok["model"]["vocab"])
-        pad = 1 if family == "roberta" else 0
+        tok_dir, vocab, pad = tokenizer_of(family, toks)
         extra = {"id2label": dict(enumerate(LABELS))} if task == "classify" else {}
-        model = getattr(transformers, cls_name)(_hf_config(family, vocab, pad, **extra)).eval()
-        d = root / f"{family}-{task}"
-        model.save_pretrained(d)
-        for f in tok_dir.iterdir():
-            (d / f.name).write_bytes(f.read_bytes())
-        out[family, task] = d
+        model = getattr(transformers, cls_name)(_hf_config(family, vocab, pad, **extra))
+        out[family, task] = save_with_tokenizer(model, tok_dir, root / f"{family}-{task}")
     return out
 
 
@@ -296,15 +276,14 @@ def test_unsupported_family_is_refused_with_its_name(tmp_path: Path) -> None:
     from export import ExportConfig, export_checkpoint
     from export.errors import ExportError
 
-    # MPNet (relative-position BERT with permuted pre-training) is a family we do not build; its config as
-    # transformers writes it.
-    d = tmp_path / "mpnet"
-    cfg = transformers.MPNetConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                   intermediate_size=64).to_dict()
-    cfg["architectures"] = ["MPNetForSequenceClassification"]
+    # Funnel Transformer (an encoder that pools the sequence between blocks) is a family we do not build; its
+    # config as transformers writes it.
+    d = tmp_path / "funnel"
+    cfg = transformers.FunnelConfig(vocab_size=50, d_model=32, n_head=2, block_sizes=[1], d_inner=64).to_dict()
+    cfg["architectures"] = ["FunnelForSequenceClassification"]
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ExportError, match="unsupported architecture 'MPNetForSequenceClassification'") as exc:
+    with pytest.raises(ExportError, match="unsupported architecture 'FunnelForSequenceClassification'") as exc:
         export_checkpoint(ExportConfig(checkpoint=d, task="classify", repository=tmp_path / "r", name="x"))
     assert "ElectraForSequenceClassification" in str(exc.value)  # the supported list names the families we have
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())

@@ -218,3 +218,22 @@ def test_version_6_length_is_the_tokenizers_and_long_texts_are_cut_as_sentence_t
     from export.heldout import BUILTIN_TEXTS
 
     assert sum(len(tok.encode(t).ids) > 12 for t in list(BUILTIN_TEXTS)[:12]) >= 6   # the gate cut most texts
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert", "albert", "electra"])
+def test_a_family_base_model_embeds_as_sentence_transformers(family: str, tmp_path: Path) -> None:
+    """RobertaModel / DistilBertModel / AlbertModel / ElectraModel under Pooling(mean) + Normalize (the shape of
+    all-distilroberta-v1, msmarco-distilbert-*, multi-qa-distilbert-cos-v1): the package's vectors equal
+    SentenceTransformer.encode on a padded batch."""
+    from tests.conftest import family_tokenizers
+    from tests.family_models import BASE_CLASSES, base_checkpoint
+
+    base = base_checkpoint(family, family_tokenizers(tmp_path), tmp_path / "base")
+    assert json.loads((base / "config.json").read_text())["architectures"] == [BASE_CLASSES[family]]
+    checkpoint = save_st(base, tmp_path / "st", "mean", dense=False)
+    package = export(checkpoint, tmp_path / "repo")
+    manifest = json.loads((package / "model.json").read_text())
+    assert manifest["embedding"]["modules"] == ["Transformer", "Pooling", "Normalize"]
+    ref = st.SentenceTransformer(str(checkpoint), device="cpu").encode(TEXTS, batch_size=len(TEXTS))
+    assert_same(served(package, TEXTS), ref)
+    assert float(np.abs(ref[0] - ref[1]).max()) > 1e-2

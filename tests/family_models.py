@@ -1,0 +1,55 @@
+"""Small random configs of the BERT-family encoders (RoBERTa, ALBERT, DistilBERT, ELECTRA) as transformers builds them,
+and their base models (RobertaModel, ...) saved with save_pretrained beside the family tests' tokenizers: what a user
+brings (tests/export/test_families.py, tests/export/test_st_embed.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+BASE_CLASSES = {"roberta": "RobertaModel", "albert": "AlbertModel", "distilbert": "DistilBertModel",
+                "electra": "ElectraModel"}
+
+
+def hf_config(family: str, vocab: int, pad: int, **extra: Any):
+    import transformers
+
+    # initializer_range 0.2 (HF: 0.02): a random head then separates inputs clearly, so agreement means something.
+    small = dict(vocab_size=vocab, pad_token_id=pad, max_position_embeddings=64, initializer_range=0.2, **extra)
+    if family == "roberta":
+        return transformers.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=64, bos_token_id=0, eos_token_id=2, **small)
+    if family == "albert":  # E != H, three passes through one shared layer
+        return transformers.AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=3,
+                                         num_attention_heads=2, intermediate_size=64, **small)
+    if family == "electra":  # E != H: the embeddings_project path
+        return transformers.ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, intermediate_size=64, **small)
+    return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **small)
+
+
+def tokenizer_of(family: str, tokenizers: dict[str, Path]) -> tuple[Path, int, int]:
+    """The family's tokenizer directory (tests.conftest.family_tokenizers), its vocabulary size and pad id."""
+    tok_dir = tokenizers["roberta" if family == "roberta" else "wordpiece"]
+    tok = json.loads((tok_dir / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    size = len(vocab) + sum(1 for t in tok["added_tokens"] if t["content"] not in vocab)
+    return tok_dir, size, 1 if family == "roberta" else 0
+
+
+def save_with_tokenizer(model, tok_dir: Path, dest: Path) -> Path:
+    model.eval().save_pretrained(dest)
+    for f in tok_dir.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def base_checkpoint(family: str, tokenizers: dict[str, Path], dest: Path) -> Path:
+    """The family's base model (no head) from a random config, saved with its tokenizer."""
+    import torch
+    import transformers
+
+    tok_dir, vocab, pad = tokenizer_of(family, tokenizers)
+    torch.manual_seed(0)
+    return save_with_tokenizer(getattr(transformers, BASE_CLASSES[family])(hf_config(family, vocab, pad)), tok_dir,
+                               dest)
