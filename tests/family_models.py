@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 BASE_CLASSES = {"roberta": "RobertaModel", "albert": "AlbertModel", "distilbert": "DistilBertModel",
                 "electra": "ElectraModel"}
@@ -53,3 +53,62 @@ def base_checkpoint(family: str, tokenizers: dict[str, Path], dest: Path) -> Pat
     torch.manual_seed(0)
     return save_with_tokenizer(getattr(transformers, BASE_CLASSES[family])(hf_config(family, vocab, pad)), tok_dir,
                                dest)
+
+
+def save_transformers_checkpoints(root: Path, classes: dict[str, str], config_of: Callable[..., Any], tokenizer,
+                                  heads: dict[str, dict[str, Any]]) -> dict[str, Path]:
+    """One checkpoint per `classes` key (task -> transformers class name) under root/task, each from
+    config_of(vocabulary size, **heads[task]) with the same seed, saved with the transformers tokenizer's files."""
+    import torch
+    import transformers
+
+    out = {}
+    for task, cls_name in classes.items():
+        torch.manual_seed(0)
+        model = getattr(transformers, cls_name)(config_of(len(tokenizer), **heads.get(task, {})))
+        out[task] = root / task
+        model.eval().save_pretrained(out[task])
+        tokenizer.save_pretrained(out[task])
+    return out
+
+
+def hf_feeds(ckpt: Path, texts: list[str], pairs: list[str] | None = None) -> dict[str, Any]:
+    """transformers' own tokenizer of the checkpoint: a right-padded batch of texts (or of text pairs), torch tensors."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
+    batch = tok(texts, pairs, padding=True, return_tensors="pt")
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def reloaded_by_transformers(ours, cls_name: str, dest: Path):
+    """`ours` with every weight moved away from the file it came from, saved by training.checkpoint.save_model and
+    read back by transformers' `cls_name`, which must find no missing, unexpected or mismatched key: that model, in
+    eval mode (`ours` is left in eval mode too)."""
+    import torch
+    import transformers
+
+    from training.checkpoint import save_model
+
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    save_model(ours, dest)
+    hf, info = getattr(transformers, cls_name).from_pretrained(dest, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ours.eval()
+    return hf.eval()
+
+
+def assert_gate_refuses_a_perturbed_graph(ckpt: Path, task: str, repo: Path, monkeypatch) -> None:
+    """ORTSERVE_EXPORT_PERTURB=fp32 (export/model_builder.py) moves the fp32 graph's answers: the parity gate must
+    raise and publish nothing."""
+    import pytest
+
+    from export import ExportConfig, export_checkpoint
+    from export.errors import ParityFailure
+
+    monkeypatch.setenv("ORTSERVE_EXPORT_PERTURB", "fp32")
+    with pytest.raises(ParityFailure):
+        export_checkpoint(ExportConfig(checkpoint=ckpt, task=task, repository=repo, name="bad"))
+    assert not (repo / "bad" / "1").exists()

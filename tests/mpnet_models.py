@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from tests.family_models import hf_feeds, save_transformers_checkpoints
+
 LABELS = ["contradiction", "entailment", "neutral"]
 TAGS = ["O", "B-X", "I-X"]
 HF_CLASSES = {"classify": "MPNetForSequenceClassification", "fill-mask": "MPNetForMaskedLM",
@@ -52,44 +54,20 @@ def hf_config(vocab_size: int, **extra: Any):
 
 def build_checkpoints(root: Path) -> dict[str, Path]:
     """One transformers-saved checkpoint per HF_CLASSES key with the tokenizer's files."""
-    import torch
-    import transformers
-
     logging.getLogger("transformers").setLevel(logging.ERROR)
     tokenizer = wordpiece_tokenizer(root / "tok")
     heads: dict[str, dict[str, Any]] = {"classify": {"id2label": dict(enumerate(LABELS))},
                                         "token-classify": {"id2label": dict(enumerate(TAGS))}}
-    out = {}
-    for task, cls_name in HF_CLASSES.items():
-        torch.manual_seed(0)
-        model = getattr(transformers, cls_name)(hf_config(len(tokenizer), **heads.get(task, {})))
-        out[task] = root / task
-        model.eval().save_pretrained(out[task])
-        tokenizer.save_pretrained(out[task])
-    return out
-
-
-def hf_model(ckpt: Path, task: str):
-    import transformers
-
-    return getattr(transformers, HF_CLASSES[task]).from_pretrained(ckpt).eval()
-
-
-def hf_feeds(ckpt: Path, texts: list[str], pairs: list[str] | None = None) -> dict[str, Any]:
-    """transformers' own tokenizer of the checkpoint: a right-padded batch of texts (or of text pairs), torch tensors."""
-    import transformers
-
-    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
-    batch = tok(texts, pairs, padding=True, return_tensors="pt")
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    return save_transformers_checkpoints(root, HF_CLASSES, hf_config, tokenizer, heads)
 
 
 def hf_outputs(ckpt: Path, task: str, feeds: dict[str, Any]):
     """transformers' answer: logits, or the last hidden state for "embed"."""
     import torch
+    import transformers
 
     with torch.no_grad():
-        out = hf_model(ckpt, task)(**feeds)
+        out = getattr(transformers, HF_CLASSES[task]).from_pretrained(ckpt).eval()(**feeds)
     return out.last_hidden_state if task == "embed" else out.logits
 
 

@@ -121,7 +121,8 @@ def test_a_file_with_the_tied_decoder_copy_loads(checkpoints, tmp_path: Path) ->
 
 @pytest.mark.parametrize("task", ["fill-mask", "classify-mean", "token-classify"])
 def test_our_checkpoint_loads_in_transformers(checkpoints, tmp_path: Path, task: str) -> None:
-    from training.checkpoint import load_model, save_model
+    from tests.family_models import reloaded_by_transformers
+    from training.checkpoint import load_model
 
     ours, config = load_model(checkpoints[task])
     if task == "fill-mask":   # an untied decoder is its own weight, written and read back
@@ -129,15 +130,10 @@ def test_our_checkpoint_loads_in_transformers(checkpoints, tmp_path: Path, task:
         untied = type(ours)(config)
         untied.load_state_dict(ours.state_dict())
         ours = untied
-    with torch.no_grad():   # every weight away from the file it came from
-        for p in ours.parameters():
-            p.add_(0.01 * torch.randn_like(p))
-    save_model(ours, tmp_path / task)
-    hf, info = getattr(transformers, HF_CLASSES[task]).from_pretrained(tmp_path / task, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    hf = reloaded_by_transformers(ours, HF_CLASSES[task], tmp_path / task)
     feeds = padded_batch(checkpoints[task], TEXTS)
     with torch.no_grad():
-        assert float((hf.eval()(**feeds).logits - ours.eval()(**feeds)).abs().max()) <= 1e-5
+        assert float((hf(**feeds).logits - ours(**feeds)).abs().max()) <= 1e-5
     if task == "fill-mask":
         assert not torch.equal(hf.decoder.weight, hf.model.embeddings.tok_embeddings.weight)
 
@@ -257,14 +253,9 @@ def test_embed_export_equals_sentence_transformers(checkpoints, tmp_path: Path) 
 
 
 def test_gate_fails_on_a_perturbed_modernbert_graph(checkpoints, tmp_path: Path, monkeypatch) -> None:
-    from export import ExportConfig, export_checkpoint
-    from export.errors import ParityFailure
+    from tests.family_models import assert_gate_refuses_a_perturbed_graph
 
-    monkeypatch.setenv("ORTSERVE_EXPORT_PERTURB", "fp32")
-    with pytest.raises(ParityFailure):
-        export_checkpoint(ExportConfig(checkpoint=checkpoints["classify"], task="classify",
-                                       repository=tmp_path / "repo", name="bad"))
-    assert not (tmp_path / "repo" / "bad" / "1").exists()
+    assert_gate_refuses_a_perturbed_graph(checkpoints["classify"], "classify", tmp_path / "repo", monkeypatch)
 
 
 def _with_config(src: Path, dest: Path, **changes) -> Path:

@@ -87,18 +87,14 @@ def test_the_relative_position_bias_is_in_the_maths(checkpoints) -> None:
 
 @pytest.mark.parametrize("task", ["fill-mask", "classify", "token-classify"])
 def test_our_checkpoint_loads_in_transformers(checkpoints, tmp_path: Path, task: str) -> None:
-    from training.checkpoint import load_model, save_model
+    from tests.family_models import reloaded_by_transformers
+    from training.checkpoint import load_model
 
     ours, _ = load_model(checkpoints[task])
-    with torch.no_grad():   # every weight away from the file it came from
-        for p in ours.parameters():
-            p.add_(0.01 * torch.randn_like(p))
-    save_model(ours, tmp_path / task)
-    hf, info = getattr(transformers, HF_CLASSES[task]).from_pretrained(tmp_path / task, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    hf = reloaded_by_transformers(ours, HF_CLASSES[task], tmp_path / task)
     feeds = hf_feeds(checkpoints[task], BATCH)
     with torch.no_grad():
-        assert float((hf.eval()(**feeds).logits - ours.eval()(**feeds)).abs().max()) <= 1e-5
+        assert float((hf(**feeds).logits - ours(**feeds)).abs().max()) <= 1e-5
 
 
 # ----------------------------------------------------------------------------- export
@@ -189,14 +185,20 @@ def test_embed_equals_sentence_transformers_encode(checkpoints, tmp_path: Path) 
 
 
 def test_gate_fails_on_a_perturbed_mpnet_graph(checkpoints, tmp_path: Path, monkeypatch) -> None:
-    from export import ExportConfig, export_checkpoint
-    from export.errors import ParityFailure
+    from tests.family_models import assert_gate_refuses_a_perturbed_graph
 
-    monkeypatch.setenv("ORTSERVE_EXPORT_PERTURB", "fp32")
-    with pytest.raises(ParityFailure):
-        export_checkpoint(ExportConfig(checkpoint=checkpoints["classify"], task="classify",
-                                       repository=tmp_path / "repo", name="bad"))
-    assert not (tmp_path / "repo" / "bad" / "1").exists()
+    assert_gate_refuses_a_perturbed_graph(checkpoints["classify"], "classify", tmp_path / "repo", monkeypatch)
+
+
+def _refusal(ckpt: Path, task: str, repo: Path, **options) -> str:
+    """The export's one-line ExportError for `ckpt`; nothing published."""
+    from export import ExportConfig, export_checkpoint
+    from export.errors import ExportError
+
+    with pytest.raises(ExportError) as exc:
+        export_checkpoint(ExportConfig(checkpoint=ckpt, task=task, repository=repo, name="x", **options))
+    assert not (repo / "x").exists() and "\n" not in str(exc.value)
+    return str(exc.value)
 
 
 @pytest.mark.parametrize("changes, named", [
@@ -206,27 +208,14 @@ def test_gate_fails_on_a_perturbed_mpnet_graph(checkpoints, tmp_path: Path, monk
     ({"tie_word_embeddings": False}, "tie_word_embeddings"),
 ])
 def test_unsupported_config_is_refused_by_name(checkpoints, tmp_path: Path, changes: dict, named: str) -> None:
-    from export import ExportConfig, export_checkpoint
-    from export.errors import ExportError
-
     ckpt = tmp_path / "ckpt"
     shutil.copytree(checkpoints["fill-mask"], ckpt)
     cfg = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**cfg, **changes}))
-    with pytest.raises(ExportError) as exc:
-        export_checkpoint(ExportConfig(checkpoint=ckpt, task="fill-mask", repository=tmp_path / "r", name="x"))
-    message = str(exc.value)
-    assert named + ":" in message and "\n" not in message, message
-    assert not (tmp_path / "r" / "x").exists()
+    assert named + ":" in _refusal(ckpt, "fill-mask", tmp_path / "r")
 
 
 def test_optimized_variant_and_missing_heads_are_refused_by_name(checkpoints, tmp_path: Path) -> None:
-    from export import ExportConfig, export_checkpoint
-    from export.errors import ExportError
-
-    with pytest.raises(ExportError, match=r"^--variants optimized: MPNet's relative-position bias"):
-        export_checkpoint(ExportConfig(checkpoint=checkpoints["classify"], task="classify", repository=tmp_path,
-                                       name="x", variants=("fp32", "optimized")))
-    with pytest.raises(ExportError, match="needs MPNetForSequenceClassification"):
-        export_checkpoint(ExportConfig(checkpoint=checkpoints["embed"], task="classify", repository=tmp_path,
-                                       name="x"))
+    message = _refusal(checkpoints["classify"], "classify", tmp_path, variants=("fp32", "optimized"))
+    assert message.startswith("--variants optimized: MPNet's relative-position bias"), message
+    assert "needs MPNetForSequenceClassification" in _refusal(checkpoints["embed"], "classify", tmp_path)
