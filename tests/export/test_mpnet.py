@@ -164,7 +164,7 @@ def test_validate_reruns_the_gate(packages) -> None:
 def test_embed_equals_sentence_transformers_encode(checkpoints, tmp_path: Path) -> None:
     """all-mpnet-base-v2's shape: an MPNetModel (with its unused pooler) under Pooling(mean) + Normalize, saved by
     sentence-transformers; the package's vectors equal SentenceTransformer.encode on a padded batch with a text
-    past distance 128."""
+    past distance 128, and its int8 variant, where the gate kept it, agrees by cosine."""
     from sentence_transformers import SentenceTransformer
 
     from export import ExportConfig, export_checkpoint
@@ -172,7 +172,8 @@ def test_embed_equals_sentence_transformers_encode(checkpoints, tmp_path: Path) 
 
     st = save_sentence_transformer(checkpoints["embed"], tmp_path / "st")
     with one_torch_thread():
-        r = export_checkpoint(ExportConfig(checkpoint=st, task="embed", repository=tmp_path / "repo", name="st"))
+        r = export_checkpoint(ExportConfig(checkpoint=st, task="embed", repository=tmp_path / "repo", name="st",
+                                           variants=("fp32", "int8")))
     assert r.parity["passed"] and r.parity["variants"]["fp32"]["reference"] == "sentence-transformers"
     m = json.loads((r.package_dir / "model.json").read_text())
     assert m["embedding"]["modules"] == ["Transformer", "Pooling", "Normalize"]
@@ -182,6 +183,12 @@ def test_embed_equals_sentence_transformers_encode(checkpoints, tmp_path: Path) 
     want = SentenceTransformer(str(st), device="cpu").encode(BATCH, convert_to_numpy=True)
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert float(np.abs(want[0] - want[1]).max()) > 1e-2
+    # int8 is kept only past its cosine gate; then its vectors point where sentence-transformers' do.
+    int8 = r.parity["variants"]["int8"]
+    assert ("int8" in m["variants"]) == bool(int8["passed"]), int8
+    if int8["passed"]:
+        quantized = _session(r.package_dir / m["variants"]["int8"]).run(["embeddings"], feeds)[0]
+        assert ((quantized * want).sum(1) / np.linalg.norm(quantized, axis=1) >= 0.99).all()
 
 
 def test_gate_fails_on_a_perturbed_mpnet_graph(checkpoints, tmp_path: Path, monkeypatch) -> None:
