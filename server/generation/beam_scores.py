@@ -65,21 +65,20 @@ def score_rows(rows: list[StepRow], top: TopLogprobs, vocab: int, keep: int) -> 
     values = np.empty((len(rows), keep), np.float32)
     ids = np.empty((len(rows), keep), np.int64)
     per_call = max(1, SCORE_FLOATS // vocab)
-    blocks: dict[int, tuple[np.ndarray, list[int], list[int]]] = {}
+    blocks: dict[int, tuple[np.ndarray, list[int]]] = {}
     for i, row in enumerate(rows):
-        _, where, index = blocks.setdefault(id(row.block), (row.block, [], []))
-        where.append(i)
-        index.append(row.index)
-    for block, where, index in blocks.values():
+        blocks.setdefault(id(row.block), (row.block, []))[1].append(i)
+    for block, where in blocks.values():
+        positions = np.asarray(where)
+        index = np.fromiter((rows[i].index for i in where), np.int64, len(where))
         by_index = np.argsort(index, kind="stable")
-        positions, indices = np.asarray(where)[by_index], np.asarray(index)[by_index]
-        for lo in range(0, len(indices), per_call):
-            part = indices[lo:lo + per_call]
+        positions, index = positions[by_index], index[by_index]
+        for lo in range(0, len(index), per_call):
+            part, at = index[lo:lo + per_call], positions[lo:lo + per_call]
             if part[-1] - part[0] == len(part) - 1:          # consecutive rows: a view, no copy
-                logits = block[part[0]:part[-1] + 1, :vocab]
+                values[at], ids[at] = top(block[part[0]:part[-1] + 1, :vocab], keep)
             else:
-                logits = block[part, :vocab]
-            values[positions[lo:lo + per_call]], ids[positions[lo:lo + per_call]] = top(logits, keep)
+                values[at], ids[at] = top(block[part, :vocab], keep)
     return values, ids
 
 

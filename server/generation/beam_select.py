@@ -68,6 +68,11 @@ def normalised(scores: np.ndarray, length: np.ndarray, penalty: np.ndarray) -> n
     return np.where(np.isnan(out), np.where(np.isneginf(scores), scores, np.float32(0)), out).astype(np.float32)
 
 
+def pick(x: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """x[i, index[i, j]] for each row i (np.take_along_axis on axis 1, without its per-call set-up)."""
+    return x[np.arange(x.shape[0])[:, None], index]
+
+
 def _best_first(scores: np.ndarray, n: int) -> np.ndarray:
     """Per row: the indices of the n largest scores, best first, ties to the lower index (-inf last)."""
     return np.argsort(-scores, axis=1, kind="stable")[:, :n]
@@ -83,10 +88,10 @@ def step(b: Before, vocab: int) -> After:
     flat = (np.arange(k)[None, :, None] * vocab + tokens).reshape(s, -1)
     total = (values + b.scores[:, :, None]).reshape(s, -1).astype(np.float32)
     ranked = np.lexsort((flat, -total), axis=-1)[:, :keep]
-    top_scores = np.take_along_axis(total, ranked, 1)
-    picked = np.take_along_axis(flat, ranked, 1)
+    top_scores = pick(total, ranked)
+    picked = pick(flat, ranked)
     parent, token = picked // vocab, picked % vocab
-    step_logprobs = np.take_along_axis(values.reshape(s, -1), ranked, 1)
+    step_logprobs = pick(values.reshape(s, -1), ranked)
     hits = (token == b.eos[:, None]) | (b.length >= b.max_new)[:, None]
     # The k best candidates that go on.
     running = (top_scores + hits.astype(np.float32) * NEG).astype(np.float32)
@@ -99,17 +104,17 @@ def step(b: Before, vocab: int) -> After:
     scored = (scored + (~just).astype(np.float32) * NEG).astype(np.float32)
     merged_scores = np.concatenate([b.finished_scores, scored], 1)
     merged = _best_first(merged_scores, k)
-    finished_scores = np.take_along_axis(merged_scores, merged, 1)
-    finished_flags = np.take_along_axis(np.concatenate([b.finished_flags, just], 1), merged, 1)
-    scores = np.take_along_axis(running, chosen, 1)
+    finished_scores = pick(merged_scores, merged)
+    finished_flags = pick(np.concatenate([b.finished_flags, just], 1), merged)
+    scores = pick(running, chosen)
     # Whether any running hypothesis may still beat the worst finished one.
     hypothetical = np.where(b.never, b.max_new, b.length)
     best_possible = normalised(scores[:, :1], hypothetical[:, None], b.penalty[:, None])
     worst = np.where(finished_flags, finished_scores.min(1, keepdims=True), NEG)
     improvable = b.improvable & (best_possible > worst).any(1)
     full = finished_flags.all(1) & b.early
-    return After(np.take_along_axis(parent, chosen, 1), np.take_along_axis(token, chosen, 1),
-                 np.take_along_axis(step_logprobs, chosen, 1), scores, ranked, parent, token, step_logprobs, merged,
+    return After(pick(parent, chosen), pick(token, chosen),
+                 pick(step_logprobs, chosen), scores, ranked, parent, token, step_logprobs, merged,
                  finished_scores, finished_flags, improvable, ~improvable | full | hits.all(1))
 
 
@@ -119,7 +124,7 @@ def assign_beams(order: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.
     of its parent's rows). The first new hypothesis (best first) continuing a beam's hypothesis stays in that beam;
     the others take the beams no new hypothesis continued, lowest beam to the best homeless one."""
     s, k = parent.shape
-    beam = np.take_along_axis(order, parent, 1)
+    beam = pick(order, parent)
     earlier = np.tril(np.ones((k, k), bool), -1)[None]                  # [j, i]: i < j
     homeless = ((beam[:, :, None] == beam[:, None, :]) & earlier).any(2)
     claimed = np.zeros((s, k), bool)
