@@ -102,6 +102,7 @@ class BeamSearch:
         self.stopped = False         # the search ended (set by step, in the thread); finish() sends the answers
         self.history: list[tuple[History, int]] = []   # per step: its record and this search's row in it
         self.slots: np.ndarray | None = None            # each beam's slot (fixed from admission to the end)
+        self.last: list[int] = []                      # each beam's last token (the next step's input)
         self._following = True       # beams but the first may still wait for the first step's copies (settle)
 
     # The state's fields of k values each. Hypothesis j (transformers' running order: best first) lives in beam
@@ -151,10 +152,6 @@ class BeamSearch:
             logprobs.append(float(record.logprob[i, beam]))
             beam = int(record.source[i, beam])
         return tokens[::-1], logprobs[::-1]
-
-    def last_token(self, beam: int) -> int:
-        record, i = self.history[-1]
-        return int(record.token[i, beam])
 
     @property
     def tokens(self) -> list[list[int]]:
@@ -287,12 +284,15 @@ def advance(searches: list[BeamSearch], rows: np.ndarray, values: np.ndarray, to
     row, j = np.nonzero(homeless & ~after.stopped[:, None])
     moves = zip(row.tolist(), slots[row, parent_beam[row, j]].tolist(), slots[row, new_order[row, j]].tolist())
     out: list[list[Copy]] = [[] for _ in searches]
+    # Every copy of the step at the longest length any needs: one gather per buffer for all of them (the positions
+    # a shorter one copies past its own length are written by its next steps before anything reads them).
+    length = max((written[i] for i in row.tolist()), default=0)
     for i, source, target in moves:
-        out[i].append(Copy(source, target, written[i]))
-    stopped = after.stopped.tolist()
+        out[i].append(Copy(source, target, length))
+    stopped, last = after.stopped.tolist(), record.token.tolist()
     for i, search in enumerate(searches):
         search.history.append((record, i))
-        search.state, search.stopped, search.steps = new_state[i], stopped[i], search.steps + 1
+        search.state, search.stopped, search.steps, search.last = new_state[i], stopped[i], search.steps + 1, last[i]
     return out
 
 
@@ -308,6 +308,7 @@ class Beam:
         self.search, self.index = search, index
         self.state: SeqState | None = None
         self.prompt_tokens = None
+        self.generated = Generated(search, index)
 
     @property
     def strategy(self) -> "BeamStrategy":
@@ -327,10 +328,6 @@ class Beam:
         if self.state is None or self.state.slot is None:
             raise RuntimeError("beam search: a beam without a slot stepped")
         return self.state.slot
-
-    @property
-    def generated(self) -> "Generated":
-        return Generated(self.search, self.index)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -387,7 +384,7 @@ class Generated:
 
     def __getitem__(self, index: int) -> int:
         if index == -1 and self.search.steps:
-            return self.search.last_token(self.beam)
+            return self.search.last[self.beam]
         return self.search.walk(self.beam, self.search.steps - 1)[0][index]
 
     def __iter__(self) -> Iterator[int]:

@@ -71,9 +71,16 @@ def test_searches_stepped_together_keep_what_each_keeps_alone() -> None:
             planned = BEAMS.plan(rows, StepContext(numpy_top))
             assert not planned.failed
             together = {id(states[0].owner.search): copies for states, copies in planned.copies}
+            # The copies of one width's searches go at one length, the longest any needs (one gather per buffer).
+            lengths: dict[int, set[int]] = {}
+            for states, copies in planned.copies:
+                lengths.setdefault(len(states), set()).update(c.length for c in copies)
+            assert all(len(n) == 1 for n in lengths.values())
             for a, b, _ in live:
                 copies = a.step(alone[id(a)][1], a.steps + 1, numpy_top)
-                assert together.get(id(b.beams[0].search), []) == copies
+                mine = together.get(id(b.beams[0].search), [])
+                assert [(c.source, c.target) for c in mine] == [(c.source, c.target) for c in copies]
+                assert all(c.length == a.steps for c in copies) and all(a.steps <= c.length for c in mine)
                 _same(a, b)
                 copied += len(copies)
         for a, b, _ in pairs:
