@@ -36,6 +36,7 @@ finished ones by rank; lists are made only for the answers.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -406,24 +407,24 @@ class BeamStrategy:
             owner = row.state.owner
             entry = searches.get(id(owner.search))
             if entry is None:
-                entry = searches[id(owner.search)] = (owner.search, [None] * owner.search.options.num_beams)
+                entry = searches[id(owner.search)] = (owner.search, [None] * owner.search.k)
             entry[1][owner.index] = row
+        count = Counter(id(row.state.owner.search) for row in rows)
         scored: list[StepRow] = []                 # the rows whose logits are read, each once
         groups: dict[tuple[int, int], list[tuple[BeamSearch, list[int], int]]] = {}
-        for search, beams in searches.values():
-            first = search.steps == 0
+        for key, (search, beams) in searches.items():
             # The first step reads beam 0 alone: every beam holds the prompt alone (a decoder's other beams get it
             # by this step's copies), and the others' candidates score -1e9 whatever their logits.
+            first = search.steps == 0
             needed = beams[:1] if first else beams
-            if any(r is None for r in needed):
-                error = RuntimeError(f"beam search: {sum(r is not None for r in beams)} of its "
-                                     f"{len(beams)} beams stepped")
+            if needed[0] is None or not first and count[key] < len(beams):
+                error = RuntimeError(f"beam search: {count[key]} of its {len(beams)} beams stepped")
                 out.failed.append((search.states, "beam search step failed", error))
                 continue
-            positions = list(range(len(scored), len(scored) + len(needed)))
+            at = len(scored)
             scored += needed                           # type: ignore[arg-type]
-            by_beam = positions * len(beams) if first else positions
-            groups.setdefault((search.options.num_beams, search.vocab_size), []).append(
+            by_beam = [at] * len(beams) if first else list(range(at, at + len(beams)))
+            groups.setdefault((search.k, search.vocab_size), []).append(
                 (search, by_beam, needed[0].written))   # type: ignore[union-attr]
         if not groups:
             return out

@@ -107,3 +107,18 @@ def test_candidates_rank_by_score_then_hypothesis_then_token() -> None:
             want = sorted(everything)[:2 * k]
             got = list(zip(after.candidate_parent[i].tolist(), after.candidate_token[i].tolist()))
             assert got == [(h, t) for _, h, t in want]
+
+
+def test_a_search_missing_a_beam_fails_alone_and_the_others_step() -> None:
+    rng = np.random.default_rng(5)
+    whole, short = _search(OPTIONS[0], [0, 1, 2, 3]), _search(OPTIONS[0], [4, 5, 6, 7])
+    for step in range(2):
+        block = rng.standard_normal((8, VOCAB + PAD)).astype(np.float32)
+        searches = (whole, short) if step == 0 else (whole,)
+        rows = [StepRow(s.beams[b].state, block, 4 * n + b, step + 1) for n, s in enumerate(searches) for b in range(4)]
+        if step == 1:
+            rows.append(StepRow(short.beams[0].state, block, 4, 2))         # one of its four beams
+        planned = BEAMS.plan(rows, StepContext(numpy_top))
+    assert [(states, what, str(exc)) for states, what, exc in planned.failed] == [
+        (short.states, "beam search step failed", "beam search: 1 of its 4 beams stepped")]
+    assert whole.steps == 2 and short.steps == 1 and planned.settles == [whole]
