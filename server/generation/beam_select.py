@@ -135,3 +135,14 @@ def assign_beams(order: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.
     new_order = beam.copy()
     new_order[row, movers[row, m]] = free[row, m]
     return new_order, beam, homeless
+
+
+@dataclass(frozen=True)
+class History:
+    """One step of a group of searches, by beam: the beam whose hypothesis each beam's new one continues, and its
+    new token and log-probability. A search keeps (record, its row) per step and walks them back for its answers,
+    so a step writes nothing per search but that pair."""
+
+    source: np.ndarray     # [S, k]
+    token: np.ndarray
+    logprob: np.ndarray

@@ -5,7 +5,8 @@ every beam decodes in the same iterations, as rows of the one decode call shared
 step takes the k beams' logits and keeps the k best continuations; a continuation whose parent beam's slot went to
 another continuation gets a copy of the parent's self-attention rows into a slot whose hypothesis was dropped
 (`Copy`, made on the device by the executor right after the step: positions [0, written) of every layer and
-kind, device_cache.copy_prefix). A continuation of a beam that no other continuation claimed stays in its
+kind, device_cache.copy_prefixes; every copy of a step at the longest such length, so one gather per buffer makes
+them all). A continuation of a beam that no other continuation claimed stays in its
 parent's slot: most steps copy little. The cross-attention buffers need no copy: every beam reads the same
 source, written into each of its slots when the request was admitted.
 
@@ -27,9 +28,10 @@ length_penalty > 0). The n best finished hypotheses answer the n requests of the
 
 Each iteration steps every search of the same width together (beam_select.py: one ranking over [searches, k x 2k]
 candidates, one merge of the finished ones, one placement of the new hypotheses in the beams' slots), so the
-Python per step is a few array writes per search, not per beam or candidate. A search keeps its hypotheses as
-arrays: the running ones by beam ([k, length] tokens and log-probabilities, the rows of a beam's slot), the k best
-finished ones by rank; lists are made only for the answers.
+Python per step is a few assignments per search, not per beam or candidate. A search's state between steps is one
+vector (its running and finished scores, beam order, where each finished hypothesis ended, its rules); its tokens
+are the steps' records (`History`: each beam's new token and the beam it continues), walked back only for the
+answers.
 
 `step` runs in the engine's worker thread (it owns the search's state between the loop's prepare and apply);
 `finish` runs on the event loop (it puts each request's final chunk on its queue).
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from . import beam_select
-from .beam_select import NEG
+from .beam_select import NEG, History
 from .beam_scores import numpy_top, score_rows
 from .params import GenerationParams
 from .results import FINISH_EOS, FINISH_LENGTH
@@ -92,7 +94,8 @@ class BeamSearch:
         self.beams = [Beam(self, b) for b in range(k)]
         self.k = k
         # Its state between steps, one float64 vector (exact for every field; one row of the array its step wrote):
-        # `FIELDS` of k each, then improvable (transformers' is_early_stop_heuristic_unsatisfied) and the rules.
+        # the fields below of k values each, then improvable (transformers' is_early_stop_heuristic_unsatisfied)
+        # and the rules.
         never = options.early_stopping == "never" and options.length_penalty > 0
         self.state = np.concatenate([np.arange(k), np.full(k, NEG), np.full(k, NEG), np.zeros(k), np.full(k, -1),
                                      np.zeros(3 * k), [1, -1 if options.eos_id is None else options.eos_id,
@@ -235,17 +238,6 @@ class BeamSearch:
         for request in self.requests:
             if not (request.done or request.cancelled):
                 count_token(request)
-
-
-@dataclass(frozen=True)
-class History:
-    """One step of a group of searches, by beam: the beam whose hypothesis each beam's new one continues, and its
-    new token and log-probability. A search keeps (record, its row) per step and walks them back for its answers,
-    so a step writes nothing per search but that pair."""
-
-    source: np.ndarray     # [S, k]
-    token: np.ndarray
-    logprob: np.ndarray
 
 
 def advance(searches: list[BeamSearch], rows: np.ndarray, values: np.ndarray, tokens: np.ndarray,
