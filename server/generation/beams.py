@@ -5,7 +5,8 @@ every beam decodes in the same iterations, as rows of the one decode call shared
 step takes the k beams' logits and keeps the k best continuations; a continuation whose parent beam's slot went to
 another continuation gets a copy of the parent's self-attention rows into a slot whose hypothesis was dropped
 (`Copy`, made on the device by the executor right after the step: positions [0, written) of every layer and
-kind, device_cache.copy_prefix). A continuation of a beam that no other continuation claimed stays in its
+kind, device_cache.copy_prefixes; every copy of a step at the longest such length, so one gather per buffer makes
+them all). A continuation of a beam that no other continuation claimed stays in its
 parent's slot: most steps copy little. The cross-attention buffers need no copy: every beam reads the same
 source, written into each of its slots when the request was admitted.
 
@@ -25,16 +26,27 @@ max_new_tokens, when k hypotheses are finished and early_stopping is true, or wh
 worst finished one (early_stopping false: judged at the current length; "never": at max_new_tokens when
 length_penalty > 0). The n best finished hypotheses answer the n requests of the search, best first.
 
+Each iteration steps every search of the same width together (beam_select.py: one ranking over [searches, k x 2k]
+candidates, one merge of the finished ones, one placement of the new hypotheses in the beams' slots), so the
+Python per step is a few assignments per search, not per beam or candidate. A search's state between steps is one
+vector (its running and finished scores, beam order, where each finished hypothesis ended, its rules); its tokens
+are the steps' records (`History`: each beam's new token and the beam it continues), walked back only for the
+answers.
+
 `step` runs in the engine's worker thread (it owns the search's state between the loop's prepare and apply);
 `finish` runs on the event loop (it puts each request's final chunk on its queue).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
+from . import beam_select
+from .beam_select import NEG, History
+from .beam_scores import numpy_top, score_rows
 from .params import GenerationParams
 from .results import FINISH_EOS, FINISH_LENGTH
 from .sampling import Choice, forced_logprobs
@@ -49,19 +61,6 @@ if TYPE_CHECKING:
     from .sequence import Sequence
 
 MAX_BEAMS = 8
-_NEG = np.float32(-1e9)    # transformers' "not a candidate" score
-
-
-def _normalised(scores: np.ndarray, length: int, penalty: float) -> np.ndarray:
-    """scores / length ** penalty in float32, as transformers divides its float32 scores by the Python power. Any
-    finite penalty is taken: the power may overflow to inf (a score of -0.0) or underflow to 0 (-inf) without
-    raising, where Python's float power raises OverflowError (transformers' own scorer does: there is no answer
-    of theirs to equal at such penalties)."""
-    scores = scores.astype(np.float32)
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        out = scores / np.float32(np.power(np.float64(length), penalty))
-    # -inf / inf and 0 / 0 are NaN: a candidate ruled out (a forced step's -inf) stays out, a score of 0 stays 0.
-    return np.where(np.isnan(out), np.where(np.isneginf(scores), scores, np.float32(0)), out).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,11 @@ class BeamOptions:
     max_new_tokens: int
     eos_id: int | None              # None: only max_new_tokens ends a hypothesis (ignore_eos)
     forced: dict[int, int] = field(default_factory=dict)   # generated index -> forced token (seq2seq_spec)
+
+
+def _field(index: int, dtype: type) -> Any:
+    """Field `index` of a search's state vector (k values), as an array of `dtype`."""
+    return property(lambda self: self.state[index * self.k:(index + 1) * self.k].astype(dtype))
 
 
 class BeamSearch:
@@ -88,19 +92,39 @@ class BeamSearch:
         self.tokenizer = tokenizer
         self.prompt_ids = requests[0].prompt_ids
         self.beams = [Beam(self, b) for b in range(k)]
-        self.tokens: list[list[int]] = [[] for _ in range(k)]     # the hypothesis in each beam's slot
-        self.logprobs: list[list[float]] = [[] for _ in range(k)]  # ... and each of its tokens' log-probability
-        # Hypothesis j (transformers' running order: best first) lives in beam order[j].
-        self.order = list(range(k))
-        self.scores = np.full(k, _NEG, np.float32)                # running score of hypothesis j
-        self.scores[0] = 0.0
-        self.finished_scores = np.full(k, _NEG, np.float32)
-        self.finished_tokens: list[list[int]] = [[] for _ in range(k)]
-        self.finished_logprobs: list[list[float]] = [[] for _ in range(k)]
-        self.finished_flags = np.zeros(k, bool)
-        self.improvable = True       # transformers' is_early_stop_heuristic_unsatisfied
+        self.k = k
+        # Its state between steps, one float64 vector (exact for every field; one row of the array its step wrote):
+        # the fields below of k values each, then improvable (transformers' is_early_stop_heuristic_unsatisfied)
+        # and the rules.
+        never = options.early_stopping == "never" and options.length_penalty > 0
+        self.state = np.concatenate([np.arange(k), np.full(k, NEG), np.full(k, NEG), np.zeros(k), np.full(k, -1),
+                                     np.zeros(3 * k), [1, -1 if options.eos_id is None else options.eos_id,
+                                                       options.max_new_tokens, options.length_penalty,
+                                                       options.early_stopping is True, never]]).astype(np.float64)
+        self.state[k] = 0.0          # the first running score: beam 0 alone starts (the others at NEG)
         self.steps = 0               # tokens generated by every running hypothesis
         self.stopped = False         # the search ended (set by step, in the thread); finish() sends the answers
+        self.history: list[tuple[History, int]] = []   # per step: its record and this search's row in it
+        self.slots: np.ndarray | None = None            # each beam's slot (fixed from admission to the end)
+        self.last: list[int] = []                      # each beam's last token (the next step's input)
+        self._following = True       # beams but the first may still wait for the first step's copies (settle)
+
+    # The state's fields of k values each. Hypothesis j (transformers' running order: best first) lives in beam
+    # order[j] with score scores[j]; the k best finished hypotheses, best first: their scores, whether each is real,
+    # and where each ended (the step, its parent's beam before that step, its last token and that token's
+    # log-probability; step -1: none).
+    order = _field(0, np.int64)
+    scores = _field(1, np.float32)
+    finished_scores = _field(2, np.float32)
+    finished_flags = _field(3, bool)
+    ended = _field(4, np.int64)
+    ended_beam = _field(5, np.int64)
+    ended_token = _field(6, np.int64)
+    ended_logprob = _field(7, np.float32)
+
+    @property
+    def improvable(self) -> bool:
+        return bool(self.state[8 * self.k])
 
     # ------------------------------------------------------------------ the request side
 
@@ -110,112 +134,68 @@ class BeamSearch:
 
     @property
     def cancelled(self) -> bool:
-        """Every consumer went away."""
-        return all(r.cancelled for r in self.requests)
+        """Every consumer went away. (Asked for every beam of every step: a plain loop, no generator.)"""
+        for request in self.requests:
+            if not request.cancelled:
+                return False
+        return True
 
     @property
     def done(self) -> bool:
-        return all(r.done for r in self.requests)
+        for request in self.requests:
+            if not request.done:
+                return False
+        return True
+
+    def walk(self, beam: int, step: int) -> tuple[list[int], list[float]]:
+        """The tokens and log-probabilities of the hypothesis in `beam` after step `step` (0-based; -1: none yet),
+        followed back through each step's record of where a beam's hypothesis came from."""
+        tokens, logprobs = [], []
+        for record, i in reversed(self.history[:step + 1]):
+            tokens.append(int(record.token[i, beam]))
+            logprobs.append(float(record.logprob[i, beam]))
+            beam = int(record.source[i, beam])
+        return tokens[::-1], logprobs[::-1]
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        """The running hypotheses' tokens, by beam."""
+        return [self.walk(b, self.steps - 1)[0] for b in range(self.options.num_beams)]
+
+    @property
+    def logprobs(self) -> list[list[float]]:
+        return [self.walk(b, self.steps - 1)[1] for b in range(self.options.num_beams)]
+
+    def _ended(self, f: int) -> tuple[list[int], list[float]]:
+        if self.ended[f] < 0:
+            return [], []
+        tokens, logprobs = self.walk(int(self.ended_beam[f]), int(self.ended[f]) - 1)
+        return tokens + [int(self.ended_token[f])], logprobs + [float(self.ended_logprob[f])]
+
+    @property
+    def finished_tokens(self) -> list[list[int]]:
+        """The k best finished hypotheses' tokens, best first (empty where there is none)."""
+        return [self._ended(f)[0] for f in range(self.options.num_beams)]
+
+    @property
+    def finished_logprobs(self) -> list[list[float]]:
+        return [self._ended(f)[1] for f in range(self.options.num_beams)]
 
     # ------------------------------------------------------------------ one step (worker thread)
 
-    def step(self, rows: dict[int, np.ndarray], written: int, top: "TopLogprobs | None" = None,
-             scored: "dict[int, tuple[np.ndarray, np.ndarray]] | None" = None) -> list[Copy]:
-        """rows: beam index -> its logits [>= V] this step; written: positions each beam's slot holds after this
-        step's write; top: each row's n best log-probabilities (the engine's onnxruntime graph, beam_scores.py;
-        numpy's otherwise); scored: beam index -> top's answer for its row, when the caller computed it (the
-        executor does, for every search's rows in a few calls), at least 2k values each. Returns the slot copies
-        that put each kept hypothesis's self-attention rows in its beam's slot (none once the search has ended)."""
+    def step(self, rows: dict[int, np.ndarray], written: int, top: "TopLogprobs | None" = None) -> list[Copy]:
+        """This search alone (BeamStrategy steps all of an iteration's searches together, the same way). rows: beam
+        index -> its logits [>= V] this step; written: positions each beam's slot holds after this step's write;
+        top: each row's n best log-probabilities (numpy's by default). Returns the slot copies that put each kept
+        hypothesis's self-attention rows in its beam's slot (none once the search has ended)."""
         top = top or numpy_top
-        opts, k, v = self.options, self.options.num_beams, self.vocab_size
+        k, v = self.options.num_beams, self.vocab_size
         if self.steps == 0 and 0 in rows:
-            # The first step reads beam 0 alone: every beam holds the prompt alone (a decoder's other beams get
-            # it by this step's copies), and the others' candidates score -1e9 whatever their logits.
             rows = {b: rows[0] for b in range(k)}
-            scored = {b: scored[0] for b in range(k)} if scored is not None and 0 in scored else None
         if sorted(rows) != list(range(k)):
             raise RuntimeError(f"beam search: {len(rows)} of its {k} beams stepped")
-        keep = 2 * k                                     # max(2, 1 + eos ids) * k
-        # Each hypothesis's 2k best tokens hold the 2k best candidates over all of them: the best of those k x 2k,
-        # ties to the lower (hypothesis, token) as over the whole block.
-        forced = opts.forced.get(self.steps)
-        if forced is not None:     # transformers' forced bos / eos: processed log-probs are 0 for it, -inf for the rest
-            values, tokens = top(np.tile(forced_logprobs(v, forced).astype(np.float32), (k, 1)), keep)
-        elif scored is not None:   # sorted best first: the first 2k of more are the 2k best
-            values = np.stack([scored[b][0][:keep] for b in self.order])
-            tokens = np.stack([scored[b][1][:keep] for b in self.order])
-        else:
-            values, tokens = top(np.stack([rows[b][:v] for b in self.order]), keep)
-        flat = (np.arange(k)[:, None] * v + tokens).reshape(-1)
-        by_index = np.argsort(flat, kind="stable")
-        flat, scores = flat[by_index], (values + self.scores[:, None]).reshape(-1)[by_index].astype(np.float32)
-        best_of = _top(scores, keep)
-        top_scores, parent, token = scores[best_of], flat[best_of] // v, flat[best_of] % v
-        step_logprobs = values.reshape(-1)[by_index][best_of]
-        length = self.steps + 1
-        hits = (token == opts.eos_id) if opts.eos_id is not None else np.zeros(keep, bool)
-        if length >= opts.max_new_tokens:
-            hits = np.ones(keep, bool)
-        candidates = [self.tokens[self.order[p]] + [int(t)] for p, t in zip(parent, token)]
-        candidate_logprobs = [self.logprobs[self.order[p]] + [float(lp)] for p, lp in zip(parent, step_logprobs)]
-        # The k best candidates that go on.
-        running = (top_scores + hits.astype(np.float32) * _NEG).astype(np.float32)
-        chosen = _top(running, k)
-        # Finished hypotheses: candidates among the best k that ended, if they beat the worst kept one.
-        scored = _normalised(top_scores, length, opts.length_penalty)
-        if self.finished_flags.all() and opts.early_stopping is True:
-            scored = scored + _NEG
-        if not self.improvable:
-            scored = scored + _NEG
-        just = hits & (np.arange(keep) < k)
-        scored = (scored + (~just).astype(np.float32) * _NEG).astype(np.float32)
-        merged = np.concatenate([self.finished_scores, scored])
-        best = _top(merged, k)
-        merged_tokens = self.finished_tokens + candidates
-        merged_logprobs = self.finished_logprobs + candidate_logprobs
-        merged_flags = np.concatenate([self.finished_flags, just])
-        self.finished_scores = merged[best]
-        self.finished_tokens = [merged_tokens[i] for i in best]
-        self.finished_logprobs = [merged_logprobs[i] for i in best]
-        self.finished_flags = merged_flags[best]
-        copies = self._reorder([int(parent[c]) for c in chosen], [candidates[c] for c in chosen],
-                               [candidate_logprobs[c] for c in chosen], written)
-        self.scores = running[chosen]
-        self.steps = length
-        # Whether any running hypothesis may still beat the worst finished one.
-        hypothetical = opts.max_new_tokens if (opts.early_stopping == "never" and opts.length_penalty > 0) else length
-        best_possible = _normalised(self.scores[:1], hypothetical, opts.length_penalty)[0]
-        worst = np.where(self.finished_flags, self.finished_scores.min(), _NEG)
-        self.improvable = self.improvable and bool((best_possible > worst).any())
-        full = bool(self.finished_flags.all()) and opts.early_stopping is True
-        self.stopped = not self.improvable or full or bool(hits.all())
-        return [] if self.stopped else copies
-
-    def _reorder(self, parents: list[int], hypotheses: list[list[int]], logprobs: list[list[float]],
-                 written: int) -> list[Copy]:
-        """Hypothesis j continues hypothesis parents[j]: it stays in that one's beam when no better continuation
-        took it, else it takes a beam whose hypothesis was dropped, with a copy of the parent's rows."""
-        k = self.options.num_beams
-        claimed: dict[int, int] = {}                     # beam -> new hypothesis
-        homeless = []
-        for j, p in enumerate(parents):
-            beam = self.order[p]
-            if beam in claimed:
-                homeless.append(j)
-            else:
-                claimed[beam] = j
-        free = [b for b in range(k) if b not in claimed]
-        copies = []
-        for j, beam in zip(homeless, free):
-            source = self.beams[self.order[parents[j]]].slot
-            copies.append(Copy(source, self.beams[beam].slot, written))
-            claimed[beam] = j
-        order = [0] * k
-        for beam, j in claimed.items():
-            order[j] = beam
-            self.tokens[beam], self.logprobs[beam] = hypotheses[j], logprobs[j]
-        self.order = order
-        return copies
+        values, tokens = top(np.stack([rows[b][:v] for b in range(k)]), 2 * k)
+        return advance([self], np.arange(k)[None], values, tokens, [written], top)[0]
 
     # ------------------------------------------------------------------ the answers (event loop)
 
@@ -223,13 +203,13 @@ class BeamSearch:
         """Each request gets the hypothesis of its rank among the finished ones, best first. A search cut short
         (`reason`: a deadline, the engine stopping) answers with what it has: finished hypotheses, then running
         ones."""
-        ranked = [(self.finished_tokens[i], self.finished_logprobs[i]) for i in range(len(self.finished_tokens))
-                  if self.finished_flags[i]]
-        ranked += [(self.tokens[b], self.logprobs[b]) for b in self.order]
+        ranked = [(True, f) for f in np.flatnonzero(self.finished_flags).tolist()]
+        ranked += [(False, b) for b in self.order.tolist()]
         for request in self.requests:
-            tokens, logprobs = ranked[request.params.beam_rank]
             if request.done:
                 continue
+            ended, at = ranked[request.params.beam_rank]
+            tokens, logprobs = self._ended(at) if ended else self.walk(at, self.steps - 1)
             request.generated = list(tokens)
             ended = reason or (FINISH_EOS if tokens and tokens[-1] == self.options.eos_id else FINISH_LENGTH)
             shown = tokens[:-1] if tokens and tokens[-1] == self.options.eos_id else tokens
@@ -250,12 +230,68 @@ class BeamSearch:
         if self.stopped:
             self.finish()
             return
-        for state in self.states:
-            if state.status is Status.PREFILLING:
-                scheduler.prefilled(Chunk(state, 0, state.prompt_len))
+        if self._following:
+            self._following = False
+            for state in self.states:
+                if state.status is Status.PREFILLING:
+                    scheduler.prefilled(Chunk(state, 0, state.prompt_len))
         for request in self.requests:
             if not (request.done or request.cancelled):
                 count_token(request)
+
+
+def advance(searches: list[BeamSearch], rows: np.ndarray, values: np.ndarray, tokens: np.ndarray,
+            written: list[int], top: TopLogprobs) -> list[list[Copy]]:
+    """One step of `searches` (all of one width and vocabulary) together. rows [S, k]: where each search's beams'
+    scores are in values / tokens [rows, >= 2k] (the best log-probabilities of each row, and their ids); written:
+    each search's slot length after this step. Returns each search's slot copies (none for a search that ended)."""
+    k, vocab = searches[0].k, searches[0].vocab_size
+    state = np.stack([s.state for s in searches])
+    order = state[:, :k].astype(np.int64)
+    steps = np.fromiter((s.steps for s in searches), np.int64, len(searches))
+    at = beam_select.pick(rows, order)                       # hypothesis order
+    values, tokens = values[at], tokens[at]
+    for i, s in enumerate(searches):
+        forced = s.options.forced.get(s.steps) if s.options.forced else None
+        if forced is not None:   # transformers' forced bos / eos: processed log-probs 0 for it, -inf for the rest
+            values[i], tokens[i] = top(forced_logprobs(vocab, forced).astype(np.float32)[None], values.shape[2])
+    rules = state[:, 8 * k + 1:]
+    field = [state[:, f * k:(f + 1) * k] for f in range(8)]
+    before = beam_select.Before(values, tokens, field[1].astype(np.float32), field[2].astype(np.float32),
+                                field[3] > 0, state[:, 8 * k] > 0, steps + 1, rules[:, 0].astype(np.int64),
+                                rules[:, 1].astype(np.int64), rules[:, 2], rules[:, 3] > 0, rules[:, 4] > 0)
+    after = beam_select.step(before, vocab)
+    new_order, parent_beam, homeless = beam_select.assign_beams(order, after.parent)
+    record = History(*(np.empty_like(a) for a in (new_order, after.token, after.logprob)))
+    by_row = np.arange(len(searches))[:, None]
+    for into, what in zip((record.source, record.token, record.logprob), (parent_beam, after.token, after.logprob)):
+        into[by_row, new_order] = what
+    # Where each of the k best finished hypotheses ended: an old one's record, or a candidate of this step's.
+    m, keep = after.merged, after.candidates.shape[1]
+    ended = [beam_select.pick(np.concatenate([old, new], 1), m) for old, new in zip(field[4:], (
+        np.repeat(steps[:, None], keep, 1), beam_select.pick(order, after.candidate_parent),
+        after.candidate_token, after.candidate_logprob))]
+    new_state = np.concatenate([new_order, after.scores, after.finished_scores, after.finished_flags, *ended,
+                                after.improvable[:, None], state[:, 8 * k + 1:]], 1, dtype=np.float64)
+    slots = np.stack([s.slots if s.slots is not None else _slots(s) for s in searches])
+    row, j = np.nonzero(homeless & ~after.stopped[:, None])
+    moves = zip(row.tolist(), slots[row, parent_beam[row, j]].tolist(), slots[row, new_order[row, j]].tolist())
+    out: list[list[Copy]] = [[] for _ in searches]
+    # Every copy of the step at the longest length any needs: one gather per buffer for all of them (the positions
+    # a shorter one copies past its own length are written by its next steps before anything reads them).
+    length = max((written[i] for i in row.tolist()), default=0)
+    for i, source, target in moves:
+        out[i].append(Copy(source, target, length))
+    stopped, last = after.stopped.tolist(), record.token.tolist()
+    for i, search in enumerate(searches):
+        search.history.append((record, i))
+        search.state, search.stopped, search.steps, search.last = new_state[i], stopped[i], search.steps + 1, last[i]
+    return out
+
+
+def _slots(search: BeamSearch) -> np.ndarray:
+    search.slots = np.array([b.slot for b in search.beams], np.int64)
+    return search.slots
 
 
 class Beam:
@@ -265,6 +301,7 @@ class Beam:
         self.search, self.index = search, index
         self.state: SeqState | None = None
         self.prompt_tokens = None
+        self.generated = Generated(search, index)
 
     @property
     def strategy(self) -> "BeamStrategy":
@@ -284,10 +321,6 @@ class Beam:
         if self.state is None or self.state.slot is None:
             raise RuntimeError("beam search: a beam without a slot stepped")
         return self.state.slot
-
-    @property
-    def generated(self) -> list[int]:
-        return self.search.tokens[self.index]
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -330,80 +363,80 @@ class Beam:
         self.search.finish(reason)
 
 
-# Rows per call of the beam scores' graph (beam_scores.py): rows of a large vocabulary stay in a core's cache in
-# small blocks and not in large ones (bench/FINDINGS.md has the sizes tried).
-BEAM_ROWS = 4
+class Generated:
+    """The tokens of the hypothesis in a beam's slot, as the executor and loop read a Sequence's `generated`: its
+    length and last token at once (what they read every step), the rest walked from the search's records."""
+
+    __slots__ = ("search", "beam")
+
+    def __init__(self, search: BeamSearch, beam: int) -> None:
+        self.search, self.beam = search, beam
+
+    def __len__(self) -> int:
+        return self.search.steps
+
+    def __getitem__(self, index: int) -> int:
+        if index == -1 and self.search.steps:
+            return self.search.last[self.beam]
+        return self.search.walk(self.beam, self.search.steps - 1)[0][index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.search.walk(self.beam, self.search.steps - 1)[0])
 
 
 class BeamStrategy:
-    """Every beam search's rows of a step: their top log-probabilities scored together (in blocks of BEAM_ROWS
-    rows over slices of the logits, no copy where the rows are consecutive, as a batch of searches' decode rows
-    are), then each search's step; the copies of all of them returned together (searches never share a slot)."""
+    """Every beam search's rows of a step: their top log-probabilities scored together (beam_scores.score_rows: as
+    few calls as the rows' size allows, slices of the decode call's logits where the rows are consecutive), then
+    the searches of each width stepped together (`advance`); the copies of all of them returned together (searches
+    never share a slot)."""
 
     runs_ahead = False
 
     def plan(self, rows: list[StepRow], context: StepContext) -> Planned:
-        searches: dict[BeamSearch, dict[int, StepRow]] = {}
-        for row in rows:
-            searches.setdefault(row.state.owner.search, {})[row.state.owner.index] = row
         out = Planned()
-        try:
-            scored = _scores([r for s, beams in searches.items() for b, r in beams.items() if s.steps or b == 0],
-                             context.top)
-        except Exception as exc:   # onnxruntime's own exception types: those searches fail, nothing else
-            out.failed += [(s.states, "beam search step failed", exc) for s in searches]
-            return out
-        for search, beams in searches.items():
-            try:
-                copies = search.step({b: r.logits for b, r in beams.items()}, beams[min(beams)].written,
-                                     context.top, {b: scored[id(r)] for b, r in beams.items() if id(r) in scored})
-            except Exception as exc:
-                out.failed.append((search.states, "beam search step failed", exc))
+        searches: dict[int, tuple[BeamSearch, list[StepRow | None]]] = {}
+        for row in rows:
+            owner = row.state.owner
+            entry = searches.get(id(owner.search))
+            if entry is None:
+                entry = searches[id(owner.search)] = (owner.search, [None] * owner.search.k)
+            entry[1][owner.index] = row
+        count = Counter(id(row.state.owner.search) for row in rows)
+        scored: list[StepRow] = []                 # the rows whose logits are read, each once
+        groups: dict[tuple[int, int], list[tuple[BeamSearch, list[int], int]]] = {}
+        for key, (search, beams) in searches.items():
+            # The first step reads beam 0 alone: every beam holds the prompt alone (a decoder's other beams get it
+            # by this step's copies), and the others' candidates score -1e9 whatever their logits.
+            first = search.steps == 0
+            needed = beams[:1] if first else beams
+            if needed[0] is None or not first and count[key] < len(beams):
+                error = RuntimeError(f"beam search: {count[key]} of its {len(beams)} beams stepped")
+                out.failed.append((search.states, "beam search step failed", error))
                 continue
-            out.copies.append((search.states, copies))
-            out.settles.append(search)
+            at = len(scored)
+            scored += needed                           # type: ignore[arg-type]
+            by_beam = [at] * len(beams) if first else list(range(at, at + len(beams)))
+            groups.setdefault((search.k, search.vocab_size), []).append(
+                (search, by_beam, needed[0].written))   # type: ignore[union-attr]
+        if not groups:
+            return out
+        try:
+            keep = 2 * max(k for k, _ in groups)
+            values, ids = score_rows(scored, context.top, max(v for _, v in groups), keep)
+        except Exception as exc:   # onnxruntime's own exception types: those searches fail, nothing else
+            out.failed += [(s.states, "beam search step failed", exc) for g in groups.values() for s, _, _ in g]
+            return out
+        for group in groups.values():
+            members = [s for s, _, _ in group]
+            try:
+                copies = advance(members, np.array([p for _, p, _ in group]), values, ids, [w for _, _, w in group],
+                                 context.top)
+            except Exception as exc:
+                out.failed += [(s.states, "beam search step failed", exc) for s in members]
+                continue
+            out.copies += [(s.states, c) for s, c in zip(members, copies) if c]
+            out.settles += members
         return out
 
 
 BEAMS = BeamStrategy()
-
-
-def _scores(rows: list[StepRow], top: TopLogprobs) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """id(row) -> the row's 2k best log-probabilities and ids, k the widest search's; in calls of at most
-    BEAM_ROWS rows, each a slice of one block where the rows are consecutive in it (bench/FINDINGS.md)."""
-    if not rows:
-        return {}
-    search = max((r.state.owner.search for r in rows), key=lambda s: s.options.num_beams)
-    vocab, keep = search.vocab_size, 2 * search.options.num_beams
-    ordered = sorted(rows, key=lambda r: (id(r.block), r.index))
-    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for lo in range(0, len(ordered), BEAM_ROWS):
-        part = ordered[lo:lo + BEAM_ROWS]
-        block, first = part[0].block, part[0].index
-        if all(r.block is block and r.index == first + i for i, r in enumerate(part)):
-            values, ids = top(block[first:first + len(part), :vocab], keep)
-        else:
-            values, ids = top(np.stack([r.logits[:vocab] for r in part]), keep)
-        out.update((id(r), (values[i], ids[i])) for i, r in enumerate(part))
-    return out
-
-
-def numpy_top(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: the n largest log-softmax values and their ids, best first, ties to the lower id (beam_scores'
-    graph does the same in one onnxruntime call)."""
-    x = logits.astype(np.float32)
-    shifted = x - x.max(axis=1, keepdims=True)
-    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    ids = np.argsort(-logp, axis=1, kind="stable")[:, :n]
-    return np.take_along_axis(logp, ids, axis=1), ids
-
-
-def _top(scores: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the n largest scores, best first, ties by lower index. Over beams x vocabulary (as it once ran)
-    a full sort was most of a beam step (bench/FINDINGS.md): partition first, then sort the few that reach the
-    n-th largest score (all of them, so ties at the edge still go to the lower index)."""
-    if n >= scores.size:
-        return np.argsort(-scores, kind="stable")[:n]
-    edge = np.partition(scores, scores.size - n)[scores.size - n]      # the n-th largest
-    near = np.flatnonzero(scores >= edge)                               # ascending indices
-    return near[np.argsort(-scores[near], kind="stable")][:n]

@@ -68,7 +68,7 @@ def test_a_search_stepped_with_the_graph_keeps_what_numpy_keeps() -> None:
             rows = {i: rng.standard_normal(500).astype(np.float32) * 3 for i in range(4)}
             copies_a = a.step(rows, step + 1, top)
             copies_b = b.step(rows, step + 1, numpy_top)
-            assert copies_a == copies_b and a.tokens == b.tokens and a.order == b.order
+            assert copies_a == copies_b and a.tokens == b.tokens and np.array_equal(a.order, b.order)
             np.testing.assert_allclose(a.scores, b.scores, atol=1e-4)
             if a.stopped or b.stopped:
                 assert a.stopped and b.stopped

@@ -128,3 +128,28 @@ def test_out_of_range_requests_are_refused() -> None:
     with pytest.raises(ValueError, match=r"slots \[1, 3\)"):
         cache.bind(_add_in_place_session().io_binding(), "past", "past", "present", 1, 3)
     assert cache.nbytes == 2 * 1 * 4 * 2 * 2 and cache.host_copy("past").dtype == np.float16
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_written_rows_land_in_their_slots_first_positions_and_nothing_else_moves(provider: str) -> None:
+    """An encoder's output rows into slots (a beam search's source into each of its beams' slots): positions
+    [0, length) of each named slot get their row, every other position and slot keeps what it held."""
+    session = _add_in_place_session(provider)
+    cache = CacheBuffers(["past"], slots=5, kv_heads=2, max_length=5, head_dim=3, dtype=np.float32,
+                         device=Device.of(session))
+    rng = np.random.default_rng(1)
+    io = session.io_binding()
+    cache.bind(io, "past", "past", "present", 0, 5)
+    held = rng.standard_normal((5, 2, 5, 3)).astype(np.float32)
+    io.bind_cpu_input("delta", held)
+    session.run_with_iobinding(io)
+    rows = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)        # 2 sources of 3 positions
+    value = ort.OrtValue.ortvalue_from_numpy(rows, "cuda" if provider == CUDA else "cpu", 0)
+    cache.write_rows("past", value, [(0, 4), (1, 1), (0, 2), (0, 0)])
+    cache.synchronize()
+    want = held.copy()
+    for row, slot in [(0, 4), (1, 1), (0, 2), (0, 0)]:
+        want[slot, :, :3] = rows[row]
+    np.testing.assert_array_equal(cache.host_copy("past"), want)
+    with pytest.raises(ValueError, match="out of range"):
+        cache.write_rows("past", value, [(2, 0)])
