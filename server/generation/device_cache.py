@@ -217,11 +217,17 @@ class CacheBuffers:
         if (their_heads, their_dim) != (heads, head_dim) or length > max_length:
             raise ValueError(f"write_rows: a [{batch}, {their_heads}, {length}, {their_dim}] tensor does not fit "
                              f"buffer {name!r} of [{slots}, {heads}, {max_length}, {head_dim}]")
-        src_pitch, dst_pitch = length * head_dim * self._item, max_length * head_dim * self._item
-        base, src = self.values[name].data_ptr(), value.data_ptr()
         for row, slot in rows:
             if not (0 <= row < batch and 0 <= slot < slots):
                 raise ValueError(f"write_rows: row {row} -> slot {slot} out of range")
+        if self._views:
+            # On the host one gather and scatter per buffer, not a memmove per row and head (bench/FINDINGS.md).
+            src_view = _host_view(value, (batch, heads, length, head_dim), self.dtype)
+            self._views[name][[s for _, s in rows], :, :length] = src_view[[r for r, _ in rows]]
+            return
+        src_pitch, dst_pitch = length * head_dim * self._item, max_length * head_dim * self._item
+        base, src = self.values[name].data_ptr(), value.data_ptr()
+        for row, slot in rows:
             self.device.copy_rows(base + slot * self.slot_bytes, dst_pitch, src + row * heads * src_pitch,
                                   src_pitch, src_pitch, heads)
 
