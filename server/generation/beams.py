@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .beam_batch import batchable, step_many
 from .params import GenerationParams
 from .results import FINISH_EOS, FINISH_LENGTH
 from .sampling import Choice, forced_logprobs
@@ -330,14 +331,16 @@ class Beam:
         self.search.finish(reason)
 
 
-# Rows per call of the beam scores' graph (beam_scores.py): rows of a large vocabulary stay in a core's cache in
-# small blocks and not in large ones (bench/FINDINGS.md has the sizes tried).
-BEAM_ROWS = 4
+# Logits per call of the beam scores' graph (beam_scores.py), as rows x vocabulary: rows of a large vocabulary stay
+# in a core's cache in small blocks (four rows of the OPUS-MT shape's) and not in large ones, while a small
+# vocabulary's rows are better scored many to a call, each call's own cost being the larger part (bench/FINDINGS.md
+# has the sizes tried).
+BEAM_BLOCK = 4 * 65_536
 
 
 class BeamStrategy:
-    """Every beam search's rows of a step: their top log-probabilities scored together (in blocks of BEAM_ROWS
-    rows over slices of the logits, no copy where the rows are consecutive, as a batch of searches' decode rows
+    """Every beam search's rows of a step: their top log-probabilities scored together (in blocks of at most
+    BEAM_BLOCK logits over slices of the logits, no copy where the rows are consecutive, as a batch of searches' decode rows
     are), then each search's step; the copies of all of them returned together (searches never share a slot)."""
 
     runs_ahead = False
@@ -353,10 +356,29 @@ class BeamStrategy:
         except Exception as exc:   # onnxruntime's own exception types: those searches fail, nothing else
             out.failed += [(s.states, "beam search step failed", exc) for s in searches]
             return out
+        given = {search: {b: scored[id(r)] for b, r in beams.items() if id(r) in scored}
+                 for search, beams in searches.items()}
+        together: dict[tuple[int, int], list[BeamSearch]] = {}
         for search, beams in searches.items():
+            stepped = [0] if search.steps == 0 else list(range(search.options.num_beams))   # as step() reads
+            if sorted(beams)[:len(stepped)] == stepped and len(beams) >= len(stepped) \
+                    and batchable(search, given[search]):
+                together.setdefault((search.options.num_beams, search.vocab_size), []).append(search)
+        alone = [s for s in searches if not any(s in group for group in together.values())]
+        for group in together.values():
+            try:
+                copies = step_many(group, [searches[s][min(searches[s])].written for s in group],
+                                   [given[s] for s in group])
+            except Exception as exc:
+                out.failed += [(s.states, "beam search step failed", exc) for s in group]
+                continue
+            out.copies += [(s.states, c) for s, c in zip(group, copies)]
+            out.settles += group
+        for search in alone:
+            beams = searches[search]
             try:
                 copies = search.step({b: r.logits for b, r in beams.items()}, beams[min(beams)].written,
-                                     context.top, {b: scored[id(r)] for b, r in beams.items() if id(r) in scored})
+                                     context.top, given[search])
             except Exception as exc:
                 out.failed.append((search.states, "beam search step failed", exc))
                 continue
@@ -370,15 +392,16 @@ BEAMS = BeamStrategy()
 
 def _scores(rows: list[StepRow], top: TopLogprobs) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """id(row) -> the row's 2k best log-probabilities and ids, k the widest search's; in calls of at most
-    BEAM_ROWS rows, each a slice of one block where the rows are consecutive in it (bench/FINDINGS.md)."""
+    BEAM_BLOCK logits, each a slice of one block where the rows are consecutive in it (bench/FINDINGS.md)."""
     if not rows:
         return {}
     search = max((r.state.owner.search for r in rows), key=lambda s: s.options.num_beams)
     vocab, keep = search.vocab_size, 2 * search.options.num_beams
+    per_call = max(1, BEAM_BLOCK // vocab)
     ordered = sorted(rows, key=lambda r: (id(r.block), r.index))
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for lo in range(0, len(ordered), BEAM_ROWS):
-        part = ordered[lo:lo + BEAM_ROWS]
+    for lo in range(0, len(ordered), per_call):
+        part = ordered[lo:lo + per_call]
         block, first = part[0].block, part[0].index
         if all(r.block is block and r.index == first + i for i, r in enumerate(part)):
             values, ids = top(block[first:first + len(part), :vocab], keep)
