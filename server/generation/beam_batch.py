@@ -67,8 +67,7 @@ def _stacked(searches: list[BeamSearch], scored: list[Scored], k: int, keep: int
 def _normalised(scores: np.ndarray, length: np.ndarray, penalty: np.ndarray) -> np.ndarray:
     """beams._normalised row by row: row i's scores / length[i] ** penalty[i], the same float32 division."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        denominators = np.array([np.float32(np.power(np.float64(n), p)) for n, p in zip(length, penalty)],
-                                np.float32)
+        denominators = np.power(np.asarray(length, np.float64), np.asarray(penalty, np.float64)).astype(np.float32)
         out = scores.astype(np.float32) / denominators[:, None]
     if not np.isnan(out).any():
         return out.astype(np.float32)
