@@ -221,9 +221,9 @@ class CacheBuffers:
             if not (0 <= row < batch and 0 <= slot < slots):
                 raise ValueError(f"write_rows: row {row} -> slot {slot} out of range")
         if self._views:
-            # On the host one gather and scatter per buffer, not a memmove per row and head (bench/FINDINGS.md).
-            src_view = _host_view(value, (batch, heads, length, head_dim), self.dtype)
-            self._views[name][[s for _, s in rows], :, :length] = src_view[[r for r, _ in rows]]
+            # On the host one gather and scatter per buffer, not a memmove per row and head (bench/FINDINGS.md);
+            # the encoder's output read as an array (a copy of it) costs less than a view made over its address.
+            self._views[name][[s for _, s in rows], :, :length] = value.numpy()[[r for r, _ in rows]]
             return
         src_pitch, dst_pitch = length * head_dim * self._item, max_length * head_dim * self._item
         base, src = self.values[name].data_ptr(), value.data_ptr()
