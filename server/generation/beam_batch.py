@@ -104,58 +104,60 @@ def step_many(searches: list[BeamSearch], written: list[int], scored: list[Score
     chosen = _best(running, k)
     penalty = np.array([s.options.length_penalty for s in searches], np.float64)
     normalised = _normalised(top_scores, length, penalty)
-    for mask in (np.array([bool(s.finished_flags.all()) and s.options.early_stopping is True for s in searches]),
-                 np.array([not s.improvable for s in searches])):
+    old_flags = np.stack([s.finished_flags for s in searches])
+    early = np.array([s.options.early_stopping is True for s in searches])
+    for mask in (old_flags.all(axis=1) & early, np.array([not s.improvable for s in searches])):
         if mask.any():
             normalised[mask] = normalised[mask] + _NEG
     just = hits & (np.arange(keep) < k)
     normalised = (normalised + (~just).astype(np.float32) * _NEG).astype(np.float32)
     merged = np.concatenate([np.stack([s.finished_scores for s in searches]), normalised], axis=1)
     best = _best(merged, k)
-    merged_flags = np.concatenate([np.stack([s.finished_flags for s in searches]), just], axis=1)
-    copies = [_settle_lists(search, i, parent, token, step_logprobs, chosen, best, merged, merged_flags, written[i])
+    finished_scores = np.take_along_axis(merged, best, 1)
+    finished_flags = np.take_along_axis(np.concatenate([old_flags, just], axis=1), best, 1)
+    kept_scores = np.take_along_axis(running, chosen, 1)
+    copies = [_settle_lists(search, i, parent, token, step_logprobs, chosen, best, written[i])
               for i, search in enumerate(searches)]
     for i, search in enumerate(searches):
-        search.scores = running[i][chosen[i]]
+        search.finished_scores, search.finished_flags = finished_scores[i], finished_flags[i]
+        search.scores = kept_scores[i]
         search.steps = int(length[i])
-    _improvable(searches, penalty)
-    for i, search in enumerate(searches):
-        full = bool(search.finished_flags.all()) and search.options.early_stopping is True
-        search.stopped = not search.improvable or full or bool(hits[i].all())
-        if search.stopped:
+    improvable = _improvable(searches, penalty, kept_scores, finished_scores, finished_flags)
+    stopped = ~improvable | (finished_flags.all(axis=1) & early) | hits.all(axis=1)
+    for i, (search, more, ended) in enumerate(zip(searches, improvable.tolist(), stopped.tolist())):
+        search.improvable, search.stopped = more, ended
+        if ended:
             copies[i] = []
     return copies
 
 
 def _settle_lists(search: BeamSearch, i: int, parent: np.ndarray, token: np.ndarray, step_logprobs: np.ndarray,
-                  chosen: np.ndarray, best: np.ndarray, merged: np.ndarray, merged_flags: np.ndarray,
-                  written: int) -> list[Copy]:
-    """Search i's lists after the step (its finished hypotheses, its running ones by beam) and its slot copies."""
+                  chosen: np.ndarray, best: np.ndarray, written: int) -> list[Copy]:
+    """Search i's lists after the step (its finished hypotheses' tokens and log-probabilities, its running ones by
+    beam) and its slot copies."""
     order = search.order
     candidates = [search.tokens[order[p]] + [t] for p, t in zip(parent[i].tolist(), token[i].tolist())]
     logprobs = [search.logprobs[order[p]] + [lp] for p, lp in zip(parent[i].tolist(), step_logprobs[i].tolist())]
     kept = best[i].tolist()
     merged_tokens = search.finished_tokens + candidates
     merged_logprobs = search.finished_logprobs + logprobs
-    search.finished_scores = merged[i][best[i]]
     search.finished_tokens = [merged_tokens[j] for j in kept]
     search.finished_logprobs = [merged_logprobs[j] for j in kept]
-    search.finished_flags = merged_flags[i][best[i]]
     going = chosen[i].tolist()
     parents = parent[i].tolist()
     return search._reorder([parents[c] for c in going], [candidates[c] for c in going],
                            [logprobs[c] for c in going], written)
 
 
-def _improvable(searches: list[BeamSearch], penalty: np.ndarray) -> None:
-    """Each search's `improvable` after its step: whether its best running hypothesis may still beat its worst
-    finished one (BeamSearch.step's last test), for all at once."""
+def _improvable(searches: list[BeamSearch], penalty: np.ndarray, scores: np.ndarray, finished_scores: np.ndarray,
+                finished_flags: np.ndarray) -> np.ndarray:
+    """Per search after its step (`scores` its running hypotheses' best first, the finished ones' scores and
+    flags): whether its best running hypothesis may still beat its worst finished one, as BeamSearch.step's last
+    test, and it still could before."""
     hypothetical = np.array([s.options.max_new_tokens if (s.options.early_stopping == "never"
                                                            and s.options.length_penalty > 0) else s.steps
                              for s in searches])
-    best_possible = _normalised(np.array([s.scores[:1] for s in searches], np.float32), hypothetical, penalty)[:, 0]
-    flags = np.stack([s.finished_flags for s in searches])
-    worst = np.where(flags, np.stack([s.finished_scores for s in searches]).min(axis=1)[:, None], _NEG)
+    best_possible = _normalised(scores[:, :1], hypothetical, penalty)[:, 0]
+    worst = np.where(finished_flags, finished_scores.min(axis=1)[:, None], _NEG)
     better = (best_possible[:, None] > worst).any(axis=1)
-    for search, more in zip(searches, better.tolist()):
-        search.improvable = search.improvable and more
+    return np.array([s.improvable for s in searches]) & better
