@@ -77,6 +77,23 @@ class LocalRunner:
     def __init__(self, plane: Any, config: TaskConfig) -> None:
         self.plane = plane
         self.config = config
+        self._params: Any = None     # the server's GenerationParams of the task's, checked once for every record
+
+    def _generation_params(self) -> Any:
+        """The task's generation parameters as the server takes them (ValueError naming the field when invalid)."""
+        if self._params is None:
+            from server.generation.params import GenerationParams as ServerParams
+
+            g = self.config.generation
+            self._params = ServerParams.validate(
+                max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
+                repetition_penalty=g.repetition_penalty, stop=list(g.stop), stop_token_ids=list(g.stop_token_ids),
+                seed=g.seed, logprobs=g.logprobs, top_logprobs=g.top_logprobs, truncate_prompt=g.truncate_prompt,
+                ignore_eos=g.ignore_eos, presence_penalty=g.presence_penalty,
+                frequency_penalty=g.frequency_penalty, logit_bias=dict(g.logit_bias), min_p=g.min_p,
+                min_tokens=g.min_tokens, prompt_logprobs=g.prompt_logprobs, num_beams=g.num_beams,
+                length_penalty=g.length_penalty, early_stopping=g.early_stopping)
+        return self._params
 
     @classmethod
     async def start(cls, repository: Path, config: TaskConfig, intra_op_threads: int = 0, instances: int = 1,
@@ -99,7 +116,6 @@ class LocalRunner:
 
     async def run(self, record: Record) -> dict[str, Any]:
         from server.protocol.errors import ServingError
-        from server.generation.params import GenerationParams as ServerParams
 
         c = self.config
         version = c.version or 0
@@ -116,15 +132,7 @@ class LocalRunner:
                 embedded = await self.plane.embed(c.model, version, [record.text], truncate=c.truncate)
                 return embedding_payload(embedded.embeddings[0].tolist(), embedded.token_counts[0])
             g = c.generation
-            params = ServerParams.validate(
-                max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
-                repetition_penalty=g.repetition_penalty, stop=list(g.stop), stop_token_ids=list(g.stop_token_ids),
-                seed=g.seed, logprobs=g.logprobs, top_logprobs=g.top_logprobs, truncate_prompt=g.truncate_prompt,
-                ignore_eos=g.ignore_eos, presence_penalty=g.presence_penalty,
-                frequency_penalty=g.frequency_penalty, logit_bias=dict(g.logit_bias), min_p=g.min_p,
-                min_tokens=g.min_tokens, prompt_logprobs=g.prompt_logprobs, num_beams=g.num_beams,
-                length_penalty=g.length_penalty, early_stopping=g.early_stopping)
-            result = await self.plane.generate(c.model, version, record.text, params)
+            result = await self.plane.generate(c.model, version, record.text, self._generation_params())
             return generation_payload(_generation(result.output, g.wants_logprobs), g.wants_logprobs)
         except (ServingError, ValueError) as e:
             raise _as_ortserve_error(e) from None

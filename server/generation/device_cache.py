@@ -220,9 +220,10 @@ class CacheBuffers:
         for row, slot in rows:
             if not (0 <= row < batch and 0 <= slot < slots):
                 raise ValueError(f"write_rows: row {row} -> slot {slot} out of range")
-        if name in self._views:    # on the host: one scatter (a beam search's source goes into each beam's slot)
-            source = _host_view(value, (batch, heads, length, head_dim), self.dtype)
-            self._views[name][[s for _, s in rows], :, :length] = source[[r for r, _ in rows]]
+        if self._views:
+            # On the host one gather and scatter per buffer, not a memmove per row and head (bench/FINDINGS.md);
+            # the encoder's output read as an array (a copy of it) costs less than a view made over its address.
+            self._views[name][[s for _, s in rows], :, :length] = value.numpy()[[r for r, _ in rows]]
             return
         src_pitch, dst_pitch = length * head_dim * self._item, max_length * head_dim * self._item
         base, src = self.values[name].data_ptr(), value.data_ptr()

@@ -42,6 +42,15 @@ def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, reason: str 
     token = choice.token_id
     seq.generated.append(token)
     generated = to_generated_token(choice, tokenizer)
+    if seq.quiet:
+        # Its consumer reads only the end: the text of its tokens is made there, all at once (Sequence.catch_up).
+        if reason is None or reason == FINISH_LENGTH:
+            seq.deferred.append(generated)
+            if reason is not None:
+                seq.finish(reason)
+        else:
+            seq.finish(reason, tokens=[generated])
+        return
     # eos and stop-token ids end the sequence; their text is not part of the output.
     if reason is not None and reason != FINISH_LENGTH:
         seq.finish(reason, tokens=[generated])

@@ -64,6 +64,9 @@ class Sequence:
     # Collected whole (a unary request): every chunk waits for the final one, so no token costs a queue round trip
     # on the event loop (bench/FINDINGS.md).
     whole: bool = False
+    # A whole request without stop strings (`quiet`): its tokens, kept without text until its end, when they go
+    # through the detokenizer together (`catch_up`): nobody reads its text before then.
+    deferred: list[GeneratedToken] = field(default_factory=list)
     # Generated tokens not yet sent, each with where its text starts and ends in the text produced so far;
     # `released`: how much of that text the stop matcher let out.
     ledger: list[tuple[GeneratedToken, int, int]] = field(default_factory=list)
@@ -148,6 +151,20 @@ class Sequence:
         return tokens
 
     @property
+    def quiet(self) -> bool:
+        """Collected whole, with no stop string to match: its text is made at its end (outputs.emit_token)."""
+        return self.whole and not self.params.stop
+
+    def catch_up(self) -> str:
+        """The deferred tokens through the detokenizer and the ledger, in order, as if each had been applied at its
+        step: the text they release (the same text, and the same ledger, token by token)."""
+        if not self.deferred:
+            return ""
+        tokens, self.deferred = self.deferred, []
+        push, add = self.detokenizer.push, self.add_text
+        return "".join([add(token, push(token.token_id)) for token in tokens])
+
+    @property
     def done(self) -> bool:
         return self.finish_reason is not None
 
@@ -180,6 +197,7 @@ class Sequence:
         """Send the final chunk: flushes held-back text unless a stop sequence ended the text."""
         if self.done:
             return
+        text = self.catch_up() + text
         if not self.stopper.stopped:
             rest = self.detokenizer.flush()
             if self.ledger:     # the text the detokenizer held is its last tokens'

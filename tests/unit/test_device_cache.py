@@ -119,6 +119,30 @@ def test_resized_buffers_keep_each_slots_first_positions_on_the_device(provider:
     np.testing.assert_array_equal(longer.resized(2).host_copy("past"), filled[:, :, :2])
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_written_rows_land_in_their_slots_first_positions_and_nothing_else_changes(provider: str) -> None:
+    """An encoder's output rows into the cross buffers (encoder_step.py): row r's every head at positions
+    [0, length) of its slot (a row may go to several slots: a beam search's), the rest of each slot kept."""
+    session = _add_in_place_session(provider)
+    device = Device.of(session)
+    cache = CacheBuffers(["past"], slots=6, kv_heads=2, max_length=5, head_dim=3, dtype=np.float32, device=device)
+    before = np.random.default_rng(2).standard_normal((6, 2, 5, 3)).astype(np.float32)
+    io = session.io_binding()
+    cache.bind(io, "past", "past", "present", 0, 6)
+    io.bind_cpu_input("delta", before)
+    session.run_with_iobinding(io)
+    rows = np.arange(3 * 2 * 3 * 3, dtype=np.float32).reshape(3, 2, 3, 3) + 100
+    value = ort.OrtValue.ortvalue_from_numpy(rows, device.kind, device.index)
+    cache.write_rows("past", value, [(0, 4), (2, 1), (2, 5), (1, 0)])
+    cache.synchronize()
+    want = before.copy()
+    for row, slot in ((0, 4), (2, 1), (2, 5), (1, 0)):
+        want[slot, :, :3] = rows[row]
+    np.testing.assert_array_equal(cache.host_copy("past"), want)
+    with pytest.raises(ValueError, match="out of range"):
+        cache.write_rows("past", value, [(3, 0)])
+
+
 def test_out_of_range_requests_are_refused() -> None:
     cache = CacheBuffers(["past"], slots=2, kv_heads=1, max_length=4, head_dim=2, dtype=np.float16, device=Device())
     with pytest.raises(ValueError, match="out of range"):
@@ -128,28 +152,3 @@ def test_out_of_range_requests_are_refused() -> None:
     with pytest.raises(ValueError, match=r"slots \[1, 3\)"):
         cache.bind(_add_in_place_session().io_binding(), "past", "past", "present", 1, 3)
     assert cache.nbytes == 2 * 1 * 4 * 2 * 2 and cache.host_copy("past").dtype == np.float16
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_written_rows_land_in_their_slots_first_positions_and_nothing_else_moves(provider: str) -> None:
-    """An encoder's output rows into slots (a beam search's source into each of its beams' slots): positions
-    [0, length) of each named slot get their row, every other position and slot keeps what it held."""
-    session = _add_in_place_session(provider)
-    cache = CacheBuffers(["past"], slots=5, kv_heads=2, max_length=5, head_dim=3, dtype=np.float32,
-                         device=Device.of(session))
-    rng = np.random.default_rng(1)
-    io = session.io_binding()
-    cache.bind(io, "past", "past", "present", 0, 5)
-    held = rng.standard_normal((5, 2, 5, 3)).astype(np.float32)
-    io.bind_cpu_input("delta", held)
-    session.run_with_iobinding(io)
-    rows = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)        # 2 sources of 3 positions
-    value = ort.OrtValue.ortvalue_from_numpy(rows, "cuda" if provider == CUDA else "cpu", 0)
-    cache.write_rows("past", value, [(0, 4), (1, 1), (0, 2), (0, 0)])
-    cache.synchronize()
-    want = held.copy()
-    for row, slot in [(0, 4), (1, 1), (0, 2), (0, 0)]:
-        want[slot, :, :3] = rows[row]
-    np.testing.assert_array_equal(cache.host_copy("past"), want)
-    with pytest.raises(ValueError, match="out of range"):
-        cache.write_rows("past", value, [(2, 0)])

@@ -57,3 +57,19 @@ def _streams(gpt: Package) -> list[tuple[str, list[int], str]]:
 def test_fixed_seed_streams_are_byte_identical_to_the_recorded_ones(gpt: Package) -> None:
     got = _streams(gpt)
     assert got == RECORDED
+
+
+def test_whole_answers_carry_the_recorded_streams(gpt: Package) -> None:
+    """A unary request without stop strings makes its text once, at its end (Sequence.catch_up), instead of token
+    by token: the same text (partial UTF-8 characters included), token ids and logprobs as the recorded streams."""
+    async def body() -> list[tuple[str, list[int], str]]:
+        async with gpt.engine() as engine:
+            async def one(prompt: str, kw: dict) -> tuple[str, list[int], str]:
+                result = await engine.generate(prompt, GenerationParams.validate(**kw))
+                scores = [(t.logprob, [(a.token_id, a.logprob) for a in t.top_logprobs]) for t in result.tokens]
+                return (result.text, [t.token_id for t in result.tokens],
+                        hashlib.sha256(repr(scores).encode()).hexdigest())
+
+            return list(await asyncio.gather(*(one(p, kw) for p, kw in CASES)))
+
+    assert run(body()) == RECORDED
