@@ -215,19 +215,20 @@ class EngineLoop:
 
     async def _settle_arrivals(self) -> None:
         """Woken from idle: requests sent in the same instant reach the engine a little apart (each is parsed and
-        tokenized on this loop first). Wait while they keep coming, until none came for a millisecond or
+        tokenized on this loop first). Wait while they keep coming, until none came for arrival_quiet_ms or
         arrival_window_ms passed, so they are prefilled together instead of the first alone and the rest one by
-        one beside it. The quiet millisecond is read from the clock, not counted in sleeps: a loop's timer can
-        fire early."""
+        one beside it. The quiet time is read from the clock, not counted in sleeps: a loop's timer can fire
+        early."""
         last = time.monotonic()
         end = last + self._config.arrival_window_ms / 1000
+        quiet = self._config.arrival_quiet_ms / 1000
         seen = len(self._scheduler.waiting)
         while True:
             await asyncio.sleep(0.001)
             now = time.monotonic()
             if len(self._scheduler.waiting) != seen:
                 seen, last = len(self._scheduler.waiting), now
-            if now - last >= 0.001 or now >= end:
+            if now - last >= quiet or now >= end:
                 return
 
     def _sequences(self) -> list[Sequence]:

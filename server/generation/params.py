@@ -297,6 +297,7 @@ class GenerationConfig:
     max_prefill_tokens: int = 1024   # padded prompt tokens (rows x longest chunk) per iteration when none decodes
     prefill_chunk_tokens: int = 20   # prompt tokens per iteration while others decode (in-place-cache models)
     arrival_window_ms: float = 5.0   # waking from idle: longest wait for simultaneous arrivals (0 = none)
+    arrival_quiet_ms: float = 1.0    # ... which ends sooner once no request came for this long
     prefix_caching: bool = True      # new prompts starting with tokens a slot holds copy their keys/values
     # Tokens per streamed chunk after the first (1 = each token as it comes; n: the tokens of n steps in one chunk,
     # the last chunk whatever is left): each chunk costs a message on the door and the client (Sequence.send).
@@ -323,11 +324,9 @@ class GenerationConfig:
                 raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")
         if not _is_int(self.max_model_len) or self.max_model_len < 0:
             raise ValueError(f"generation.max_model_len: must be an integer >= 0, got {self.max_model_len!r}")
-        if isinstance(self.decode_run_ms, bool) or not isinstance(self.decode_run_ms, (int, float)) \
-                or not 0 <= self.decode_run_ms <= 10_000:
-            raise ValueError(f"generation.decode_run_ms: must be in [0, 10000], got {self.decode_run_ms!r}")
-        if isinstance(self.arrival_window_ms, bool) or not isinstance(self.arrival_window_ms, (int, float)) \
-                or not 0 <= self.arrival_window_ms <= 1000:
-            raise ValueError(f"generation.arrival_window_ms: must be in [0, 1000], got {self.arrival_window_ms!r}")
+        for name, top in (("decode_run_ms", 10_000), ("arrival_window_ms", 1000), ("arrival_quiet_ms", 1000)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+                raise ValueError(f"generation.{name}: must be in [0, {top}], got {value!r}")
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"generation.prefix_caching: must be a boolean, got {self.prefix_caching!r}")

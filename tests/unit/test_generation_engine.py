@@ -772,14 +772,17 @@ def test_metrics_are_recorded(gpt: Package) -> None:
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_a_burst_reaching_an_idle_engine_a_moment_apart_is_prefilled_as_one_group(gpt: Package, loop: str) -> None:
     """Requests sent together reach the engine a few hundred microseconds apart: gRPC's poller thread hands each
-    to the event loop, which parses and tokenizes it. Woken from idle, the engine waits for a quiet millisecond,
-    so the four prompts go in one call at the large budget: four chunks. Had it started with the first alone,
-    the others would be cut into 2-token chunks beside its decode (prefill_chunk_tokens=2): many more."""
+    to the event loop, which parses and tokenizes it. Woken from idle, the engine waits until none came for a
+    quiet spell, so the four prompts go in one call at the large budget: four chunks. Had it started with the
+    first alone, the others would be cut into 2-token chunks beside its decode (prefill_chunk_tokens=2): many more.
+    The quiet spell here is far longer than the gaps, so a sender thread descheduled on busy cores still lands
+    inside it (the default's millisecond did not, under load)."""
     metrics = Metrics(CollectorRegistry())
     prompts = [p for p in PROMPTS if len(gpt.ids(p)) > 2][:4]
 
     async def body() -> None:
-        async with gpt.engine(metrics=metrics, prefill_chunk_tokens=2) as engine:
+        async with gpt.engine(metrics=metrics, prefill_chunk_tokens=2, arrival_quiet_ms=50,
+                              arrival_window_ms=500) as engine:
             params = GenerationParams.validate(max_new_tokens=3, ignore_eos=True)
             running = asyncio.get_running_loop()
             tasks: list[asyncio.Task] = []

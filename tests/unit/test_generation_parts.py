@@ -103,6 +103,15 @@ def test_config_rejects_nonpositive_sizes() -> None:
     with pytest.raises(ValueError, match="generation.max_batch_size"):
         GenerationConfig(max_batch_size=0)
 
+
+@pytest.mark.parametrize(("field", "value", "bound"), [("decode_run_ms", 10_001, "10000"),
+                                                       ("arrival_window_ms", -1, "1000"),
+                                                       ("arrival_quiet_ms", True, "1000"),
+                                                       ("arrival_quiet_ms", "1", "1000")])
+def test_config_rejects_times_out_of_range_by_name(field: str, value: object, bound: str) -> None:
+    with pytest.raises(ValueError, match=rf"generation\.{field}: must be in \[0, {bound}\], got {value!r}"):
+        GenerationConfig(**{field: value})
+
 # ---------------------------------------------------------------- sampling
 
 
