@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .engine_metrics import EngineMetrics
 from .executor import Outcome, Run, SlotExecutor
 from .factory import EngineParts
-from .outputs import take_tokens
+from .outputs import take_steps, take_tokens
 from .params import GenerationConfig
 from .results import FINISH_CANCELLED, EngineStoppedError
 from .sampling import Choice
@@ -160,15 +160,13 @@ class EngineLoop:
                 state.owner.fail(RuntimeError(f"{what}: {exc}"))
                 self._finish(state, reusable=False)
         decoded = self._scheduler.decoded
-        for state, _ in outcome.decoded:
-            decoded(state, state.owner.generated[-1])
-        self._take(outcome.decoded)
-        for step in outcome.more:
-            # A row a stop string ended meanwhile is passed over (take_tokens): its later tokens are dropped.
-            step = [(state, choice) for state, choice in step if not (state.owner.done or state.owner.cancelled)]
-            for state, _ in step:
+
+        def consumed(step: list[tuple[SeqState, Choice | None]]) -> None:
+            for state, _ in step:        # the token each row's call read: the one generated before it
                 decoded(state, state.owner.generated[-1])
-            self._take(step)
+        consumed(outcome.decoded)
+        # A run's steps at once; a row a stop string ends meanwhile is passed over, its later tokens dropped.
+        take_steps([outcome.decoded, *outcome.more], self._slots, self._tokenizer, self._metrics.token, consumed)
         firsts: list[tuple[SeqState, Choice | None]] = []
         for w in outcome.written:
             self._scheduler.prefilled(w.chunk)

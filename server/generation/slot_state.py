@@ -117,7 +117,8 @@ class SlotState:
         self.live[slot] = False
         self.deadline[slot] = np.inf
 
-    def ends(self, slots: np.ndarray, tokens: np.ndarray, ahead: int = 0, now: float | None = None) -> np.ndarray:
+    def ends(self, slots: np.ndarray, tokens: np.ndarray, ahead: np.ndarray | int = 0,
+             now: float | None = None) -> np.ndarray:
         """Per row, what `tokens[i]` does to the sequence in `slots[i]` (GOES_ON, EOS, STOP, LENGTH, DEADLINE), as
         its `ahead + 1`-th token past those taken (the worker's run checks tokens the loop has not taken yet).
         Deadlines are checked only with `now`: on the loop they end a row through its retirement instead."""
@@ -157,11 +158,15 @@ class SlotState:
             stop |= tokens == rows[:, column]
         return stop
 
-    def take(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """The rows take one token each (a step's outcome, applied on the loop): what `ends` says of it, then the
-        rows advanced."""
-        out = self.ends(slots, tokens)
-        self.taken[slots] += 1
+    def take(self, slots: np.ndarray, tokens: np.ndarray, ahead: np.ndarray | int = 0) -> np.ndarray:
+        """The rows take their tokens (a step's outcome, or a whole run's, applied on the loop): what `ends` says
+        of each, then the rows advanced. With a run's steps a slot appears once a step, its `ahead` counting its
+        tokens in the steps before."""
+        out = self.ends(slots, tokens, ahead)
+        if np.isscalar(ahead):
+            self.taken[slots] += 1
+        else:
+            np.add.at(self.taken, slots, 1)     # a slot's several tokens of one run all count
         return out
 
     def expired(self, now: float) -> np.ndarray:

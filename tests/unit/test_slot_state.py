@@ -263,3 +263,34 @@ def test_min_tokens_holds_eos_back_then_eos_ends(tokenizer: Tokenizer) -> None:
     assert answer(held.owner) == ("aa", "eos", [A, A, EOS_ID], [A, A, EOS_ID])
     assert answer(plain.owner) == ("", "eos", [EOS_ID], [EOS_ID])
 
+
+
+def test_a_runs_steps_taken_at_once_end_each_row_where_one_step_at_a_time_does(tokenizer: Tokenizer) -> None:
+    """The loop applies a worker's run of steps in one call (outputs.take_steps): every row ends where applying the
+    same steps one by one ends it — a stop string mid-run (its later tokens dropped), a stop id once min_tokens is
+    reached, the budget — with the same text, tokens, counts and array state. The worker leaves a row it ended by
+    id or budget out of later steps; a stop string only the loop sees, so its row's later tokens still come."""
+    from server.generation.outputs import take_steps
+
+    specs = [dict(max_new_tokens=10, stop=["bc"]), dict(max_new_tokens=10, stop_token_ids=[D], min_tokens=2),
+             dict(max_new_tokens=3), dict(max_new_tokens=10)]
+    run = [{0: A, 1: D, 2: A, 3: A}, {0: B, 1: D, 2: B, 3: B}, {0: C, 2: C, 3: C}, {0: X, 3: D}, {0: Y, 3: D}]
+    one_by_one, at_once = Engine(tokenizer), Engine(tokenizer)
+    answers, counts, taken = [], [], []
+    for engine in (one_by_one, at_once):
+        states = [engine.start([A], **spec) for spec in specs]
+        steps = [[(states[r], Choice(t, None, ())) for r, t in step.items()] for step in run]
+        if engine is one_by_one:
+            for step in steps:
+                engine.step({s: c.token_id for s, c in step if not s.owner.done})
+        else:
+            take_steps(steps, engine.rows, tokenizer, engine.counted.append)
+        answers.append([answer(s.owner) for s in states])
+        counts.append(len(engine.counted))
+        taken.append(engine.rows.taken[states[3].slot])
+    assert answers[1] == answers[0] == [
+        ("a", "stop", [A, B, C], [A]),            # "bc" completes at its 3rd token: text and tokens cut before it
+        ("d", "stop", [D, D], [D, D]),            # the second D ends it (min_tokens 2): listed, its text dropped
+        ("abc", "length", [A, B, C], [A, B, C]),
+        ("abcdd", None, [A, B, C, D, D], [A, B, C, D, D])]
+    assert counts[1] == counts[0] and taken[1] == taken[0] == 5
