@@ -201,12 +201,11 @@ class EngineLoop:
             elif deadline_passed(seq, now):
                 self._scheduler.finish(state)
                 seq.fail(TimeoutError("deadline passed while waiting; nothing was generated"))
-        expired = self._slots.expired(now)      # the running rows' deadlines, all at once
         for state in list(self._scheduler.running):
             seq = state.owner
             if seq.cancelled and not seq.done:
                 seq.finish_reason = FINISH_CANCELLED    # nobody listens: no chunk
-            elif expired[state.slot] if self._slots.holder[state.slot] is state else deadline_passed(seq, now):
+            elif deadline_passed(seq, now):
                 seq.finish(FINISH_CANCELLED)
             if seq.done:
                 self._finish(state)

@@ -59,7 +59,6 @@ class SlotState:
         self.eos_id = _NONE if eos_id is None else eos_id
         self.max_length = max_length
         self.holder: list[Any] = [None] * num_slots      # the SeqState each row was written for
-        self.live = np.zeros(num_slots, bool)
         # generated (tokens it held), position (where its first chosen token is written), spent, min_tokens, eos
         # (none with ignore_eos), then the stop ids (as many columns as the widest set admitted, _NONE-padded).
         self._table = np.full((num_slots, _STOPS), _NONE, np.int64)
@@ -95,7 +94,6 @@ class SlotState:
         row[_STOPS:_STOPS + len(stops)] = stops
         self.taken[slot] = 0
         self.holder[slot] = state
-        self.live[slot] = True
         self.deadline[slot] = np.inf if owner.deadline is None else owner.deadline
 
     def admit_plan(self, plan: "Plan") -> None:
@@ -114,7 +112,6 @@ class SlotState:
 
     def free(self, slot: int) -> None:
         self.holder[slot] = None
-        self.live[slot] = False
         self.deadline[slot] = np.inf
 
     def ends(self, slots: np.ndarray, tokens: np.ndarray, ahead: np.ndarray | int = 0,
@@ -169,11 +166,7 @@ class SlotState:
             np.add.at(self.taken, slots, 1)     # a slot's several tokens of one run all count
         return out
 
-    def expired(self, now: float) -> np.ndarray:
-        """Per slot, whether its row's deadline has passed."""
-        return self.live & (self.deadline <= now)
-
-
 def deadline_passed(seq: Ending, now: float) -> bool:
-    """For a sequence without a slot yet (a waiting one)."""
+    """One sequence's deadline, on the loop (retiring rows between steps; the worker's run reads the array column
+    through `ends`)."""
     return seq.deadline is not None and seq.deadline <= now

@@ -138,12 +138,11 @@ def test_deadlines_are_read_from_the_arrays() -> None:
         state = SeqState.of([X], owner=Owner(GenerationParams.validate(), deadline))
         state.slot = slot
         rows.admit(state)
-    assert rows.expired(20.0).tolist() == [True, False, False]
     assert rows.ends(np.arange(3), np.array([A, A, A]), now=20.0).tolist() == [DEADLINE, GOES_ON, GOES_ON]
     # A token that ends its row says why, whatever the deadline; and a freed slot has no deadline.
     assert rows.ends(np.arange(3), np.array([EOS_ID, A, A]), now=40.0).tolist() == [EOS, GOES_ON, DEADLINE]
     rows.free(0)
-    assert rows.expired(40.0).tolist() == [False, False, True]
+    assert rows.ends(np.arange(3), np.array([A, A, A]), now=40.0).tolist() == [GOES_ON, GOES_ON, DEADLINE]
 
 
 # ---------------------------------------------------------------- the array path against the old per-row rules
@@ -197,7 +196,7 @@ def test_n_sequences_of_a_request_end_each_by_its_own_row(tokenizer: Tokenizer) 
     e.step({second: D})
     assert answer(first.owner) == ("a", "eos", [A, EOS_ID], [A, EOS_ID])
     assert answer(second.owner) == ("bcd", "length", [B, C, D], [B, C, D])
-    assert e.rows.live[:2].tolist() == [False, True]
+    assert e.rows.holder[:2] == [None, second]
 
 
 def test_a_later_request_in_a_freed_slot_gets_a_fresh_row(tokenizer: Tokenizer) -> None:
