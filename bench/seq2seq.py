@@ -9,11 +9,12 @@ g2p model (artifacts/checkpoints/g2p; trained first when absent) and an OPUS-MT-
 
 Pieces, the sides taking turns cell by cell (the order reversed every round, a second of rest between turns):
   batch   a batch job over held-out inputs, greedy and beam 4: ortserve through the batch script's in-process
-          runner (clients.batch.local.LocalRunner over the server's DataPlane: the `ortserve-batch --local` path,
+          runners (clients.batch: a LocalRunner over the server's DataPlane per process: `ortserve-batch --local`,
           the same engine as the server without gRPC, like CTranslate2's in-process translate_batch) vs
           CTranslate2 translate_batch over the whole list (max_batch_size, sorted by length by CTranslate2);
-          ortserve runs batch_instances engines (--generation-instances) of threads / batch_instances onnxruntime
-          threads, as CTranslate2 runs inter_threads replicas of intra_threads, and each engine's slots are
+          ortserve runs batch_processes processes (the script's --processes) of batch_instances engines, each of
+          threads / (processes x instances) onnxruntime threads, as CTranslate2 runs inter_threads replicas of
+          intra_threads, and each engine's slots are
           batch_slots x beams, so one of its steps runs as many rows as a CTranslate2 replica's (max_batch_size
           examples x beams; 64 x 4 = 256 rows at beam 4);
           fp32 vs float32, and ortserve's w8 variant (8-bit weights, MatMulNBits, in both graphs) vs CTranslate2's
@@ -91,10 +92,14 @@ class Config:
     # hypothesis takes a slot), so a step runs as many rows as one CTranslate2 replica's (max_batch_size examples x
     # beams) ...
     batch_slots: int = 64
-    batch_concurrency: int = 128        # ... the batch runner's requests in flight (the batch script's option) ...
-    # ... and the engines (--generation-instances, threads / instances onnxruntime threads each), as CTranslate2's
-    # replicas (ct2_inter_threads): 2 x 1 thread beat 1 x 2 on the OPUS-MT shape (int8 +40%, fp32 +14%).
-    batch_instances: int = 2
+    # ... the batch runner's records in flight (the batch script's --concurrency): two per slot, so a slot whose
+    # sequence ends finds the next one already queued in its process ...
+    batch_concurrency: int = 256
+    # ... and its processes (--processes), each with batch_instances engines of threads / (processes x instances)
+    # onnxruntime threads, as CTranslate2 runs inter_threads replicas of intra_threads: one interpreter per engine,
+    # so the engines' Python does not take turns on one lock (clients/batch/processes.py).
+    batch_processes: int = 2
+    batch_instances: int = 1
     served_slots: int = 32              # ortserve --max-sequences for the served piece; the peers' max batch
     step_batch: int = 8
     step_positions: tuple[int, int] = (16, STEP_LENGTH)
@@ -238,54 +243,58 @@ def agreement(a: list[str], b: list[str]) -> float:
 
 
 class OrtserveBatch:
-    """The batch script's in-process runner (LocalRunner: the server's DataPlane, answers converted as they would
-    reach a client) with the benchmark's settings, `concurrency` requests in flight, answers kept in memory as
-    translate_batch keeps them. Not the script's output file: it appends, flushes and fsyncs every answer on the
-    event loop (its resumability), which is the output's cost, not the engine's."""
+    """The batch script's in-process runner as `ortserve-batch --local REPO --processes P --instances I
+    --max-sequences S --concurrency C` runs it (clients/batch/processes.py: P processes, each the server's DataPlane
+    with I engines; LocalRunner alone when P is 1), answers converted as they would reach a client, `concurrency`
+    records in flight, answers kept in memory as translate_batch keeps them. Not the script's output file: it
+    appends, flushes and fsyncs every answer on the event loop (its resumability), which is the output's cost, not
+    the engine's."""
 
     def __init__(self, model: Model, cfg: Config, variant: str = "fp32", beam: int = 1) -> None:
-        self.model, self.cfg, self.variant, self.beam = model, cfg, variant, beam
-        self.slots = cfg.batch_slots * beam
-        self.threads = max(1, cfg.threads // cfg.batch_instances)
-        self.loop = asyncio.new_event_loop()
-        self.plane = self.loop.run_until_complete(self._start())
-
-    async def _start(self) -> Any:
-        from server.dataplane import DataPlane
-        from server.runtime.settings import ServerSettings
-
-        settings = ServerSettings(repository=self.model.repository, port=0, metrics_port=-1, http_port=-1,
-                                  poll_interval=0, intra_op_threads=self.threads, intra_op_spinning="on",
-                                  max_sequences=self.slots, max_queued_requests=self.cfg.batch_concurrency * self.beam,
-                                  generation_instances=self.cfg.batch_instances, variant=self.variant).validate()
-        return await DataPlane.start(settings)
-
-    def describe(self) -> dict[str, Any]:
-        return {"variant": self.variant, "generation_instances": self.cfg.batch_instances,
-                "threads": f"{self.threads} per instance", "intra_op_spinning": "on",
-                "max_sequences": f"{self.cfg.batch_slots} x beams per instance",
-                "requests_in_flight": self.cfg.batch_concurrency,
-                "path": "ortserve-batch --local's runner (clients.batch LocalRunner over the in-process DataPlane, "
-                        "no gRPC), answers kept in memory"}
-
-    def run(self, texts: list[str]) -> tuple[float, list[str], int]:
-        """(seconds, output texts, tokens without eos) of one batch job over `texts`."""
-        return self.loop.run_until_complete(self._run(texts, self.beam))
-
-    async def _run(self, texts: list[str], beam: int) -> tuple[float, list[str], int]:
-        from clients.batch.input import Record as BatchRecord
-        from clients.batch.local import LocalRunner
         from clients.batch.tasks import TaskConfig
         from clients.types import GenerationParams
 
-        task = TaskConfig(task="generate", model=self.model.name,
-                          generation=GenerationParams(**ortserve_params(self.model, self.cfg, beam)))
-        runner = LocalRunner(self.plane, task)
+        self.model, self.cfg, self.variant, self.beam = model, cfg, variant, beam
+        self.slots = cfg.batch_slots * beam
+        self.threads = max(1, cfg.threads // (cfg.batch_processes * cfg.batch_instances))
+        self.task = TaskConfig(task="generate", model=model.name,
+                               generation=GenerationParams(**ortserve_params(model, cfg, beam)))
+        self.loop = asyncio.new_event_loop()
+        self.runner = self.loop.run_until_complete(self._start())
+
+    async def _start(self) -> Any:
+        from clients.batch.local import LocalRunner
+        from clients.batch.processes import ProcessRunner
+
+        cfg = self.cfg
+        options = {"intra_op_threads": self.threads, "instances": cfg.batch_instances, "max_sequences": self.slots,
+                   "variant": self.variant, "max_queued_requests": cfg.batch_concurrency * self.beam}
+        if cfg.batch_processes > 1:
+            return await ProcessRunner.start(self.model.repository, self.task, cfg.batch_processes, **options)
+        return await LocalRunner.start(self.model.repository, self.task, **options)
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"variant": self.variant, "processes": cfg.batch_processes,
+                "generation_instances": f"{cfg.batch_instances} per process",
+                "threads": f"{self.threads} per instance",
+                "max_sequences": f"{cfg.batch_slots} x beams per instance",
+                "requests_in_flight": cfg.batch_concurrency,
+                "path": f"ortserve-batch --local --processes {cfg.batch_processes}'s runner (clients.batch: a "
+                        "LocalRunner over the server's DataPlane in each process, no gRPC), answers kept in memory"}
+
+    def run(self, texts: list[str]) -> tuple[float, list[str], int]:
+        """(seconds, output texts, tokens without eos) of one batch job over `texts`."""
+        return self.loop.run_until_complete(self._run(texts))
+
+    async def _run(self, texts: list[str]) -> tuple[float, list[str], int]:
+        from clients.batch.input import Record as BatchRecord
+
         in_flight = asyncio.Semaphore(self.cfg.batch_concurrency)
 
         async def one(i: int, text: str) -> dict[str, Any]:
             async with in_flight:
-                return await runner.run(BatchRecord(line=i + 1, id=i + 1, text=text))
+                return await self.runner.run(BatchRecord(line=i + 1, id=i + 1, text=text))
         t0 = time.perf_counter()
         rows = await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
         wall = time.perf_counter() - t0
@@ -293,7 +302,7 @@ class OrtserveBatch:
         return wall, [r["text"] for r in rows], tokens
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.plane.close())
+        self.loop.run_until_complete(self.runner.close())
         self.loop.close()
 
 

@@ -41,6 +41,7 @@ class BatchConfig:
     local_repository: Path | None = None  # run in-process instead of calling a server
     local_instances: int = 1              # with local_repository: engines per generative model (cores / this threads)
     local_max_sequences: int | None = None  # with local_repository: sequences per engine step (None: the server's)
+    local_processes: int = 1              # with local_repository: processes, each its own runner (processes.py)
     ray_workers: int = 0                  # > 0: run the in-process runner in a Ray actor pool
 
 
@@ -79,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--instances", type=positive_int, default=1, metavar="N",
                    help="with --local: generation engines per model, each with CORES/N onnxruntime threads (more "
                         "engines of fewer threads can run a batch job faster: docs/configuration.md)")
+    m.add_argument("--processes", type=positive_int, default=1, metavar="N",
+                   help="with --local: N processes, each loading the model with its own engines (--instances "
+                        "each; CORES/(N x instances) onnxruntime threads per engine): a small model's Python then "
+                        "runs on every core, not behind one interpreter lock")
     m.add_argument("--max-sequences", type=positive_int, default=None, metavar="N",
                    help="with --local: sequences each engine decodes per step (default the server's)")
     m.add_argument("--ray", type=positive_int, default=0, metavar="WORKERS",
@@ -102,11 +107,14 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         raise ValueError(f"local: {args.local} is not a directory")
     if args.ray and args.local is None:
         raise ValueError("ray: needs --local REPOSITORY (the Ray workers run the model in-process)")
-    for flag, value, unset in (("instances", args.instances, 1), ("max-sequences", args.max_sequences, None)):
+    for flag, value, unset in (("instances", args.instances, 1), ("max-sequences", args.max_sequences, None),
+                               ("processes", args.processes, 1)):
         if value != unset and args.local is None:
             raise ValueError(f"{flag}: needs --local REPOSITORY (it sets up the in-process engines)")
     if args.ray and args.instances != 1:
         raise ValueError("instances: not with --ray (each Ray worker runs one engine of one thread)")
+    if args.ray and args.processes != 1:
+        raise ValueError("processes: not with --ray (Ray runs its workers as processes of its own)")
     generation = GenerationParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.gen_top_k, top_p=args.top_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
@@ -117,7 +125,8 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     return BatchConfig(input=args.input, output=args.output, format=detect_format(args.input, args.format),
                        task=task, concurrency=args.concurrency, progress=progress, local_repository=args.local,
-                       local_instances=args.instances, local_max_sequences=args.max_sequences, ray_workers=args.ray)
+                       local_instances=args.instances, local_max_sequences=args.max_sequences, ray_workers=args.ray,
+                       local_processes=args.processes)
 
 
 def _progress_bar(config: BatchConfig, initial: int):
@@ -129,6 +138,11 @@ def _progress_bar(config: BatchConfig, initial: int):
 
 
 async def _make_runner(config: BatchConfig, args: argparse.Namespace) -> Runner:
+    if config.local_repository is not None and config.local_processes > 1:
+        from .processes import ProcessRunner
+
+        return await ProcessRunner.start(config.local_repository, config.task, config.local_processes,
+                                         instances=config.local_instances, max_sequences=config.local_max_sequences)
     if config.local_repository is not None:
         from .local import LocalRunner  # imports the server package: only when asked for
 

@@ -97,14 +97,21 @@ class LocalRunner:
 
     @classmethod
     async def start(cls, repository: Path, config: TaskConfig, intra_op_threads: int = 0, instances: int = 1,
-                    max_sequences: int | None = None) -> "LocalRunner":
+                    max_sequences: int | None = None, variant: str | None = None,
+                    max_queued_requests: int | None = None) -> "LocalRunner":
         """The server's data plane in-process. instances > 1: that many generation engines per model (each with
-        cores / instances onnxruntime threads unless intra_op_threads says otherwise: server/dataplane.py)."""
+        cores / instances onnxruntime threads unless intra_op_threads says otherwise: server/dataplane.py).
+        variant: the package variant to load (None: the server's choice, the package's default for the device);
+        max_queued_requests: the server's setting (None: its default)."""
         # Imported here: the client library itself never needs the server package.
         from server.dataplane import DataPlane
         from server.runtime.settings import ServerSettings, SettingsError
 
-        extra = {} if max_sequences is None else {"max_sequences": max_sequences}
+        extra: dict[str, Any] = {} if max_sequences is None else {"max_sequences": max_sequences}
+        if variant is not None:
+            extra["variant"] = variant
+        if max_queued_requests is not None:
+            extra["max_queued_requests"] = max_queued_requests
         try:
             settings = ServerSettings(repository=Path(repository), port=0, metrics_port=-1, poll_interval=0,
                                       intra_op_threads=intra_op_threads, generation_instances=instances,

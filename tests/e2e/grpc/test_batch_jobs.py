@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -233,3 +234,80 @@ def test_local_mode_with_two_engines_writes_what_one_engine_writes(tiny_reposito
         refused = batch("generate", str(prompts), "-o", str(tmp_path / "x.jsonl"), "--address", "127.0.0.1:1",
                         flag, "2")
         assert refused.returncode == 2 and f"{flag.lstrip('-')}: needs --local" in refused.stderr
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The processes `pid` started with multiprocessing's spawn (from /proc; not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat, cmdline = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def test_local_mode_over_two_processes_writes_what_one_process_writes(tiny_repository: Path, tmp_path: Path) -> None:
+    """--processes 2: two processes each load the model (their log line), records go to both, and the output is
+    the very same bytes as one process's: greedy answers, and a record the model refuses (a prompt past its
+    context) failed with the same INVALID_ARGUMENT line in the same place."""
+    prompts = tmp_path / "prompts.txt"
+    texts = [f"Prompt number {i}: the" for i in range(16)]
+    texts[5] = "the king " * 3000      # past tiny-gpt's context: refused, not truncated
+    prompts.write_text("".join(t + "\n" for t in texts))
+    common = ["generate", str(prompts), "--local", str(tiny_repository), "--model", "tiny-gpt", "--max-new-tokens",
+              "8", "--concurrency", "6"]
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    a = batch(*common, "-o", str(one))
+    b = batch(*common, "-o", str(two), "--processes", "2", "--verbose")
+    assert a.returncode == 1 and b.returncode == 1, (a.stderr, b.stderr)     # one record failed
+    assert "batch: 2 processes of 1 engine(s) x 1 onnxruntime thread(s) each" in b.stderr, b.stderr
+    assert "15 ok, 1 failed" in b.stderr
+    assert two.read_bytes() == one.read_bytes()
+    failed = lines(two)[5]
+    assert failed["id"] == 6 and failed["error"].startswith("INVALID_ARGUMENT: ") and "prompt" in failed["error"]
+
+
+def test_a_batch_process_that_dies_stops_the_run_and_a_rerun_resumes(tiny_repository: Path, tmp_path: Path) -> None:
+    """One of the processes killed mid-run: the records it held fail UNAVAILABLE, which stops the run (exit 1, no
+    record written as failed); the same command again resumes it to the bytes of an uninterrupted run."""
+    src = prompts_file(tmp_path / "prompts.txt", 120)
+    common = ["generate", str(src), "--local", str(tiny_repository), "--model", "tiny-gpt", "--max-new-tokens", "48",
+              "--concurrency", "2"]
+    reference = tmp_path / "reference.jsonl"
+    assert batch(*common, "-o", str(reference)).returncode == 0
+
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "clients.batch", *common, "-o", str(out), "--processes", "2"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 5:
+            break
+        time.sleep(0.005)
+    children = _spawned_children(proc.pid)
+    assert len(children) == 2, "the batch processes were not found"
+    os.kill(children[0], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=60)
+    written = out.read_bytes().count(b"\n")
+    assert proc.returncode == 1 and written < 120, stderr
+    assert "stopped: record" in stderr and "UNAVAILABLE: batch process" in stderr and "exited" in stderr, stderr
+    assert all("error" not in r for r in lines(out))       # what was written is answers only
+
+    resumed = batch(*common, "-o", str(out), "--processes", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{120 - written} ok, 0 failed; {written} already in the output" in resumed.stderr
+    assert out.read_bytes() == reference.read_bytes()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--address", "127.0.0.1:1", "--processes", "2"], "processes: needs --local"),
+    (["--local", ".", "--ray", "2", "--processes", "2"], "processes: not with --ray"),
+])
+def test_processes_refused_without_local_or_with_ray(tmp_path: Path, extra: list[str], message: str) -> None:
+    src = prompts_file(tmp_path / "prompts.txt", 2)
+    run = batch("generate", str(src), "-o", str(tmp_path / "x.jsonl"), *extra)
+    assert run.returncode == 2 and message in run.stderr and len(run.stderr.splitlines()) == 1, run.stderr
