@@ -38,6 +38,22 @@ class Choice:
     rank: int | None = None              # scored tokens: 1 + how many tokens were likelier
 
 
+# A choice with no scores is its token id alone: one shared immutable object per id (a greedy step makes one per
+# row), made at the id's first use. Bounded so that a huge vocabulary cannot grow it without end.
+_PLAIN: dict[int, Choice] = {}
+_PLAIN_MOST = 1 << 18
+
+
+def plain_choice(token_id: int) -> Choice:
+    """Choice(token_id, None, ()), shared."""
+    choice = _PLAIN.get(token_id)
+    if choice is None:
+        choice = Choice(token_id, None, ())
+        if len(_PLAIN) < _PLAIN_MOST:
+            _PLAIN[token_id] = choice
+    return choice
+
+
 class Sampler:
     """Sampling state of one sequence: its own random generator and its logits processors (the seam where a
     grammar's token mask joins: strategies.py).
@@ -121,7 +137,7 @@ class Sampler:
         forced = self._forced.get(self.generated)
         if forced is not None:
             if not p.wants_logprobs:
-                return Choice(forced, None, ())
+                return plain_choice(forced)
             logp = forced_logprobs(self.vocab_size, forced)
             return Choice(forced, 0.0, top_n(logp, p.top_logprobs))
         scores = np.array(logits[: self.vocab_size], dtype=np.float64)   # our own copy: edited in place below
@@ -137,7 +153,7 @@ class Sampler:
         else:
             token = sample(scores, p.top_k, p.top_p, self.rng)
         if not p.wants_logprobs:
-            return Choice(token, None, ())
+            return plain_choice(token)
         logp = log_softmax(scores)
         return Choice(token, float(logp[token]), top_n(logp, p.top_logprobs))
 
@@ -152,7 +168,7 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
     batch = [i for i, s in enumerate(samplers) if s.batch_greedy]
     if batch:
         rows = logits[:, :samplers[batch[0]].vocab_size]     # a view: no copy of [rows, vocab]
-        picks = np.argmax(rows, axis=1)
+        picks = np.argmax(rows, axis=1).tolist()
         for i in batch:
             enders = samplers[i].masked_enders
             # Masking changes the argmax only when it landed on a masked id: an unmasked first maximum stays the
@@ -160,8 +176,8 @@ def choose_rows(samplers: list[Sampler], logits: np.ndarray) -> list[Choice]:
             if enders is not None and np.isin(picks[i], enders):
                 row = rows[i].copy()
                 row[enders] = -np.inf
-                picks[i] = np.argmax(row)
-            choices[i] = Choice(int(picks[i]), None, ())
+                picks[i] = int(np.argmax(row))
+            choices[i] = plain_choice(picks[i])
     _grammar_rows(samplers, logits, choices)
     out: list[Choice] = []
     for i, sampler in enumerate(samplers):
@@ -178,7 +194,7 @@ def _grammar_rows(samplers: list[Sampler], logits: np.ndarray, choices: list[Cho
     index on ties)."""
     groups: dict[int, tuple["ConstraintMasks", list[tuple[int, "TokenConstraint"]]]] = {}
     for i, sampler in enumerate(samplers):
-        if (constraint := sampler.masking) is not None:
+        if sampler.constraint is not None and (constraint := sampler.masking) is not None:
             groups.setdefault(id(constraint.masks), (constraint.masks, []))[1].append((i, constraint))
     for masks, members in groups.values():
         allowed = masks.allowed([c for _, c in members])
@@ -188,7 +204,7 @@ def _grammar_rows(samplers: list[Sampler], logits: np.ndarray, choices: list[Cho
             mask = allowed if len(greedy) == len(members) else allowed[greedy]
             picks = _masked_argmax(_rows_of(logits, rows, samplers[rows[0]].vocab_size), mask)
             for i, pick in zip(rows, picks):
-                choices[i] = Choice(int(pick), None, ())
+                choices[i] = plain_choice(int(pick))
 
 
 def _rows_of(logits: np.ndarray, rows: list[int], vocab: int) -> np.ndarray:
