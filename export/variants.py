@@ -59,26 +59,29 @@ def refuse_unfused(architecture: str, wanted: tuple[str, ...]) -> None:
 
 
 def expected_fusions(architecture: str, num_layers: int) -> dict[str, int]:
-    """Fused-operator counts an eager-attention encoder must reach (model_type "bert" fusion, measured per
-    family); the decoder has no requirement.
+    """Fused-operator counts an eager-attention encoder of ENCODER_FAMILIES must reach (model_type "bert" fusion,
+    measured per family).
 
     RoBERTa, DistilBERT and ELECTRA fuse like BERT (RoBERTa's cumsum positions only keep EmbedLayerNormalization
     from forming; ELECTRA's first layer fuses although it follows an E -> H projection, as measured). ALBERT fuses
     Attention on L-1 of its L passes: the first pass reads the E->H projection, not a LayerNorm output, and
-    onnxruntime's attention fusion anchors on a LayerNorm. onnxruntime's GPT-2 fusion only matches its own past
-    format (NOTES.md), so a missing Attention fusion on our decoder is recorded, not failed.
+    onnxruntime's attention fusion anchors on a LayerNorm.
     """
-    if architecture not in ENCODER_FAMILIES:
-        return {}
     return {"Attention": num_layers - 1 if architecture == "albert" else num_layers}
 
 
 def build_optimized(fp32: Path, out: Path, architecture: str, num_layers: int, num_heads: int,
                     hidden_size: int) -> VariantBuild:
+    """onnxruntime's BERT fusions on an encoder of a family whose fusions were measured (ENCODER_FAMILIES);
+    ExportError naming any other family, nothing guessed (a decoder's in-place graph is written fused already:
+    model_builder refuses `optimized` for it before this)."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    model_type = "bert" if architecture in ENCODER_FAMILIES else "gpt2"
+    if architecture not in ENCODER_FAMILIES:
+        raise ExportError(f"--variants optimized: no fusion of onnxruntime's is measured for the {architecture!r} "
+                          "family; export fp32 or int8")
+    model_type = "bert"
     options = FusionOptions(model_type)
     # Residual + LayerNorm stay two ops: the fused op is the slower one here ("Residual norms", decoder_graph.py).
     options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = False
@@ -96,8 +99,6 @@ def build_optimized(fp32: Path, out: Path, architecture: str, num_layers: int, n
                          notes=["residual + LayerNorm unfused (SkipLayerNormalization is slower on CPU)"])
     if architecture == "albert":
         build.notes.append("Attention fused on all but the first shared-layer pass (it reads the E->H projection)")
-    if architecture not in ENCODER_FAMILIES and not stats.get("Attention"):
-        build.notes.append("no Attention fusion on the decoder (expected: onnxruntime matches only its own GPT-2 past format)")
     return build
 
 

@@ -237,6 +237,16 @@ def test_missing_bert_fusion_fails(full_repository: Path, tmp_path: Path) -> Non
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_optimized_refused_by_name_for_a_family_with_no_measured_fusion(full_repository: Path, tmp_path: Path) -> None:
+    """A family outside the measured BERT-fusion list is refused naming it, before onnxruntime's optimizer runs (it
+    would otherwise be fused with some other family's recipe)."""
+    from export.variants import build_optimized
+
+    with pytest.raises(ExportError, match="no fusion of onnxruntime's is measured for the 'funnel' family"):
+        build_optimized(full_repository / "gpt/1/model.onnx", tmp_path / "o.onnx", "funnel", 2, 2, 64)
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_validate_refuses_a_concat_package_naming_the_re_export(full_repository: Path, capsys) -> None:
     """A package of the traced concat layout (no longer exported or served) is refused in one line."""
     checkpoint = json.loads((full_repository / "gpt/1/model.json").read_text())["source"]["checkpoint"]
