@@ -18,6 +18,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -37,7 +38,10 @@ _STOP = None
 
 
 def _child(conn: Connection, repository: str, config: TaskConfig, options: dict[str, Any]) -> None:
-    """A process's life: start its runner, answer what arrives until told to stop (or the parent goes away)."""
+    """A process's life: start its runner, answer what arrives until told to stop (or the parent goes away).
+    Ctrl-C reaches the whole process group: the parent answers it (and stops the children), so a child ignores it
+    rather than print a traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(_serve(conn, repository, config, options))
 
 
