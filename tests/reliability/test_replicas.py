@@ -5,9 +5,9 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from tests.batch_runs import wait_for_lines
 from tests.server_process import ROOT, ServerProcess, repository_with
 
 RECORDS = 80
@@ -26,11 +26,7 @@ def test_batch_survives_a_replica_killed_mid_run(tiny_repository: Path, tmp_path
              "--max-new-tokens", "48", "--concurrency", "4", "--retries", "10",
              "--address", doomed.address, "--address", survivor.address],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            if out.exists() and out.read_bytes().count(b"\n") >= 12:
-                break
-            time.sleep(0.005)
+        wait_for_lines(proc, out, 12)
         doomed.kill()  # SIGKILL with requests in flight on it
         written_at_kill = out.read_bytes().count(b"\n")
         _, stderr = proc.communicate(timeout=120)

@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.batch_runs import wait_for_lines
 from tests.server_process import ROOT, ServerProcess, free_port, shared_server
 
 KEYWORDS = {"alpha": "boat harbour tide", "beta": "king sword castle", "gamma": "rose garden tree"}
@@ -102,11 +102,7 @@ def test_resume_after_kill_9_equals_an_uninterrupted_run(server: ServerProcess, 
     out = tmp_path / "resumed.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "clients.batch", *common, "-o", str(out), "--concurrency", "1"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 10:
-            break
-        time.sleep(0.005)
+    wait_for_lines(proc, out, 10)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     written = out.read_bytes().count(b"\n")
@@ -283,11 +279,7 @@ def test_a_batch_process_that_dies_stops_the_run_and_a_rerun_resumes(tiny_reposi
     out = tmp_path / "out.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "clients.batch", *common, "-o", str(out), "--processes", "2"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 5:
-            break
-        time.sleep(0.005)
+    wait_for_lines(proc, out, 5, timeout=90)
     children = _spawned_children(proc.pid)
     assert len(children) == 2, "the batch processes were not found"
     os.kill(children[0], signal.SIGKILL)
