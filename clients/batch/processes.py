@@ -67,6 +67,10 @@ async def _serve(conn: Connection, repository: str, config: TaskConfig, options:
             item = (key, await runner.run(record), None)
         except OrtserveError as e:
             item = (key, None, (e.code.name, e.message))
+        except Exception as e:     # a failure of ours, not the record's: it must still reach the parent, which
+            # would otherwise wait for this answer forever; the record fails INTERNAL, naming it
+            log.exception("batch process: record %r failed", record.id)
+            item = (key, None, ("INTERNAL", f"{type(e).__name__}: {e}"))
         if not answers:
             loop.call_soon(flush)      # every answer of this turn of the loop in one message
         answers.append(item)
