@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,3 +191,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         level = level_of(item.path)
         if level:
             item.add_marker(level)
+
+
+# ---------------------------------------------------------------- one torch thread in the test process
+# The test process's own torch work (references, tiny trainings, exports in fixtures) is on tiny models: on the
+# 2 shared cores, where server processes and other runs compete, a second intra-op thread only waits for a core
+# (tests/export/test_llama_family_rope.py and tests/training/test_models.py ran several times slower with torch's
+# default of one thread per core). Set before every test, as torch may be imported first by a test or a fixture;
+# subprocesses keep their own settings (their command lines say --threads where they train).
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)

@@ -69,7 +69,7 @@ def deploy(workdir: Path, repo: Path, inputs: dict[str, Path], *extra: str, trai
     cmd = [sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--repository", str(repo),
            "--corpus", str(inputs["corpus"]), "--encoder", "scratch", "--preset", "tiny",
            "--classify-data", str(train or inputs["train"]), str(inputs["validation"]), str(inputs["test"]),
-           "--steps", "mlm=10", "--steps", "lm=10", "--quiet", *extra]
+           "--steps", "mlm=10", "--steps", "lm=10", "--threads", "1", "--quiet", *extra]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if fails:
         assert run.returncode == 1, run.stderr[-3000:]

@@ -36,24 +36,35 @@ TEXTS = ["A man is eating food.",
 
 @pytest.fixture(scope="module")
 def embed_repository(tiny_repository: Path, tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """minilm (sentence-transformers config: mean pooling, normalized) through the CLI, tiny-embed (the tiny
-    MLM checkpoint, no sentence-transformers files: --pooling cls --normalize off) through the library,
-    tiny-gpt beside them."""
+    """minilm (sentence-transformers config: mean pooling, normalized) through the CLI as `python -m pipeline --embed
+    minilm` runs it (`python -m export <MiniLM> --task embed`), tiny-embed (the tiny MLM checkpoint, no
+    sentence-transformers files: --pooling cls --normalize off) through the library, tiny-gpt beside them."""
     from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
+    from pipeline.publish import publish
 
-    repo = repository_with(tiny_repository, tmp_path_factory.mktemp("embed") / "repo", "tiny-gpt")
-    done = subprocess.run([sys.executable, "-m", "export", str(minilm_dir()), "--task", "embed", "--repository",
-                           str(repo), "--name", MINILM], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "published" in done.stdout
+    root = tmp_path_factory.mktemp("embed")
+    repo = repository_with(tiny_repository, root / "repo", "tiny-gpt")
+    # The pipeline's publish of the embed stage (test_pipeline_embed_minilm_publishes_once then finds it held: one
+    # MiniLM export, the costliest step here, for the module).
+    cfg = pipeline_config(root, repo)
+    log = root / "export.log"
+    assert publish(repo, MINILM, "embed", cfg.embed_checkpoint, cfg.variants["embed"], log_file=log) == 1
+    assert "published" in log.read_text()
     with one_torch_thread():
         export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.mlm, task="embed", repository=repo,
                                        name="tiny-embed", pooling="cls", normalize="off"))
         export_checkpoint(ExportConfig(checkpoint=st_prompts_dir(tiny_checkpoints, tmp_path_factory),
                                        task="embed", repository=repo, name=PROMPTED))
     return repo
+
+
+def pipeline_config(root: Path, repository: Path):  # type: ignore[no-untyped-def]
+    """`python -m pipeline --embed minilm`'s settings (what scripts/serve.sh runs)."""
+    from pipeline.cli import parse_args
+
+    return parse_args(["--workdir", str(root / "work"), "--repository", str(repository), "--embed", "minilm"])
 
 
 _ST_DIRS: dict[str, Path] = {}
@@ -235,16 +246,16 @@ def test_export_embed_refuses_a_decoder(tiny_checkpoints, tmp_path: Path) -> Non
     assert done.returncode == 2 and "--task embed" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_pipeline_embed_minilm_publishes_once(tmp_path: Path) -> None:
-    """`python -m pipeline --embed minilm` (what scripts/serve.sh runs): the MiniLM package, skipped once held."""
-    from pipeline.cli import parse_args
+def test_pipeline_embed_minilm_publishes_once(embed_repository: Path, tmp_path: Path) -> None:
+    """`python -m pipeline --embed minilm` (what scripts/serve.sh runs): the MiniLM package (version 1: published by
+    the embed_repository fixture with these settings), skipped once held."""
     from pipeline.publish import publish
 
-    cfg = parse_args(["--workdir", str(tmp_path / "work"), "--repository", str(tmp_path / "repo"),
-                      "--embed", "minilm"])
+    repo = repository_with(embed_repository, tmp_path / "repo", MINILM)   # a copy: the module's server serves it
+    cfg = pipeline_config(tmp_path, repo)
     assert cfg.embed_checkpoint == minilm_dir() and cfg.names["embed"] == MINILM
-    assert publish(cfg.repository, MINILM, "embed", cfg.embed_checkpoint, cfg.variants["embed"]) == 1
     assert publish(cfg.repository, MINILM, "embed", cfg.embed_checkpoint, cfg.variants["embed"]) is None
+    assert sorted(p.name for p in (repo / MINILM).iterdir() if p.name.isdigit()) == ["1"]
 
 
 def test_embed_gate_breach_publishes_nothing(tiny_checkpoints, tmp_path: Path) -> None:

@@ -3,7 +3,8 @@ outside the server:
 
 - /tokenize, /detokenize and the task API's Tokenize / Detokenize for every model kind: an encoder's tokens (ids,
   special marks, offsets) equal transformers' tokenizer on the same checkpoint; round trips;
-- `dimensions` on /v1/embeddings and Embed: a Matryoshka-declared MiniLM package (export --matryoshka) answers
+- `dimensions` on /v1/embeddings and Embed: a Matryoshka-declared MiniLM package (`python -m pipeline --embed minilm
+  --embed-matryoshka`, which runs export --matryoshka) answers
   sentence-transformers' full vector cut and renormalised; a package without the declaration refuses;
 - rerank and score (/v1/rerank, /v1/score, TEI's /rerank, the task API's Rerank) by a one-label cross-encoder
   (sentence-transformers' CrossEncoder on the same checkpoint) and by the MiniLM embedding model (cosine of
@@ -61,18 +62,21 @@ def heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def repository(tiny_repository: Path, tiny_checkpoints, cross_encoder: Path, heads: dict[str, Path],
                tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """minilm-m (MiniLM declared Matryoshka, through the CLI), tiny-embed (no declaration), tiny-cross (one-label
-    pair classifier), the shared tiny classifier (3 labels) and GPT, and the heads of tests/head_models.py (under
-    their names there)."""
+    """minilm-m (MiniLM declared Matryoshka, published by the pipeline's embed stage: its `python -m export --task
+    embed --matryoshka`), tiny-embed (no declaration), tiny-cross (one-label pair classifier), the shared tiny
+    classifier (3 labels) and GPT, and the heads of tests/head_models.py (under their names there)."""
     from tests.conftest import one_torch_thread
 
     from export import ExportConfig, export_checkpoint
+    from pipeline.run import Pipeline
 
-    repo = repository_with(tiny_repository, tmp_path_factory.mktemp("encoder-tasks") / "repo", CLASSIFIER, GPT)
-    done = subprocess.run([sys.executable, "-m", "export", str(minilm_dir()), "--task", "embed", "--repository",
-                           str(repo), "--name", MINILM, "--matryoshka"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    root = tmp_path_factory.mktemp("encoder-tasks")
+    repo = repository_with(tiny_repository, root / "repo", CLASSIFIER, GPT)
+    # test_pipeline_embed_matryoshka_declares_it starts from this version 1 (a MiniLM export is the costliest step
+    # here: done once for the module).
+    pipeline = Pipeline(matryoshka_config(root / "work", repo))
+    pipeline.publish("embed", pipeline.cfg.embed_checkpoint)
+    assert pipeline.published == {MINILM: 1}
     with one_torch_thread():
         export_checkpoint(ExportConfig(checkpoint=tiny_checkpoints.mlm, task="embed", repository=repo, name=PLAIN,
                                        pooling="cls", normalize="off"))
@@ -80,6 +84,14 @@ def repository(tiny_repository: Path, tiny_checkpoints, cross_encoder: Path, hea
         for name, checkpoint in heads.items():
             export_checkpoint(ExportConfig(checkpoint=checkpoint, task="classify", repository=repo, name=name))
     return repo
+
+
+def matryoshka_config(workdir: Path, repository: Path, matryoshka: bool = True):  # type: ignore[no-untyped-def]
+    """`python -m pipeline --embed minilm [--embed-matryoshka]`'s settings, MiniLM published as MINILM."""
+    from pipeline.cli import parse_args
+
+    return parse_args(["--workdir", str(workdir), "--repository", str(repository), "--embed", "minilm",
+                       "--name", f"embed={MINILM}", *(["--embed-matryoshka"] if matryoshka else [])])
 
 
 @pytest.fixture(scope="module")
@@ -348,28 +360,28 @@ def test_rerank_refusals_name_the_field(http: httpx.Client, tasks: pb_grpc.TaskS
     assert ok.status_code == 200 and ok.json()["usage"]["total_tokens"] == 256 + 3
 
 
-def test_pipeline_embed_matryoshka_declares_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                               tiny_checkpoints) -> None:
-    """`python -m pipeline --embed minilm --embed-matryoshka` publishes the package with the declaration; the flag
-    without --embed, and `export --matryoshka` of another task, are one-line refusals."""
+def test_pipeline_embed_matryoshka_declares_it(repository: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str], tiny_checkpoints) -> None:
+    """`python -m pipeline --embed minilm --embed-matryoshka` publishes the package with the declaration (version 1:
+    the module's repository fixture published it so); the flag without --embed, and `export --matryoshka` of another
+    task, are one-line refusals."""
     from pipeline.cli import parse_args
     from pipeline.run import Pipeline
 
-    cfg = parse_args(["--workdir", str(tmp_path / "work"), "--repository", str(tmp_path / "repo"),
-                      "--embed", "minilm", "--embed-matryoshka"])
-    assert cfg.embed_matryoshka
-    Pipeline(cfg).publish("embed", cfg.embed_checkpoint)
-    manifest = json.loads((tmp_path / "repo" / cfg.names["embed"] / "1" / "model.json").read_text())
+    repo = repository_with(repository, tmp_path / "repo", MINILM)   # a copy: the module's server serves the original
+    cfg = matryoshka_config(tmp_path / "work", repo)
+    assert cfg.embed_matryoshka and cfg.embed_checkpoint == minilm_dir()
+    manifest = json.loads((repo / MINILM / "1" / "model.json").read_text())
     assert manifest["embedding"]["matryoshka"] is True
     # The same checkpoint again: nothing new; without the declaration now: a new version that has none.
     again = Pipeline(cfg)
     again.publish("embed", cfg.embed_checkpoint)
-    assert again.published == {} and again.skipped == [f"publish-{cfg.names['embed']}"]
-    plain = Pipeline(parse_args(["--workdir", str(tmp_path / "work"), "--repository", str(tmp_path / "repo"),
-                                 "--embed", "minilm"]))
+    assert again.published == {} and again.skipped == [f"publish-{MINILM}"]
+    plain = Pipeline(matryoshka_config(tmp_path / "work", repo, matryoshka=False))
+    assert not plain.cfg.embed_matryoshka
     plain.publish("embed", cfg.embed_checkpoint)
-    assert plain.published == {cfg.names["embed"]: 2}
-    manifest = json.loads((tmp_path / "repo" / cfg.names["embed"] / "2" / "model.json").read_text())
+    assert plain.published == {MINILM: 2}
+    manifest = json.loads((repo / MINILM / "2" / "model.json").read_text())
     assert manifest["embedding"]["matryoshka"] is False
     with pytest.raises(SystemExit):
         parse_args(["--workdir", str(tmp_path / "w"), "--repository", str(tmp_path / "r"), "--embed-matryoshka"])

@@ -86,6 +86,13 @@ def wait_for(condition, timeout: float, what: str) -> float:  # type: ignore[no-
     raise AssertionError(f"{what} not within {timeout:.0f} s")
 
 
+def answered(load: HttpMix, more: int, timeout: float = 60.0) -> None:
+    """Until `more` further requests of the load were answered (ok or not): the load is flowing at this point of the
+    scenario. (A fixed sleep here waited seconds longer than the load needs to go through.)"""
+    target = len(load.outcomes) + more
+    wait_for(lambda: len(load.outcomes) >= target, timeout, f"{more} more answers of the load")
+
+
 def mix(cluster: RayCluster, **overrides) -> HttpMix:  # type: ignore[no-untyped-def]
     config = MixConfig(host=cluster.head.address, port=PORT, classifier="tiny-classifier", embedder="tiny-embed",
                        generator="tiny-gpt", clients=6, max_requests=5000, stream_tokens=64)
@@ -143,13 +150,13 @@ def test_two_nodes_downscale_redeploy_and_a_killed_replica(cluster: RayCluster, 
 
     # (a) downscale and redeploy under load: Ray Serve stops routing to a replica it removes and lets it finish
     load = mix(cluster).start()
-    time.sleep(3)
+    answered(load, 12)
     down = deploy(cluster, ray_repository, "--replicas", "1")
     wait_for(lambda: sum(map(len, replicas(cluster).values())) == 1, 60, "one replica after the downscale")
-    time.sleep(2)
+    answered(load, 12)   # served by the one replica left
     redeploy = deploy(cluster, ray_repository, "--replicas", "2", "--", "--max-batch-size", "8")
     wait_for(lambda: sorted(map(len, replicas(cluster).values())) == [1, 1], 60, "two replicas after the redeploy")
-    time.sleep(3)
+    answered(load, 24)   # served by the two new replicas
     outcomes = load.stop()
     figures = summary(outcomes)
     report("(a) downscale 2->1, redeploy 2 with other flags", {**figures, "downscale_s": round(down, 1),
@@ -162,7 +169,7 @@ def test_two_nodes_downscale_redeploy_and_a_killed_replica(cluster: RayCluster, 
     # (b) SIGKILL of the worker's replica under load, idempotent calls retried by the client
     (victim,) = replicas(cluster)[cluster.worker.namespace]
     load = mix(cluster, retry_idempotent=True).start()
-    time.sleep(3)
+    answered(load, 12)
     started_before = started_replicas(cluster)
     inflight_at_kill = load.inflight
     killed_at = time.monotonic()
@@ -172,7 +179,7 @@ def test_two_nodes_downscale_redeploy_and_a_killed_replica(cluster: RayCluster, 
                          "a new replica in place of the killed one")
     ready = wait_for(lambda: started_replicas(cluster) > started_before, RECOVERY_BOUND_S,
                      "the new replica's data plane loaded")
-    time.sleep(3)
+    answered(load, 24)   # served with the new replica in place
     outcomes = load.stop()
     figures = summary(outcomes)
     near_kill = [o for o in outcomes if o.errors and o.started <= killed_at + RECOVERY_BOUND_S]
