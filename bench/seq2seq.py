@@ -251,12 +251,13 @@ class OrtserveBatch:
     the engine's."""
 
     def __init__(self, model: Model, cfg: Config, variant: str = "fp32", beam: int = 1) -> None:
+        from clients.batch.processes import engine_threads
         from clients.batch.tasks import TaskConfig
         from clients.types import GenerationParams
 
         self.model, self.cfg, self.variant, self.beam = model, cfg, variant, beam
         self.slots = cfg.batch_slots * beam
-        self.threads = max(1, cfg.threads // (cfg.batch_processes * cfg.batch_instances))
+        self.threads = engine_threads(cfg.batch_processes, cfg.batch_instances, cfg.threads)
         self.task = TaskConfig(task="generate", model=model.name,
                                generation=GenerationParams(**ortserve_params(model, cfg, beam)))
         self.loop = asyncio.new_event_loop()
@@ -530,8 +531,8 @@ class StepTimer:
 
 
 def step_piece(model: Model, cfg: Config) -> dict[str, Any]:
-    """measure_step in a process of its own: a process has one onnxruntime pool of spinning threads, and the batch
-    piece's engines made this one's with threads / batch_instances threads (one an engine)."""
+    """measure_step in a process of its own: a process has one onnxruntime pool of spinning threads, which the step
+    makes with every core (the benchmark's own process may hold engines of fewer threads)."""
     args = [str(model.package), cfg.threads, cfg.step_batch, list(cfg.step_positions), cfg.step_rounds]
     code = ("import json, sys; from bench.seq2seq import measure_step; "
             "print(json.dumps(measure_step(*json.loads(sys.argv[1]))))")

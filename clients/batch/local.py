@@ -107,11 +107,8 @@ class LocalRunner:
         from server.dataplane import DataPlane
         from server.runtime.settings import ServerSettings, SettingsError
 
-        extra: dict[str, Any] = {} if max_sequences is None else {"max_sequences": max_sequences}
-        if variant is not None:
-            extra["variant"] = variant
-        if max_queued_requests is not None:
-            extra["max_queued_requests"] = max_queued_requests
+        given = {"max_sequences": max_sequences, "variant": variant, "max_queued_requests": max_queued_requests}
+        extra = {name: value for name, value in given.items() if value is not None}   # else the server's defaults
         try:
             settings = ServerSettings(repository=Path(repository), port=0, metrics_port=-1, poll_interval=0,
                                       intra_op_threads=intra_op_threads, generation_instances=instances,

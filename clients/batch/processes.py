@@ -106,6 +106,13 @@ async def _serve(conn: Connection, repository: str, config: TaskConfig, options:
         await runner.close()
 
 
+def engine_threads(processes: int, instances: int, cores: int | None = None) -> int:
+    """onnxruntime threads per engine when N processes of `instances` engines share `cores` (default: this
+    process's), at least 1; within one process the server shares them out the same way
+    (server/runtime_config.intra_op_threads)."""
+    return max(1, (cores or len(os.sched_getaffinity(0))) // (processes * instances))
+
+
 class _Process:
     """The parent's side of one child: its pipe, its records in flight, the records to send this turn."""
 
@@ -137,7 +144,7 @@ class ProcessRunner:
         the first child that could not start: its LocalRunner's own message) when the repository cannot be served."""
         if processes < 1:
             raise ValueError(f"processes: must be at least 1, got {processes}")
-        threads = intra_op_threads or max(1, len(os.sched_getaffinity(0)) // (processes * instances))
+        threads = intra_op_threads or engine_threads(processes, instances)
         options = {"intra_op_threads": threads, "instances": instances, "max_sequences": max_sequences,
                    "variant": variant, "max_queued_requests": max_queued_requests}
         # spawn, not fork: a forked child would inherit this process's threads' locks half-held.
