@@ -22,7 +22,7 @@ fi
 left=$(( ${GPU_CHECK_SECONDS:-500} - SECONDS ))
 timeout $(( left > 30 ? left : 30 )) python3 -m pytest -q -s -p no:cacheprovider -rs \
   tests/unit/test_device_cache.py tests/e2e/grpc/test_server_gpu.py \
-  tests/export/test_export.py::test_optimized_fusion_counts_and_fp16_status tests/e2e/grpc/test_server_gpu_families.py \
+  tests/export/test_export.py::test_optimized_fusion_counts_and_fp16_status tests/e2e/grpc/test_server_gpu_families.py tests/e2e/grpc/test_server_gpu_decoding.py \
   > "$OUT/pytest.log" 2>&1
-echo "pytest rc=$? at ${SECONDS}s"; grep -E "^(w8|w4) |generation .*cache slots|GroupQueryAttention takes|fp16 gate passed|served fp16|CUDA fp16 vs" "$OUT/pytest.log" | cut -c1-600
+echo "pytest rc=$? at ${SECONDS}s"; grep -E "^(w8|w4) |generation .*cache slots|GroupQueryAttention takes|fp16 gate passed|served fp16|CUDA fp16 vs|served fp16 beam" "$OUT/pytest.log" | cut -c1-600
 tail -c 4000 "$OUT/pytest.log"

@@ -22,9 +22,10 @@ def export_hf_decoder(hf, name: str, tokenizer_dir: Path, root: Path) -> Path:
     return export_hf_decoders({name: hf}, tokenizer_dir, root)
 
 
-def export_hf_decoders(models: dict[str, Any], tokenizer_dir: Path, root: Path) -> Path:
-    """export_hf_decoder for each {name: model}, the command lines running side by side: each is mostly its own
-    interpreter's imports and a one-thread export, and each publishes under its own name (its own staging folder)."""
+def export_hf_decoders(models: dict[str, Any], tokenizer_dir: Path, root: Path, variants: str = "fp32") -> Path:
+    """export_hf_decoder for each {name: model} (`variants` as the command line's --variants), the command lines
+    running side by side: each is mostly its own interpreter's imports and a one-thread export, and each publishes
+    under its own name (its own staging folder)."""
     procs = {}
     for name, hf in models.items():
         ckpt = root / name
@@ -33,7 +34,8 @@ def export_hf_decoders(models: dict[str, Any], tokenizer_dir: Path, root: Path) 
             if f.name.startswith(("tokenizer", "special_tokens")):
                 (ckpt / f.name).write_bytes(f.read_bytes())
         procs[name] = subprocess.Popen([sys.executable, "-m", "export", str(ckpt), "--task", "generate",
-                                        "--repository", str(root / "repo"), "--name", name], cwd=ROOT,
+                                        "--repository", str(root / "repo"), "--name", name, "--variants", variants],
+                                       cwd=ROOT,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     errors = {}
     for name, proc in procs.items():

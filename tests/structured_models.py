@@ -10,8 +10,13 @@ from tests.hf_decoder_export import export_hf_decoder
 
 
 def qwen2_repository(tokenizer_dir: Path, root: Path, name: str, context: int = 1024) -> Path:
-    """root/"repo" holding `name`: Qwen2ForCausalLM (2 layers, width 64, random weights, seed 7) whose vocabulary
-    and end of text are tokenizer_dir's."""
+    """root/"repo" holding `name`: hf_qwen2's model exported."""
+    return export_hf_decoder(hf_qwen2(tokenizer_dir, context), name, tokenizer_dir, root)
+
+
+def hf_qwen2(tokenizer_dir: Path, context: int = 1024):
+    """Qwen2ForCausalLM (2 layers, width 64, random weights, seed 7) whose vocabulary and end of text are
+    tokenizer_dir's."""
     import torch
     import transformers
 
@@ -23,4 +28,4 @@ def qwen2_repository(tokenizer_dir: Path, root: Path, name: str, context: int = 
                                    eos_token_id=eot, rope_theta=10000.0, tie_word_embeddings=True)
     cfg._attn_implementation = "eager"
     torch.manual_seed(7)
-    return export_hf_decoder(transformers.Qwen2ForCausalLM(cfg).eval(), name, tokenizer_dir, root)
+    return transformers.Qwen2ForCausalLM(cfg).eval()

@@ -13,16 +13,15 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 import openai
 import pytest
-import torch
 from tokenizers import Tokenizer
 
 from clients import OrtserveClient
 from modelpkg import Manifest
 from server.generation import GenerationConfig, GenerationEngine, GenerationParams
+from tests.decoder_beams import NEW, beam_score, hf_decoder, transformers_beams
 from tests.door_calls import post_json
 from tests.hf_decoder_export import serve_hf_decoders
 
@@ -30,60 +29,24 @@ transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 PROMPTS = ["ROMEO. What light through yonder window breaks", "To be"]
-NEW = 8
 KINDS = ("gpt2", "llama")
-
-
-def _hf(kind: str, vocab: int, eot: int):
-    torch.manual_seed(11)
-    if kind == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128,
-                                      initializer_range=0.2, bos_token_id=eot, eos_token_id=eot)
-        cfg._attn_implementation = "eager"
-        return transformers.GPT2LMHeadModel(cfg).eval()
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128,
-                                   initializer_range=0.2, bos_token_id=eot, eos_token_id=eot, rope_theta=10000.0,
-                                   tie_word_embeddings=False)
-    cfg._attn_implementation = "eager"
-    return transformers.LlamaForCausalLM(cfg).eval()
 
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints, tmp_path_factory: pytest.TempPathFactory):
     def build(vocab: int, eot: int) -> dict:
-        return {k: _hf(k, vocab, eot) for k in KINDS}
+        return {k: hf_decoder(k, vocab, eot) for k in KINDS}
 
     with serve_hf_decoders(build, tiny_checkpoints.gpt, tmp_path_factory.mktemp("decoder-beams"),
                            ("--http-port", "0")) as served:
         yield served
 
 
-def _transformers(hf, ids: list[int], n: int, length_penalty: float = 1.0) -> list[tuple[list[int], float]]:
-    """transformers' n best hypotheses of a 4-beam search: new ids up to (and with) eos, and sequences_scores."""
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), num_beams=4, num_return_sequences=n, max_new_tokens=NEW,
-                          do_sample=False, length_penalty=length_penalty, output_scores=True,
-                          return_dict_in_generate=True, pad_token_id=hf.config.eos_token_id)
-    eos, answers = hf.config.eos_token_id, []
-    for row, score in zip(out.sequences[:, len(ids):].tolist(), out.sequences_scores.tolist()):
-        answers.append((row[:row.index(eos) + 1] if eos in row else row, score))
-    return answers
-
-
-def _score(logprobs: list[float], length_penalty: float = 1.0) -> float:
-    """transformers' hypothesis score from its tokens' logprobs: a float32 running sum / length ** penalty."""
-    total = np.float32(0)
-    for lp in logprobs:
-        total = np.float32(total + np.float32(lp))
-    return float(total / np.float32(len(logprobs) ** length_penalty))
-
-
 def _check(got: list[tuple[list[int], list[float]]], want: list[tuple[list[int], float]],
            length_penalty: float = 1.0) -> None:
     assert [ids for ids, _ in got] == [ids for ids, _ in want]
     for (_, logprobs), (_, score) in zip(got, want):
-        assert _score(logprobs, length_penalty) == pytest.approx(score, rel=1e-4, abs=1e-4)
+        assert beam_score(logprobs, length_penalty) == pytest.approx(score, rel=1e-4, abs=1e-4)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -117,35 +80,35 @@ def test_in_process_beams_equal_transformers_with_scores_and_two_best(served, ki
             await engine.stop()
 
     for prompt, got in zip(PROMPTS, asyncio.run(asyncio.wait_for(body(), 120))):
-        _check(got, _transformers(models[kind], tok.encode(prompt).ids, 2))
+        _check(got, transformers_beams(models[kind], tok.encode(prompt).ids, 2))
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_grpc_beams_equal_transformers(served, kind: str) -> None:
+def test_grpc_beams_equaltransformers_beams(served, kind: str) -> None:
     server, _, models, tok = served
     with OrtserveClient(server.address, timeout=60) as client:
         for prompt in PROMPTS:
             got = client.generate(prompt, kind, max_new_tokens=NEW, num_beams=4, logprobs=True)
             _check([([t.token_id for t in got.tokens], [t.logprob for t in got.tokens])],
-                   _transformers(models[kind], tok.encode(prompt).ids, 1))
+                   transformers_beams(models[kind], tok.encode(prompt).ids, 1))
         # A length penalty of its own: the same hypotheses transformers keeps under it, and its scores.
         got = client.generate(PROMPTS[0], kind, max_new_tokens=NEW, num_beams=4, length_penalty=0.5, logprobs=True)
         _check([([t.token_id for t in got.tokens], [t.logprob for t in got.tokens])],
-               _transformers(models[kind], tok.encode(PROMPTS[0]).ids, 1, 0.5), 0.5)
+               transformers_beams(models[kind], tok.encode(PROMPTS[0]).ids, 1, 0.5), 0.5)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_http_use_beam_search_and_num_beams_equal_transformers_n_best(served, kind: str) -> None:
     server, _, models, tok = served
     ids = tok.encode(PROMPTS[0]).ids
-    want = _transformers(models[kind], ids, 2)
+    want = transformers_beams(models[kind], ids, 2)
     client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="none", timeout=60, max_retries=0)
     for spelling in ({"best_of": 4, "extra_body": {"use_beam_search": True}}, {"extra_body": {"num_beams": 4}}):
         answer = client.completions.create(model=kind, prompt=[ids], max_tokens=NEW, n=2, logprobs=0, **spelling)
         choices = sorted(answer.choices, key=lambda c: c.index)
         assert [c.text for c in choices] == [tok.decode(w, skip_special_tokens=True) for w, _ in want], spelling
         for c, (_, score) in zip(choices, want):
-            assert _score(c.logprobs.token_logprobs) == pytest.approx(score, rel=1e-4, abs=1e-4)
+            assert beam_score(c.logprobs.token_logprobs) == pytest.approx(score, rel=1e-4, abs=1e-4)
 
 
 def test_http_refuses_use_beam_search_by_name(served) -> None:
