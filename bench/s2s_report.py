@@ -13,6 +13,7 @@ _SIDES = {"ortserve_batch": "ortserve, batch job", "ortserve_w8_batch": "ortserv
           "ortserve_int8_batch": "ortserve int8, batch job",
           "ct2_batch": "CTranslate2 float32, batch job",
           "ct2_int8_batch": "CTranslate2 int8, batch job", "ortserve_served": "ortserve, served",
+          "ortserve_alt_served": "ortserve (other layout), served",
           "ct2_served": "CTranslate2 float32, served", "ct2_alt_served": "CTranslate2 float32 (other layout), served",
           "hf_served": "transformers generate, served",
           "ortserve_step": "ortserve, step"}
@@ -137,7 +138,8 @@ def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         lines += [f"Served, greedy, closed-loop clients (each sends its next request when the last is answered; the "
                   f"same sources in the same order on every side); the peers batch what has arrived, at most "
                   f"{s.get('peer_max_batch')} rows. CTranslate2 ran in two thread layouts (inter_threads x "
-                  "intra_threads); its column is the faster of the two in each row, the layout in brackets. Time to "
+                  "intra_threads), and ortserve in two (onnxruntime threads of its server); each column is the "
+                  "faster of its side's two in each row, the layout in brackets. Time to "
                   "first token: sent → first token (ortserve: first streamed chunk at the client; peers: their "
                   "per-step callback).", "",
                   "| clients | requests | ortserve tok/s | CTranslate2 tok/s | transformers tok/s | ortserve / CT2 | "
@@ -147,9 +149,12 @@ def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             if not n.isdigit():
                 continue
             best = cell.get("ct2_best", {"side": "ct2"})
-            o, c, h = cell["ortserve"], cell[best["side"]], cell["hf"]
+            mine = cell.get("ortserve_best", {"side": "ortserve"})
+            o, c, h = cell[mine["side"]], cell[best["side"]], cell["hf"]
             layout = f" ({best['layout']})" if best.get("layout") else ""
-            lines.append(f"| {n} | {cell['requests']} | {_f(o['tokens_per_s'])} | {_f(c['tokens_per_s'])}{layout} | "
+            threads = f" ({mine['threads']} thread{'s' if mine['threads'] > 1 else ''})" if "threads" in mine else ""
+            lines.append(f"| {n} | {cell['requests']} | {_f(o['tokens_per_s'])}{threads} | "
+                         f"{_f(c['tokens_per_s'])}{layout} | "
                          f"{_f(h['tokens_per_s'])} | {_f(cell['ratio_vs_ct2'], 2)} | {_f(cell['ratio_vs_hf'], 2)} | "
                          f"{_ms(o['ttft_p50_ms'])} / {_ms(c['ttft_p50_ms'])} / {_ms(h['ttft_p50_ms'])} |")
         lines.append("")

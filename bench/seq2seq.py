@@ -386,20 +386,23 @@ SERVED_VARIANT = "fp32"
 
 
 class OrtserveServed:
-    def __init__(self, model: Model, cfg: Config) -> None:
+    """A real server process of `threads` onnxruntime threads (spinning between runs when more than one)."""
+
+    def __init__(self, model: Model, cfg: Config, threads: int) -> None:
         from clients import OrtserveClient
         from testing.launch import ServerProcess
 
-        self.model, self.cfg = model, cfg
+        self.model, self.cfg, self.threads = model, cfg, threads
+        self.spinning = "on" if threads > 1 else "off"
         # fp32 against the peers' float32: the package's CPU default may be an 8-bit variant (the export times them)
-        self.server = ServerProcess(model.repository, ["--intra-op-threads", str(cfg.threads), "--intra-op-spinning",
-                                                       "on", "--max-sequences", str(cfg.served_slots),
+        self.server = ServerProcess(model.repository, ["--intra-op-threads", str(threads), "--intra-op-spinning",
+                                                       self.spinning, "--max-sequences", str(cfg.served_slots),
                                                        "--variant", SERVED_VARIANT], startup_timeout=300)
         self.client = OrtserveClient(self.server.address, timeout=600)
         self.params = ortserve_params(model, cfg, 1)
 
     def describe(self) -> dict[str, Any]:
-        return {"variant": SERVED_VARIANT, "threads": self.cfg.threads, "intra_op_spinning": "on",
+        return {"variant": SERVED_VARIANT, "threads": self.threads, "intra_op_spinning": self.spinning,
                 "max_sequences": self.cfg.served_slots,
                 "path": "python -m server (a real server process), GenerateStream over gRPC with the Python client"}
 
@@ -418,12 +421,20 @@ class OrtserveServed:
         self.server.stop()
 
 
+def ortserve_layouts(cfg: Config) -> dict[str, int]:
+    """Served, ortserve runs in two thread layouts as CTranslate2 does (ct2_layouts) and the faster counts per
+    cell: every core in the decode step serves one client best; one thread leaves the other cores to the event
+    loop (gRPC's own code, a message per token) and the clients when many stream at once."""
+    return {"ortserve": cfg.threads, "ortserve_alt": 1} if cfg.threads > 1 else {"ortserve": 1}
+
+
 def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) -> dict[str, Any]:
     max_new, min_new = limits(model, cfg)
-    ours = OrtserveServed(model, cfg)
+    ours = {name: OrtserveServed(model, cfg, threads) for name, threads in ortserve_layouts(cfg).items()}
     layouts = ct2_layouts(cfg)
     peers = {**{name: ct2_peer(model, "float32", cfg, lay) for name, lay in layouts.items()}, "hf": hf_peer(model, cfg)}
-    sides.setdefault("ortserve_served", ours.describe())
+    for name, side in ours.items():
+        sides.setdefault(f"{name}_served", side.describe())
 
     def path(call: str, loops: int) -> str:
         return (f"{call} per batch, greedy, in its own process: closed-loop client threads and {loops} "
@@ -434,19 +445,20 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
     out: dict[str, Any] = {"max_new_tokens": max_new, "min_new_tokens": min_new, "peer_max_batch": cfg.served_slots}
     try:
         for n, count in cfg.warmup_clients:      # untimed: first calls of each batch shape (torch's above all)
-            run_clients(n, src.texts[:count], ours.call)
+            for side in ours.values():
+                run_clients(n, src.texts[:count], side.call)
             for p in peers.values():
                 p.request({"op": "clients", "clients": n, "sources": _peer_sources(p, src)[:count], "max_new": max_new,
                            "min_new": min_new, "max_batch": cfg.served_slots})
         for n in cfg.clients:
             count = n * cfg.requests_per_client[model.name][n]
-            rows: dict[str, list[dict[str, Any]]] = {"ortserve": [], **{k: [] for k in peers}}
+            rows: dict[str, list[dict[str, Any]]] = {**{k: [] for k in ours}, **{k: [] for k in peers}}
             order = list(rows)
             for r in range(cfg.rounds):
                 for side in (order if r % 2 == 0 else order[::-1]):
                     time.sleep(1.0)
-                    if side == "ortserve":
-                        wall, recs = run_clients(n, src.texts[:count], ours.call)
+                    if side in ours:
+                        wall, recs = run_clients(n, src.texts[:count], ours[side].call)
                         summary = summarize(wall, recs)
                         summary["batches"] = None
                     else:
@@ -466,13 +478,14 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
             cell["requests"] = count
             best = max(layouts, key=lambda k: cell[k]["tokens_per_s"])
             cell["ct2_best"] = {"side": best, "layout": "{}x{}".format(*layouts[best])}
-            cell["ratio_vs_ct2"] = cell["ortserve"]["tokens_per_s"] / cell[best]["tokens_per_s"]
-            cell["ratio_vs_hf"] = cell["ortserve"]["tokens_per_s"] / cell["hf"]["tokens_per_s"]
+            mine = max(ours, key=lambda k: cell[k]["tokens_per_s"])
+            cell["ortserve_best"] = {"side": mine, "threads": ours[mine].threads}
+            cell["ratio_vs_ct2"] = cell[mine]["tokens_per_s"] / cell[best]["tokens_per_s"]
+            cell["ratio_vs_hf"] = cell[mine]["tokens_per_s"] / cell["hf"]["tokens_per_s"]
             out[str(n)] = cell
     finally:
-        ours.close()
-        for p in peers.values():
-            p.close()
+        for side in [*ours.values(), *peers.values()]:
+            side.close()
     return out
 
 

@@ -174,8 +174,10 @@ def _cell(ours: float, ct2: float, int8: float | None = None) -> dict:
 
 def _served(ours: float, ct2: float, hf: float) -> dict:
     side = lambda v, t: {"runs": [], "tokens_per_s": v, "ttft_p50_ms": t, "ttft_p90_ms": 2 * t}  # noqa: E731
-    return {"ortserve": side(ours, 12.0), "ct2": side(ct2 / 2, 60.0), "ct2_alt": side(ct2, 30.0),
-            "ct2_best": {"side": "ct2_alt", "layout": "1x2"}, "hf": side(hf, 45.0), "requests": 64,
+    return {"ortserve": side(ours / 2, 20.0), "ortserve_alt": side(ours, 12.0),
+            "ortserve_best": {"side": "ortserve_alt", "threads": 1}, "ct2": side(ct2 / 2, 60.0),
+            "ct2_alt": side(ct2, 30.0), "ct2_best": {"side": "ct2_alt", "layout": "1x2"}, "hf": side(hf, 45.0),
+            "requests": 64,
             "ratio_vs_ct2": ours / ct2, "ratio_vs_hf": ours / hf}
 
 
@@ -216,8 +218,8 @@ def test_report_states_command_machine_sides_figures_and_goals():
     assert ("Batch job: 128 inputs (the issue asks 2,000; fewer here keep the whole run near 12 minutes, or short "
             "with --quick), exactly 16 new tokens each") in "\n".join(render(small))
     # the faster CTranslate2 layout of the row, named
-    assert "| 32 | 64 | 1,500 | 1,000 (1x2) | 750 | 1.50 | 2.00 | 12 / 30 / 45 |" in text
-    assert "| 1 | 64 | 400 | 500 (1x2) | 100 | 0.80 | 4.00 | 12 / 30 / 45 |" in text
+    assert "| 32 | 64 | 1,500 (1 thread) | 1,000 (1x2) | 750 | 1.50 | 2.00 | 12 / 30 / 45 |" in text
+    assert "| 1 | 64 | 400 (1 thread) | 500 (1x2) | 100 | 0.80 | 4.00 | 12 / 30 / 45 |" in text
     assert "growth = 1.27 × that floor (goal ≤ 1.3×: met)" in text and "extra 47 MB" in text
     # a model without a piece renders without its table
     assert text.count("| search |") == 1 and text.count("| clients |") == 1
