@@ -1,6 +1,6 @@
 """WordPiece vocabulary training that gives the same vocabulary in every process.
 
-tokenizers' WordPieceTrainer (0.23.3, the latest) is its BPE trainer with `##` continuation pieces. It numbers
+tokenizers' WordPieceTrainer (as of 0.23.3) is its BPE trainer with `##` continuation pieces. It numbers
 those pieces in hash-map order, which changes from process to process, and breaks ties between equally frequent
 merges by comparing the pieces' numbers: so the same corpus gave a different vocabulary near the vocab_size cut
 in each process (huggingface/tokenizers#1794, fix proposed in PR #2066). BpeTrainer with a `##` prefix numbers
