@@ -18,6 +18,8 @@ from typing import Iterable, Iterator, Literal
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from training.wordpiece import count_words, train_vocab
+
 log = logging.getLogger(__name__)
 
 TokenizerKind = Literal["wordpiece", "bpe", "roberta", "wordlevel"]
@@ -93,12 +95,12 @@ class TokenizerInfo:
 _CJK = r"[\p{Han}\x{3000}-\x{303F}\x{FF00}-\x{FFEF}\x{00B7}]"
 
 
-def build_wordpiece() -> Tokenizer:
-    """BERT's WordPiece. CJK text: the normalizer puts spaces around every CJK ideograph, so each character is
+def build_wordpiece(vocab: dict[str, int] | None = None) -> Tokenizer:
+    """BERT's WordPiece (empty, or with a trained `vocab`). CJK text: the normalizer puts spaces around every CJK ideograph, so each character is
     its own word (one token: what fill-mask predicts), as in Google's multilingual and Chinese BERTs; the decoder
     joins the pieces with spaces as BERT's does, then removes the space between two CJK characters, so decoded
     Chinese reads "床前明月光" rather than "床 前 明 月 光"."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##"))
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
     )
@@ -147,30 +149,27 @@ def set_bert_template(tok: Tokenizer) -> None:
 def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
     """Train a tokenizer of `config.kind` on an iterator of texts."""
     if config.kind == "wordpiece":
-        tok = build_wordpiece()
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=config.vocab_size,
-            min_frequency=config.min_frequency,
-            special_tokens=BERT_SPECIAL_ORDER,
-            continuing_subword_prefix="##",
-            show_progress=False,
-        )
-    else:
-        tok = build_bpe()
-        # <mask> swallows the space before it (lstrip), as RoBERTa's does: "to <mask>" masks the word " be".
-        specials = [EOT] if config.kind == "bpe" else ROBERTA_SPECIAL_ORDER[:-1] + [
-            AddedToken("<mask>", lstrip=True, special=True)]
-        trainer = trainers.BpeTrainer(
-            vocab_size=config.vocab_size,
-            min_frequency=config.min_frequency,
-            special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-    tok.train_from_iterator(_nonempty(texts), trainer=trainer)
-    if config.kind == "wordpiece":
+        # Our own trainer rather than tokenizers' WordPieceTrainer, which gives a different vocabulary in each
+        # process (huggingface/tokenizers#1794): see training/wordpiece.py.
+        words = count_words(build_wordpiece(), _nonempty(texts))
+        tok = build_wordpiece(train_vocab(words, config.vocab_size, config.min_frequency, BERT_SPECIAL_ORDER))
+        tok.add_special_tokens(BERT_SPECIAL_ORDER)
         set_bert_template(tok)
-    elif config.kind == "roberta":
+        log.info("trained wordpiece tokenizer: %d tokens", tok.get_vocab_size())
+        return tok
+    tok = build_bpe()
+    # <mask> swallows the space before it (lstrip), as RoBERTa's does: "to <mask>" masks the word " be".
+    specials = [EOT] if config.kind == "bpe" else ROBERTA_SPECIAL_ORDER[:-1] + [
+        AddedToken("<mask>", lstrip=True, special=True)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_nonempty(texts), trainer=trainer)
+    if config.kind == "roberta":
         set_roberta_template(tok)
     log.info("trained %s tokenizer: %d tokens", config.kind, tok.get_vocab_size())
     return tok
