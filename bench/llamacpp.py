@@ -44,6 +44,7 @@ from typing import Any
 from .llamacpp_material import MATERIALS, Material, llama_material, qwen3_material
 from .llamacpp_report import QUANTS, render
 from .llamacpp_server import LLAMACPP_VENV, LlamaCppError, LlamaServer, start_llama_server, tool
+from .openmp import unset_command
 from .llamacpp_rss import rss_piece
 from .machine import describe
 from .results import DOCS, publish, read_json, write_json
@@ -92,7 +93,7 @@ class Config:
 
 
 def _run(cmd: list[str], what: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(unset_command(cmd), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         last = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
         raise LlamaCppError(f"{what} failed (exit {done.returncode}): {last[-1] if last else 'no output'}")
@@ -408,7 +409,8 @@ def measure(cfg: Config, pieces: tuple[str, ...], invocation: str, out: Path) ->
         elif piece == "raw":
             report["raw"] = raw_piece(cfg, mat, ggufs)
             report["sides"]["llamacpp_bench"] = {"threads": cfg.threads,
-                                                 "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50)",
+                                                 "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50; OpenMP's: "
+                                                            "OMP_WAIT_POLICY and OMP_NUM_THREADS unset)",
                                                  "args": ["llama-bench", "-t", str(cfg.threads), "-p", "0", "-n",
                                                           str(cfg.new_tokens), "-r", "1"]}
             report["sides"]["ortserve_graph"] = {"threads": cfg.threads, "intra_op_spinning": "on (one global pool)",

@@ -10,6 +10,7 @@ from typing import Any
 from testing.launch import ChildProcess as Process, ServerStartError, http_ok, free_port
 
 from .llamacpp_report import NO_REPACK_WHY, NOAMX_WHY
+from .openmp import unset_command
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -38,7 +39,7 @@ class LlamaServer:
                      *([] if repack else ["--no-repack"])]
         self.threads, self.parallel, self.gguf, self.repack, self.build = threads, parallel, gguf, repack, build
         binary = tool("llama-server") if build == "native" else NOAMX_BIN / "llama-server"
-        self.proc = Process([str(binary), *self.args])
+        self.proc = Process(unset_command([str(binary), *self.args]))
         self.proc.wait_for_line(re.compile(r"listening on http|server is listening"), startup_timeout)
         self.proc.wait_ready(http_ok(f"http://127.0.0.1:{self.port}/health"), startup_timeout, "llama-server /health",
                              LlamaCppError)
@@ -62,7 +63,9 @@ class LlamaServer:
         return [int(t) for t in r.json()["tokens"]]
 
     def describe(self) -> dict[str, Any]:
-        return {"threads": self.threads, "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50)",
+        return {"threads": self.threads,
+                "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50; OpenMP's: "
+                           "OMP_WAIT_POLICY and OMP_NUM_THREADS unset)",
                 "parallel": self.parallel, "quant": self.gguf.stem.rsplit("-", 1)[-1], "repack": self.repack,
                 "build": self.build, **({} if self.build == "native" else {"why_build": NOAMX_WHY}),
                 **({} if self.repack else {"why_no_repack": NO_REPACK_WHY}),

@@ -201,10 +201,11 @@ def convert_ct2(checkpoint: Path, out: Path, quantization: str) -> Path:
 
 
 def peer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a peer process: this one's, with the repository importable."""
-    import os
+    """The environment of a peer process: this one's without the benchmark's own OpenMP settings (bench/openmp.py:
+    CTranslate2 and torch set their threads themselves), with the repository importable."""
+    from .openmp import peer_environ
 
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in peer_environ().items() if k != "PYTHONPATH"}
     return {**env, "PYTHONPATH": str(ROOT), **(extra or {})}
 
 

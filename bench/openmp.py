@@ -1,0 +1,22 @@
+"""The OpenMP settings the benchmark makes for its own process (bench/__main__.py: two threads, idle threads
+sleeping), which a peer must not inherit: a peer runs with its own defaults and sets its threads through its own
+API or flags (llama.cpp's -t, CTranslate2's intra_threads, torch.set_num_threads). OMP_WAIT_POLICY=PASSIVE put
+every barrier of an OpenMP engine behind a sleep and a wake-up: llama.cpp's batch-1 decode ran at a tenth of its
+speed under it (bench/FINDINGS.md)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+OWN = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")
+
+
+def peer_environ(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default this process's) without the benchmark's own OpenMP settings."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k not in OWN}
+
+
+def unset_command(cmd: list[str]) -> list[str]:
+    """`cmd` under `env -u ...`, for a child spawned with this process's environment merged in (testing.launch),
+    whose inherited variables only the command itself can drop."""
+    return ["env", *(x for name in OWN for x in ("-u", name)), *cmd]
