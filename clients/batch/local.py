@@ -24,6 +24,7 @@ from ..types import (
     TokenLogprob,
     Usage,
 )
+from .groups import AdmissionGroups
 from .input import Record
 from .tasks import (TaskConfig, classification_payload, embedding_payload, fill_mask_payload,
                      generation_payload)
@@ -78,6 +79,7 @@ class LocalRunner:
         self.plane = plane
         self.config = config
         self._params: Any = None     # the server's GenerationParams of the task's, checked once for every record
+        self._groups: AdmissionGroups | None = None    # generation records admitted a turn's worth at a time
 
     def _generation_params(self) -> Any:
         """The task's generation parameters as the server takes them (ValueError naming the field when invalid)."""
@@ -136,10 +138,15 @@ class LocalRunner:
                 embedded = await self.plane.embed(c.model, version, [record.text], truncate=c.truncate)
                 return embedding_payload(embedded.embeddings[0].tolist(), embedded.token_counts[0])
             g = c.generation
-            result = await self.plane.generate(c.model, version, record.text, self._generation_params())
+            params = self._generation_params()
+            if self._groups is None:
+                self._groups = AdmissionGroups(self.plane, c.model, version)
+            result = await self._groups.generate(record.text, params)
             return generation_payload(_generation(result.output, g.wants_logprobs), g.wants_logprobs)
         except (ServingError, ValueError) as e:
             raise _as_ortserve_error(e) from None
 
     async def close(self) -> None:
+        if self._groups is not None:
+            self._groups.close()
         await self.plane.close()

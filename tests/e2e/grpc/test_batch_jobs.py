@@ -303,3 +303,49 @@ def test_processes_refused_without_local_or_with_ray(tmp_path: Path, extra: list
     src = prompts_file(tmp_path / "prompts.txt", 2)
     run = batch("generate", str(src), "-o", str(tmp_path / "x.jsonl"), *extra)
     assert run.returncode == 2 and message in run.stderr and len(run.stderr.splitlines()) == 1, run.stderr
+
+
+def test_local_records_of_one_turn_are_admitted_together_and_a_refused_one_fails_alone(tiny_repository: Path) -> None:
+    """The in-process runner admits the generation records that reach it in one turn of the event loop as one
+    request (clients/batch/groups.py): eight records sent together are fewer requests than records in the model's
+    statistics, and each answer equals that record's answer run alone. A record the model refuses (a prompt past
+    its context) refuses the group; the group then runs record by record: that record fails with its own
+    INVALID_ARGUMENT naming the prompt, and the others answer as alone."""
+    import asyncio
+
+    from clients.batch.input import Record
+    from clients.batch.local import LocalRunner
+    from clients.batch.tasks import TaskConfig
+    from clients.errors import OrtserveError
+    from clients.types import GenerationParams
+
+    texts = [f"Prompt number {i}: the" for i in range(8)]
+    config = TaskConfig(task="generate", model="tiny-gpt", generation=GenerationParams(max_new_tokens=8))
+
+    async def body() -> tuple[list, list, list, int]:
+        runner = await LocalRunner.start(tiny_repository, config, intra_op_threads=1)
+        try:
+            alone = [await runner.run(Record(line=i + 1, id=i + 1, text=t)) for i, t in enumerate(texts)]
+            before = _requests(runner.plane)
+            together = await asyncio.gather(*(runner.run(Record(line=i + 1, id=i + 1, text=t))
+                                              for i, t in enumerate(texts)))
+            requests = _requests(runner.plane) - before
+            bad = [*texts[:3], "the king " * 3000, *texts[3:]]
+            mixed = await asyncio.gather(*(runner.run(Record(line=i + 1, id=i + 1, text=t))
+                                           for i, t in enumerate(bad)), return_exceptions=True)
+            return alone, together, mixed, requests
+        finally:
+            await runner.close()
+
+    alone, together, mixed, requests = asyncio.run(asyncio.wait_for(body(), 120))
+    assert together == alone
+    assert requests < len(texts), requests
+    refused = mixed.pop(3)
+    assert isinstance(refused, OrtserveError) and refused.code.name == "INVALID_ARGUMENT", refused
+    assert "prompt" in str(refused)
+    assert mixed == alone
+
+
+def _requests(plane) -> int:
+    """Requests the tiny GPT's versions answered, successes and failures (its statistics)."""
+    return sum(s.success.count + s.fail.count for s in plane.statistics("tiny-gpt"))
