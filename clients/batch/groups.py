@@ -33,7 +33,11 @@ class AdmissionGroups:
         return await answer
 
     def close(self) -> None:
-        """Stop the groups still running (the runner is closing: nobody waits for them)."""
+        """Stop the groups still running and the records not yet in one (the runner is closing): a caller still
+        waiting on one of them is cancelled, not left waiting."""
+        for _, _, answer in self._pending:
+            answer.cancel()
+        self._pending = []
         for task in self._running:
             task.cancel()
 
@@ -45,6 +49,14 @@ class AdmissionGroups:
             task.add_done_callback(self._running.discard)
 
     async def _admit(self, group: list[tuple[str, Any, asyncio.Future]]) -> None:
+        try:
+            await self._answer(group)
+        except asyncio.CancelledError:     # close(): whoever still waits on a record of the group is cancelled too
+            for _, _, answer in group:
+                answer.cancel()
+            raise
+
+    async def _answer(self, group: list[tuple[str, Any, asyncio.Future]]) -> None:
         if len(group) > 1:
             try:
                 results = await self.plane.generate_many(self.model, self.version, [(t, p) for t, p, _ in group])

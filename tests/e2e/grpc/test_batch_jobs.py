@@ -349,3 +349,29 @@ def test_local_records_of_one_turn_are_admitted_together_and_a_refused_one_fails
 def _requests(plane) -> int:
     """Requests the tiny GPT's versions answered, successes and failures (its statistics)."""
     return sum(s.success.count + s.fail.count for s in plane.statistics("tiny-gpt"))
+
+
+def test_closing_the_local_runner_ends_records_still_in_flight(tiny_repository: Path) -> None:
+    """Records in flight in an admission group when the runner closes end (cancelled or failed) instead of
+    waiting forever on a group that will not answer."""
+    import asyncio
+
+    from clients.batch.input import Record
+    from clients.batch.local import LocalRunner
+    from clients.batch.tasks import TaskConfig
+    from clients.types import GenerationParams
+
+    config = TaskConfig(task="generate", model="tiny-gpt", generation=GenerationParams(max_new_tokens=64))
+
+    async def body() -> list:
+        runner = await LocalRunner.start(tiny_repository, config, intra_op_threads=1)
+        tasks = [asyncio.create_task(runner.run(Record(line=i + 1, id=i + 1, text=f"Prompt {i}: the")))
+                 for i in range(6)]
+        for _ in range(3):      # the records join a group and its generate_many starts
+            await asyncio.sleep(0)
+        await runner.close()
+        done, pending = await asyncio.wait(tasks, timeout=30)
+        assert not pending, f"{len(pending)} records still waiting after close"
+        return [t.cancelled() or t.exception() is not None for t in tasks]
+
+    assert all(asyncio.run(asyncio.wait_for(body(), 120)))
