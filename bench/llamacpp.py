@@ -44,7 +44,7 @@ from typing import Any
 from .llamacpp_material import MATERIALS, Material, llama_material, qwen3_material
 from .llamacpp_report import QUANTS, render
 from .llamacpp_server import LLAMACPP_VENV, LlamaCppError, LlamaServer, start_llama_server, tool
-from .openmp import unset_command
+from .openmp import OWN, unset_command
 from .llamacpp_rss import rss_piece
 from .machine import describe
 from .results import DOCS, publish, read_json, write_json
@@ -409,8 +409,8 @@ def measure(cfg: Config, pieces: tuple[str, ...], invocation: str, out: Path) ->
         elif piece == "raw":
             report["raw"] = raw_piece(cfg, mat, ggufs)
             report["sides"]["llamacpp_bench"] = {"threads": cfg.threads,
-                                                 "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50; OpenMP's: "
-                                                            "OMP_WAIT_POLICY and OMP_NUM_THREADS unset)",
+                                                 "binding": "not pinned (its defaults: cpu_mask 0x0, poll 50)",
+                                                 "unset": list(OWN),
                                                  "args": ["llama-bench", "-t", str(cfg.threads), "-p", "0", "-n",
                                                           str(cfg.new_tokens), "-r", "1"]}
             report["sides"]["ortserve_graph"] = {"threads": cfg.threads, "intra_op_spinning": "on (one global pool)",

@@ -10,7 +10,7 @@ from typing import Any
 from testing.launch import ChildProcess as Process, ServerStartError, http_ok, free_port
 
 from .llamacpp_report import NO_REPACK_WHY, NOAMX_WHY
-from .openmp import unset_command
+from .openmp import OWN, unset_command
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -64,8 +64,7 @@ class LlamaServer:
 
     def describe(self) -> dict[str, Any]:
         return {"threads": self.threads,
-                "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50; OpenMP's: "
-                           "OMP_WAIT_POLICY and OMP_NUM_THREADS unset)",
+                "binding": "not pinned (its defaults: no --cpu-mask / --cpu-strict, --poll 50)", "unset": list(OWN),
                 "parallel": self.parallel, "quant": self.gguf.stem.rsplit("-", 1)[-1], "repack": self.repack,
                 "build": self.build, **({} if self.build == "native" else {"why_build": NOAMX_WHY}),
                 **({} if self.repack else {"why_no_repack": NO_REPACK_WHY}),

@@ -16,7 +16,7 @@ def peer_environ(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in (os.environ if env is None else env).items() if k not in OWN}
 
 
-def unset_command(cmd: list[str]) -> list[str]:
-    """`cmd` under `env -u ...`, for a child spawned with this process's environment merged in (testing.launch),
-    whose inherited variables only the command itself can drop."""
-    return ["env", *(x for name in OWN for x in ("-u", name)), *cmd]
+def unset_command(cmd: list[str], names: tuple[str, ...] = OWN) -> list[str]:
+    """`cmd` under `env -u NAME ...`, for a child spawned with this process's environment merged in
+    (testing.launch), whose inherited variables only the command itself can drop."""
+    return ["env", *(x for name in names for x in ("-u", name)), *cmd]

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .openmp import unset_command
+
 TCMALLOC = "libtcmalloc_minimal.so.4"
 # Debian/Ubuntu (libtcmalloc-minimal4), then Fedora/RHEL-style layouts.
 TCMALLOC_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
@@ -70,9 +72,9 @@ class VllmLaunch:
     cores: tuple[int, ...]
 
     def command_prefix(self) -> list[str]:
-        """`env -u VAR ...`: the child process is spawned with os.environ merged in, so inherited variables it must
-        not see are removed by env(1) in front of the command."""
-        return ["env", *(x for name in self.unset for x in ("-u", name))]
+        """`env -u VAR ...` (bench/openmp.py): the inherited variables vLLM must not see, removed in front of its
+        command."""
+        return unset_command([], self.unset)
 
     def describe(self) -> dict[str, object]:
         keys = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS", "LD_PRELOAD")
