@@ -22,4 +22,3 @@ class BeamRequest:
     prompt_ids = [0]
     params = GenerationParams.validate(num_beams=4)
     cancelled = done = False
-    source_ids = deadline = None

@@ -295,23 +295,21 @@ def _slots(search: BeamSearch) -> np.ndarray:
 
 
 class Beam:
-    """The owner of one beam's scheduler state: the engine and executor see it where a Sequence would be. What the
-    search's first request fixed at admission (its params, source, deadline) is read as plain attributes: the loop
-    and the worker read them for every beam of every step."""
-
-    strategy: "BeamStrategy"     # BEAMS, set below the class
+    """The owner of one beam's scheduler state: the engine and executor see it where a Sequence would be."""
 
     def __init__(self, search: BeamSearch, index: int) -> None:
         self.search, self.index = search, index
         self.state: SeqState | None = None
         self.prompt_tokens = None
         self.generated = Generated(search, index)
-        first = search.requests[0]
-        self.params: GenerationParams = first.params
-        self.source_ids: list[int] | None = first.source_ids
-        self.deadline: float | None = first.deadline
-        self.prompt_ids: list[int] = search.prompt_ids
-        self.requests = search.requests
+
+    @property
+    def strategy(self) -> "BeamStrategy":
+        return BEAMS
+
+    @property
+    def source_ids(self) -> list[int] | None:
+        return self.search.requests[0].source_ids
 
     @property
     def source_states(self) -> list[SeqState]:
@@ -325,18 +323,24 @@ class Beam:
         return self.state.slot
 
     @property
+    def prompt_ids(self) -> list[int]:
+        return self.search.prompt_ids
+
+    @property
+    def params(self) -> GenerationParams:
+        return self.search.requests[0].params
+
+    @property
+    def deadline(self) -> float | None:
+        return self.search.requests[0].deadline
+
+    @property
     def cancelled(self) -> bool:
-        for request in self.requests:      # BeamSearch.cancelled, one call shorter (read for every beam and step)
-            if not request.cancelled:
-                return False
-        return True
+        return self.search.cancelled
 
     @property
     def done(self) -> bool:
-        for request in self.requests:
-            if not request.done:
-                return False
-        return True
+        return self.search.done
 
     @property
     def finish_reason(self) -> str | None:
@@ -436,4 +440,3 @@ class BeamStrategy:
 
 
 BEAMS = BeamStrategy()
-Beam.strategy = BEAMS

@@ -201,19 +201,14 @@ class EngineLoop:
             elif deadline_passed(seq, now):
                 self._scheduler.finish(state)
                 seq.fail(TimeoutError("deadline passed while waiting; nothing was generated"))
-        # Every running row, every iteration: the common case (running on) costs two flags and a deadline read.
         for state in list(self._scheduler.running):
             seq = state.owner
-            if not seq.done:
-                if seq.cancelled:
-                    seq.finish_reason = FINISH_CANCELLED    # nobody listens: no chunk
-                elif seq.deadline is None or seq.deadline > now:
-                    continue
-                else:
-                    seq.finish(FINISH_CANCELLED)
-                if not seq.done:
-                    continue
-            self._finish(state)
+            if seq.cancelled and not seq.done:
+                seq.finish_reason = FINISH_CANCELLED    # nobody listens: no chunk
+            elif deadline_passed(seq, now):
+                seq.finish(FINISH_CANCELLED)
+            if seq.done:
+                self._finish(state)
 
     async def _settle_arrivals(self) -> None:
         """Woken from idle: requests sent in the same instant reach the engine a little apart (each is parsed and
