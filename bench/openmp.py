@@ -1,8 +1,7 @@
 """The OpenMP settings the benchmark makes for its own process (bench/__main__.py: two threads, idle threads
 sleeping), which a peer must not inherit: a peer runs with its own defaults and sets its threads through its own
-API or flags (llama.cpp's -t, CTranslate2's intra_threads, torch.set_num_threads). OMP_WAIT_POLICY=PASSIVE put
-every barrier of an OpenMP engine behind a sleep and a wake-up: llama.cpp's batch-1 decode ran at a tenth of its
-speed under it (bench/FINDINGS.md)."""
+API or flags (llama.cpp's -t, CTranslate2's intra_threads, torch.set_num_threads). OMP_WAIT_POLICY=PASSIVE puts
+every barrier of an OpenMP engine behind a sleep and a wake-up (what it cost llama.cpp: bench/FINDINGS.md)."""
 from __future__ import annotations
 
 import os

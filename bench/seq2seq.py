@@ -73,8 +73,8 @@ class Config:
     new_tokens: dict[str, int] = field(default_factory=lambda: {"g2p": 32, "marian": 16})  # marian: exactly this many
     beams: tuple[int, ...] = (1, 4)
     clients: tuple[int, ...] = (1, 8, 32)
-    # served: requests each client sends, per model and client count. g2p's 32 clients send 32 each: at 8 the
-    # fastest side was done in a third of a second, a span its clients' start and end took a visible part of.
+    # served: requests each client sends, per model and client count. g2p's 32 clients send 32 each: with fewer,
+    # the fastest side's run was short enough for its clients' start and end to weigh (docs/BENCHMARKS.md, g2p).
     requests_per_client: dict[str, dict[int, int]] = field(default_factory=lambda: {
         "g2p": {1: 24, 8: 24, 32: 32}, "marian": {1: 6, 8: 4, 32: 2}})
     warmup_clients: tuple[tuple[int, int], ...] = ((1, 4), (8, 16), (32, 32))   # (clients, requests) untimed
