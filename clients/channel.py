@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 import grpc
+import grpc.experimental
 
 from .config import ClientConfig, TLSConfig
 
@@ -107,10 +108,17 @@ def channel_spec(config: ClientConfig) -> ChannelSpec:
     return ChannelSpec(target=target, options=tuple(options), credentials=credentials)
 
 
+# A streamed call's messages are read by the thread that iterates it (grpc's single-threaded unary-stream mode)
+# instead of being handed over from the channel's polling thread: no thread switch per message, which is a large
+# part of what a stream costs a client with many streams open (bench/FINDINGS.md, "The client's streams").
+_SYNC_OPTIONS = ((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),)
+
+
 def sync_channel(spec: ChannelSpec) -> grpc.Channel:
+    options = [*spec.options, *_SYNC_OPTIONS]
     if spec.credentials is None:
-        return grpc.insecure_channel(spec.target, options=list(spec.options))
-    return grpc.secure_channel(spec.target, spec.credentials, options=list(spec.options))
+        return grpc.insecure_channel(spec.target, options=options)
+    return grpc.secure_channel(spec.target, spec.credentials, options=options)
 
 
 def aio_channel(spec: ChannelSpec) -> grpc.aio.Channel:

@@ -115,7 +115,7 @@ def generation_parameters(params: GenerationParams) -> pb.GenerationParameters:
         logit_bias=dict(params.logit_bias), min_p=params.min_p, min_tokens=params.min_tokens)
     # proto3 `optional` fields: leave unset (server default) unless given.
     for name in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed", "prompt_logprobs",
-                 "num_beams", "length_penalty"):
+                 "num_beams", "length_penalty", "stream_interval"):
         value = getattr(params, name)
         if value is not None:
             setattr(message, name, value)

@@ -126,7 +126,7 @@ class GenerationParams:
     prompt_logprobs: int | None = None
     truncate_prompt: bool = False
     ignore_eos: bool = False
-    # Beam search (encoder-decoder models; not streamed): beams 1..8, the score's length penalty, and when it ends
+    # Beam search (decoders and encoder-decoders; not streamed): beams 1..8, the score's length penalty, and when it ends
     # (True, False or "never", as transformers' generate). None leaves the server's default (1 beam, 1.0, False).
     num_beams: int | None = None
     length_penalty: float | None = None
@@ -135,6 +135,9 @@ class GenerationParams:
     # GenerateRequest.target_language. None: the model's default.
     target_language: str | None = None
     source_language: str | None = None    # the source text's language token (GenerateRequest.source_language)
+    # generate_stream: tokens per chunk after the first (>= 1); raises the server's --stream-interval, never lowers
+    # it. max_new_tokens: the first token alone, then the rest with the end. None: the server's.
+    stream_interval: int | None = None
 
     @property
     def wants_logprobs(self) -> bool:

@@ -135,7 +135,7 @@ class Admission:
         spec = self._spec
         if self._source is None:
             seq = Sequence.create(ids, params, self._tokenizer, spec.vocab_size, deadline, spec.eos_id,
-                                  stream_interval=self._config.stream_interval, constraint=constraint)
+                                  stream_interval=self._stream_interval(params), constraint=constraint)
             # A request scoring its prompt needs the logits at every prompt position, so none may come from a
             # copied prefix: its state does not track tokens (no reuse for it, nothing remembered of its slot).
             state = SeqState.of(ids, owner=seq) if params.prompt_logprobs is None else SeqState(len(ids), owner=seq)
@@ -146,10 +146,14 @@ class Admission:
         seq = Sequence.create(prompt, params, self._tokenizer, spec.vocab_size, deadline, spec.eos_id,
                               source_ids=ids,
                               forced=self._source.forced(params.max_new_tokens, params.target_language),
-                              stream_interval=self._config.stream_interval)
+                              stream_interval=self._stream_interval(params))
         # Its keys/values depend on its source: no tokens tracked, nothing reused or remembered of its slot.
         seq.state = state = SeqState(len(prompt), owner=seq, source=len(ids), reserve=seq.budget)
         return seq, state
+
+    def _stream_interval(self, params: GenerationParams) -> int:
+        # A request may ask for fewer, larger messages than the server sends (vLLM's rule), not for more.
+        return max(self._config.stream_interval, params.stream_interval or 1)
 
     def _add_search(self, requests: list[Sequence]) -> None:
         """One beam search answering `requests` (identical jobs): its beams wait as one gang of states."""

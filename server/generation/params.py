@@ -105,6 +105,10 @@ class GenerationParams:
     # Structured output (server/structured/): every generated token is one the constraint's grammar allows, and the
     # answer ends (end-of-text) only where the grammar accepts it. None: unconstrained.
     constraint: Constraint | None = None
+    # Streamed tokens per message after the first (vLLM's per-request stream_interval): raises the server's
+    # --stream-interval for this request, never lowers it (None: the server's). The first token and the last
+    # message go at once; a client that wants the first token early and the rest whole asks for max_new_tokens.
+    stream_interval: int | None = None
 
     @classmethod
     def validate(cls, *, max_new_tokens: int | None = None, temperature: float | None = None,
@@ -119,7 +123,8 @@ class GenerationParams:
                  ignore_eos: bool | None = None, num_beams: int | None = None, length_penalty: float | None = None,
                  early_stopping: bool | str | None = None, beam_rank: int | None = None,
                  target_language: str | None = None, source_language: str | None = None,
-                 constraint: Constraint | None = None) -> "GenerationParams":
+                 constraint: Constraint | None = None,
+                 stream_interval: int | None = None) -> "GenerationParams":
         """None means the default. Raises ValueError naming the first bad field."""
         temp = _float("temperature", temperature, 0.0)
         if temp < 0:
@@ -171,6 +176,7 @@ class GenerationParams:
             target_language=_language("target_language", target_language),
             source_language=_language("source_language", source_language),
             constraint=_constraint(constraint),
+            stream_interval=None if stream_interval is None else _int("stream_interval", stream_interval, 1, 1),
         )
         if params.beam_rank >= params.num_beams:
             raise ValueError(f"parameters.beam_rank: a search of {params.num_beams} beams has hypotheses 0.."

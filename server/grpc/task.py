@@ -21,7 +21,7 @@ from server.structured import Constraint, constraint_of
 FINISH_REASONS = {"length": pb.FINISH_REASON_LENGTH, "eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP,
                   "cancelled": pb.FINISH_REASON_CANCELLED}
 _OPTIONAL = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed", "prompt_logprobs", "num_beams",
-             "length_penalty")
+             "length_penalty", "stream_interval")
 _EARLY_STOPPING = {"": None, "false": False, "true": True, "never": "never"}
 
 

@@ -353,6 +353,25 @@ def test_a_stream_interval_sends_the_first_token_alone_then_n_per_chunk(bigram: 
     assert grouped[-1].usage == each[-1].usage and grouped[-1].finish_reason == each[-1].finish_reason
 
 
+def test_a_request_raises_the_servers_stream_interval_and_never_lowers_it(bigram: Package) -> None:
+    def asking(interval: int | None) -> GenerationParams:
+        return GenerationParams.validate(max_new_tokens=10, ignore_eos=True, stream_interval=interval)
+
+    async def body() -> dict[str, list[int]]:
+        async with bigram.engine(decode_steps=1) as engine:          # the server's interval: 1
+            each, three = await collect(engine, "Z", asking(None)), await collect(engine, "Z", asking(3))
+            rest = await collect(engine, "Z", asking(10))             # the first token, then the rest whole
+        async with bigram.engine(stream_interval=4, decode_steps=1) as engine:
+            two = await collect(engine, "Z", asking(2))
+        texts = {"".join(c.text for c in chunks) for chunks in (each, three, rest, two)}
+        assert texts == {"é漢🙂<|endoftext|>"}
+        return {name: [len(c.tokens) for c in chunks]
+                for name, chunks in (("each", each), ("three", three), ("rest", rest), ("two", two))}
+
+    sizes = run(body())
+    assert sizes == {"each": [1] * 10, "three": [1, 3, 3, 3], "rest": [1, 9], "two": [1, 4, 4, 1]}
+
+
 # ---------------------------------------------------------------- several decode steps per iteration
 
 

@@ -48,6 +48,8 @@ def test_params_defaults_follow_the_proto() -> None:
     ({"presence_penalty": 2.5}, "parameters.presence_penalty"),
     ({"min_p": 1.5}, "parameters.min_p"),
     ({"min_tokens": -1}, "parameters.min_tokens"),
+    ({"stream_interval": 0}, "parameters.stream_interval"),
+    ({"stream_interval": 2.0}, "parameters.stream_interval"),
     ({"min_tokens": 5, "max_new_tokens": 4}, "parameters.min_tokens"),
     ({"frequency_penalty": -2.01}, "parameters.frequency_penalty"),
     ({"frequency_penalty": float("nan")}, "parameters.frequency_penalty"),

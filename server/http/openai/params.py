@@ -52,7 +52,7 @@ def generation_params(request: SamplingRequest, logprobs: int | None, max_tokens
             top_logprobs=logprobs or 0, ignore_eos=request.ignore_eos, num_beams=num_beams,
             length_penalty=request.length_penalty, early_stopping=request.early_stopping,
             target_language=request.target_language, source_language=request.source_language,
-            constraint=constraint or forced)
+            constraint=constraint or forced, stream_interval=request.stream_interval)
     except ValueError as exc:
         raise _invalid(exc, max_tokens_field) from None
 

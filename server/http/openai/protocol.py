@@ -86,6 +86,7 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     prompt_logprobs: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    stream_interval: int | None = None     # vLLM's: tokens per streamed chunk after the first (>= 1)
     # Beam search, as transformers' generate takes it: `n` <= num_beams best hypotheses; or vLLM's spelling,
     # use_beam_search true with best_of beams (n when best_of is absent).
     num_beams: int | None = None
