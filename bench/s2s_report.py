@@ -14,6 +14,8 @@ _SIDES = {"ortserve_batch": "ortserve, batch job", "ortserve_w8_batch": "ortserv
           "ct2_batch": "CTranslate2 float32, batch job",
           "ct2_int8_batch": "CTranslate2 int8, batch job", "ortserve_served": "ortserve, served",
           "ortserve_alt_served": "ortserve (other layout), served",
+          "ortserve_tokens_served": "ortserve, served a message per token",
+          "ortserve_alt_tokens_served": "ortserve (other layout), served a message per token",
           "ct2_served": "CTranslate2 float32, served", "ct2_alt_served": "CTranslate2 float32 (other layout), served",
           "hf_served": "transformers generate, served",
           "ortserve_step": "ortserve, step"}
@@ -139,24 +141,17 @@ def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                   f"same sources in the same order on every side); the peers batch what has arrived, at most "
                   f"{s.get('peer_max_batch')} rows. CTranslate2 ran in two thread layouts (inter_threads x "
                   "intra_threads), and ortserve in two (onnxruntime threads of its server); each column is the "
-                  "faster of its side's two in each row, the layout in brackets. Time to "
+                  "faster of its side's two in each row, the layout in brackets. ortserve streams each answer "
+                  "as the peers' loop hands it over (the first token at once, the rest with the end: "
+                  "`stream_interval` = max_new_tokens), which the ratios compare; its column \"per token\" is "
+                  "the same servers sending a message per token. Time to "
                   "first token: sent → first token (ortserve: first streamed chunk at the client; peers: their "
                   "per-step callback).", "",
-                  "| clients | requests | ortserve tok/s | CTranslate2 tok/s | transformers tok/s | ortserve / CT2 | "
-                  "ortserve / transformers | TTFT p50 ms: ortserve / CT2 / transformers |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for n, cell in s.items():
-            if not n.isdigit():
-                continue
-            best = cell.get("ct2_best", {"side": "ct2"})
-            mine = cell.get("ortserve_best", {"side": "ortserve"})
-            o, c, h = cell[mine["side"]], cell[best["side"]], cell["hf"]
-            layout = f" ({best['layout']})" if best.get("layout") else ""
-            threads = f" ({mine['threads']} thread{'s' if mine['threads'] > 1 else ''})" if "threads" in mine else ""
-            lines.append(f"| {n} | {cell['requests']} | {_f(o['tokens_per_s'])}{threads} | "
-                         f"{_f(c['tokens_per_s'])}{layout} | "
-                         f"{_f(h['tokens_per_s'])} | {_f(cell['ratio_vs_ct2'], 2)} | {_f(cell['ratio_vs_hf'], 2)} | "
-                         f"{_ms(o['ttft_p50_ms'])} / {_ms(c['ttft_p50_ms'])} / {_ms(h['ttft_p50_ms'])} |")
+                  "| clients | requests | ortserve tok/s | ortserve per token tok/s | CTranslate2 tok/s | "
+                  "transformers tok/s | ortserve / CT2 | ortserve / transformers | per token: / CT2, / "
+                  "transformers | TTFT p50 ms: ortserve / CT2 / transformers |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [_served_row(n, cell) for n, cell in s.items() if n.isdigit()]
         lines.append("")
     st = entry.get("step")
     if st:
@@ -169,3 +164,31 @@ def _model(name: str, entry: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                   f"{_f(st['read_floor_ms'], 2)} ms: growth = {_f(st['growth_over_floor'], 2)} × that floor (goal ≤ "
                   f"{STEP_GOAL}×: {_goal(st['growth_over_floor'], STEP_GOAL, False)}).", ""]
     return lines
+
+
+def _threads(best: dict) -> str:
+    return f" ({best['threads']} thread{'s' if best['threads'] > 1 else ''})" if "threads" in best else ""
+
+
+def _ortserve(cell: dict, best_key: str, suffix: str) -> tuple[str, str, str, dict | None]:
+    """One ortserve delivery's cells: tok/s (threads), / CT2, / transformers, and its figures (None: not run)."""
+    best = cell.get(best_key)
+    if best is None:
+        return "—", "—", "—", None
+    o = cell[best["side"]]
+    return (f"{_f(o['tokens_per_s'])}{_threads(best)}", _f(cell[f"ratio{suffix}_vs_ct2"], 2),
+            _f(cell[f"ratio{suffix}_vs_hf"], 2), o)
+
+
+def _served_row(n: str, cell: dict) -> str:
+    best = cell.get("ct2_best", {"side": "ct2"})
+    c, h = cell[best["side"]], cell["hf"]
+    layout = f" ({best['layout']})" if best.get("layout") else ""
+    if "ortserve_tokens_best" in cell:
+        answer, tokens = _ortserve(cell, "ortserve_best", ""), _ortserve(cell, "ortserve_tokens_best", "_tokens")
+    else:       # results from before the two deliveries: ortserve sent a message per token
+        answer, tokens = ("—", "—", "—", None), _ortserve(cell, "ortserve_best", "")
+    o = answer[3] or tokens[3]
+    return (f"| {n} | {cell['requests']} | {answer[0]} | {tokens[0]} | {_f(c['tokens_per_s'])}{layout} | "
+            f"{_f(h['tokens_per_s'])} | {answer[1]} | {answer[2]} | {tokens[1]}, {tokens[2]} | "
+            f"{_ms(o['ttft_p50_ms'])} / {_ms(c['ttft_p50_ms'])} / {_ms(h['ttft_p50_ms'])} |")

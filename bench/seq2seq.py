@@ -24,7 +24,9 @@ Pieces, the sides taking turns cell by cell (the order reversed every round, a s
           own behind an arrival-batching loop (bench/s2s_loop.py: it runs every request that has arrived as one
           batch); the same sources in the same order for every side. Tokens/s and time to first token.
           CTranslate2 runs in two thread layouts (2 replicas x 1 thread, one loop each; 1 x 2 threads) and the
-          faster one counts in each row.
+          faster one counts in each row. ortserve streams in two deliveries (DELIVERIES): as the peers' loop hands
+          its callers a request (the first token at once, the rest with the end: stream_interval max_new_tokens),
+          which the ratios compare, and a message per token, reported beside them.
 Expected time on 2 quiet cores: ~9-11 minutes, plus ~2 minutes the first time (the Marian checkpoint, both exports,
 four conversions) and ~5 minutes if the g2p model must be trained; --quick ~1.5 minutes once the material exists.
   step    the decoder graph's step in-process at batch 8 with the target at position 16 vs 256 (Marian shape),
@@ -45,7 +47,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -402,24 +404,38 @@ class OrtserveServed:
         self.client = OrtserveClient(self.server.address, timeout=600)
         self.params = ortserve_params(model, cfg, 1)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, delivery: str) -> dict[str, Any]:
         return {"variant": SERVED_VARIANT, "threads": self.threads, "intra_op_spinning": self.spinning,
-                "max_sequences": self.cfg.served_slots,
+                "max_sequences": self.cfg.served_slots, "delivery": DELIVERIES[delivery],
                 "path": "python -m server (a real server process), GenerateStream over gRPC with the Python client"}
 
-    def call(self, text: str, on_token) -> list[int]:
-        ids: list[int] = []
-        for chunk in self.client.generate_stream(text, self.model.name, **self.params):
-            if chunk.tokens:
-                on_token()
-            ids += [t.token_id for t in chunk.tokens]
-        if ids and ids[-1] == self.model.eos_id and not self.model.fixed_length:
-            ids.pop()
-        return ids
+    def caller(self, delivery: str) -> Callable[[str, Callable[[], None]], list[int]]:
+        """call(text, on_token) for run_clients. "answer": the first token as soon as it exists, then the rest
+        with the end (stream_interval = max_new_tokens), what the peers' loop gives its callers (a callback at the
+        first step, the output at the end); "tokens": a message per token."""
+        params = {**self.params, "stream_interval": self.params["max_new_tokens"]} if delivery == "answer" \
+            else self.params
+
+        def call(text: str, on_token: Callable[[], None]) -> list[int]:
+            ids: list[int] = []
+            for chunk in self.client.generate_stream(text, self.model.name, **params):
+                if chunk.tokens:
+                    on_token()
+                ids += [t.token_id for t in chunk.tokens]
+            if ids and ids[-1] == self.model.eos_id and not self.model.fixed_length:
+                ids.pop()
+            return ids
+        return call
 
     def close(self) -> None:
         self.client.close()
         self.server.stop()
+
+
+# Served ortserve's two deliveries of a stream (OrtserveServed.caller): the side-name suffix -> its description.
+DELIVERIES = {"answer": "GenerateStream with stream_interval = max_new_tokens: the first token at once, the rest "
+                        "with the end (what the peers' loop hands its callers)",
+              "tokens": "GenerateStream, a message per token"}
 
 
 def ortserve_layouts(cfg: Config) -> dict[str, int]:
@@ -431,11 +447,15 @@ def ortserve_layouts(cfg: Config) -> dict[str, int]:
 
 def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any]) -> dict[str, Any]:
     max_new, min_new = limits(model, cfg)
-    ours = {name: OrtserveServed(model, cfg, threads) for name, threads in ortserve_layouts(cfg).items()}
+    servers = {name: OrtserveServed(model, cfg, threads) for name, threads in ortserve_layouts(cfg).items()}
+    # Each server in both deliveries: "ortserve" / "ortserve_alt" as the peers deliver, "..._tokens" per token.
+    ours = {(name if delivery == "answer" else f"{name}_tokens"): (server, delivery)
+            for name, server in servers.items() for delivery in DELIVERIES}
+    calls = {name: server.caller(delivery) for name, (server, delivery) in ours.items()}
     layouts = ct2_layouts(cfg)
     peers = {**{name: ct2_peer(model, "float32", cfg, lay) for name, lay in layouts.items()}, "hf": hf_peer(model, cfg)}
-    for name, side in ours.items():
-        sides.setdefault(f"{name}_served", side.describe())
+    for name, (server, delivery) in ours.items():
+        sides.setdefault(f"{name}_served", server.describe(delivery))
 
     def path(call: str, loops: int) -> str:
         return (f"{call} per batch, greedy, in its own process: closed-loop client threads and {loops} "
@@ -446,8 +466,8 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
     out: dict[str, Any] = {"max_new_tokens": max_new, "min_new_tokens": min_new, "peer_max_batch": cfg.served_slots}
     try:
         for n, count in cfg.warmup_clients:      # untimed: first calls of each batch shape (torch's above all)
-            for side in ours.values():
-                run_clients(n, src.texts[:count], side.call)
+            for call in calls.values():
+                run_clients(n, src.texts[:count], call)
             for p in peers.values():
                 p.request({"op": "clients", "clients": n, "sources": _peer_sources(p, src)[:count], "max_new": max_new,
                            "min_new": min_new, "max_batch": cfg.served_slots})
@@ -459,7 +479,7 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
                 for side in (order if r % 2 == 0 else order[::-1]):
                     time.sleep(1.0)
                     if side in ours:
-                        wall, recs = run_clients(n, src.texts[:count], ours[side].call)
+                        wall, recs = run_clients(n, src.texts[:count], calls[side])
                         summary = summarize(wall, recs)
                         summary["batches"] = None
                     else:
@@ -479,13 +499,14 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
             cell["requests"] = count
             best = max(layouts, key=lambda k: cell[k]["tokens_per_s"])
             cell["ct2_best"] = {"side": best, "layout": "{}x{}".format(*layouts[best])}
-            mine = max(ours, key=lambda k: cell[k]["tokens_per_s"])
-            cell["ortserve_best"] = {"side": mine, "threads": ours[mine].threads}
-            cell["ratio_vs_ct2"] = cell[mine]["tokens_per_s"] / cell[best]["tokens_per_s"]
-            cell["ratio_vs_hf"] = cell[mine]["tokens_per_s"] / cell["hf"]["tokens_per_s"]
+            for delivery, suffix in (("answer", ""), ("tokens", "_tokens")):
+                mine = max((k for k in ours if ours[k][1] == delivery), key=lambda k: cell[k]["tokens_per_s"])
+                cell[f"ortserve{suffix}_best"] = {"side": mine, "threads": ours[mine][0].threads}
+                cell[f"ratio{suffix}_vs_ct2"] = cell[mine]["tokens_per_s"] / cell[best]["tokens_per_s"]
+                cell[f"ratio{suffix}_vs_hf"] = cell[mine]["tokens_per_s"] / cell["hf"]["tokens_per_s"]
             out[str(n)] = cell
     finally:
-        for side in [*ours.values(), *peers.values()]:
+        for side in [*servers.values(), *peers.values()]:
             side.close()
     return out
 

@@ -172,13 +172,19 @@ def _cell(ours: float, ct2: float, int8: float | None = None) -> dict:
     return cell
 
 
-def _served(ours: float, ct2: float, hf: float) -> dict:
+def _served(ours: float, ct2: float, hf: float, per_token: float | None = None) -> dict:
+    """A served cell; per_token: the message-per-token delivery's figure (None: a result from before it)."""
     side = lambda v, t: {"runs": [], "tokens_per_s": v, "ttft_p50_ms": t, "ttft_p90_ms": 2 * t}  # noqa: E731
-    return {"ortserve": side(ours / 2, 20.0), "ortserve_alt": side(ours, 12.0),
+    cell = {"ortserve": side(ours / 2, 20.0), "ortserve_alt": side(ours, 12.0),
             "ortserve_best": {"side": "ortserve_alt", "threads": 1}, "ct2": side(ct2 / 2, 60.0),
             "ct2_alt": side(ct2, 30.0), "ct2_best": {"side": "ct2_alt", "layout": "1x2"}, "hf": side(hf, 45.0),
             "requests": 64,
             "ratio_vs_ct2": ours / ct2, "ratio_vs_hf": ours / hf}
+    if per_token is not None:
+        cell.update({"ortserve_tokens": side(per_token, 15.0), "ortserve_alt_tokens": side(per_token / 2, 14.0),
+                     "ortserve_tokens_best": {"side": "ortserve_tokens", "threads": 2},
+                     "ratio_tokens_vs_ct2": per_token / ct2, "ratio_tokens_vs_hf": per_token / hf})
+    return cell
 
 
 REPORT = {
@@ -194,7 +200,7 @@ REPORT = {
                 "batch": {"inputs": 2000, "max_new_tokens": 32, "min_new_tokens": 0,
                           "beam1": _cell(3000.0, 2000.0, 4000.0), "beam4": _cell(900.0, 1800.0)},
                 "served": {"peer_max_batch": 32, "max_new_tokens": 32, "min_new_tokens": 0,
-                           "1": _served(400.0, 500.0, 100.0), "32": _served(1500.0, 1000.0, 750.0)}},
+                           "1": _served(400.0, 500.0, 100.0, 300.0), "32": _served(1500.0, 1000.0, 750.0, 600.0)}},
         "marian": {"checkpoint": "work/marian", "step": {
             "batch": 8, "positions": [16, 256], "rounds": 5, "short_ms": 20.0, "long_ms": 24.0, "growth_ms": 4.0,
             "extra_cache_bytes": 47_185_920, "read_bandwidth_gb_s": 15.0, "read_floor_ms": 3.15,
@@ -218,11 +224,21 @@ def test_report_states_command_machine_sides_figures_and_goals():
     assert ("Batch job: 128 inputs (the issue asks 2,000; fewer here keep the whole run near 12 minutes, or short "
             "with --quick), exactly 16 new tokens each") in "\n".join(render(small))
     # the faster CTranslate2 layout of the row, named
-    assert "| 32 | 64 | 1,500 (1 thread) | 1,000 (1x2) | 750 | 1.50 | 2.00 | 12 / 30 / 45 |" in text
-    assert "| 1 | 64 | 400 (1 thread) | 500 (1x2) | 100 | 0.80 | 4.00 | 12 / 30 / 45 |" in text
+    # ... and ortserve's two deliveries: the ratios compare the answer as the peers hand it over, per token beside
+    assert "| 32 | 64 | 1,500 (1 thread) | 600 (2 threads) | 1,000 (1x2) | 750 | 1.50 | 2.00 | 0.60, 0.80 | " \
+           "12 / 30 / 45 |" in text
+    assert "| 1 | 64 | 400 (1 thread) | 300 (2 threads) | 500 (1x2) | 100 | 0.80 | 4.00 | 0.60, 3.00 | " \
+           "12 / 30 / 45 |" in text
     assert "growth = 1.27 × that floor (goal ≤ 1.3×: met)" in text and "extra 47 MB" in text
     # a model without a piece renders without its table
     assert text.count("| search |") == 1 and text.count("| clients |") == 1
+
+
+def test_a_served_result_from_before_the_two_deliveries_shows_its_figures_as_per_token():
+    report = {**REPORT, "models": {"g2p": {"checkpoint": "c", "served": {
+        "peer_max_batch": 32, "max_new_tokens": 32, "min_new_tokens": 0, "32": _served(1500.0, 1000.0, 750.0)}}}}
+    text = "\n".join(render(report))
+    assert "| 32 | 64 | — | 1,500 (1 thread) | 1,000 (1x2) | 750 | — | — | 1.50, 2.00 | 12 / 30 / 45 |" in text
 
 
 def test_the_int8_table_lists_each_8bit_variant_against_ctranslate2_int8():
