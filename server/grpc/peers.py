@@ -20,6 +20,7 @@ sweep logs that once and stops: the idle timeout is then the only bound.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import ipaddress
 import logging
@@ -48,6 +49,7 @@ def _normal_ip(text: str) -> str:
     return str(mapped or ip)
 
 
+@functools.lru_cache(maxsize=4096)      # a connection's calls share its peer string: parsed once per connection
 def peer_address(peer: str) -> Address | None:
     """`ipv4:127.0.0.1:5000` / `ipv6:[::1]:5000` (grpc's peer strings) as (ip, port); None for other kinds."""
     kind, _, rest = peer.partition(":")
