@@ -10,7 +10,6 @@ exits 0.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 from dataclasses import dataclass
@@ -74,11 +73,6 @@ class OrtServer:
             metrics_port = await self._start_metrics()
         self.endpoints = Endpoints(port, metrics_port, http_port)
         await self.plane.open(poll=True)
-        # What start-up made (sessions' wrappers, tokenizers, modules) lives as long as the process: frozen out of
-        # the collector's generations, the full collections that requests' garbage triggers no longer walk it
-        # (vLLM freezes its start-up heap for the same reason).
-        gc.collect()
-        gc.freeze()
         log.info("ready: %d model version(s) SERVING",
                  sum(1 for m in self.plane.list_models() if m.state.value == "SERVING"))
         return self.endpoints
