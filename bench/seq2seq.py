@@ -27,7 +27,7 @@ Pieces, the sides taking turns cell by cell (the order reversed every round, a s
           faster one counts in each row. ortserve streams in two deliveries (DELIVERIES): as the peers' loop hands
           its callers a request (the first token at once, the rest with the end: stream_interval max_new_tokens),
           which the ratios compare, and a message per token, reported beside them.
-Expected time on 2 quiet cores: ~9-11 minutes, plus ~2 minutes the first time (the Marian checkpoint, both exports,
+Expected time on 2 quiet cores: ~7-11 minutes, plus ~2 minutes the first time (the Marian checkpoint, both exports,
 four conversions) and ~5 minutes if the g2p model must be trained; --quick ~1.5 minutes once the material exists.
   step    the decoder graph's step in-process at batch 8 with the target at position 16 vs 256 (Marian shape),
           against the time to read the extra self-cache once at the bandwidth numpy reaches in the same run.
