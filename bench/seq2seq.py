@@ -432,16 +432,18 @@ class OrtserveServed:
         self.server.stop()
 
 
-# Served ortserve's two deliveries of a stream (OrtserveServed.caller): the side-name suffix -> its description.
+# Served ortserve's two deliveries of a stream (OrtserveServed.caller): delivery -> its description, and the suffix
+# of its side names and ratio keys ("ortserve_alt_tokens", "ratio_tokens_vs_ct2"; the peers' delivery has none).
 DELIVERIES = {"answer": "GenerateStream with stream_interval = max_new_tokens: the first token at once, the rest "
                         "with the end (what the peers' loop hands its callers)",
               "tokens": "GenerateStream, a message per token"}
+SUFFIX = {"answer": "", "tokens": "_tokens"}
 
 
 def ortserve_layouts(cfg: Config) -> dict[str, int]:
     """Served, ortserve runs in two thread layouts as CTranslate2 does (ct2_layouts) and the faster counts per
     cell: every core in the decode step serves one client best; one thread leaves the other cores to the event
-    loop (gRPC's own code, a message per token) and the clients when many stream at once."""
+    loop (gRPC's own code) and the clients when many stream at once."""
     return {"ortserve": cfg.threads, "ortserve_alt": 1} if cfg.threads > 1 else {"ortserve": 1}
 
 
@@ -449,8 +451,7 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
     max_new, min_new = limits(model, cfg)
     servers = {name: OrtserveServed(model, cfg, threads) for name, threads in ortserve_layouts(cfg).items()}
     # Each server in both deliveries: "ortserve" / "ortserve_alt" as the peers deliver, "..._tokens" per token.
-    ours = {(name if delivery == "answer" else f"{name}_tokens"): (server, delivery)
-            for name, server in servers.items() for delivery in DELIVERIES}
+    ours = {name + SUFFIX[delivery]: (server, delivery) for name, server in servers.items() for delivery in DELIVERIES}
     calls = {name: server.caller(delivery) for name, (server, delivery) in ours.items()}
     layouts = ct2_layouts(cfg)
     peers = {**{name: ct2_peer(model, "float32", cfg, lay) for name, lay in layouts.items()}, "hf": hf_peer(model, cfg)}
@@ -499,7 +500,7 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
             cell["requests"] = count
             best = max(layouts, key=lambda k: cell[k]["tokens_per_s"])
             cell["ct2_best"] = {"side": best, "layout": "{}x{}".format(*layouts[best])}
-            for delivery, suffix in (("answer", ""), ("tokens", "_tokens")):
+            for delivery, suffix in SUFFIX.items():
                 mine = max((k for k in ours if ours[k][1] == delivery), key=lambda k: cell[k]["tokens_per_s"])
                 cell[f"ortserve{suffix}_best"] = {"side": mine, "threads": ours[mine][0].threads}
                 cell[f"ratio{suffix}_vs_ct2"] = cell[mine]["tokens_per_s"] / cell[best]["tokens_per_s"]

@@ -84,7 +84,7 @@ def test_in_process_beams_equal_transformers_with_scores_and_two_best(served, ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_grpc_beams_equaltransformers_beams(served, kind: str) -> None:
+def test_grpc_beams_equal_transformers(served, kind: str) -> None:
     server, _, models, tok = served
     with OrtserveClient(server.address, timeout=60) as client:
         for prompt in PROMPTS:
