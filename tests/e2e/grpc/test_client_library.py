@@ -161,6 +161,19 @@ def test_leaving_a_stream_early_cancels_it(client: OrtserveClient) -> None:
     assert client.generate("Once", "tiny-gpt", max_new_tokens=2).usage.completion_tokens <= 2
 
 
+def test_a_stream_started_on_one_thread_finishes_on_another(client: OrtserveClient) -> None:
+    """The sync client reads a stream's messages on the thread that iterates it (clients/channel.py): a stream
+    half-read on one thread and finished on another gives the unary answer's tokens (docs/clients.md)."""
+    whole = client.generate("Once", "tiny-gpt", max_new_tokens=24, ignore_eos=True)
+    stream = client.generate_stream("Once", "tiny-gpt", max_new_tokens=24, ignore_eos=True, stream_interval=4)
+    chunks = [next(stream)]
+    worker = threading.Thread(target=lambda: chunks.extend(stream))
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive() and len(chunks) > 2 and chunks[-1].final
+    assert [t.token_id for c in chunks for t in c.tokens] == [t.token_id for t in whole.tokens]
+
+
 def test_async_client_gives_the_same_answers(client: OrtserveClient, server: ServerProcess) -> None:
     async def ask() -> tuple:
         async with AsyncOrtserveClient(server.address, timeout=30) as aclient:
