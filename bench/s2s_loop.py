@@ -6,6 +6,9 @@ environments (bench/.venv-ct2 has no project dependencies).
     run_clients(n, sources, call)   n client threads; client c sends sources[c], sources[c + n], ... one after the
                                     other (the next when the previous answer is complete); every side gets the same
                                     sources in the same order, so each is fed the same arrivals
+    await run_clients_async(n, sources, acall)
+                                    the same arrivals from n coroutines on the running event loop (a client library
+                                    whose calls are awaitables: ortserve's asyncio client)
     ArrivalBatcher(engine)          a server for an engine without continuous batching (CTranslate2's
                                     translate_batch, transformers' generate): a loop thread takes every request
                                     that has arrived (up to max_batch), runs them as ONE batch call, answers each,
@@ -18,16 +21,18 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from testing.closedloop import Record, drive, interleaved, percentile
+from testing.closedloop import Record, drive, drive_async, interleaved, percentile
 
-__all__ = ["ArrivalBatcher", "Record", "run_clients", "summarize"]
+__all__ = ["ArrivalBatcher", "Record", "run_clients", "run_clients_async", "summarize"]
 
 # call(source, on_token) -> output tokens: one request, blocking; on_token() is called as its tokens appear.
 Call = Callable[[Any, Callable[[], None]], list]
+# acall(source, on_token) -> an awaitable of the output tokens: one request, on the running event loop.
+AsyncCall = Callable[[Any, Callable[[], None]], Awaitable[list]]
 # engine(sources, on_step) -> outputs: one batch; on_step(row) is called when row `row` gets a token.
 Engine = Callable[[list, Callable[[int], None]], list]
 
@@ -40,6 +45,18 @@ def run_clients(n_clients: int, sources: Sequence[Any], call: Call) -> tuple[flo
     if n_clients < 1:
         raise ValueError(f"n_clients: must be >= 1, got {n_clients}")
     run = drive(lambda c, i, first: list(call(sources[i], first)), n_clients, interleaved(len(sources), n_clients))
+    return run.span(), sorted(run.records, key=lambda r: r.index)
+
+
+async def run_clients_async(n_clients: int, sources: Sequence[Any], call: AsyncCall) -> tuple[float, list[Record]]:
+    """run_clients with n_clients coroutines on the running event loop instead of threads: the same requests from
+    the same clients in the same order, the same answer."""
+    if n_clients < 1:
+        raise ValueError(f"n_clients: must be >= 1, got {n_clients}")
+
+    async def one(c: int, i: int, first: Callable[[], None]) -> list:
+        return list(await call(sources[i], first))
+    run = await drive_async(one, n_clients, interleaved(len(sources), n_clients))
     return run.span(), sorted(run.records, key=lambda r: r.index)
 
 

@@ -20,7 +20,7 @@ Pieces, the sides taking turns cell by cell (the order reversed every round, a s
           fp32 vs float32, and ortserve's w8 variant (8-bit weights, MatMulNBits, in both graphs) vs CTranslate2's
           int8 (quantization="int8": int8 weights and int8 matrix products; compute_type int8_float32).
   served  1 / 8 / 32 closed-loop clients, greedy: ortserve's real server process streamed over gRPC
-          (GenerateStream, the Python client) vs CTranslate2 and transformers' generate, each in a process of its
+          (GenerateStream, the asyncio client: a coroutine per client) vs CTranslate2 and transformers' generate, each in a process of its
           own behind an arrival-batching loop (bench/s2s_loop.py: it runs every request that has arrived as one
           batch); the same sources in the same order for every side. Tokens/s and time to first token.
           CTranslate2 runs in two thread layouts (2 replicas x 1 thread, one loop each; 1 x 2 threads) and the
@@ -44,6 +44,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,7 @@ import numpy as np
 
 from .machine import describe
 from .results import publish, read_json, write_json
-from .s2s_loop import Record, run_clients, summarize
+from .s2s_loop import Record, run_clients_async, summarize
 from .s2s_material import CT2_VENV, STEP_LENGTH, MaterialError, Model, build, g2p_sources, marian_sources, peer_env
 from .s2s_report import BLOCK, render
 from bench.harness import Benchmark
@@ -389,10 +390,13 @@ SERVED_VARIANT = "fp32"
 
 
 class OrtserveServed:
-    """A real server process of `threads` onnxruntime threads (spinning between runs when more than one)."""
+    """A real server process of `threads` onnxruntime threads (spinning between runs when more than one), and its
+    clients: the asyncio client library (clients/aio.py), every client a coroutine on one event loop of a thread of
+    its own — the load generator that takes the least of the cores the server shares with it (bench/FINDINGS.md,
+    "The benchmark's clients")."""
 
     def __init__(self, model: Model, cfg: Config, threads: int) -> None:
-        from clients import OrtserveClient
+        from clients.aio import AsyncOrtserveClient
         from testing.launch import ServerProcess
 
         self.model, self.cfg, self.threads = model, cfg, threads
@@ -401,38 +405,52 @@ class OrtserveServed:
         self.server = ServerProcess(model.repository, ["--intra-op-threads", str(threads), "--intra-op-spinning",
                                                        self.spinning, "--max-sequences", str(cfg.served_slots),
                                                        "--variant", SERVED_VARIANT], startup_timeout=300)
-        self.client = OrtserveClient(self.server.address, timeout=600)
         self.params = ortserve_params(model, cfg, 1)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ortserve-clients", daemon=True)
+        self._thread.start()
+        self.client = AsyncOrtserveClient(self.server.address, timeout=600)
+        self._on_loop(self.client.__aenter__())     # the channel belongs to this loop
 
     def describe(self, delivery: str) -> dict[str, Any]:
         return {"variant": SERVED_VARIANT, "threads": self.threads, "intra_op_spinning": self.spinning,
                 "max_sequences": self.cfg.served_slots, "delivery": DELIVERIES[delivery],
-                "path": "python -m server (a real server process), GenerateStream over gRPC with the Python client"}
+                "path": "python -m server (a real server process), GenerateStream over gRPC with the asyncio client "
+                        "(one coroutine per client on one event loop)"}
 
-    def caller(self, delivery: str) -> Callable[[str, Callable[[], None]], list[int]]:
-        """call(text, on_token) for run_clients. "answer": the first token as soon as it exists, then the rest
-        with the end (stream_interval = max_new_tokens), what the peers' loop gives its callers (a callback at the
-        first step, the output at the end); "tokens": a message per token."""
+    def serve(self, delivery: str, n_clients: int, texts: list[str]) -> tuple[float, list[Record]]:
+        """run_clients' answer for n_clients closed-loop clients sending `texts` in `delivery`: "answer": the first
+        token as soon as it exists, then the rest with the end (stream_interval = max_new_tokens), what the peers'
+        loop gives its callers (a callback at the first step, the output at the end); "tokens": a message per
+        token."""
         params = {**self.params, "stream_interval": self.params["max_new_tokens"]} if delivery == "answer" \
             else self.params
 
-        def call(text: str, on_token: Callable[[], None]) -> list[int]:
+        async def call(text: str, on_token: Callable[[], None]) -> list[int]:
             ids: list[int] = []
-            for chunk in self.client.generate_stream(text, self.model.name, **params):
+            async for chunk in self.client.generate_stream(text, self.model.name, **params):
                 if chunk.tokens:
                     on_token()
                 ids += [t.token_id for t in chunk.tokens]
             if ids and ids[-1] == self.model.eos_id and not self.model.fixed_length:
                 ids.pop()
             return ids
-        return call
+        return self._on_loop(run_clients_async(n_clients, texts, call))
+
+    def _on_loop(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def close(self) -> None:
-        self.client.close()
-        self.server.stop()
+        try:
+            self._on_loop(self.client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            self.server.stop()
 
 
-# Served ortserve's two deliveries of a stream (OrtserveServed.caller): delivery -> its description, and the suffix
+# Served ortserve's two deliveries of a stream (OrtserveServed.serve): delivery -> its description, and the suffix
 # of its side names and ratio keys ("ortserve_alt_tokens", "ratio_tokens_vs_ct2"; the peers' delivery has none).
 DELIVERIES = {"answer": "GenerateStream with stream_interval = max_new_tokens: the first token at once, the rest "
                         "with the end (what the peers' loop hands its callers)",
@@ -452,7 +470,6 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
     servers = {name: OrtserveServed(model, cfg, threads) for name, threads in ortserve_layouts(cfg).items()}
     # Each server in both deliveries: "ortserve" / "ortserve_alt" as the peers deliver, "..._tokens" per token.
     ours = {name + SUFFIX[delivery]: (server, delivery) for name, server in servers.items() for delivery in DELIVERIES}
-    calls = {name: server.caller(delivery) for name, (server, delivery) in ours.items()}
     layouts = ct2_layouts(cfg)
     peers = {**{name: ct2_peer(model, "float32", cfg, lay) for name, lay in layouts.items()}, "hf": hf_peer(model, cfg)}
     for name, (server, delivery) in ours.items():
@@ -467,8 +484,8 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
     out: dict[str, Any] = {"max_new_tokens": max_new, "min_new_tokens": min_new, "peer_max_batch": cfg.served_slots}
     try:
         for n, count in cfg.warmup_clients:      # untimed: first calls of each batch shape (torch's above all)
-            for call in calls.values():
-                run_clients(n, src.texts[:count], call)
+            for server, delivery in ours.values():
+                server.serve(delivery, n, src.texts[:count])
             for p in peers.values():
                 p.request({"op": "clients", "clients": n, "sources": _peer_sources(p, src)[:count], "max_new": max_new,
                            "min_new": min_new, "max_batch": cfg.served_slots})
@@ -480,7 +497,8 @@ def served_piece(model: Model, cfg: Config, src: Sources, sides: dict[str, Any])
                 for side in (order if r % 2 == 0 else order[::-1]):
                     time.sleep(1.0)
                     if side in ours:
-                        wall, recs = run_clients(n, src.texts[:count], calls[side])
+                        server, delivery = ours[side]
+                        wall, recs = server.serve(delivery, n, src.texts[:count])
                         summary = summarize(wall, recs)
                         summary["batches"] = None
                     else:

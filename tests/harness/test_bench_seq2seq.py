@@ -6,13 +6,14 @@ per step), so the loop's batching, ordering and timing can be checked exactly; t
 (CTranslate2, transformers, ortserve) are exercised by the benchmark run."""
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
 from bench.results import write_block
-from bench.s2s_loop import ArrivalBatcher, Record, run_clients, summarize
+from bench.s2s_loop import ArrivalBatcher, Record, run_clients, run_clients_async, summarize
 from bench.s2s_peer import KEEPING_PAD, STANDARD, answer, conversion
 from bench.s2s_report import BLOCK, render
 from bench.harness import main as bench_main
@@ -89,6 +90,31 @@ def test_clients_send_their_share_in_order_one_at_a_time():
     for r in records:
         assert r.first is not None and r.sent <= r.first <= r.done
         assert r.ttft == pytest.approx(r.first - r.sent)
+
+
+def test_coroutine_clients_send_the_same_arrivals_as_threads():
+    """run_clients_async (ortserve's asyncio client in the benchmark) gives each client the requests run_clients
+    gives it, one at a time, and marks first tokens the same way."""
+    async def spell(word, on_token):
+        await asyncio.sleep(STEP_S)
+        on_token()
+        await asyncio.sleep(STEP_S * (len(word) - 1))
+        return list(reversed(word))
+    wall, records = asyncio.run(run_clients_async(3, WORDS, spell))
+    with ArrivalBatcher(Speller(), max_batch=8) as server:
+        _, threaded = run_clients(3, WORDS, server.call)
+    assert [(r.client, r.index, r.output) for r in records] == [(r.client, r.index, r.output) for r in threaded]
+    for c in range(3):
+        mine = sorted((r for r in records if r.client == c), key=lambda r: r.sent)
+        assert [r.index for r in mine] == list(range(c, len(WORDS), 3))
+        for before, after in zip(mine, mine[1:]):
+            assert after.sent >= before.done
+    for r in records:
+        assert r.first is not None and r.sent <= r.first <= r.done
+        assert r.first - r.sent >= STEP_S and r.done - r.first >= STEP_S * (len(WORDS[r.index]) - 1) - 1e-3
+    assert wall >= max(r.done for r in records) - min(r.sent for r in records) - 1e-9
+    with pytest.raises(ValueError, match="n_clients"):
+        asyncio.run(run_clients_async(0, WORDS, spell))
 
 
 def test_one_client_never_batches():
