@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, AsyncIterator
 
 import grpc
@@ -26,8 +27,31 @@ _EARLY_STOPPING = {"": None, "false": False, "true": True, "never": "never"}
 
 
 def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
-    """GenerationParameters -> validated GenerationParams (unset optional fields take the defaults)."""
-    p = request.parameters
+    """GenerationParameters -> validated GenerationParams (unset optional fields take the defaults).
+
+    Clients send the same parameters request after request (a batch job's, a service's fixed settings), and
+    validating them costs the event loop more than parsing them: a message of at most _CACHED_BYTES is validated
+    once and then answered by its bytes (GenerationParams is frozen, so requests share it). A refusal is never
+    cached; a request with a constraint is validated each time (its grammar object is the request's own)."""
+    if request.HasField("constraint"):
+        return _validated(request.parameters, request.target_language, request.source_language, request)
+    key = request.parameters.SerializeToString(deterministic=True)
+    if len(key) > _CACHED_BYTES:
+        return _validated(request.parameters, request.target_language, request.source_language)
+    return _cached(key, request.target_language, request.source_language)
+
+
+_CACHED_BYTES = 1024
+
+
+@functools.lru_cache(maxsize=256)
+def _cached(parameters: bytes, target_language: str, source_language: str) -> GenerationParams:
+    return _validated(pb.GenerationParameters.FromString(parameters), target_language, source_language)
+
+
+def _validated(p: pb.GenerationParameters, target_language: str, source_language: str,
+               constrained: pb.GenerateRequest | None = None) -> GenerationParams:
+    """The parameters checked; `constrained`: the request whose constraint they carry."""
     fields: dict[str, Any] = {name: getattr(p, name) for name in _OPTIONAL if p.HasField(name)}
     fields.update(top_k=p.top_k, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids), logprobs=p.logprobs,
                   top_logprobs=p.top_logprobs, truncate_prompt=p.truncate_prompt, ignore_eos=p.ignore_eos,
@@ -37,9 +61,9 @@ def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
         raise ServingError.invalid("parameters.early_stopping", f"must be \"\", \"true\", \"false\" or \"never\", got "
                                                                 f"{p.early_stopping[:40]!r}")
     fields["early_stopping"] = _EARLY_STOPPING[p.early_stopping]
-    fields.update(target_language=request.target_language, source_language=request.source_language)
+    fields.update(target_language=target_language, source_language=source_language)
     try:
-        fields["constraint"] = constraint_from_proto(request)
+        fields["constraint"] = None if constrained is None else constraint_from_proto(constrained)
         return GenerationParams.validate(**fields)
     except ValueError as exc:
         raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
@@ -68,6 +92,9 @@ def prompt_from_proto(request: pb.GenerateRequest) -> str | list[int]:
 def tokens_to_proto(tokens: list[GeneratedToken]) -> list[pb.GeneratedToken]:
     out = []
     for t in tokens:
+        if t.logprob is None and not t.token and not t.top_logprobs:    # most tokens: the id alone
+            out.append(pb.GeneratedToken(token_id=t.token_id))
+            continue
         msg = pb.GeneratedToken(token_id=t.token_id, logprob=t.logprob or 0.0, token=t.token)
         msg.top_logprobs.extend(pb.TokenLogprob(token_id=a.token_id, token=a.token, logprob=a.logprob)
                                 for a in t.top_logprobs)
