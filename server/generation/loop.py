@@ -19,7 +19,6 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from .engine_metrics import EngineMetrics
 from .executor import Outcome, Run, SlotExecutor
@@ -31,6 +30,7 @@ from .sampling import Choice
 from .scheduler import Plan, Scheduler, SeqState, Status
 from .sequence import Sequence, to_generated_token
 from .slot_state import SlotState, deadline_passed
+from .worker_thread import WorkerThread
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,8 @@ class EngineLoop:
         self._thread_name = f"generate-{label}" + (f"-{instance}" if instance else "")
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
-        self._thread: ThreadPoolExecutor | None = None
+        self._thread: WorkerThread | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         # Set when a request arrives or leaves: a run of several decode steps (decode_steps) stops after its step.
         self.interrupt = threading.Event()
 
@@ -60,7 +61,8 @@ class EngineLoop:
 
     def start(self) -> None:
         self._wake = asyncio.Event()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._thread_name)
+        self._event_loop = asyncio.get_running_loop()
+        self._thread = WorkerThread(self._thread_name)
         self._task = asyncio.create_task(self._loop(), name=f"generation-loop-{self._label}")
 
     async def stop(self) -> None:
@@ -78,7 +80,7 @@ class EngineLoop:
         self._clear()
         if self._thread is not None:
             # A step still running in the thread finishes on its own; do not block the event loop on it.
-            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread.stop()
             self._thread = None
 
     def kick(self) -> None:
@@ -127,9 +129,9 @@ class EngineLoop:
         self._slots.admit_plan(plan)
         self.interrupt.clear()
         work = self._executor.prepare(plan, self._scheduler, self._run(plan))
-        if self._thread is None:
+        if self._thread is None or self._event_loop is None:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
-        outcome = await asyncio.get_running_loop().run_in_executor(self._thread, self._executor.run, work)
+        outcome = await self._thread.submit(self._event_loop, self._executor.run, work)
         self._apply(outcome)
         self._retire()     # a sequence that just finished gives its slot back before anyone looks
         self._metrics.record_plan(plan, 1 + len(outcome.more))

@@ -8,6 +8,7 @@ both run on it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import logging
 from collections.abc import Coroutine
@@ -16,6 +17,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+# The cyclic collector runs its young generation after 700 net allocations of container objects by default: a server
+# that makes a few dozen per request and per token ran it hundreds of times a second, on the loop's thread, and its
+# older generations often enough to walk the whole heap (models, sessions, protobuf descriptors) again and again
+# (bench/FINDINGS.md, "The served g2p request's event loop"). Every cycle is still collected, a little later.
+GC_THRESHOLDS = (10_000, 10, 10)
 
 
 def resolve(choice: str) -> str:
@@ -33,7 +39,8 @@ def resolve(choice: str) -> str:
 def run(main: Coroutine[Any, Any, None], choice: str) -> None:
     """Runs `main` to completion on the chosen loop (resolve() first, so a bad choice fails before this)."""
     loop = resolve(choice)
-    log.info("event loop: %s", loop)
+    gc.set_threshold(*GC_THRESHOLDS)
+    log.info("event loop: %s; collector thresholds %s", loop, GC_THRESHOLDS)
     if loop == "uvloop":
         import uvloop
 
