@@ -27,7 +27,7 @@ NAMES = ("suite", "report", "generation", "http", "llamacpp", "quantized", "seq2
          "token_classify", "stream_ab", "engine_ab", "gpu_slots", "skip_norm", "g2p_variants", "lm_eval_check",
          "int8_formats", "batch_rows")
 NAMES += ("modernbert_fusion", "classify_pipeline")
-NAMES += ("structured", "loop_apply", "base_variants")
+NAMES += ("structured", "loop_apply", "base_variants", "s2s_ab")
 _MODULE = {"report": "suite"}
 _ATTRIBUTE = {"report": "REPORT"}
 
