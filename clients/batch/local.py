@@ -107,6 +107,7 @@ class LocalRunner:
         max_queued_requests: the server's setting (None: its default)."""
         # Imported here: the client library itself never needs the server package.
         from server.dataplane import DataPlane
+        from server.runtime.eventloop import tune_collector
         from server.runtime.settings import ServerSettings, SettingsError
 
         given = {"max_sequences": max_sequences, "variant": variant, "max_queued_requests": max_queued_requests}
@@ -117,6 +118,7 @@ class LocalRunner:
                                       **extra).validate()
         except SettingsError as e:
             raise ValueError(f"local: {e}") from None
+        tune_collector()     # this process now runs engines, as the server's does
         plane = await DataPlane.start(settings)
         return cls(plane, config)
 

@@ -36,10 +36,16 @@ def resolve(choice: str) -> str:
     return choice
 
 
+def tune_collector() -> None:
+    """The cyclic collector's thresholds of a process that runs engines (GC_THRESHOLDS): the server's, and the batch
+    script's processes with the data plane in-process (clients/batch/local.py)."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(main: Coroutine[Any, Any, None], choice: str) -> None:
     """Runs `main` to completion on the chosen loop (resolve() first, so a bad choice fails before this)."""
     loop = resolve(choice)
-    gc.set_threshold(*GC_THRESHOLDS)
+    tune_collector()
     log.info("event loop: %s; collector thresholds %s", loop, GC_THRESHOLDS)
     if loop == "uvloop":
         import uvloop
