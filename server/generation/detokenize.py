@@ -34,6 +34,18 @@ class IncrementalDetokenizer:
         self._ids.append(token_id)
         return self._release(final=False)
 
+    def push_many(self, token_ids: Sequence[int]) -> str | None:
+        """Add several generated ids at once; the text they complete, as `push` one by one would release it in all —
+        or None, adding nothing, when their text ends inside a character (then `push` them one by one: each
+        releases what it completes, and the text held back belongs to the last)."""
+        self._ids.extend(token_ids)
+        done = self._decode(self._ids[self._prefix:self._read])
+        full = self._decode(self._ids[self._prefix:])
+        if full.endswith(_REPLACEMENT):
+            del self._ids[len(self._ids) - len(token_ids):]
+            return None
+        return self._release_decoded(done, full)
+
     def flush(self) -> str:
         """Release whatever is pending, even an incomplete character (end of generation)."""
         return self._release(final=True)
@@ -41,7 +53,12 @@ class IncrementalDetokenizer:
     def _release(self, final: bool) -> str:
         done = self._decode(self._ids[self._prefix:self._read])
         full = self._decode(self._ids[self._prefix:])
-        if len(full) <= len(done) or (not final and full.endswith(_REPLACEMENT)):
+        if not final and full.endswith(_REPLACEMENT):
+            return ""
+        return self._release_decoded(done, full)
+
+    def _release_decoded(self, done: str, full: str) -> str:
+        if len(full) <= len(done):
             return ""
         # Move the window: the next diff starts from the ids just released.
         self._prefix, self._read = self._read, len(self._ids)

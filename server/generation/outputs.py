@@ -71,11 +71,14 @@ def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, reason: str 
     seq.generated.append(token)
     generated = to_generated_token(choice, tokenizer)
     if seq.quiet:
-        # Its consumer reads only the end: the text of its tokens is made there, all at once (Sequence.catch_up).
+        # Its consumer reads its text only with later tokens': the text is made when they go out, all at once
+        # (Sequence.catch_up): at the end, or when an interval is full.
         if reason is None or reason == FINISH_LENGTH:
             seq.deferred.append(generated)
             if reason is not None:
                 seq.finish(reason)
+            elif seq.interval_full():
+                seq.send_deferred()
         else:
             seq.finish(reason, tokens=[generated])
         return

@@ -152,15 +152,36 @@ class Sequence:
 
     @property
     def quiet(self) -> bool:
-        """Collected whole, with no stop string to match: its text is made at its end (outputs.emit_token)."""
-        return self.whole and not self.params.stop
+        """Nobody reads the text of its next token before later ones': collected whole, or streamed in intervals
+        past its first token (stream_interval > 1) — with no stop string to match. Such tokens wait without text
+        (outputs.emit_token) until a chunk goes out: the end, or an interval's worth (`interval_full`)."""
+        if self.params.stop:
+            return False
+        return self.whole or (self.stream_interval > 1 and len(self.generated) > 1)
+
+    def interval_full(self) -> bool:
+        """A streamed sequence's deferred tokens with those held complete an interval: their chunk goes now."""
+        return not self.whole and len(self.deferred) + self.held_tokens >= self.stream_interval
+
+    def send_deferred(self) -> None:
+        """The deferred tokens' text and the tokens it releases, as a chunk (held or sent as `send` decides)."""
+        text = self.catch_up()
+        released = self.take_released()
+        if text or released:
+            self.send(StreamChunk(text=text, tokens=released, prompt_tokens=self.take_prompt_tokens()))
 
     def catch_up(self) -> str:
-        """The deferred tokens through the detokenizer and the ledger, in order, as if each had been applied at its
-        step: the text they release (the same text, and the same ledger, token by token)."""
+        """The deferred tokens through the detokenizer and the ledger: the text they release, as their steps would
+        have released it. Decoded together when their text ends on a whole character (one decode instead of one per
+        token); then the text is the last token's in the ledger, the others' empty — with no stop string, which
+        `quiet` requires, nothing cuts between them and they all go out with it. Else one by one."""
         if not self.deferred:
             return ""
         tokens, self.deferred = self.deferred, []
+        text = self.detokenizer.push_many([token.token_id for token in tokens])
+        if text is not None:
+            self.ledger.extend((token, self.produced, self.produced) for token in tokens[:-1])
+            return self.add_text(tokens[-1], text)
         push, add = self.detokenizer.push, self.add_text
         return "".join([add(token, push(token.token_id)) for token in tokens])
 
@@ -186,6 +207,8 @@ class Sequence:
 
     def fail(self, error: BaseException) -> None:
         if not self.done:
+            if self.deferred:      # its tokens waiting without text become a chunk, as the held ones
+                self.send_deferred()
             self.finish_reason = "error"
             self.finished_at = time.monotonic()
             if self.held:      # what was produced before the failure reaches the consumer first

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from server.generation import GenerationConfig, GenerationParams
 from server.generation.detokenize import IncrementalDetokenizer, StopMatcher
+from server.generation.sequence import Sequence
 from server.generation.logits_processors import apply_repetition_penalty
 from server.generation.sampling import Sampler, choose_rows, nucleus, log_softmax, top_n
 
@@ -333,6 +334,60 @@ def test_detokenized_stream_equals_full_decode(bpe_tokenizer: Tokenizer, text: s
     pieces = [detok.push(t) for t in ids]
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) + detok.flush() == text
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=12), st.data())
+def test_ids_pushed_together_give_the_text_pushed_one_by_one(bpe_tokenizer: Tokenizer, text: str,
+                                                             data: st.DataObject) -> None:
+    """push_many (a streamed interval's tokens decoded at once, sequence.catch_up) releases what push would in all,
+    or refuses (None) when the ids end inside a character and leaves the detokenizer as it was."""
+    ids = bpe_tokenizer.encode(text).ids if data.draw(st.booleans()) else byte_token_ids(bpe_tokenizer, text)
+    together, alone = IncrementalDetokenizer(bpe_tokenizer, prompt_ids=[]), IncrementalDetokenizer(bpe_tokenizer,
+                                                                                                  prompt_ids=[])
+    got, want, i = [], [], 0
+    while i < len(ids):
+        group = ids[i:i + data.draw(st.integers(1, 4))]
+        i += len(group)
+        want.append("".join(alone.push(t) for t in group))
+        text_of_group = together.push_many(group)
+        if text_of_group is None:
+            assert "\ufffd" in bpe_tokenizer.decode(ids[:i])     # refused only inside a character
+            text_of_group = "".join(together.push(t) for t in group)
+        got.append(text_of_group)
+    assert "".join(got) + together.flush() == "".join(want) + alone.flush() == text
+
+
+def test_a_streamed_interval_gives_the_per_token_answer_in_fewer_chunks(bpe_tokenizer: Tokenizer) -> None:
+    """Tokens streamed in intervals wait without text (Sequence.quiet) and are decoded together when their chunk goes
+    out: the same text and tokens as a message per token, the first token alone at once, every chunk between the
+    first and the last holding at least the interval — also where an interval ends inside a character."""
+    from server.generation.outputs import emit_token
+    from server.generation.sampling import Choice
+
+    ids = byte_token_ids(bpe_tokenizer, "é漢🙂 ok") + bpe_tokenizer.encode(" and more words here").ids
+
+    def stream(interval: int, whole: bool = False) -> list:
+        params = GenerationParams.validate(max_new_tokens=len(ids), ignore_eos=True)
+        seq = Sequence.create([ids[0]], params, bpe_tokenizer, bpe_tokenizer.get_vocab_size(), None,
+                              stream_interval=interval)
+        seq.whole = whole
+        for i, token in enumerate(ids):
+            emit_token(seq, Choice(token, None, ()), bpe_tokenizer, "length" if i == len(ids) - 1 else None)
+        out = []
+        while not seq.queue.empty():
+            out.append(seq.queue.get_nowait())
+        return out
+    per_token = stream(1)
+    for interval, whole in ((2, False), (3, False), (5, False), (1, True)):
+        got = stream(interval, whole)
+        assert "".join(c.text for c in got) == "".join(c.text for c in per_token) == "é漢🙂 ok and more words here"
+        assert [t.token_id for c in got for t in c.tokens] == [t.token_id for c in per_token for t in c.tokens]
+        if whole:
+            assert len(got) == 1
+            continue
+        assert len(got[0].tokens) == 1 and got[-1].final
+        assert all(len(c.tokens) >= interval for c in got[1:-1]) and len(got) < len(per_token)
 
 
 def test_detokenizer_releases_an_unfinished_character_at_the_end(bpe_tokenizer: Tokenizer) -> None:
