@@ -231,6 +231,20 @@ class CacheBuffers:
             self.device.copy_rows(base + slot * self.slot_bytes, dst_pitch, src + row * heads * src_pitch,
                                   src_pitch, src_pitch, heads)
 
+    def write_host_rows(self, name: str, array: np.ndarray, rows: list[tuple[int, int]]) -> None:
+        """write_rows from a host array ([batch, heads, length, head_dim]) into a host buffer: one gather and
+        scatter, no copy of the array first (the encoder's outputs bound into its own buffers: encoder_step.py)."""
+        if not self._views:
+            raise ValueError("write_host_rows: these buffers are not on the host")
+        batch, heads, length, head_dim = array.shape
+        if (heads, head_dim) != self.shape[1::2] or length > self.shape[2]:
+            raise ValueError(f"write_host_rows: a [{batch}, {heads}, {length}, {head_dim}] array does not fit "
+                             f"buffer {name!r} of {list(self.shape)}")
+        for row, slot in rows:
+            if not (0 <= row < batch and 0 <= slot < self.shape[0]):
+                raise ValueError(f"write_host_rows: row {row} -> slot {slot} out of range")
+        self._views[name][[s for _, s in rows], :, :length] = array[[r for r, _ in rows]]
+
     def synchronize(self) -> None:
         self.device.synchronize()
 

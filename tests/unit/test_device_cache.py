@@ -143,6 +143,25 @@ def test_written_rows_land_in_their_slots_first_positions_and_nothing_else_chang
         cache.write_rows("past", value, [(3, 0)])
 
 
+def test_host_rows_written_from_an_array_land_as_from_an_output() -> None:
+    """write_host_rows (the encoder's outputs bound into its own host buffers) writes what write_rows writes from
+    the same values, and refuses what does not fit."""
+    session = _add_in_place_session("CPUExecutionProvider")
+    device = Device.of(session)
+    caches = [CacheBuffers(["past"], slots=6, kv_heads=2, max_length=5, head_dim=3, dtype=np.float32, device=device)
+              for _ in range(2)]
+    rows = np.arange(3 * 2 * 3 * 3, dtype=np.float32).reshape(3, 2, 3, 3) + 100
+    pairs = [(0, 4), (2, 1), (2, 5), (1, 0)]
+    caches[0].write_rows("past", ort.OrtValue.ortvalue_from_numpy(rows), pairs)
+    caches[1].write_host_rows("past", rows, pairs)
+    np.testing.assert_array_equal(caches[0].host_copy("past"), caches[1].host_copy("past"))
+    assert caches[1].host_copy("past")[4, :, :3].tolist() == rows[0].tolist()
+    with pytest.raises(ValueError, match="out of range"):
+        caches[1].write_host_rows("past", rows, [(3, 0)])
+    with pytest.raises(ValueError, match="does not fit"):
+        caches[1].write_host_rows("past", np.zeros((1, 2, 6, 3), np.float32), [(0, 0)])
+
+
 def test_out_of_range_requests_are_refused() -> None:
     cache = CacheBuffers(["past"], slots=2, kv_heads=1, max_length=4, head_dim=2, dtype=np.float16, device=Device())
     with pytest.raises(ValueError, match="out of range"):
