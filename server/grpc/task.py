@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-import functools
+import threading
 from typing import Any, AsyncIterator
 
 import grpc
@@ -38,15 +38,35 @@ def params_from_proto(request: pb.GenerateRequest) -> GenerationParams:
     key = request.parameters.SerializeToString(deterministic=True)
     if len(key) > _CACHED_BYTES:
         return _validated(request.parameters, request.target_language, request.source_language)
-    return _cached(key, request.target_language, request.source_language)
+    languages = (request.target_language, request.source_language)
+    found = _PARAMS.get(key, languages)
+    if found is None:
+        found = _validated(request.parameters, *languages)
+        _PARAMS.put(key, languages, found)
+    return found
+
+
+class _ParamsCache:
+    """The last `size` validated messages, by their bytes and languages (oldest out first): a miss costs the
+    serialization beside the validation, a hit neither parsing nor validation. Doors may call from threads."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: dict[tuple[bytes, str, str], GenerationParams] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes, languages: tuple[str, str]) -> GenerationParams | None:
+        return self._entries.get((key, *languages))
+
+    def put(self, key: bytes, languages: tuple[str, str], params: GenerationParams) -> None:
+        with self._lock:
+            if len(self._entries) >= self._size:
+                del self._entries[next(iter(self._entries))]
+            self._entries[(key, *languages)] = params
 
 
 _CACHED_BYTES = 1024
-
-
-@functools.lru_cache(maxsize=256)
-def _cached(parameters: bytes, target_language: str, source_language: str) -> GenerationParams:
-    return _validated(pb.GenerationParameters.FromString(parameters), target_language, source_language)
+_PARAMS = _ParamsCache(256)
 
 
 def _validated(p: pb.GenerationParameters, target_language: str, source_language: str,

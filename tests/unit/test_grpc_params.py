@@ -62,3 +62,12 @@ def test_tokens_become_messages_with_what_they_carry():
     [p, s] = tokens_to_proto([plain, scored])
     assert (p.token_id, p.logprob, p.token, len(p.top_logprobs)) == (5, 0.0, "", 0)
     assert (s.token_id, s.logprob, s.token) == (6, -0.25, "x")
+
+
+def test_the_cache_keeps_the_last_messages_and_lets_the_oldest_go():
+    first = params_from_proto(request(max_new_tokens=3, seed=10_000))
+    assert params_from_proto(request(max_new_tokens=3, seed=10_000)) is first
+    for seed in range(256):       # as many other messages as the cache holds
+        params_from_proto(request(max_new_tokens=3, seed=seed))
+    again = params_from_proto(request(max_new_tokens=3, seed=10_000))
+    assert again is not first and again == first
