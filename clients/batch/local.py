@@ -104,7 +104,8 @@ class LocalRunner:
         """The server's data plane in-process. instances > 1: that many generation engines per model (each with
         cores / instances onnxruntime threads unless intra_op_threads says otherwise: server/dataplane.py).
         variant: the package variant to load (None: the server's choice, the package's default for the device);
-        max_queued_requests: the server's setting (None: its default)."""
+        max_queued_requests: the server's setting (None: its default). The process takes the server's collector
+        thresholds (server.runtime.eventloop.tune_collector): it runs engines as the server's does."""
         # Imported here: the client library itself never needs the server package.
         from server.dataplane import DataPlane
         from server.runtime.eventloop import tune_collector
