@@ -5,26 +5,22 @@
 
 Each side is NAME=ROOT[:FLAG=VALUE,...] (server flags added to bench seq2seq's served ones: fp32, one onnxruntime
 thread, 32 slots). Every side's server runs the whole time (one at a time is busy); the rounds take the sides in
-turn, the order reversed every round. Load: bench seq2seq's served clients (closed loop, the asyncio client, a
-coroutine per client), the answer delivered as the peers deliver theirs (the first token, the rest with the end).
+turn, the order reversed every round. Server and load are bench seq2seq's served piece's (OrtserveServed: closed
+loop, the asyncio client, a coroutine per client), the answer delivered as the peers deliver theirs (the first
+token, the rest with the end).
 Per round and side: tokens/s (without the eos, as bench seq2seq counts), and CPU per request from /proc: the server
 process and this client process. The 1-minute load is printed with every round.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
-from testing.launch import ServerProcess
-
-from .s2s_loop import run_clients_async
 from .s2s_material import build
-from .seq2seq import SERVED_VARIANT, Config, ortserve_params, sources
+from .seq2seq import Config, OrtserveServed, sources
 from .stream_ab import TICK, load, own_cpu_s, parse_side
 from bench.harness import Benchmark
 
@@ -34,24 +30,6 @@ log = logging.getLogger("bench.s2s_ab")
 def process_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-async def serve(address: str, model: Any, params: dict[str, Any], clients: int, texts: list[str]
-                ) -> tuple[float, list]:
-    from clients.aio import AsyncOrtserveClient
-
-    async with AsyncOrtserveClient(address, timeout=600) as client:
-        async def call(text: str, on_token) -> list[int]:
-            ids: list[int] = []
-            async for chunk in client.generate_stream(text, model.name, **params):
-                if chunk.tokens:
-                    on_token()
-                ids += [t.token_id for t in chunk.tokens]
-            if ids and ids[-1] == model.eos_id and not model.fixed_length:
-                ids.pop()
-            return ids
-        await call(texts[0], lambda: None)      # the connection, outside the timed run
-        return await run_clients_async(clients, texts, call)
 
 
 def options(ap: argparse.ArgumentParser) -> None:
@@ -67,31 +45,26 @@ def cli(args: argparse.Namespace) -> int | None:
     cfg = Config(models=("g2p",), pieces=("served",), **({"work": args.work} if args.work else {}))
     model = build(cfg.work, ("g2p",), args.checkpoint, cfg.threads)["g2p"]
     texts = sources(model, max(args.requests, 256)).texts[:args.requests]
-    params = {**ortserve_params(model, cfg, 1)}
-    params["stream_interval"] = params["max_new_tokens"]
-    flags = ["--intra-op-threads", "1", "--intra-op-spinning", "off", "--max-sequences", str(cfg.served_slots),
-             "--variant", SERVED_VARIANT]
-    servers = {name: ServerProcess(model.repository, [*flags, *extra], startup_timeout=300, root=root)
-               for name, root, extra in args.side}
+    servers = {name: OrtserveServed(model, cfg, 1, root, tuple(extra)) for name, root, extra in args.side}
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
     try:
         for server in servers.values():      # untimed: every batch shape once
-            asyncio.run(serve(server.address, model, params, args.clients, texts[:256]))
+            server.serve("answer", args.clients, texts[:256])
         for r in range(args.rounds):
             for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
                 time.sleep(0.5)
                 server = servers[name]
-                cpu0, own0 = process_cpu_s(server.pid), own_cpu_s()
-                wall, records = asyncio.run(serve(server.address, model, params, args.clients, texts))
+                cpu0, own0 = process_cpu_s(server.server.pid), own_cpu_s()
+                wall, records = server.serve("answer", args.clients, texts)
                 n = len(records)
                 rows[name].append({"tokens_per_s": sum(len(x.output) for x in records) / wall,
-                                   "server_ms_per_request": 1e3 * (process_cpu_s(server.pid) - cpu0) / n,
+                                   "server_ms_per_request": 1e3 * (process_cpu_s(server.server.pid) - cpu0) / n,
                                    "client_ms_per_request": 1e3 * (own_cpu_s() - own0) / n, "load": load()})
                 log.info("round %d %s: %.0f tok/s, load %.1f", r + 1, name, rows[name][-1]["tokens_per_s"],
                          rows[name][-1]["load"])
     finally:
         for server in servers.values():
-            server.stop()
+            server.close()
     first = statistics.median(x["tokens_per_s"] for x in rows[args.side[0][0]])
     print(f"| side | tok/s median (min-max) | server ms/request | client ms/request | vs {args.side[0][0]} | load |")
     print("|---|---|---|---|---|---|")

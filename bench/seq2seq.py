@@ -20,9 +20,10 @@ Pieces, the sides taking turns cell by cell (the order reversed every round, a s
           fp32 vs float32, and ortserve's w8 variant (8-bit weights, MatMulNBits, in both graphs) vs CTranslate2's
           int8 (quantization="int8": int8 weights and int8 matrix products; compute_type int8_float32).
   served  1 / 8 / 32 closed-loop clients, greedy: ortserve's real server process streamed over gRPC
-          (GenerateStream, the asyncio client: a coroutine per client) vs CTranslate2 and transformers' generate, each in a process of its
-          own behind an arrival-batching loop (bench/s2s_loop.py: it runs every request that has arrived as one
-          batch); the same sources in the same order for every side. Tokens/s and time to first token.
+          (GenerateStream, the asyncio client: a coroutine per client) vs CTranslate2 and transformers' generate,
+          each in a process of its own behind an arrival-batching loop (bench/s2s_loop.py: it runs every request
+          that has arrived as one batch); the same sources in the same order for every side. Tokens/s and time to
+          first token.
           CTranslate2 runs in two thread layouts (2 replicas x 1 thread, one loop each; 1 x 2 threads) and the
           faster one counts in each row. ortserve streams in two deliveries (DELIVERIES): as the peers' loop hands
           its callers a request (the first token at once, the rest with the end: stream_interval max_new_tokens),
@@ -393,9 +394,11 @@ class OrtserveServed:
     """A real server process of `threads` onnxruntime threads (spinning between runs when more than one), and its
     clients: the asyncio client library (clients/aio.py), every client a coroutine on one event loop of a thread of
     its own — the load generator that takes the least of the cores the server shares with it (bench/FINDINGS.md,
-    "The benchmark's clients")."""
+    "The served g2p request's event loop, and the benchmark's clients")."""
 
-    def __init__(self, model: Model, cfg: Config, threads: int) -> None:
+    def __init__(self, model: Model, cfg: Config, threads: int, root: Path = ROOT,
+                 flags: tuple[str, ...] = ()) -> None:
+        """root: the source tree whose server runs, flags: server flags after the benchmark's (bench/s2s_ab.py)."""
         from clients.aio import AsyncOrtserveClient
         from testing.launch import ServerProcess
 
@@ -404,7 +407,8 @@ class OrtserveServed:
         # fp32 against the peers' float32: the package's CPU default may be an 8-bit variant (the export times them)
         self.server = ServerProcess(model.repository, ["--intra-op-threads", str(threads), "--intra-op-spinning",
                                                        self.spinning, "--max-sequences", str(cfg.served_slots),
-                                                       "--variant", SERVED_VARIANT], startup_timeout=300)
+                                                       "--variant", SERVED_VARIANT, *flags], startup_timeout=300,
+                                    root=root)
         self.params = ortserve_params(model, cfg, 1)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="ortserve-clients", daemon=True)

@@ -126,8 +126,8 @@ class GenerationParams:
     prompt_logprobs: int | None = None
     truncate_prompt: bool = False
     ignore_eos: bool = False
-    # Beam search (decoders and encoder-decoders; not streamed): beams 1..8, the score's length penalty, and when it ends
-    # (True, False or "never", as transformers' generate). None leaves the server's default (1 beam, 1.0, False).
+    # Beam search (decoders and encoder-decoders; not streamed): beams 1..8, the score's length penalty, and when it
+    # ends (True, False or "never", as transformers' generate). None leaves the server's default (1 beam, 1.0, False).
     num_beams: int | None = None
     length_penalty: float | None = None
     early_stopping: bool | str | None = None

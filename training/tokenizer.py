@@ -98,9 +98,8 @@ _CJK = r"[\p{Han}\x{3000}-\x{303F}\x{FF00}-\x{FFEF}\x{00B7}]"
 def build_wordpiece(vocab: dict[str, int] | None = None) -> Tokenizer:
     """BERT's WordPiece (empty, or with a trained `vocab`). CJK text: the normalizer puts spaces around every CJK
     ideograph, so each character is its own word (one token: what fill-mask predicts), as in Google's multilingual
-    and Chinese BERTs; the decoder
-    joins the pieces with spaces as BERT's does, then removes the space between two CJK characters, so decoded
-    Chinese reads "床前明月光" rather than "床 前 明 月 光"."""
+    and Chinese BERTs; the decoder joins the pieces with spaces as BERT's does, then removes the space between two
+    CJK characters, so decoded Chinese reads "床前明月光" rather than "床 前 明 月 光"."""
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##"))
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True

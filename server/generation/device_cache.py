@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -208,42 +209,46 @@ class CacheBuffers:
                                       pitch, length * head_dim * self._item, heads)
         self.device.synchronize()
 
+    @property
+    def on_host(self) -> bool:
+        """The buffers are host memory (numpy views of them: copies as gathers and scatters)."""
+        return bool(self._views)
+
     def write_rows(self, name: str, value: ort.OrtValue, rows: list[tuple[int, int]]) -> None:
         """Copy rows of `value` ([batch, heads, length, head_dim], on this device, C-contiguous: an encoder's
         output) into slots of buffer `name` at positions [0, length): (row, slot) pairs, one strided copy each
         on the device. Call `synchronize` after the last one. Positions past `length` keep what they held."""
-        slots, heads, max_length, head_dim = self.shape
-        batch, their_heads, length, their_dim = value.shape()
-        if (their_heads, their_dim) != (heads, head_dim) or length > max_length:
-            raise ValueError(f"write_rows: a [{batch}, {their_heads}, {length}, {their_dim}] tensor does not fit "
-                             f"buffer {name!r} of [{slots}, {heads}, {max_length}, {head_dim}]")
-        for row, slot in rows:
-            if not (0 <= row < batch and 0 <= slot < slots):
-                raise ValueError(f"write_rows: row {row} -> slot {slot} out of range")
         if self._views:
             # On the host one gather and scatter per buffer, not a memmove per row and head (bench/FINDINGS.md);
             # the encoder's output read as an array (a copy of it) costs less than a view made over its address.
-            self._views[name][[s for _, s in rows], :, :length] = value.numpy()[[r for r, _ in rows]]
+            self.write_host_rows(name, value.numpy(), rows)
             return
-        src_pitch, dst_pitch = length * head_dim * self._item, max_length * head_dim * self._item
+        _, heads, length, head_dim = self._check_rows(name, value.shape(), rows)
+        src_pitch, dst_pitch = length * head_dim * self._item, self.shape[2] * head_dim * self._item
         base, src = self.values[name].data_ptr(), value.data_ptr()
         for row, slot in rows:
             self.device.copy_rows(base + slot * self.slot_bytes, dst_pitch, src + row * heads * src_pitch,
                                   src_pitch, src_pitch, heads)
 
     def write_host_rows(self, name: str, array: np.ndarray, rows: list[tuple[int, int]]) -> None:
-        """write_rows from a host array ([batch, heads, length, head_dim]) into a host buffer: one gather and
-        scatter, no copy of the array first (the encoder's outputs bound into its own buffers: encoder_step.py)."""
+        """write_rows from a host array into host buffers: one gather and scatter per buffer (the encoder's outputs
+        bound into its own buffers are read in place: encoder_step.py)."""
         if not self._views:
             raise ValueError("write_host_rows: these buffers are not on the host")
-        batch, heads, length, head_dim = array.shape
-        if (heads, head_dim) != self.shape[1::2] or length > self.shape[2]:
-            raise ValueError(f"write_host_rows: a [{batch}, {heads}, {length}, {head_dim}] array does not fit "
-                             f"buffer {name!r} of {list(self.shape)}")
-        for row, slot in rows:
-            if not (0 <= row < batch and 0 <= slot < self.shape[0]):
-                raise ValueError(f"write_host_rows: row {row} -> slot {slot} out of range")
+        length = self._check_rows(name, array.shape, rows)[2]
         self._views[name][[s for _, s in rows], :, :length] = array[[r for r, _ in rows]]
+
+    def _check_rows(self, name: str, shape: Sequence[int], rows: list[tuple[int, int]]) -> tuple[int, int, int, int]:
+        """A [batch, heads, length, head_dim] source for `rows` ((row, slot) pairs) of buffer `name`, or ValueError."""
+        slots, heads, max_length, head_dim = self.shape
+        batch, their_heads, length, their_dim = shape
+        if (their_heads, their_dim) != (heads, head_dim) or length > max_length:
+            raise ValueError(f"write_rows: a [{batch}, {their_heads}, {length}, {their_dim}] tensor does not fit "
+                             f"buffer {name!r} of [{slots}, {heads}, {max_length}, {head_dim}]")
+        for row, slot in rows:
+            if not (0 <= row < batch and 0 <= slot < slots):
+                raise ValueError(f"write_rows: row {row} -> slot {slot} out of range")
+        return batch, heads, length, head_dim
 
     def synchronize(self) -> None:
         self.device.synchronize()

@@ -63,7 +63,6 @@ class SourceEncoder:
         self._io = session.io_binding()            # one binding, its inputs and outputs bound anew each call
         # On the host the encoder writes its outputs into these (grown to the largest call so far), read in place
         # by the copies into the slots: no output allocated and wrapped per call, no copy of it first.
-        self._host = cross.device.kind == "cpu"
         self._out: dict[str, np.ndarray] = {}
 
     def calibrate(self, rows: int = 8, short: int = 8, long: int = 32, repeats: int = 3) -> EncoderCost | None:
@@ -113,7 +112,7 @@ class SourceEncoder:
         io.bind_cpu_input("attention_mask", mask)
         names = self.spec.cross_names
         targets = [(i, slot) for i, r in enumerate(rows) for slot in r.slots]
-        if self._host:
+        if self.cross.on_host:
             outputs = self._host_outputs(len(rows), width)
             for name, array in outputs.items():
                 io.bind_output(name, "cpu", 0, self.cross.dtype, list(array.shape), array.ctypes.data)

@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 import numpy as np
 from tokenizers import Tokenizer
 
-from .results import FINISH_LENGTH, FINISH_STOP, StreamChunk
+from .results import FINISH_LENGTH, FINISH_STOP
 from .sampling import Choice
 from .scheduler import SeqState
 from .sequence import Sequence, to_generated_token
@@ -78,7 +78,7 @@ def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, reason: str 
             if reason is not None:
                 seq.finish(reason)
             elif seq.interval_full():
-                seq.send_deferred()
+                seq.send_released(seq.catch_up())
         else:
             seq.finish(reason, tokens=[generated])
         return
@@ -92,6 +92,4 @@ def emit_token(seq: Sequence, choice: Choice, tokenizer: Tokenizer, reason: str 
     elif reason is not None:
         seq.finish(reason, text)
     else:
-        released = seq.take_released()
-        if text or released:     # (nothing when a stop string may still take this token's text)
-            seq.send(StreamChunk(text=text, tokens=released, prompt_tokens=seq.take_prompt_tokens()))
+        seq.send_released(text)

@@ -64,8 +64,8 @@ class Sequence:
     # Collected whole (a unary request): every chunk waits for the final one, so no token costs a queue round trip
     # on the event loop (bench/FINDINGS.md).
     whole: bool = False
-    # A whole request without stop strings (`quiet`): its tokens, kept without text until its end, when they go
-    # through the detokenizer together (`catch_up`): nobody reads its text before then.
+    # A `quiet` request's tokens (whole, or streamed in intervals, without stop strings), kept without text until
+    # their chunk goes out, when they go through the detokenizer together (`catch_up`): nobody reads it before then.
     deferred: list[GeneratedToken] = field(default_factory=list)
     # Generated tokens not yet sent, each with where its text starts and ends in the text produced so far;
     # `released`: how much of that text the stop matcher let out.
@@ -163,9 +163,9 @@ class Sequence:
         """A streamed sequence's deferred tokens with those held complete an interval: their chunk goes now."""
         return not self.whole and len(self.deferred) + self.held_tokens >= self.stream_interval
 
-    def send_deferred(self) -> None:
-        """The deferred tokens' text and the tokens it releases, as a chunk (held or sent as `send` decides)."""
-        text = self.catch_up()
+    def send_released(self, text: str) -> None:
+        """Text released now with the tokens whose text is all out, as a chunk (held or sent as `send` decides);
+        nothing when there is neither (a stop string may still take the text of the last token)."""
         released = self.take_released()
         if text or released:
             self.send(StreamChunk(text=text, tokens=released, prompt_tokens=self.take_prompt_tokens()))
@@ -208,7 +208,7 @@ class Sequence:
     def fail(self, error: BaseException) -> None:
         if not self.done:
             if self.deferred:      # its tokens waiting without text become a chunk, as the held ones
-                self.send_deferred()
+                self.send_released(self.catch_up())
             self.finish_reason = "error"
             self.finished_at = time.monotonic()
             if self.held:      # what was produced before the failure reaches the consumer first

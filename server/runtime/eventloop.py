@@ -17,10 +17,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-# The cyclic collector runs its young generation after 700 net allocations of container objects by default: a server
-# that makes a few dozen per request and per token ran it hundreds of times a second, on the loop's thread, and its
-# older generations often enough to walk the whole heap (models, sessions, protobuf descriptors) again and again
-# (bench/FINDINGS.md, "The served g2p request's event loop"). Every cycle is still collected, a little later.
+# The cyclic collector runs its young generation after 700 net allocations of container objects by default, and a
+# server allocates a few dozen per request and per token: collections were a visible share of the event loop's
+# time, and higher thresholds served more requests a second (bench/FINDINGS.md, "The served g2p request's event
+# loop"). Every cycle is still collected, a little later.
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
