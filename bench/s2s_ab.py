@@ -1,7 +1,7 @@
-"""Served g2p at many clients, several trees or server flags interleaved: what a change to the served path gives.
+"""Served seq2seq (g2p by default) at many clients, several trees or server flags interleaved: what a change to the served path gives.
 
     python -m bench s2s_ab --side base=/path/to/other/checkout --side this=. [--side t2=.:--intra-op-threads=2] \\
-        [--clients 32] [--requests 1024] [--rounds 6] [--checkpoint G2P_DIR] [--work DIR]
+        [--model g2p|marian] [--clients 32] [--requests 1024] [--rounds 6] [--checkpoint G2P_DIR] [--work DIR]
 
 Each side is NAME=ROOT[:FLAG=VALUE,...] (server flags added to bench seq2seq's served ones: fp32, one onnxruntime
 thread, 32 slots). Every side's server runs the whole time (one at a time is busy); the rounds take the sides in
@@ -34,6 +34,7 @@ def process_cpu_s(pid: int) -> float:
 
 def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--side", type=parse_side, action="append", required=True)
+    ap.add_argument("--model", choices=("g2p", "marian"), default="g2p", help="which of bench seq2seq's models")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=6)
@@ -42,8 +43,8 @@ def options(ap: argparse.ArgumentParser) -> None:
 
 
 def cli(args: argparse.Namespace) -> int | None:
-    cfg = Config(models=("g2p",), pieces=("served",), **({"work": args.work} if args.work else {}))
-    model = build(cfg.work, ("g2p",), args.checkpoint, cfg.threads)["g2p"]
+    cfg = Config(models=(args.model,), pieces=("served",), **({"work": args.work} if args.work else {}))
+    model = build(cfg.work, (args.model,), args.checkpoint, cfg.threads)[args.model]
     texts = sources(model, max(args.requests, 256)).texts[:args.requests]
     servers = {name: OrtserveServed(model, cfg, 1, root, tuple(extra)) for name, root, extra in args.side}
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in servers}

@@ -37,6 +37,7 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
                                     stream_interval=settings.stream_interval,
                                     decode_steps=settings.decode_steps, decode_run_ms=settings.decode_run_ms,
                                     prefix_caching=settings.prefix_caching == "on",
+                                    overlap_step_ms=settings.overlap_step_ms,
                                     max_model_len=settings.max_model_len),
         admission=AdmissionLimits(max_rows_per_request=settings.max_rows_per_request,
                                   max_pieces_per_request=settings.max_pieces_per_request,

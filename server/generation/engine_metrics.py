@@ -58,6 +58,13 @@ class EngineMetrics:
             m.prefill_chunks.inc(chunks)
             m.prefill_tokens.inc(plan.prefill_tokens)
 
+    def record_overlapped(self, rows: int) -> None:
+        """A decode step of `rows` rows computed while the loop applied the step before (loop.EngineLoop._ahead)."""
+        m = self._model
+        if m is not None and rows:
+            m.batch_size.observe(rows)
+            m.overlapped_steps.inc()
+
     def record_gauges(self) -> None:
         m = self._model
         if m is not None:
@@ -101,3 +108,4 @@ class _ModelMetrics:
         self.prefill_chunks = metrics.prefill_chunks.labels(model=label)
         self.prefill_tokens = metrics.prefill_tokens.labels(model=label)
         self.prefix_reused_tokens = metrics.prefix_reused_tokens.labels(model=label)
+        self.overlapped_steps = metrics.overlapped_steps.labels(model=label)

@@ -58,6 +58,9 @@ class Work:
     calls: list[list[PrefillRow]]         # one per plan.prefill call
     encode: list[EncodeRow] = field(default_factory=list)   # plan.encode's sources, with their slots
     run: Run | None = None                # more decode steps after the first (a pure decode plan only)
+    # The next step is computed while the loop applies this one (SlotExecutor.ahead): the rows that go on, read
+    # against these arrays before the loop sees this step's outcome.
+    ahead: SlotState | None = None
 
 
 @dataclass
@@ -78,6 +81,16 @@ class Outcome:
     settles: list[Settle] = field(default_factory=list)     # what the strategies leave for the loop
     # Decode steps after the first, run back to back (Work.run): each the rows that took it, with their token.
     more: list[list[tuple[SeqState, Choice]]] = field(default_factory=list)
+    step_s: float = 0.0      # seconds the first step took in the thread (its calls and its strategies' choices)
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """The step after an iteration's, as `run` left it for `ahead`: each row that goes on with the token it was
+    just given and where that token is written, and where the others may write a throw-away token."""
+
+    rows: list[tuple[SeqState, int, int]]      # (state, token, position)
+    idle: dict[int, int]
 
 
 class SlotExecutor:
@@ -85,6 +98,7 @@ class SlotExecutor:
         self.runner = runner
         self._top: LogSoftmaxTopK | None = None       # the strategies' top log-probs, made at first use
         self.context = StepContext(self.top)
+        self._ahead: Ahead | None = None       # written by `run`, taken by the `ahead` call after it (one thread)
 
     def top(self, logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         if self._top is None:
@@ -92,7 +106,7 @@ class SlotExecutor:
         return self._top(logits, n)
 
     @staticmethod
-    def prepare(plan: Plan, scheduler: Scheduler, run: Run | None = None) -> Work:
+    def prepare(plan: Plan, scheduler: Scheduler, run: Run | None = None, ahead: SlotState | None = None) -> Work:
         # One-token prompt chunks ride the decode call: a row at the slot's next position, like a decode row.
         decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode] + \
                       [DecodeRow(c.seq.slot, c.seq.owner.prompt_ids[c.start], c.start) for c in plan.tails]
@@ -106,7 +120,7 @@ class SlotExecutor:
                 idle[c.seq.slot] = c.start + c.length
         calls = [[PrefillRow(c.seq.slot, c.seq.owner.prompt_ids[c.start:c.start + c.length], c.start)
                   for c in call.chunks] for call in plan.prefill]
-        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode], run)
+        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode], run, ahead)
 
     def run(self, work: Work) -> Outcome:
         """Worker thread. A failing call fails only its own sequences (in `Outcome.failed`)."""
@@ -138,10 +152,36 @@ class SlotExecutor:
         for w, (chunk, logits) in zip(out.written, chunks):
             w.first_token = choices.get(id(chunk.seq)) if chunk.completes_prompt else None
             w.prompt_scores = _prompt_scores(chunk, logits)
+        out.step_s = time.perf_counter() - started
         # Last: the more steps' decodes write over `decoded` (runner.decode's buffer). A run is planned only
         # without prompts and for strategies that run ahead (loop.EngineLoop._run): nothing read above is read after.
         if work.run is not None and not isinstance(decoded, Exception):
             self._more_steps(work.run, work.idle, out, started)
+        self._ahead = _next_step(work, out) if work.ahead is not None and not isinstance(decoded, Exception) \
+            else None
+        return out
+
+    def ahead(self, work: Work) -> Outcome:
+        """Worker thread, the call after `run(work)` (the loop hands both over at once, so this one starts as soon
+        as that one ends): one more decode step of the rows `run` left going on, each fed the token it was just
+        given, while the loop applies that outcome. Its tokens come back as `Outcome.more`'s one step; the loop
+        takes them after the first step's. Reads nothing the loop changes meanwhile: the rows, their tokens and
+        positions were fixed by `run`; the strategies' samplers are this thread's."""
+        ahead, self._ahead = self._ahead, None
+        out = Outcome()
+        if ahead is None or not ahead.rows:
+            return out
+        states = [s for s, _, _ in ahead.rows]
+        try:
+            logits = self.runner.decode([DecodeRow(s.slot, token, position) for s, token, position in ahead.rows],
+                                        ahead.idle)
+        except Exception as exc:    # onnxruntime's own exception types
+            out.failed.append((states, "decode step failed", exc))
+            return out
+        planned = plan_rows([StepRow(s, logits, i, position + 1) for i, (s, _, position) in enumerate(ahead.rows)],
+                            self.context)
+        out.failed += planned.failed
+        out.more.append(planned.choices)
         return out
 
     def _plan(self, rows: list[StepRow], out: Outcome) -> Planned:
@@ -234,6 +274,31 @@ class SlotExecutor:
             except Exception as exc:
                 prefilled.append(exc)
         return decoded, prefilled
+
+
+def _next_step(work: Work, out: Outcome) -> Ahead:
+    """What `ahead` runs after this step: every row that got a token this step (a decode row, a completed prompt)
+    and that the token does not end (slot_state.SlotState.ends, read now: the loop has not taken the token yet).
+    A row that ends, or got no token, writes its throw-away token at the slot's next position, past everything the
+    slot holds (and past the prefix a freed slot keeps for reuse), as an idle slot does."""
+    assert work.ahead is not None
+    idle = dict(work.idle)
+    given: list[tuple[SeqState, Choice | None, int]] = [(s, c, s.computed + 1) for s, c in out.decoded]
+    given += [(w.chunk.seq, w.first_token, w.chunk.start + w.chunk.length) for w in out.written
+              if w.chunk.completes_prompt]
+    rows = [(s, c, p) for s, c, p in given if c is not None]
+    for s, c, position in given:
+        if c is None:
+            idle[s.slot] = position
+    if rows:
+        ends = work.ahead.ends(np.fromiter((s.slot for s, _, _ in rows), np.intp, len(rows)),
+                               np.fromiter((c.token_id for _, c, _ in rows), np.int64, len(rows)), 0,
+                               time.monotonic())
+        for (s, _, position), end in zip(rows, ends):
+            if end:
+                idle[s.slot] = position
+        rows = [row for row, end in zip(rows, ends) if not end]
+    return Ahead([(s, c.token_id, p) for s, c, p in rows], idle)
 
 
 def _encode_row(state: SeqState) -> EncodeRow:

@@ -11,7 +11,11 @@ doors send them) meanwhile.
 
 While nothing waits to be admitted and every running sequence decodes, one iteration may run several decode steps
 back to back in the thread (GenerationConfig.decode_steps, within decode_run_ms; executor.py): an arrival or a
-leaving consumer sets `interrupt` (`kick`), which ends such a run after its current step.
+leaving consumer sets `interrupt` (`kick`), which ends such a run after its current step. When it cannot (requests
+arrive, prompts go in) and steps are short (overlap_step_ms), the loop hands the thread the iteration's step and the
+one after it at once: the thread computes the second from the tokens it just chose while the loop applies the first
+(`_overlaps`, executor.SlotExecutor.ahead), so the loop's work per step runs beside onnxruntime's instead of
+between its calls.
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class EngineLoop:
         self._event_loop: asyncio.AbstractEventLoop | None = None
         # Set when a request arrives or leaves: a run of several decode steps (decode_steps) stops after its step.
         self.interrupt = threading.Event()
+        self._step_s = float("inf")     # how long the last iteration's first step took (overlap_step_ms)
 
     @property
     def running(self) -> bool:
@@ -128,14 +133,47 @@ class EngineLoop:
             return False, False
         self._slots.admit_plan(plan)
         self.interrupt.clear()
-        work = self._executor.prepare(plan, self._scheduler, self._run(plan))
+        run = self._run(plan)
+        work = self._executor.prepare(plan, self._scheduler, run,
+                                      self._slots if run is None and self._overlaps(plan) else None)
         if self._thread is None or self._event_loop is None:
             raise EngineStoppedError(f"generation engine {self._label} is not running")
-        outcome = await self._thread.submit(self._event_loop, self._executor.run, work)
-        self._apply(outcome)
+        outcome = self._thread.submit(self._event_loop, self._executor.run, work)
+        # The step after this one, handed over now: the thread starts it the moment this one ends, and computes it
+        # while the loop applies this one's outcome below.
+        ahead = self._thread.submit(self._event_loop, self._executor.ahead, work) if work.ahead is not None else None
+        try:
+            first = await outcome
+        except BaseException:
+            if ahead is not None:
+                ahead.cancel()
+            raise
+        self._step_s = first.step_s
+        self._apply(first)
+        steps = 1 + len(first.more)
+        if ahead is not None:
+            more = await ahead
+            self._apply_ahead(more)
+            for step in more.more:
+                self._metrics.record_overlapped(len(step))
         self._retire()     # a sequence that just finished gives its slot back before anyone looks
-        self._metrics.record_plan(plan, 1 + len(outcome.more))
-        return True, any(w.chunk.completes_prompt for w in outcome.written)
+        self._metrics.record_plan(plan, steps)
+        return True, any(w.chunk.completes_prompt for w in first.written)
+
+    def _overlaps(self, plan: Plan) -> bool:
+        """Whether the step after this plan's is computed while the loop applies this one (GenerationConfig.
+        overlap_step_ms): when the last iteration's step was short, decode_steps allows two steps an iteration,
+        every running row decodes once this plan's chunks are in (a long prompt goes in a chunk an iteration, beside
+        one decode step each: the overlap would double the steps it waits for), and its strategy runs ahead (a beam
+        search's next rows depend on what the loop settles)."""
+        cfg = self._config
+        if self._step_s * 1000 >= cfg.overlap_step_ms or cfg.decode_steps == 1 or \
+                not (plan.decode or plan.tails or plan.prefill):
+            return False
+        completing = {id(c.seq) for c in plan.tails} | \
+            {id(c.seq) for call in plan.prefill for c in call.chunks if c.completes_prompt}
+        return all((s.status is Status.DECODING or id(s) in completing) and s.owner.strategy.runs_ahead
+                   for s in self._scheduler.running)
 
     def _run(self, plan: Plan) -> Run | None:
         """More decode steps back to back after this iteration's first: for a plan of decode rows alone while no
@@ -155,12 +193,16 @@ class EngineLoop:
         finally:
             self._metrics.record_tokens()
 
-    def _apply_outcome(self, outcome: Outcome) -> None:
-        for states, what, exc in outcome.failed:
+    def _fail(self, failed: list[tuple[list[SeqState], str, Exception]]) -> None:
+        """Sequences whose call failed end with the error; their slots' contents are not kept for reuse."""
+        for states, what, exc in failed:
             logger.error("%s on %s for %d sequences: %s", what, self._label, len(states), exc)
             for state in states:
-                state.owner.fail(RuntimeError(f"{what}: {exc}"))
+                state.owner.fail(RuntimeError(f"{what}: {exc}"))      # a sequence already done stays as it is
                 self._finish(state, reusable=False)
+
+    def _apply_outcome(self, outcome: Outcome) -> None:
+        self._fail(outcome.failed)
         decoded = self._scheduler.decoded
 
         def consumed(step: list[tuple[SeqState, Choice | None]]) -> None:
@@ -183,6 +225,21 @@ class EngineLoop:
         self._take(firsts)
         for settle in outcome.settles:
             settle.settle(self._scheduler, self._metrics.token)
+
+    def _apply_ahead(self, outcome: Outcome) -> None:
+        """The step computed while the loop applied the one before (executor.SlotExecutor.ahead): its rows' tokens,
+        after the scheduler records the token each row's call read (the one the step before gave it). A row that
+        step ended meanwhile (a stop string, its consumer gone) is passed over."""
+        self._metrics.tokens_arrive()
+        try:
+            self._fail(outcome.failed)
+            for step in outcome.more:
+                live = [(s, c) for s, c in step if not (s.owner.done or s.owner.cancelled)]
+                for state, _ in live:
+                    self._scheduler.decoded(state, state.owner.generated[-1])
+                self._take(live)
+        finally:
+            self._metrics.record_tokens()
 
     def _take(self, rows: list[tuple[SeqState, Choice | None]]) -> None:
         take_tokens(rows, self._slots, self._tokenizer, self._metrics.token)

@@ -317,6 +317,15 @@ class GenerationConfig:
     # tokens/s fell against 250 (bench/FINDINGS.md).
     decode_steps: int = 16
     decode_run_ms: float = 250.0
+    # When an iteration cannot run several steps (a request waits, a prompt goes in) and its step is short, the
+    # worker thread computes the step after it while the loop applies its outcome, as vLLM's asynchronous
+    # scheduling does (loop.py): the loop's work per step (outputs, admission, the doors' messages) overlaps the
+    # step instead of taking turns with it, which is what limits a small model's steps. The price: a request that
+    # arrives meanwhile waits one step more, and a row a stop string or a leaving consumer ends meanwhile computes
+    # one token that is dropped. So it applies while the step before took under overlap_step_ms: a short step's
+    # wait costs little, and on a long one the loop's work is a small part anyway. 0: never. Off with
+    # decode_steps = 1 (one step an iteration).
+    overlap_step_ms: float = 5.0
     # The served context (cache slot length) of each generation model: at most its package's max_length (the
     # self cache's, max_target_length, for an encoder-decoder), which a larger cap refuses at load; 0: the
     # package's. Smaller slots: less cache memory per slot (server/generation/context_cap.py).
@@ -330,7 +339,8 @@ class GenerationConfig:
                 raise ValueError(f"generation.{name}: must be an integer >= 1, got {value!r}")
         if not _is_int(self.max_model_len) or self.max_model_len < 0:
             raise ValueError(f"generation.max_model_len: must be an integer >= 0, got {self.max_model_len!r}")
-        for name, top in (("decode_run_ms", 10_000), ("arrival_window_ms", 1000), ("arrival_quiet_ms", 1000)):
+        for name, top in (("decode_run_ms", 10_000), ("overlap_step_ms", 10_000), ("arrival_window_ms", 1000),
+                          ("arrival_quiet_ms", 1000)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
                 raise ValueError(f"generation.{name}: must be in [0, {top}], got {value!r}")

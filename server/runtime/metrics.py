@@ -64,6 +64,9 @@ class Metrics:
         self.prefix_reused_tokens = Counter(
             "ortserve_prefix_reused_tokens", "Prompt tokens not prefilled: a cache slot held them "
             "(prefix caching).", ["model"], registry=r)
+        self.overlapped_steps = Counter(
+            "ortserve_overlapped_steps", "Generation: decode steps the engine's thread computed while its loop "
+            "applied the step before (--overlap-step-ms).", ["model"], registry=r)
         self.tokens_in_flight = Gauge(
             "ortserve_tokens_in_flight", "Generation: prompt + max_new_tokens summed over a decoder's admitted "
             "requests (waiting, prefilling, decoding); never above max_tokens_in_flight.", ["model"], registry=r)

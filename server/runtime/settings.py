@@ -78,6 +78,8 @@ class ServerSettings:
     decode_steps: int = _ENGINE.decode_steps  # decode steps run back to back per engine iteration while no
     #                                     request waits (a request arriving stops the run after one step) ...
     decode_run_ms: float = _ENGINE.decode_run_ms  # ... and while the run stays within this many milliseconds
+    overlap_step_ms: float = _ENGINE.overlap_step_ms  # steps shorter than this: the engine's thread computes
+    #                                     the next while the loop applies the last (0 = never)
     max_model_len: int = 0                # generation models' served context (cache slot length) in tokens, at
     #                                     most each package's max_length (larger: the version is NOT_SERVING,
     #                                     naming this flag); 0 = each package's own
@@ -119,8 +121,9 @@ class ServerSettings:
         for name in ("poll_interval", "max_queue_delay_ms", "grace_period", "max_connections", "max_model_len"):
             if getattr(self, name) < 0:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.decode_run_ms <= 10_000:
-            raise bad("decode_run_ms", f"must be in [0, 10000] milliseconds, got {self.decode_run_ms}")
+        for name in ("decode_run_ms", "overlap_step_ms"):
+            if not 0 <= getattr(self, name) <= 10_000:
+                raise bad(name, f"must be in [0, 10000] milliseconds, got {getattr(self, name)}")
         for name in ("header_timeout", "read_timeout", "keep_alive_timeout", "grpc_idle_timeout"):
             if not 0 < getattr(self, name) <= 86400:
                 raise bad(name, f"must be in (0, 86400] seconds, got {getattr(self, name)}")
@@ -252,39 +255,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                         f"(default {d.max_fill_mask_candidates})")
     p.add_argument("--max-request-memory-mb", type=int, help="token-classify, rerank: one request's estimated "
                    f"working memory; beyond INVALID_ARGUMENT (default {d.max_request_memory_mb})")
-    p.add_argument("--max-tokens-in-flight", type=int,
-                   help="generation: prompt + max_new_tokens summed over a decoder's waiting and running requests "
-                        f"(default {d.max_tokens_in_flight})")
-    p.add_argument("--max-sequences", type=int,
-                   help=f"generation: sequences per continuous batch (default {d.max_sequences})")
-    p.add_argument("--generation-instances", type=int,
-                   help="generation: engines per decoder (own sessions, thread and --max-sequences slots each), "
-                        "requests to the least loaded; keep instances x --intra-op-threads <= cores "
-                        f"(default {d.generation_instances})")
-    p.add_argument("--prefill-chunk-tokens", type=int,
-                   help="generation: prompt tokens prefilled per step while other sequences decode "
-                        f"(default {d.prefill_chunk_tokens})")
-    p.add_argument("--max-prefill-tokens", type=int,
-                   help=f"generation: padded prompt tokens per step when no sequence decodes (default {d.max_prefill_tokens})")
-    p.add_argument("--stream-interval", type=int,
-                   help="generation: streamed tokens per message after the first (GenerateStream, OpenAI stream); "
-                        f"1 = each token as it is generated (default {d.stream_interval}); n > 1: the tokens of n steps "
-                        "in one message: fewer messages, less CPU per token on the server and the client")
-    p.add_argument("--decode-steps", type=int,
-                   help="generation: decode steps run back to back in the engine's thread while no request waits "
-                        f"(default {d.decode_steps}): the loop's per-step work then comes once per n tokens; a "
-                        "request arriving or leaving stops the run after the step in progress")
-    p.add_argument("--decode-run-ms", type=float,
-                   help="generation: a run of decode steps stops before a step that would take it past this many "
-                        f"milliseconds (default {d.decode_run_ms:g}), judged by the step before: the longest a streamed "
-                        "token waits for its message; 0 = one step per iteration")
-    p.add_argument("--max-model-len", type=int,
-                   help="generation: the served context in tokens (prompt + generated; the cache slots' length), "
-                        "at most each package's max_length: a package exported with fewer is NOT_SERVING "
-                        "(default 0: each package's own)")
-    p.add_argument("--prefix-caching", choices=ON_OFF,
-                   help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
-                        "sequence's) copies their keys/values instead of prefilling them (default on)")
+    _generation_flags(p, d)
     p.add_argument("--intra-op-spinning", choices=SPINNING,
                    help="onnxruntime intra-op threads spin: off (default), on (dedicated cores: faster "
                         "decoders; docs/configuration.md), auto (on for decoders only)")
@@ -315,6 +286,49 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--otlp-endpoint", help="send OpenTelemetry traces to this OTLP/gRPC collector "
                                            "(http://HOST:4317; needs the extra 'tracing'); default: off")
     return p
+
+
+def _generation_flags(p: argparse.ArgumentParser, d: ServerSettings) -> None:
+    """The generation engines' flags (docs/configuration.md has each at length)."""
+    p.add_argument("--max-tokens-in-flight", type=int,
+                   help="generation: prompt + max_new_tokens summed over a decoder's waiting and running requests "
+                        f"(default {d.max_tokens_in_flight})")
+    p.add_argument("--max-sequences", type=int,
+                   help=f"generation: sequences per continuous batch (default {d.max_sequences})")
+    p.add_argument("--generation-instances", type=int,
+                   help="generation: engines per decoder (own sessions, thread and --max-sequences slots each), "
+                        "requests to the least loaded; keep instances x --intra-op-threads <= cores "
+                        f"(default {d.generation_instances})")
+    p.add_argument("--prefill-chunk-tokens", type=int,
+                   help="generation: prompt tokens prefilled per step while other sequences decode "
+                        f"(default {d.prefill_chunk_tokens})")
+    p.add_argument("--max-prefill-tokens", type=int,
+                   help=f"generation: padded prompt tokens per step when no sequence decodes (default {d.max_prefill_tokens})")
+    p.add_argument("--stream-interval", type=int,
+                   help="generation: streamed tokens per message after the first (GenerateStream, OpenAI stream); "
+                        f"1 = each token as it is generated (default {d.stream_interval}); n > 1: the tokens of n steps "
+                        "in one message: fewer messages, less CPU per token on the server and the client")
+    p.add_argument("--decode-steps", type=int,
+                   help="generation: decode steps run back to back in the engine's thread while no request waits "
+                        f"(default {d.decode_steps}): the loop's per-step work then comes once per n tokens; a "
+                        "request arriving or leaving stops the run after the step in progress")
+    p.add_argument("--decode-run-ms", type=float,
+                   help="generation: a run of decode steps stops before a step that would take it past this many "
+                        f"milliseconds (default {d.decode_run_ms:g}), judged by the step before: the longest a streamed "
+                        "token waits for its message; 0 = one step per iteration")
+    p.add_argument("--overlap-step-ms", type=float,
+                   help="generation: when an iteration cannot run several decode steps (a request waits, a prompt "
+                        "goes in) and the step before took under this many milliseconds "
+                        f"(default {d.overlap_step_ms:g}), the engine's thread computes the step after it while the "
+                        "event loop applies its outcome (vLLM's asynchronous scheduling): an arrival meanwhile waits "
+                        "one step more; 0 = never")
+    p.add_argument("--max-model-len", type=int,
+                   help="generation: the served context in tokens (prompt + generated; the cache slots' length), "
+                        "at most each package's max_length: a package exported with fewer is NOT_SERVING "
+                        "(default 0: each package's own)")
+    p.add_argument("--prefix-caching", choices=ON_OFF,
+                   help="generation: a new prompt that starts with tokens a cache slot holds (a running or finished "
+                        "sequence's) copies their keys/values instead of prefilling them (default on)")
 
 
 def settings_from_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None,

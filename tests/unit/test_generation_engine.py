@@ -414,6 +414,93 @@ def test_a_run_of_decode_steps_reaches_a_stream_as_one_chunk_of_at_most_n_tokens
         assert "".join(c.text for c in chunks) == "Wyxxxxxxxx"
 
 
+# ---------------------------------------------------------------- the next step computed while the loop applies one
+
+
+async def arriving(engine: GenerationEngine, jobs: list[tuple[str, dict]], gap_s: float) -> list[Any]:
+    """The jobs' requests sent gap_s apart (so most arrive while others decode), answered whole."""
+    async def one(i: int, prompt: str, kwargs: dict) -> Any:
+        await asyncio.sleep(gap_s * i)
+        return await engine.generate(prompt, GenerationParams.validate(**kwargs))
+
+    return await asyncio.gather(*(one(i, p, kw) for i, (p, kw) in enumerate(jobs)))
+
+
+def overlapped(metrics: Metrics) -> float:
+    return metrics.registry.get_sample_value("ortserve_overlapped_steps_total", {"model": "test"}) or 0.0
+
+
+def test_steps_computed_while_the_loop_applies_give_the_tokens_logprobs_and_endings_of_one_step_an_iteration(
+        gpt: Package) -> None:
+    """overlap_step_ms: while requests arrive, the worker computes the step after each iteration's from the tokens
+    it just chose, before the loop has taken them. Rows that step ends (max_new_tokens, a stop id, eos after
+    min_tokens) are left out of it; the loop takes its tokens after the first step's; penalties, seeded draws and
+    logprobs are those of one step an iteration (decode_steps=1, where nothing is computed ahead)."""
+    stop_id = greedy_generate(gpt.session, gpt.manifest, gpt.ids(PROMPTS[2]), 6, stop_at_eos=False)[3]
+    jobs = [(PROMPTS[0], dict(max_new_tokens=13, logprobs=True, top_logprobs=3, ignore_eos=True)),
+            (PROMPTS[1], dict(max_new_tokens=21, temperature=1.2, top_p=0.9, seed=7, frequency_penalty=0.5,
+                              ignore_eos=True)),
+            (PROMPTS[2], dict(max_new_tokens=1, ignore_eos=True)),
+            (PROMPTS[3], dict(max_new_tokens=9, repetition_penalty=1.3, ignore_eos=True)),
+            (PROMPTS[4], dict(max_new_tokens=30, min_tokens=12, temperature=0.8, seed=3)),
+            (PROMPTS[0], dict(max_new_tokens=17, presence_penalty=0.7, temperature=1.0, seed=11, ignore_eos=True)),
+            (PROMPTS[2], dict(max_new_tokens=6, stop_token_ids=[stop_id]))]
+
+    async def body(metrics: Metrics, **config: float) -> list[Any]:
+        async with gpt.engine(metrics=metrics, **config) as engine:
+            return await arriving(engine, jobs, 0.003)
+
+    one_metrics, ahead_metrics = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
+    one, ahead = run(body(one_metrics, decode_steps=1)), run(body(ahead_metrics, overlap_step_ms=10_000))
+    assert overlapped(one_metrics) == 0 and overlapped(ahead_metrics) > 0
+    assert [r.usage.completion_tokens for r in ahead][:4] == [13, 21, 1, 9] and ahead[6].finish_reason == "stop"
+    for a, b in zip(one, ahead):
+        assert [t.token_id for t in a.tokens] == [t.token_id for t in b.tokens]
+        assert (a.text, a.finish_reason, a.usage) == (b.text, b.finish_reason, b.usage)
+    for x, y in zip(one[0].tokens, ahead[0].tokens):
+        assert x.logprob is not None and y.logprob is not None and abs(x.logprob - y.logprob) < 1e-5
+        assert [t.token_id for t in x.top_logprobs] == [t.token_id for t in y.top_logprobs]
+
+
+@pytest.mark.parametrize("stop, text, reason", [
+    (["yx"], "W", "stop"),              # the stop string ends the row while its next token is computed
+    (["xxx", "Wyx"], "", "stop"),
+    (["xyz"], "Wyxxxxxxxx", "length"),
+])
+def test_a_stop_string_seen_while_the_next_step_computes_drops_that_token(bigram: Package, stop: list[str],
+                                                                            text: str, reason: str) -> None:
+    """Stop strings are matched on the loop: a row one ends is still in the step computed meanwhile, and that
+    token is dropped (the answer as one step an iteration gives it)."""
+    jobs = [("Q", dict(max_new_tokens=10, stop=stop))] * 4
+
+    async def body(metrics: Metrics, **config: float) -> list[Any]:
+        async with bigram.engine(metrics=metrics, **config) as engine:
+            return await arriving(engine, jobs, 0.002)
+
+    metrics = Metrics(CollectorRegistry())
+    one, ahead = run(body(Metrics(CollectorRegistry()), decode_steps=1)), \
+        run(body(metrics, overlap_step_ms=10_000))
+    assert overlapped(metrics) > 0
+    for a, b in zip(one, ahead):
+        assert (b.text, b.finish_reason) == (text, reason)
+        assert (a.text, a.finish_reason, a.usage) == (b.text, b.finish_reason, b.usage)
+        assert [t.token_id for t in a.tokens] == [t.token_id for t in b.tokens]
+
+
+@pytest.mark.parametrize("step_ms", [0, 1e-6])
+def test_no_step_is_computed_ahead_at_0_or_when_the_step_before_took_longer(gpt: Package, step_ms: float) -> None:
+    """The overlap applies only while the step before took under overlap_step_ms (no step takes a nanosecond)."""
+    metrics = Metrics(CollectorRegistry())
+
+    async def body() -> None:
+        async with gpt.engine(metrics=metrics, overlap_step_ms=step_ms) as engine:
+            await arriving(engine, [(p, dict(max_new_tokens=8, ignore_eos=True)) for p in PROMPTS], 0.003)
+
+    run(body())
+    assert overlapped(metrics) == 0
+    assert metrics.registry.get_sample_value("ortserve_generated_tokens_total", {"model": "test"}) == 8 * len(PROMPTS)
+
+
 def test_a_request_arriving_during_a_run_of_steps_is_admitted_after_the_step_in_progress(gpt: Package) -> None:
     """With room for 1000 steps (and 10 s) a run would finish the long stream first; the arrival stops it after
     one."""

@@ -150,7 +150,8 @@ def test_sequences_joining_and_leaving_a_running_batch_equal_offline_decoding(
         server: ServerProcess, packages: dict[str, Path], name: str) -> None:
     """6 slots: two streams leave after 2 tokens, a beam search holds 4 slots for a while, later requests wait for
     slots and join the decode batch mid-run (rows at different target positions in one call: T5's relative bias
-    per row); every finished answer equals offline greedy (and transformers' beams)."""
+    per row); every finished answer equals offline greedy (and transformers' beams). Requests arriving while
+    others decode make the engine compute steps ahead while its loop applies the last (--overlap-step-ms)."""
     texts = ["some words", "x", "a longer source sentence here", "yes", "no way", "bonjour tout le monde",
              "quick", "brown fox"]
     leave = {1, 4}
@@ -173,6 +174,7 @@ def test_sequences_joining_and_leaving_a_running_batch_equal_offline_decoding(
         with OrtserveClient(server.address, timeout=60) as c:
             out[-1] = [t.token_id for t in c.generate(texts[2], name, max_new_tokens=NEW, num_beams=4).tokens]
 
+    overlapped = server.metric("ortserve_overlapped_steps_total", model=name)
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(texts))]
     threads.append(threading.Thread(target=beams))
     for t in threads:
@@ -186,6 +188,7 @@ def test_sequences_joining_and_leaving_a_running_batch_equal_offline_decoding(
             _check_logprobs(packages[name], texts[i], out[i], scores[i])
     assert out[-1] == _hf_generate(name, packages[name], [texts[2]], do_sample=False, num_beams=4)[0]
     wait_for(lambda: server.metric("ortserve_active_sequences", model=name) == 0, 10, "every slot given back")
+    assert server.metric("ortserve_overlapped_steps_total", model=name) > overlapped
 
 
 def test_sampling_with_a_seed_is_reproducible_and_stays_in_the_target_vocabulary(client: OrtserveClient) -> None:
