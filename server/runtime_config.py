@@ -18,9 +18,10 @@ log = logging.getLogger(__name__)
 
 def runtime_config(settings: ServerSettings) -> RuntimeConfig:
     """Settings -> what each model version runs with (see server/runtime/settings.py for what each limit counts)."""
+    threads = intra_op_threads(settings)
     return RuntimeConfig(
         session=SessionConfig(providers=resolve_providers(settings.providers),
-                              intra_op_threads=intra_op_threads(settings),
+                              intra_op_threads=threads,
                               inter_op_threads=settings.inter_op_threads, variant=settings.variant,
                               spinning=settings.intra_op_spinning),
         batch=BatchConfig(max_batch_size=settings.max_batch_size,
@@ -37,7 +38,7 @@ def runtime_config(settings: ServerSettings) -> RuntimeConfig:
                                     stream_interval=settings.stream_interval,
                                     decode_steps=settings.decode_steps, decode_run_ms=settings.decode_run_ms,
                                     prefix_caching=settings.prefix_caching == "on",
-                                    overlap_step_ms=settings.overlap_step_ms,
+                                    overlap_step_ms=overlap_step_ms(settings, threads),
                                     max_model_len=settings.max_model_len),
         admission=AdmissionLimits(max_rows_per_request=settings.max_rows_per_request,
                                   max_pieces_per_request=settings.max_pieces_per_request,
@@ -61,4 +62,17 @@ def intra_op_threads(settings: ServerSettings) -> int:
     return threads
 
 
-__all__ = ["intra_op_threads", "runtime_config"]
+def overlap_step_ms(settings: ServerSettings, threads: int, cores: int | None = None) -> float:
+    """--overlap-step-ms where the engines' onnxruntime threads (0: one a core) leave the event loop a core (threads x
+    --generation-instances below the cores), else 0: with every core computing the step, the loop's work only takes
+    turns with the step's threads, and a first token's message waits for them (bench/FINDINGS.md)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    if (threads or cores) * settings.generation_instances < cores:
+        return settings.overlap_step_ms
+    if settings.overlap_step_ms:
+        log.info("onnxruntime's threads take all %d cores: no decode step overlaps the event loop's work "
+                 "(--overlap-step-ms needs fewer --intra-op-threads)", cores)
+    return 0.0
+
+
+__all__ = ["intra_op_threads", "overlap_step_ms", "runtime_config"]

@@ -79,7 +79,8 @@ class ServerSettings:
     #                                     request waits (a request arriving stops the run after one step) ...
     decode_run_ms: float = _ENGINE.decode_run_ms  # ... and while the run stays within this many milliseconds
     overlap_step_ms: float = _ENGINE.overlap_step_ms  # steps shorter than this: the engine's thread computes
-    #                                     the next while the loop applies the last (0 = never)
+    #                                     the next while the loop applies the last, where the onnxruntime threads
+    #                                     leave the loop a core (0 = never)
     max_model_len: int = 0                # generation models' served context (cache slot length) in tokens, at
     #                                     most each package's max_length (larger: the version is NOT_SERVING,
     #                                     naming this flag); 0 = each package's own
@@ -321,7 +322,8 @@ def _generation_flags(p: argparse.ArgumentParser, d: ServerSettings) -> None:
                         "goes in) and the step before took under this many milliseconds "
                         f"(default {d.overlap_step_ms:g}), the engine's thread computes the step after it while the "
                         "event loop applies its outcome (vLLM's asynchronous scheduling): an arrival meanwhile waits "
-                        "one step more; 0 = never")
+                        "one step more. Only where the onnxruntime threads (x --generation-instances) leave the loop "
+                        "a core; 0 = never")
     p.add_argument("--max-model-len", type=int,
                    help="generation: the served context in tokens (prompt + generated; the cache slots' length), "
                         "at most each package's max_length: a package exported with fewer is NOT_SERVING "

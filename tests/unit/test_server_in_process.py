@@ -324,6 +324,22 @@ def test_generation_settings_default_to_the_engines_own_defaults() -> None:
     assert "decoder's batch" in " ".join(a.help or "" for a in build_parser()._actions)
 
 
+@pytest.mark.parametrize("threads, instances, cores, expected", [
+    (1, 1, 2, 5.0),     # a core left for the event loop
+    (2, 1, 2, 0.0),     # every core computes the step
+    (0, 1, 8, 0.0),     # onnxruntime's default: a thread a core
+    (1, 2, 2, 0.0),     # two engines of one thread each
+    (2, 3, 8, 5.0),
+])
+def test_steps_overlap_the_loop_only_where_the_onnxruntime_threads_leave_it_a_core(
+        threads: int, instances: int, cores: int, expected: float) -> None:
+    from server.runtime_config import overlap_step_ms
+
+    settings = ServerSettings(generation_instances=instances)
+    assert overlap_step_ms(settings, threads, cores) == expected
+    assert overlap_step_ms(ServerSettings(overlap_step_ms=0), 1, 4) == 0.0
+
+
 # ---------------------------------------------------------------- HTTP bodies decoded into typed requests
 
 @pytest.mark.parametrize("body, status, message", [

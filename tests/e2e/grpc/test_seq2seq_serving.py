@@ -6,6 +6,7 @@ offline decoding; bad input is refused naming the field."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -43,7 +44,9 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(packages: dict[str, Path]):
     repository = packages["marian"].parent.parent
-    with ServerProcess(repository, ["--max-sequences", "6", "--http-port", "0", "--metrics-port", "0"]) as proc:
+    # One onnxruntime thread: a core is left for the event loop, so short steps overlap its work (--overlap-step-ms).
+    with ServerProcess(repository, ["--max-sequences", "6", "--http-port", "0", "--metrics-port", "0",
+                                    "--intra-op-threads", "1"]) as proc:
         yield proc
 
 
@@ -188,7 +191,8 @@ def test_sequences_joining_and_leaving_a_running_batch_equal_offline_decoding(
             _check_logprobs(packages[name], texts[i], out[i], scores[i])
     assert out[-1] == _hf_generate(name, packages[name], [texts[2]], do_sample=False, num_beams=4)[0]
     wait_for(lambda: server.metric("ortserve_active_sequences", model=name) == 0, 10, "every slot given back")
-    assert server.metric("ortserve_overlapped_steps_total", model=name) > overlapped
+    if len(os.sched_getaffinity(0)) > 1:     # on one core no step overlaps the loop (server/runtime_config.py)
+        assert server.metric("ortserve_overlapped_steps_total", model=name) > overlapped
 
 
 def test_sampling_with_a_seed_is_reproducible_and_stays_in_the_target_vocabulary(client: OrtserveClient) -> None:
