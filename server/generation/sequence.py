@@ -121,7 +121,7 @@ class Sequence:
         elif self.stream_interval > 1:
             self.held.append(chunk)
             self.held_tokens += len(chunk.tokens)
-            if not chunk.final and len(self.generated) > 1 and self.held_tokens < self.stream_interval:
+            if not chunk.final and self.past_first and self.held_tokens < self.stream_interval:
                 return
             chunk, self.held, self.held_tokens = merge_chunks(self.held), [], 0
         self.queue.put_nowait(chunk)
@@ -157,7 +157,13 @@ class Sequence:
         (outputs.emit_token) until a chunk goes out: the end, or an interval's worth (`interval_full`)."""
         if self.params.stop:
             return False
-        return self.whole or (self.stream_interval > 1 and len(self.generated) > 1)
+        return self.whole or (self.stream_interval > 1 and self.past_first)
+
+    @property
+    def past_first(self) -> bool:
+        """Its first generated token is behind it: a streamed sequence's first token goes out at once, whatever its
+        interval (time to first token unchanged); the ones after it wait for their interval."""
+        return len(self.generated) > 1
 
     def interval_full(self) -> bool:
         """A streamed sequence's deferred tokens with those held complete an interval: their chunk goes now."""
