@@ -64,7 +64,7 @@ def synthetic_examples(n: int, seed: int) -> list[tuple[str, int]]:
     return [(synthetic_sentence(rng, TINY_LABELS[i % 3]), i % 3) for i in range(n)]
 
 
-def _corpus() -> list[str]:
+def tiny_corpus() -> list[str]:
     from export.heldout import BUILTIN_TEXTS
 
     return [t for t, _ in synthetic_examples(600, seed=1)] + list(BUILTIN_TEXTS)
@@ -75,7 +75,7 @@ def family_tokenizers(root: Path) -> dict[str, Path]:
     (vocab 400, max length 62), saved under `root`: the tokenizers of the transformers-saved family checkpoints."""
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
-    corpus = _corpus()
+    corpus = tiny_corpus()
     return {kind: save_tokenizer(train_tokenizer(corpus, TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1)),
                                  root / f"tok-{kind}", kind, 62)
             for kind in ("roberta", "wordpiece")}
@@ -133,7 +133,7 @@ def _build_tiny_checkpoints(root: Path) -> TinyCheckpoints:
     from training.gpt import GPT2LMHeadModel, GPTConfig
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
-    corpus = _corpus()
+    corpus = tiny_corpus()
     wp = train_tokenizer(corpus, TokenizerConfig(kind="wordpiece", vocab_size=400, min_frequency=1))
     bpe = train_tokenizer(corpus, TokenizerConfig(kind="bpe", vocab_size=400, min_frequency=1))
     wp_dir = save_tokenizer(wp, root / "tok-wordpiece", "wordpiece", 128)

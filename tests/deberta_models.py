@@ -23,7 +23,7 @@ def unigram_tokenizer(out: Path, vocab_size: int = 300, texts: list[str] | None 
     returns `out`."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    from tests.conftest import _corpus
+    from tests.conftest import tiny_corpus
 
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace("``", '"')])
@@ -31,7 +31,7 @@ def unigram_tokenizer(out: Path, vocab_size: int = 300, texts: list[str] | None 
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
     trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, unk_token="[UNK]",
                                       max_piece_length=8)
-    tok.train_from_iterator(texts or _corpus(), trainer)
+    tok.train_from_iterator(texts or tiny_corpus(), trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",

@@ -31,12 +31,12 @@ def wordpiece_tokenizer(dest: Path, vocab_size: int = 400):
     import transformers
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-    from tests.conftest import _corpus
+    from tests.conftest import tiny_corpus
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(_corpus(), trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=1,
+    tok.train_from_iterator(tiny_corpus(), trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=1,
                                                                  special_tokens=SPECIALS))
     fast = transformers.MPNetTokenizer(vocab=tok.get_vocab(), unk_token="[UNK]")
     assert [fast.convert_tokens_to_ids(t) for t in SPECIALS[:3]] == [0, 1, 2]

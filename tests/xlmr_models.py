@@ -27,14 +27,14 @@ def unigram_tokenizer(dest: Path, vocab_size: int = 300, texts: list[str] | None
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import trainers
 
-    from tests.conftest import _corpus
+    from tests.conftest import tiny_corpus
 
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC(),
                                            normalizers.Replace(Regex(" {2,}"), " ")])
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.train_from_iterator(texts or _corpus(), trainers.UnigramTrainer(
+    tok.train_from_iterator(texts or tiny_corpus(), trainers.UnigramTrainer(
         vocab_size=vocab_size, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>"))
     tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",

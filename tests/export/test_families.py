@@ -544,10 +544,10 @@ def test_mistral_sliding_window_at_context_length_is_not_active(tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    from tests.conftest import _corpus
+    from tests.conftest import tiny_corpus
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
-    tok = train_tokenizer(_corpus(), TokenizerConfig(kind="bpe", vocab_size=300, min_frequency=1))
+    tok = train_tokenizer(tiny_corpus(), TokenizerConfig(kind="bpe", vocab_size=300, min_frequency=1))
     return save_tokenizer(tok, tmp_path_factory.mktemp("bpe") / "tok", "bpe", 62), tok.get_vocab_size()
 
 

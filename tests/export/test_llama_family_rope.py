@@ -81,12 +81,12 @@ def test_longrope_switches_to_long_factors_per_call_as_transformers(tmp_path: Pa
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from tests.conftest import _corpus, one_torch_thread
+    from tests.conftest import tiny_corpus, one_torch_thread
     from export import ExportConfig, export_checkpoint
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
     root = tmp_path_factory.mktemp("llama-family")
-    tok = train_tokenizer(_corpus(), TokenizerConfig(kind="bpe", vocab_size=VOCAB, min_frequency=1))
+    tok = train_tokenizer(tiny_corpus(), TokenizerConfig(kind="bpe", vocab_size=VOCAB, min_frequency=1))
     tok_dir = save_tokenizer(tok, root / "tok", "bpe", 62)
     models = {}
     with one_torch_thread():
@@ -183,12 +183,12 @@ def test_graph_rotary_settings(packages) -> None:
     ("smollm3", dict(use_sliding_window=True, sliding_window=8), "sliding_window"),
 ])
 def test_what_a_static_table_cannot_serve_is_refused(tmp_path: Path, name: str, change: dict, field: str) -> None:
-    from tests.conftest import _corpus
+    from tests.conftest import tiny_corpus
     from export import ExportConfig, export_checkpoint
     from export.errors import ExportError
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
-    tok = train_tokenizer(_corpus()[:200], TokenizerConfig(kind="bpe", vocab_size=VOCAB, min_frequency=1))
+    tok = train_tokenizer(tiny_corpus()[:200], TokenizerConfig(kind="bpe", vocab_size=VOCAB, min_frequency=1))
     tok_dir = save_tokenizer(tok, tmp_path / "tok", "bpe", 62)
     hf_model(name, vocab_size=tok.get_vocab_size(), **change).save_pretrained(tmp_path / "ckpt")
     for f in tok_dir.iterdir():

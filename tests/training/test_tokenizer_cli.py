@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import _corpus
+from tests.conftest import tiny_corpus
 from training.tokenizer import load_tokenizer
 
 
@@ -27,7 +27,7 @@ def test_wordpiece_training_is_the_same_in_every_process(tmp_path: Path) -> None
     breaks merge-count ties differently (huggingface/tokenizers#1794), so most processes made a vocabulary of
     their own near the vocab_size cut."""
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(_corpus()) + "\n", encoding="utf-8")
+    corpus.write_text("\n\n".join(tiny_corpus()) + "\n", encoding="utf-8")
     outs = [tmp_path / f"wp{i}" for i in range(4)]
     procs = [subprocess.Popen([sys.executable, "-m", "training", "tokenizer", "--kind", "wordpiece",
                                "--corpus", str(corpus), "--vocab-size", "400", "--min-frequency", "1",

@@ -46,14 +46,14 @@ def _export(checkpoint: Path, task: str, repo: Path, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
-    from tests.conftest import _corpus
+    from tests.conftest import tiny_corpus
     from tests.gemma_models import hf_gemma
     from tests.llama_models import VOCAB, hf_model
     from training.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     root = tmp_path_factory.mktemp("fp16-decoders")
-    tok = train_tokenizer(_corpus(), TokenizerConfig(kind="bpe", vocab_size=VOCAB, min_frequency=1))
+    tok = train_tokenizer(tiny_corpus(), TokenizerConfig(kind="bpe", vocab_size=VOCAB, min_frequency=1))
     tok_dir = save_tokenizer(tok, root / "tok", "bpe", 62)
     gates = {}
     for name in (*LLAMA_FAMILY, *GEMMA):
