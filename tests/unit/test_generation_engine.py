@@ -392,10 +392,16 @@ def test_several_decode_steps_per_iteration_give_the_same_tokens_logprobs_and_en
     one, many = run(body(1)), run(body(8))
     assert [r.usage.completion_tokens for r in many][:3] == [13, 29, 5]
     assert many[3].usage.completion_tokens >= 20
-    for a, b in zip(one, many):
+    assert_same_answers(one, many)
+
+
+def assert_same_answers(one: list[Any], other: list[Any]) -> None:
+    """Answers of one step an iteration (`one`) and of another engine config: the same tokens, texts, endings and
+    usage, and the first answer's logprobs (it asked for them) to 1e-5 with the same top candidates."""
+    for a, b in zip(one, other, strict=True):
         assert [t.token_id for t in a.tokens] == [t.token_id for t in b.tokens]
         assert (a.text, a.finish_reason, a.usage) == (b.text, b.finish_reason, b.usage)
-    for x, y in zip(one[0].tokens, many[0].tokens):
+    for x, y in zip(one[0].tokens, other[0].tokens):
         assert x.logprob is not None and y.logprob is not None and abs(x.logprob - y.logprob) < 1e-5
         assert [t.token_id for t in x.top_logprobs] == [t.token_id for t in y.top_logprobs]
 
@@ -454,12 +460,7 @@ def test_steps_computed_while_the_loop_applies_give_the_tokens_logprobs_and_endi
     one, ahead = run(body(one_metrics, decode_steps=1)), run(body(ahead_metrics, overlap_step_ms=10_000))
     assert overlapped(one_metrics) == 0 and overlapped(ahead_metrics) > 0
     assert [r.usage.completion_tokens for r in ahead][:4] == [13, 21, 1, 9] and ahead[6].finish_reason == "stop"
-    for a, b in zip(one, ahead):
-        assert [t.token_id for t in a.tokens] == [t.token_id for t in b.tokens]
-        assert (a.text, a.finish_reason, a.usage) == (b.text, b.finish_reason, b.usage)
-    for x, y in zip(one[0].tokens, ahead[0].tokens):
-        assert x.logprob is not None and y.logprob is not None and abs(x.logprob - y.logprob) < 1e-5
-        assert [t.token_id for t in x.top_logprobs] == [t.token_id for t in y.top_logprobs]
+    assert_same_answers(one, ahead)
 
 
 @pytest.mark.parametrize("stop, text, reason", [
