@@ -59,7 +59,7 @@ class EngineMetrics:
             m.prefill_tokens.inc(plan.prefill_tokens)
 
     def record_overlapped(self, rows: int) -> None:
-        """A decode step of `rows` rows computed while the loop applied the step before (loop.EngineLoop._ahead)."""
+        """A decode step of `rows` rows computed while the loop applied the step before (loop.EngineLoop._overlaps)."""
         m = self._model
         if m is not None and rows:
             m.batch_size.observe(rows)

@@ -324,7 +324,8 @@ class GenerationConfig:
     # arrives meanwhile waits one step more, and a row a stop string or a leaving consumer ends meanwhile computes
     # one token that is dropped. So it applies while the step before took under overlap_step_ms: a short step's
     # wait costs little, and on a long one the loop's work is a small part anyway. 0: never. Off with
-    # decode_steps = 1 (one step an iteration).
+    # decode_steps = 1 (one step an iteration). The server passes 0 where the onnxruntime threads take every core
+    # (server/runtime_config.py): the loop's work then has no core of its own to overlap the step on.
     overlap_step_ms: float = 5.0
     # The served context (cache slot length) of each generation model: at most its package's max_length (the
     # self cache's, max_target_length, for an encoder-decoder), which a larger cap refuses at load; 0: the
