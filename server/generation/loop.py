@@ -126,8 +126,9 @@ class EngineLoop:
                 await asyncio.sleep(0)
 
     async def _iterate(self) -> tuple[bool, bool]:
-        """One iteration: plan, run the plan in the worker thread, apply the outcome. Whether it ran, and whether
-        a prompt was completed (a sequence got its first token)."""
+        """One iteration: plan, run the plan in the worker thread (with the step after it when `_overlaps`), apply
+        the outcome (then the overlapped step's). Whether it ran, and whether a prompt was completed (a sequence got
+        its first token)."""
         plan = self._scheduler.plan()
         if plan.empty:
             return False, False
