@@ -62,12 +62,19 @@ def intra_op_threads(settings: ServerSettings) -> int:
     return threads
 
 
+def leaves_a_core(engine_threads: int, cores: int | None = None) -> bool:
+    """Whether onnxruntime threads numbering `engine_threads` in all (every engine's, in every process that shares
+    these cores) leave the event loop a core: the condition of steps overlapping its work (overlap_step_ms). With
+    every core computing the step, the loop's work only takes turns with the step's threads, and a first token's
+    message waits for them (bench/FINDINGS.md)."""
+    return engine_threads < (cores or len(os.sched_getaffinity(0)))
+
+
 def overlap_step_ms(settings: ServerSettings, threads: int, cores: int | None = None) -> float:
-    """--overlap-step-ms where the engines' onnxruntime threads (0: one a core) leave the event loop a core (threads x
-    --generation-instances below the cores), else 0: with every core computing the step, the loop's work only takes
-    turns with the step's threads, and a first token's message waits for them (bench/FINDINGS.md)."""
+    """--overlap-step-ms where the engines' onnxruntime threads (0: one a core) x --generation-instances leave the
+    event loop a core (`leaves_a_core`), else 0."""
     cores = cores or len(os.sched_getaffinity(0))
-    if (threads or cores) * settings.generation_instances < cores:
+    if leaves_a_core((threads or cores) * settings.generation_instances, cores):
         return settings.overlap_step_ms
     if settings.overlap_step_ms:
         log.info("onnxruntime's threads take all %d cores: no decode step overlaps the event loop's work "
@@ -75,4 +82,4 @@ def overlap_step_ms(settings: ServerSettings, threads: int, cores: int | None = 
     return 0.0
 
 
-__all__ = ["intra_op_threads", "overlap_step_ms", "runtime_config"]
+__all__ = ["intra_op_threads", "leaves_a_core", "overlap_step_ms", "runtime_config"]

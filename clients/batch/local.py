@@ -100,22 +100,24 @@ class LocalRunner:
     @classmethod
     async def start(cls, repository: Path, config: TaskConfig, intra_op_threads: int = 0, instances: int = 1,
                     max_sequences: int | None = None, variant: str | None = None,
-                    max_queued_requests: int | None = None, overlap_step_ms: float | None = None) -> "LocalRunner":
+                    max_queued_requests: int | None = None, processes: int = 1) -> "LocalRunner":
         """The server's data plane in-process. instances > 1: that many generation engines per model (each with
         cores / instances onnxruntime threads unless intra_op_threads says otherwise: server/dataplane.py).
         variant: the package variant to load (None: the server's choice, the package's default for the device);
-        max_queued_requests, overlap_step_ms: the server's settings (None: their defaults; a ProcessRunner's
-        children get overlap_step_ms 0 where its processes' threads take every core). The process takes the
-        server's collector thresholds (server.runtime.eventloop.tune_collector): it runs engines as the server's
-        does."""
+        max_queued_requests: the server's setting (None: its default); processes: how many processes of this shape
+        share the cores (a ProcessRunner's children): the server's rule for decode steps overlapping the event loop
+        counts all their onnxruntime threads. The process takes the server's collector thresholds
+        (server.runtime.eventloop.tune_collector): it runs engines as the server's does."""
         # Imported here: the client library itself never needs the server package.
         from server.dataplane import DataPlane
         from server.runtime.eventloop import tune_collector
         from server.runtime.settings import ServerSettings, SettingsError
+        from server.runtime_config import leaves_a_core
 
-        given = {"max_sequences": max_sequences, "variant": variant, "max_queued_requests": max_queued_requests,
-                 "overlap_step_ms": overlap_step_ms}
+        given = {"max_sequences": max_sequences, "variant": variant, "max_queued_requests": max_queued_requests}
         extra = {name: value for name, value in given.items() if value is not None}   # else the server's defaults
+        if processes > 1 and not leaves_a_core(processes * instances * max(intra_op_threads, 1)):
+            extra["overlap_step_ms"] = 0.0       # each child sees every core, but its siblings' threads take theirs
         try:
             settings = ServerSettings(repository=Path(repository), port=0, metrics_port=-1, poll_interval=0,
                                       intra_op_threads=intra_op_threads, generation_instances=instances,

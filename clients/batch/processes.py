@@ -113,13 +113,6 @@ def engine_threads(processes: int, instances: int, cores: int | None = None) -> 
     return max(1, (cores or len(os.sched_getaffinity(0))) // (processes * instances))
 
 
-def leaves_a_core(processes: int, instances: int, threads: int, cores: int | None = None) -> bool:
-    """Whether N processes of `instances` engines of `threads` onnxruntime threads leave a core free. Each child
-    sees every core, but its siblings' threads take theirs: where none is left, no child's decode step may count on
-    a core for its event loop (server/runtime_config.overlap_step_ms), and the children run without the overlap."""
-    return processes * instances * threads < (cores or len(os.sched_getaffinity(0)))
-
-
 class _Process:
     """The parent's side of one child: its pipe, its records in flight, the records to send this turn."""
 
@@ -153,8 +146,7 @@ class ProcessRunner:
             raise ValueError(f"processes: must be at least 1, got {processes}")
         threads = intra_op_threads or engine_threads(processes, instances)
         options = {"intra_op_threads": threads, "instances": instances, "max_sequences": max_sequences,
-                   "variant": variant, "max_queued_requests": max_queued_requests,
-                   "overlap_step_ms": None if leaves_a_core(processes, instances, threads) else 0.0}
+                   "variant": variant, "max_queued_requests": max_queued_requests, "processes": processes}
         # spawn, not fork: a forked child would inherit this process's threads' locks half-held.
         context = multiprocessing.get_context("spawn")
         children: list[_Process] = []

@@ -58,9 +58,9 @@ class Work:
     calls: list[list[PrefillRow]]         # one per plan.prefill call
     encode: list[EncodeRow] = field(default_factory=list)   # plan.encode's sources, with their slots
     run: Run | None = None                # more decode steps after the first (a pure decode plan only)
-    # The next step is computed while the loop applies this one (SlotExecutor.ahead): the rows that go on, read
-    # against these arrays before the loop sees this step's outcome.
-    ahead: SlotState | None = None
+    # Set: the step after this one is computed while the loop applies it (SlotExecutor.ahead), its rows the ones
+    # these arrays say go on, read before the loop sees this step's outcome.
+    overlap: SlotState | None = None
 
 
 @dataclass
@@ -106,7 +106,7 @@ class SlotExecutor:
         return self._top(logits, n)
 
     @staticmethod
-    def prepare(plan: Plan, scheduler: Scheduler, run: Run | None = None, ahead: SlotState | None = None) -> Work:
+    def prepare(plan: Plan, scheduler: Scheduler, run: Run | None = None, overlap: SlotState | None = None) -> Work:
         # One-token prompt chunks ride the decode call: a row at the slot's next position, like a decode row.
         decode_rows = [DecodeRow(s.slot, s.owner.generated[-1], s.computed) for s in plan.decode] + \
                       [DecodeRow(c.seq.slot, c.seq.owner.prompt_ids[c.start], c.start) for c in plan.tails]
@@ -120,7 +120,7 @@ class SlotExecutor:
                 idle[c.seq.slot] = c.start + c.length
         calls = [[PrefillRow(c.seq.slot, c.seq.owner.prompt_ids[c.start:c.start + c.length], c.start)
                   for c in call.chunks] for call in plan.prefill]
-        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode], run, ahead)
+        return Work(plan, decode_rows, idle, calls, [_encode_row(s) for s in plan.encode], run, overlap)
 
     def run(self, work: Work) -> Outcome:
         """Worker thread. A failing call fails only its own sequences (in `Outcome.failed`)."""
@@ -157,7 +157,7 @@ class SlotExecutor:
         # without prompts and for strategies that run ahead (loop.EngineLoop._run): nothing read above is read after.
         if work.run is not None and not isinstance(decoded, Exception):
             self._more_steps(work.run, work.idle, out, started)
-        self._ahead = _next_step(work, out) if work.ahead is not None and not isinstance(decoded, Exception) \
+        self._ahead = _next_step(work, out) if work.overlap is not None and not isinstance(decoded, Exception) \
             else None
         return out
 
@@ -169,20 +169,25 @@ class SlotExecutor:
         positions were fixed by `run`; the strategies' samplers are this thread's."""
         ahead, self._ahead = self._ahead, None
         out = Outcome()
-        if ahead is None or not ahead.rows:
-            return out
-        states = [s for s, _, _ in ahead.rows]
+        if ahead is not None and ahead.rows:
+            self._decode_step(ahead.rows, ahead.idle, out)
+        return out
+
+    def _decode_step(self, rows: list[tuple[SeqState, int, int]], idle: dict[int, int], out: Outcome
+                     ) -> list[tuple[SeqState, Choice]] | None:
+        """One decode step of `rows` ((state, input token, its position)), after an iteration's first (a run's or
+        the overlapped one): the strategies' choices, also appended to `out.more`; None when the call failed (its
+        rows then in `out.failed`, as a row its strategy failed is)."""
         try:
-            logits = self.runner.decode([DecodeRow(s.slot, token, position) for s, token, position in ahead.rows],
-                                        ahead.idle)
+            logits = self.runner.decode([DecodeRow(s.slot, token, position) for s, token, position in rows], idle)
         except Exception as exc:    # onnxruntime's own exception types
-            out.failed.append((states, "decode step failed", exc))
-            return out
-        planned = plan_rows([StepRow(s, logits, i, position + 1) for i, (s, _, position) in enumerate(ahead.rows)],
+            out.failed.append(([s for s, _, _ in rows], "decode step failed", exc))
+            return None
+        planned = plan_rows([StepRow(s, logits, i, position + 1) for i, (s, _, position) in enumerate(rows)],
                             self.context)
         out.failed += planned.failed
         out.more.append(planned.choices)
-        return out
+        return planned.choices
 
     def _plan(self, rows: list[StepRow], out: Outcome) -> Planned:
         """The rows' strategies choose; their slot copies are made, all at once (a failed copy fails the
@@ -219,16 +224,10 @@ class SlotExecutor:
                     run.rows.ends(slots, np.fromiter((c.token_id for _, c in live), np.int64, len(live)),
                                   step - 1, time.monotonic()).any():
                 return
-            try:
-                logits = self.runner.decode([DecodeRow(s.slot, c.token_id, s.computed + step) for s, c in live],
-                                            idle)
-            except Exception as exc:    # onnxruntime's own exception types
-                out.failed.append((states, "decode step failed", exc))
+            chosen = self._decode_step([(s, c.token_id, s.computed + step) for s, c in live], idle, out)
+            if chosen is None:
                 return
-            planned = plan_rows([StepRow(s, logits, i, s.computed + step + 1) for i, s in enumerate(states)],
-                                self.context)
-            live = planned.choices
-            out.more.append(live)
+            live = chosen
             if len(live) != len(states):    # a row got no token: `slots` no longer lines up with the rows
                 return
             now = time.perf_counter()
@@ -281,7 +280,7 @@ def _next_step(work: Work, out: Outcome) -> Ahead:
     and that the token does not end (slot_state.SlotState.ends, read now: the loop has not taken the token yet).
     A row that ends, or got no token, writes its throw-away token at the slot's next position, past everything the
     slot holds (and past the prefix a freed slot keeps for reuse), as an idle slot does."""
-    assert work.ahead is not None
+    assert work.overlap is not None
     idle = dict(work.idle)
     given: list[tuple[SeqState, Choice | None, int]] = [(s, c, s.computed + 1) for s, c in out.decoded]
     given += [(w.chunk.seq, w.first_token, w.chunk.start + w.chunk.length) for w in out.written
@@ -291,7 +290,7 @@ def _next_step(work: Work, out: Outcome) -> Ahead:
         if c is None:
             idle[s.slot] = position
     if rows:
-        ends = work.ahead.ends(np.fromiter((s.slot for s, _, _ in rows), np.intp, len(rows)),
+        ends = work.overlap.ends(np.fromiter((s.slot for s, _, _ in rows), np.intp, len(rows)),
                                np.fromiter((c.token_id for _, c, _ in rows), np.int64, len(rows)), 0,
                                time.monotonic())
         for (s, _, position), end in zip(rows, ends):

@@ -142,7 +142,7 @@ class EngineLoop:
         outcome = self._thread.submit(self._event_loop, self._executor.run, work)
         # The step after this one, handed over now: the thread starts it the moment this one ends, and computes it
         # while the loop applies this one's outcome below.
-        ahead = self._thread.submit(self._event_loop, self._executor.ahead, work) if work.ahead is not None else None
+        ahead = self._thread.submit(self._event_loop, self._executor.ahead, work) if work.overlap is not None else None
         try:
             first = await outcome
         except BaseException:
@@ -153,8 +153,10 @@ class EngineLoop:
         self._apply(first)
         steps = 1 + len(first.more)
         if ahead is not None:
+            # An outcome of later steps alone (`more`, no first step): _apply takes them after the first's tokens,
+            # each after the scheduler records the token its call read, passing over rows ended meanwhile.
             more = await ahead
-            self._apply_ahead(more)
+            self._apply(more)
             for step in more.more:
                 self._metrics.record_overlapped(len(step))
         self._retire()     # a sequence that just finished gives its slot back before anyone looks
@@ -226,21 +228,6 @@ class EngineLoop:
         self._take(firsts)
         for settle in outcome.settles:
             settle.settle(self._scheduler, self._metrics.token)
-
-    def _apply_ahead(self, outcome: Outcome) -> None:
-        """The step computed while the loop applied the one before (executor.SlotExecutor.ahead): its rows' tokens,
-        after the scheduler records the token each row's call read (the one the step before gave it). A row that
-        step ended meanwhile (a stop string, its consumer gone) is passed over."""
-        self._metrics.tokens_arrive()
-        try:
-            self._fail(outcome.failed)
-            for step in outcome.more:
-                live = [(s, c) for s, c in step if not (s.owner.done or s.owner.cancelled)]
-                for state, _ in live:
-                    self._scheduler.decoded(state, state.owner.generated[-1])
-                self._take(live)
-        finally:
-            self._metrics.record_tokens()
 
     def _take(self, rows: list[tuple[SeqState, Choice | None]]) -> None:
         take_tokens(rows, self._slots, self._tokenizer, self._metrics.token)

@@ -1,5 +1,4 @@
-"""Batch input parsing and the resumable output file, on real files (no server needed); how the batch processes
-share the cores."""
+"""Batch input parsing and the resumable output file, on real files (no server needed)."""
 from __future__ import annotations
 
 import json
@@ -114,16 +113,3 @@ def test_a_generation_payload_is_what_dataclasses_asdict_writes() -> None:
     assert json.dumps(generation_payload(result, with_tokens=True)) == json.dumps(want)
     without = {k: v for k, v in want.items() if k != "tokens"}
     assert json.dumps(generation_payload(result, with_tokens=False)) == json.dumps(without)
-
-
-@pytest.mark.parametrize("processes, instances, threads, cores, left", [
-    (2, 1, 1, 2, False),    # the batch job's default on 2 cores: each process's thread takes a core
-    (1, 1, 1, 2, True),
-    (2, 2, 1, 8, True),
-    (4, 1, 2, 8, False),
-])
-def test_the_batch_processes_overlap_steps_only_where_they_leave_a_core(processes: int, instances: int, threads: int,
-                                                                      cores: int, left: bool) -> None:
-    from clients.batch.processes import leaves_a_core
-
-    assert leaves_a_core(processes, instances, threads, cores) is left

@@ -48,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
 # The one file of clients that runs the data plane in-process (the batch script's --local): it may reach the
 # data plane and what its calls take and return, nothing below.
 EXCEPTIONS = {Path("clients/batch/local.py"): {"server.dataplane", "server.generation", "server.protocol",
-                                               "server.runtime"}}
+                                               "server.runtime", "server.runtime_config"}}
 # What the doors may take from server.encoders / server.generation: result types and their wire forms, never a
 # served model or the engine.
 DOOR_MODULES_FORBIDDEN = ("server.generation.engine", "server.generation.decoder_model",

@@ -340,6 +340,21 @@ def test_steps_overlap_the_loop_only_where_the_onnxruntime_threads_leave_it_a_co
     assert overlap_step_ms(ServerSettings(overlap_step_ms=0), 1, 4) == 0.0
 
 
+@pytest.mark.parametrize("threads, cores, left", [
+    (2 * 1 * 1, 2, False),   # the batch script's default on 2 cores: 2 processes of one engine of one thread
+    (1, 2, True),
+    (2 * 2 * 1, 8, True),
+    (4 * 1 * 2, 8, False),
+])
+def test_a_core_is_left_only_while_all_the_onnxruntime_threads_are_fewer_than_the_cores(
+        threads: int, cores: int, left: bool) -> None:
+    """The rule the server applies to its engines' threads and the batch script to its processes'
+    (clients/batch/processes.py)."""
+    from server.runtime_config import leaves_a_core
+
+    assert leaves_a_core(threads, cores) is left
+
+
 # ---------------------------------------------------------------- HTTP bodies decoded into typed requests
 
 @pytest.mark.parametrize("body, status, message", [
